@@ -1,0 +1,23 @@
+# Finds the libraries Plexus builds on. All come from Debian (or Ubuntu) packages; the GPU
+# machine lacks toml++, whose headers can be carried in and found through CMAKE_PREFIX_PATH.
+
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(Boost 1.74 REQUIRED)  # Boost.DLL is header-only
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+
+# toml++ is used header-only (Debian also ships a compiled library; the GPU machine does not).
+find_path(PLEXUS_TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
+add_library(plexus_tomlplusplus INTERFACE)
+target_include_directories(plexus_tomlplusplus SYSTEM INTERFACE ${PLEXUS_TOMLPP_INCLUDE_DIR})
+target_compile_definitions(plexus_tomlplusplus INTERFACE TOML_HEADER_ONLY=1 TOML_EXCEPTIONS=1)
+
+# OpenBLAS with its CBLAS header (Debian keeps it under openblas-pthread/).
+find_path(PLEXUS_CBLAS_INCLUDE_DIR cblas.h
+  PATH_SUFFIXES openblas-pthread openblas x86_64-linux-gnu/openblas-pthread REQUIRED)
+find_library(PLEXUS_OPENBLAS_LIBRARY NAMES openblas
+  PATH_SUFFIXES openblas-pthread x86_64-linux-gnu/openblas-pthread REQUIRED)
+add_library(plexus_openblas INTERFACE)
+target_include_directories(plexus_openblas SYSTEM INTERFACE ${PLEXUS_CBLAS_INCLUDE_DIR})
+target_link_libraries(plexus_openblas INTERFACE ${PLEXUS_OPENBLAS_LIBRARY})

@@ -1,0 +1,103 @@
+// A loaded backend as the core sees it: the plugin's C table behind a C++ face, its devices,
+// its caching allocators and default streams, and its kernels indexed by (op id, dtype) once at
+// load, so that dispatch never looks anything up by name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/abi/backend.h"
+#include "plexus/allocator.hpp"
+#include "plexus/op_schema.hpp"
+
+namespace plexus {
+
+class LoadedPlugin;
+class Runtime;
+
+struct DeviceInfo {
+  int32_t index = 0;
+  std::string name;
+  uint64_t total_memory = 0;
+  uint64_t free_memory = 0;
+  int32_t compute_units = 0;
+  int32_t arch_major = 0, arch_minor = 0;
+  uint32_t caps = 0;
+  uint64_t alignment = 0;
+};
+std::string caps_string(uint32_t caps);  // "f16 bf16 f64 pinned ..."
+
+class Backend {
+ public:
+  Backend(Runtime& runtime, LoadedPlugin& plugin, const plx_backend* table);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  const plx_backend& table() const { return *t_; }
+  LoadedPlugin& plugin() const { return plugin_; }
+  Runtime& runtime() const { return runtime_; }
+
+  // ---- devices ----
+  int32_t device_count() const { return device_count_; }
+  DeviceInfo device(int32_t index) const;  // throws PluginError for a bad index
+
+  // ---- memory ----
+  CachingAllocator& allocator(int32_t device, plx_mem_kind kind = PLX_MEM_DEVICE);
+  void copy(int32_t device, void* dst, const void* src, uint64_t bytes, plx_copy_dir dir,
+            plx_stream stream);
+  void memset(int32_t device, void* dst, int32_t value, uint64_t bytes, plx_stream stream);
+  // Sum of the device allocators' statistics.
+  plx_memory_stats memory_stats(int32_t device) const;
+
+  // ---- streams ----
+  // The stream the core enqueues work on for `device`, created on first use.
+  plx_stream stream(int32_t device);
+  void sync(int32_t device);
+  void sync_stream(plx_stream s);
+
+  // ---- kernels ----
+  // Kernels for (op, dtype), in the backend's order of preference; empty if none.
+  std::span<const plx_kernel* const> kernels(int32_t op_id, int32_t dtype) const;
+  bool supports(int32_t op_id, int32_t dtype) const { return !kernels(op_id, dtype).empty(); }
+  // op name -> dtypes with at least one kernel, for reports.
+  std::map<std::string, std::vector<plx_dtype>> supported_ops() const;
+  // Kernels this backend registered for ops no schema describes (reported, never used).
+  const std::vector<std::string>& orphan_kernels() const { return orphans_; }
+
+  // ---- errors ----
+  // Throws the matching plexus error with the plugin's last_error text:
+  // "backend 'cuda': <what>: out of memory: <plugin message>".
+  [[noreturn]] void fail(plx_status status, std::string_view what) const;
+  void check(plx_status status, std::string_view what) const {
+    if (status != PLX_OK) fail(status, what);
+  }
+
+  // Called after the runtime adds plugin op schemas: indexes kernels by op id.
+  void index_kernels(const OpRegistry& ops);
+
+ private:
+  Runtime& runtime_;
+  LoadedPlugin& plugin_;
+  const plx_backend* t_;
+  std::string name_;
+  int32_t device_count_ = 0;
+
+  mutable std::mutex mu_;
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CachingAllocator>> allocators_;
+  std::map<int32_t, plx_stream> streams_;
+
+  // kernels_[op_id * PLX_DTYPE_COUNT + dtype]
+  std::vector<std::vector<const plx_kernel*>> kernels_;
+  std::vector<std::string> orphans_;
+  const OpRegistry* ops_ = nullptr;
+};
+
+}  // namespace plexus

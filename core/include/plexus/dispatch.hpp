@@ -1,0 +1,70 @@
+// Dispatch: resolving a kernel for a node once, and running ops eagerly.
+//
+// resolve_kernel() walks the backend's kernels for (op, dtype) in order of preference and keeps
+// the first whose create() accepts the node; each decline is logged at debug level with its
+// reason. A PreparedKernel then runs with a direct function-pointer call, no look-up.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/attrs.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/tensor.hpp"
+
+namespace plexus {
+
+class Backend;
+
+class PreparedKernel {
+ public:
+  PreparedKernel(Backend& backend, const OpSchema& schema, const plx_kernel* kernel, void* state,
+                 uint64_t workspace_bytes);
+  ~PreparedKernel();
+  PreparedKernel(const PreparedKernel&) = delete;
+  PreparedKernel& operator=(const PreparedKernel&) = delete;
+
+  Backend& backend() const { return backend_; }
+  const OpSchema& schema() const { return schema_; }
+  const plx_kernel& kernel() const { return *kernel_; }
+  uint64_t workspace_bytes() const { return workspace_bytes_; }
+
+  // Enqueues the kernel; throws the backend's error (naming op and implementation) on failure.
+  void run(const plx_tensor* inputs, int32_t num_inputs, const plx_tensor* outputs,
+           int32_t num_outputs, void* workspace, plx_stream stream) const;
+
+ private:
+  Backend& backend_;
+  const OpSchema& schema_;
+  const plx_kernel* kernel_;
+  void* state_;
+  uint64_t workspace_bytes_;
+};
+
+struct KernelResolution {
+  std::unique_ptr<PreparedKernel> kernel;  // null if every kernel declined or none exists
+  std::vector<std::string> declines;       // "impl: reason" per kernel that declined
+};
+
+// Tries the backend's kernels for the node. Errors other than a decline are thrown.
+KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
+                                const std::vector<plx_tensor>& inputs,
+                                const std::vector<plx_tensor>& outputs, const Attrs& attrs,
+                                int32_t device);
+
+// Runs `op` once on `backend`: completes attributes, infers outputs, resolves a kernel (falling
+// back to the runtime's fallback backend if configured), allocates outputs and workspace, and
+// enqueues the kernel on the backend's stream. Undefined tensors stand for absent optional
+// inputs. Inputs must live on `backend` (any device index is taken from the first input).
+// Non-contiguous inputs are made contiguous unless the kernel accepts strides.
+std::vector<Tensor> call(Backend& backend, std::string_view op, const std::vector<Tensor>& inputs,
+                         const Attrs& attrs = {});
+
+// The error for an op with no kernel: names op, dtype, backend and each decline.
+std::string no_kernel_message(const Backend& backend, const OpSchema& schema, plx_dtype dtype,
+                              const std::vector<std::string>& declines);
+
+}  // namespace plexus

@@ -1,0 +1,78 @@
+// The runtime: loads plugins, registers their backends, communicators and op schemas, and
+// holds the policy for ops a backend lacks (an error, or a logged and counted fallback).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/backend.hpp"
+#include "plexus/communicator.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/plugin.hpp"
+
+namespace plexus {
+
+class Config;
+
+struct RuntimeOptions {
+  PluginSearch plugins;
+  // Backend that runs ops the selected backend has no kernel for; "" makes that an error.
+  std::string fallback;
+  // Most bytes each device's allocator may reserve; 0 = the device's memory.
+  uint64_t memory_limit = 0;
+};
+
+// RuntimeOptions from a Config: plugins.*, backend.fallback, memory.limit.
+RuntimeOptions runtime_options(const Config& config);
+
+class Runtime {
+ public:
+  explicit Runtime(RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const OpRegistry& ops() const { return ops_; }
+  const std::vector<std::unique_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
+  const std::vector<SkippedPlugin>& skipped() const { return skipped_; }
+  const std::vector<std::string>& searched() const { return searched_; }
+  const RuntimeOptions& options() const { return options_; }
+
+  std::vector<Backend*> backends() const;
+  Backend* find_backend(std::string_view name) const;
+  // Throws PluginError "unknown backend 'x' (loaded backends: cpu; skipped plugins: ...)".
+  Backend& backend(std::string_view name) const;
+  // "auto": the first backend other than cpu that has a device, else cpu.
+  Backend& select_backend(std::string_view name);
+
+  std::vector<Communicator*> communicators() const;
+  Communicator& communicator(std::string_view name) const;  // PluginError if unknown
+
+  // The fallback backend, or null if none is configured.
+  Backend* fallback_backend() const;
+  // Records one op run on the fallback (logged once per (op, dtype, backend) at warn level).
+  void note_fallback(const std::string& op, plx_dtype dtype, const std::string& from);
+  // "op/dtype/from->to" -> count
+  std::map<std::string, uint64_t> fallback_counts() const;
+
+ private:
+  void add_plugin(std::unique_ptr<LoadedPlugin> plugin);
+
+  RuntimeOptions options_;
+  OpRegistry ops_;
+  // Order matters: backends and communicators die before the plugins that made them.
+  std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<SkippedPlugin> skipped_;
+  std::vector<std::string> searched_;
+  mutable std::mutex fallback_mu_;
+  std::map<std::string, uint64_t> fallback_counts_;
+};
+
+}  // namespace plexus

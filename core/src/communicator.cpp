@@ -1,0 +1,167 @@
+#include "plexus/communicator.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "plexus/backend.hpp"
+#include "plexus/error.hpp"
+#include "plexus/plugin.hpp"
+#include "plexus/tensor.hpp"
+
+namespace plexus {
+
+Communicator::Communicator(LoadedPlugin& plugin, const plx_comm* table)
+    : plugin_(plugin), t_(table), name_(table->name) {
+  const std::string list = table->backends ? table->backends : "";
+  size_t start = 0;
+  while (start < list.size()) {
+    const size_t end = list.find(',', start);
+    const std::string part = list.substr(start, end == std::string::npos ? end : end - start);
+    if (!part.empty()) backends_.push_back(part);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+}
+
+bool Communicator::accepts(std::string_view backend) const {
+  for (const auto& b : backends_)
+    if (b == backend) return true;
+  return false;
+}
+
+void Communicator::fail(plx_status s, std::string_view what) const {
+  std::string msg = "communicator '" + name_ + "': " + std::string(what) + ": " +
+                    plx_status_string(s);
+  const std::string detail = plugin_.last_error();
+  if (!detail.empty()) msg += ": " + detail;
+  if (s == PLX_ERR_OUT_OF_MEMORY) throw OutOfMemoryError(msg);
+  throw BackendError(msg);
+}
+
+plx_comm_id Communicator::unique_id() const {
+  plx_comm_id id{};
+  check(t_->get_unique_id(t_->ctx, &id), "get_unique_id");
+  return id;
+}
+
+std::unique_ptr<CommGroup> Communicator::join(Backend& backend, int32_t device, int32_t rank,
+                                              int32_t size, const plx_comm_id& id,
+                                              int32_t timeout_ms) const {
+  if (!accepts(backend.name())) {
+    std::string list;
+    for (const auto& b : backends_) list += (list.empty() ? "" : ", ") + b;
+    throw PluginError("communicator '" + name_ + "' does not work on backend '" + backend.name() +
+                      "' (it accepts: " + list + ")");
+  }
+  plx_comm_config cfg{};
+  cfg.struct_size = sizeof cfg;
+  cfg.rank = rank;
+  cfg.size = size;
+  cfg.device = device;
+  cfg.backend = &backend.table();
+  cfg.id = id;
+  cfg.timeout_ms = timeout_ms;
+  plx_comm_handle h = nullptr;
+  check(t_->init_rank(t_->ctx, &cfg, &h), "init_rank");
+  return std::make_unique<CommGroup>(*this, backend, device, h);
+}
+
+CommGroup::CommGroup(const Communicator& comm, Backend& backend, int32_t device,
+                     plx_comm_handle h)
+    : comm_(comm), backend_(backend), device_(device), h_(h) {}
+
+CommGroup::~CommGroup() {
+  const plx_status s = comm_.table().destroy(h_);
+  if (s != PLX_OK)
+    spdlog::warn("communicator '{}': destroy failed: {}", comm_.name(), comm_.plugin().last_error());
+}
+
+int32_t CommGroup::rank() const { return comm_.table().rank(h_); }
+int32_t CommGroup::size() const { return comm_.table().size(h_); }
+plx_stream CommGroup::stream() const { return backend_.stream(device_); }
+
+namespace {
+void same_place(const CommGroup& g, const Tensor& t, const char* what) {
+  if (&t.backend() != &g.backend() || t.device() != g.device())
+    throw OpError(std::string("communicator ") + what + ": tensor lives on " + t.str() +
+                  ", the group on backend '" + g.backend().name() + "' device " +
+                  std::to_string(g.device()));
+  if (!t.is_contiguous()) throw OpError(std::string("communicator ") + what + ": non-contiguous tensor");
+}
+}  // namespace
+
+void CommGroup::all_reduce(const Tensor& send, const Tensor& recv, plx_reduce_op op) {
+  same_place(*this, send, "all_reduce");
+  same_place(*this, recv, "all_reduce");
+  if (send.numel() != recv.numel() || send.dtype() != recv.dtype())
+    throw OpError("all_reduce: send " + desc_string(send.desc()) + " and recv " +
+                  desc_string(recv.desc()) + " differ");
+  comm_.check(comm_.table().all_reduce(h_, send.data(), recv.data(),
+                                       static_cast<uint64_t>(send.numel()), send.dtype(), op,
+                                       stream()),
+              "all_reduce");
+}
+
+void CommGroup::broadcast(const Tensor& send, const Tensor& recv, int32_t root) {
+  same_place(*this, recv, "broadcast");
+  const void* src = send.defined() ? send.data() : recv.data();
+  comm_.check(comm_.table().broadcast(h_, src, recv.data(), static_cast<uint64_t>(recv.numel()),
+                                      recv.dtype(), root, stream()),
+              "broadcast");
+}
+
+void CommGroup::all_gather(const Tensor& send, const Tensor& recv) {
+  same_place(*this, send, "all_gather");
+  same_place(*this, recv, "all_gather");
+  if (recv.numel() != send.numel() * size())
+    throw OpError("all_gather: recv has " + std::to_string(recv.numel()) + " elements, expected " +
+                  std::to_string(send.numel() * size()));
+  comm_.check(comm_.table().all_gather(h_, send.data(), recv.data(),
+                                       static_cast<uint64_t>(send.numel()), send.dtype(),
+                                       stream()),
+              "all_gather");
+}
+
+void CommGroup::reduce_scatter(const Tensor& send, const Tensor& recv, plx_reduce_op op) {
+  same_place(*this, send, "reduce_scatter");
+  same_place(*this, recv, "reduce_scatter");
+  if (send.numel() != recv.numel() * size())
+    throw OpError("reduce_scatter: send has " + std::to_string(send.numel()) +
+                  " elements, expected " + std::to_string(recv.numel() * size()));
+  comm_.check(comm_.table().reduce_scatter(h_, send.data(), recv.data(),
+                                           static_cast<uint64_t>(recv.numel()), recv.dtype(), op,
+                                           stream()),
+              "reduce_scatter");
+}
+
+void CommGroup::send(const Tensor& t, int32_t peer) {
+  same_place(*this, t, "send");
+  comm_.check(comm_.table().send(h_, t.data(), static_cast<uint64_t>(t.numel()), t.dtype(), peer,
+                                 stream()),
+              "send");
+}
+
+void CommGroup::recv(const Tensor& t, int32_t peer) {
+  same_place(*this, t, "recv");
+  comm_.check(comm_.table().recv(h_, t.data(), static_cast<uint64_t>(t.numel()), t.dtype(), peer,
+                                 stream()),
+              "recv");
+}
+
+void CommGroup::barrier() { comm_.check(comm_.table().barrier(h_, stream()), "barrier"); }
+
+void CommGroup::group_begin() {
+  if (comm_.table().group_begin) comm_.check(comm_.table().group_begin(h_), "group_begin");
+}
+
+void CommGroup::group_end() {
+  if (comm_.table().group_end) comm_.check(comm_.table().group_end(h_), "group_end");
+}
+
+void CommGroup::abort() { comm_.check(comm_.table().abort(h_), "abort"); }
+
+void CommGroup::check_async_error() {
+  if (comm_.table().get_async_error)
+    comm_.check(comm_.table().get_async_error(h_), "asynchronous error");
+}
+
+}  // namespace plexus

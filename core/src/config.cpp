@@ -1,0 +1,499 @@
+#include "plexus/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <variant>
+
+namespace plexus {
+
+// ---- the keys ----
+
+const std::vector<ConfigKey>& Config::keys() {
+  static const std::vector<ConfigKey> k = [] {
+    std::vector<ConfigKey> v;
+    auto add = [&](std::string path, ConfigType type, std::string def, std::string doc) -> ConfigKey& {
+      ConfigKey key;
+      key.path = std::move(path);
+      key.type = type;
+      key.default_value = std::move(def);
+      key.doc = std::move(doc);
+      v.push_back(std::move(key));
+      return v.back();
+    };
+    add("plugins.paths", ConfigType::StringList, "[]",
+        "Plugin files or directories searched first, before PLEXUS_PLUGIN_PATH and the "
+        "install's plugin directory (relative paths are taken from the working directory)");
+    add("plugins.disable", ConfigType::StringList, "[]", "Names of plugins not to load");
+    add("plugins.options", ConfigType::Options, "{}",
+        "Options per plugin, one table each: [plugins.options.cpu] threads = 2");
+    add("backend.name", ConfigType::String, "\"auto\"",
+        "Backend to run on: auto (the first non-CPU backend with a device, else cpu) or the "
+        "name of a loaded backend");
+    add("backend.device", ConfigType::Int, "0", "Device index on that backend").min = 0;
+    add("backend.fallback", ConfigType::String, "\"\"",
+        "Backend that runs ops the chosen backend has no kernel for, each fallback logged and "
+        "counted; empty: such an op is an error");
+    add("memory.limit", ConfigType::Bytes, "0",
+        "Most memory each device's caching allocator may reserve: bytes, or a string with a "
+        "unit (\"6GiB\", \"512MB\"); 0: the device's memory")
+        .min = 0;
+    auto& level = add("logging.level", ConfigType::String, "\"info\"",
+                      "trace, debug, info, warn, error or off; PLEXUS_LOG_LEVEL overrides it");
+    level.choices = {"trace", "debug", "info", "warn", "error", "off"};
+    add("logging.file", ConfigType::String, "\"\"", "Also append log lines to this file");
+    return v;
+  }();
+  return k;
+}
+
+const char* config_type_name(ConfigType t) {
+  switch (t) {
+    case ConfigType::Bool: return "a boolean";
+    case ConfigType::Int: return "an integer";
+    case ConfigType::Float: return "a number";
+    case ConfigType::String: return "a string";
+    case ConfigType::StringList: return "an array of strings";
+    case ConfigType::Bytes: return "a size in bytes (an integer, or a string like \"512MiB\")";
+    case ConfigType::Options: return "a table of plugin tables";
+  }
+  return "?";
+}
+
+// ---- values ----
+
+namespace {
+
+using OptionMap = std::map<std::string, std::map<std::string, std::string>>;
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<std::string>, OptionMap>;
+
+const ConfigKey* find_key(std::string_view path) {
+  for (const auto& k : Config::keys())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+bool is_section(std::string_view path) {
+  const std::string prefix = std::string(path) + ".";
+  for (const auto& k : Config::keys())
+    if (k.path.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+std::string where(const toml::source_region& r, const std::string& fallback) {
+  std::ostringstream os;
+  os << (r.path ? *r.path : fallback);
+  if (r.begin.line) os << ':' << r.begin.line << ':' << r.begin.column;
+  return os.str();
+}
+
+const char* node_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date or time";
+  }
+}
+
+std::string known_in(std::string_view section) {
+  std::string list;
+  const std::string prefix = section.empty() ? "" : std::string(section) + ".";
+  std::vector<std::string> seen;
+  for (const auto& k : Config::keys()) {
+    if (k.path.rfind(prefix, 0) != 0) continue;
+    std::string rest = k.path.substr(prefix.size());
+    rest = rest.substr(0, rest.find('.'));
+    if (std::find(seen.begin(), seen.end(), rest) != seen.end()) continue;
+    seen.push_back(rest);
+    list += (list.empty() ? "" : ", ") + rest;
+  }
+  return list;
+}
+
+// "512MiB" -> bytes; false if it is not a size.
+bool parse_bytes(std::string s, uint64_t& out) {
+  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
+          s.end());
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return false;
+  double num;
+  try {
+    num = std::stod(s.substr(0, i));
+  } catch (...) {
+    return false;
+  }
+  std::string unit = s.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},           {"b", 1},          {"kb", 1e3},        {"mb", 1e6},
+      {"gb", 1e9},       {"tb", 1e12},      {"kib", 1024.0},    {"mib", 1048576.0},
+      {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  for (const auto& [name, mult] : units) {
+    if (unit == name) {
+      const double v = num * mult;
+      if (!(v >= 0) || v > 1.8e19) return false;
+      out = static_cast<uint64_t>(std::llround(v));
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string scalar_text(const toml::node& n) {
+  if (auto s = n.value<std::string>(); s && n.is_string()) return *s;
+  std::ostringstream os;
+  if (n.is_integer()) os << *n.value<int64_t>();
+  else if (n.is_floating_point()) os << *n.value<double>();
+  else if (n.is_boolean()) os << (*n.value<bool>() ? "true" : "false");
+  return os.str();
+}
+
+// Converts and checks one value against its key. Returns "" or the problem (without location).
+std::string convert(const ConfigKey& k, const toml::node& n, Value& out) {
+  const std::string got = std::string(", got ") + node_type_name(n);
+  switch (k.type) {
+    case ConfigType::Bool:
+      if (!n.is_boolean()) return std::string("expected ") + config_type_name(k.type) + got;
+      out = *n.value<bool>();
+      return "";
+    case ConfigType::Int: {
+      if (!n.is_integer()) return std::string("expected ") + config_type_name(k.type) + got;
+      const int64_t v = *n.value<int64_t>();
+      if (v < k.min || v > k.max) {
+        std::ostringstream os;
+        os << "expected an integer";
+        if (k.min != INT64_MIN && k.max != INT64_MAX) os << " in " << k.min << ".." << k.max;
+        else if (k.min != INT64_MIN) os << " >= " << k.min;
+        else os << " <= " << k.max;
+        os << ", got " << v;
+        return os.str();
+      }
+      out = v;
+      return "";
+    }
+    case ConfigType::Float: {
+      if (!n.is_number()) return std::string("expected ") + config_type_name(k.type) + got;
+      const double v = *n.value<double>();
+      if (!(v >= k.fmin && v <= k.fmax)) {
+        std::ostringstream os;
+        os << "expected a number in " << k.fmin << ".." << k.fmax << ", got " << v;
+        return os.str();
+      }
+      out = v;
+      return "";
+    }
+    case ConfigType::String: {
+      if (!n.is_string()) return std::string("expected ") + config_type_name(k.type) + got;
+      const std::string v = *n.value<std::string>();
+      if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), v) == k.choices.end()) {
+        std::string list;
+        for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
+        return "expected one of " + list + ", got \"" + v + "\"";
+      }
+      out = v;
+      return "";
+    }
+    case ConfigType::StringList: {
+      const toml::array* a = n.as_array();
+      if (!a) return std::string("expected ") + config_type_name(k.type) + got;
+      std::vector<std::string> v;
+      for (size_t i = 0; i < a->size(); ++i) {
+        const toml::node& e = *a->get(i);
+        if (!e.is_string())
+          return "expected an array of strings, element " + std::to_string(i) + " is " +
+                 node_type_name(e);
+        v.push_back(*e.value<std::string>());
+      }
+      out = v;
+      return "";
+    }
+    case ConfigType::Bytes: {
+      uint64_t b = 0;
+      if (n.is_integer()) {
+        const int64_t v = *n.value<int64_t>();
+        if (v < 0) return "expected a size >= 0, got " + std::to_string(v);
+        b = static_cast<uint64_t>(v);
+      } else if (n.is_string()) {
+        if (!parse_bytes(*n.value<std::string>(), b))
+          return "expected a size like 512MiB, 2GB or 1048576, got \"" +
+                 *n.value<std::string>() + "\"";
+      } else {
+        return std::string("expected ") + config_type_name(k.type) + got;
+      }
+      out = static_cast<int64_t>(b);
+      return "";
+    }
+    case ConfigType::Options: {
+      const toml::table* t = n.as_table();
+      if (!t) return std::string("expected ") + config_type_name(k.type) + got;
+      OptionMap m;
+      for (const auto& [plugin, sub] : *t) {
+        const toml::table* st = sub.as_table();
+        if (!st)
+          return "plugins.options." + std::string(plugin.str()) +
+                 ": expected a table of options, got " + node_type_name(sub);
+        auto& opts = m[std::string(plugin.str())];
+        for (const auto& [key, val] : *st) {
+          if (!(val.is_string() || val.is_integer() || val.is_floating_point() || val.is_boolean()))
+            return "plugins.options." + std::string(plugin.str()) + "." + std::string(key.str()) +
+                   ": expected a string, number or boolean, got " + node_type_name(val);
+          opts[std::string(key.str())] = scalar_text(val);
+        }
+      }
+      out = m;
+      return "";
+    }
+  }
+  return "unhandled type";
+}
+
+}  // namespace
+
+// ---- Config ----
+
+struct Config::Impl {
+  std::map<std::string, Value> values;
+  std::map<std::string, std::string> origins;
+  std::string source;
+
+  void apply(const ConfigKey& k, Value v, const std::string& origin) {
+    if (k.type == ConfigType::Options) {
+      // Options merge table by table: a file and several --set may each add some.
+      auto& cur = std::get<OptionMap>(values[k.path]);
+      for (auto& [plugin, opts] : std::get<OptionMap>(v))
+        for (auto& [key, val] : opts) cur[plugin][key] = val;
+    } else {
+      values[k.path] = std::move(v);
+    }
+    origins[k.path] = origin;
+  }
+
+  // Walks a parsed table, collecting every problem as "where: key: problem".
+  void walk(const toml::table& t, const std::string& prefix, const std::string& fallback,
+            std::vector<std::string>& errors) {
+    for (const auto& [key, node] : t) {
+      const std::string path = prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+      const std::string loc = where(key.source(), fallback);
+      if (const ConfigKey* k = find_key(path)) {
+        Value v;
+        const std::string problem = convert(*k, node, v);
+        if (!problem.empty())
+          errors.push_back(where(node.source(), fallback) + ": " + path + ": " + problem);
+        else
+          apply(*k, std::move(v), loc);
+        continue;
+      }
+      if (is_section(path)) {
+        if (const toml::table* sub = node.as_table()) {
+          walk(*sub, path, fallback, errors);
+        } else {
+          errors.push_back(where(node.source(), fallback) + ": " + path +
+                           ": expected a table (section [" + path + "]), got " +
+                           node_type_name(node));
+        }
+        continue;
+      }
+      const std::string known = known_in(prefix);
+      errors.push_back(loc + ": unknown key '" + path + "'" +
+                       (prefix.empty() ? " (known sections: " : " (known keys in [" + prefix + "]: ") +
+                       known + ")");
+    }
+  }
+};
+
+Config::Config() : impl_(std::make_unique<Impl>()) {
+  for (const auto& k : keys()) {
+    if (k.type == ConfigType::Options) {
+      impl_->values[k.path] = OptionMap{};
+      impl_->origins[k.path] = "default";
+      continue;
+    }
+    toml::table t = toml::parse("v = " + k.default_value);
+    Value v;
+    const std::string problem = convert(k, *t.get("v"), v);
+    if (!problem.empty()) throw ConfigError("built-in default of " + k.path + ": " + problem);
+    impl_->values[k.path] = std::move(v);
+    impl_->origins[k.path] = "default";
+  }
+}
+
+Config::~Config() = default;
+Config::Config(const Config& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
+Config& Config::operator=(const Config& o) {
+  if (this != &o) impl_ = std::make_unique<Impl>(*o.impl_);
+  return *this;
+}
+Config::Config(Config&&) noexcept = default;
+Config& Config::operator=(Config&&) noexcept = default;
+
+Config Config::parse(std::string_view text, const std::string& source) {
+  Config c;
+  c.impl_->source = source;
+  toml::table t;
+  try {
+    t = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(where(e.source(), source) + ": TOML syntax error: " +
+                      std::string(e.description()));
+  }
+  std::vector<std::string> errors;
+  c.impl_->walk(t, "", source, errors);
+  if (!errors.empty()) {
+    std::string msg;
+    for (const auto& e : errors) msg += (msg.empty() ? "" : "\n") + e;
+    throw ConfigError(msg);
+  }
+  return c;
+}
+
+Config Config::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw ConfigError(path + ": cannot open the config file");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return parse(ss.str(), path);
+}
+
+void Config::set(std::string_view assignment) {
+  const std::string what = "--set " + std::string(assignment);
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos)
+    throw ConfigError(what + ": expected key=value, e.g. --set backend.name=cpu");
+  auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(" \t"));
+    s.erase(s.find_last_not_of(" \t") + 1);
+    return s;
+  };
+  const std::string path = trim(std::string(assignment.substr(0, eq)));
+  const std::string text = trim(std::string(assignment.substr(eq + 1)));
+  if (path.empty()) throw ConfigError(what + ": empty key");
+  // The value as TOML; a bare word that is not TOML is a string.
+  toml::table t;
+  try {
+    t = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    t = toml::table{};
+    t.insert("v", text);
+  }
+  const toml::node& node = *t.get("v");
+
+  constexpr std::string_view kOptions = "plugins.options.";
+  if (path.rfind(kOptions, 0) == 0) {
+    const std::string rest = path.substr(kOptions.size());
+    const auto dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == rest.size())
+      throw ConfigError(what + ": expected plugins.options.<plugin>.<option>=value");
+    if (!(node.is_string() || node.is_integer() || node.is_floating_point() || node.is_boolean()))
+      throw ConfigError(what + ": expected a string, number or boolean, got " + node_type_name(node));
+    OptionMap m;
+    m[rest.substr(0, dot)][rest.substr(dot + 1)] = scalar_text(node);
+    impl_->apply(*find_key("plugins.options"), m, what);
+    return;
+  }
+  const ConfigKey* k = find_key(path);
+  if (!k) {
+    const auto dot = path.rfind('.');
+    const std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+    throw ConfigError(what + ": unknown key '" + path + "'" +
+                      (is_section(section) ? " (known keys in [" + section + "]: " + known_in(section) + ")"
+                                           : " (known sections: " + known_in("") + ")"));
+  }
+  Value v;
+  const std::string problem = convert(*k, node, v);
+  if (!problem.empty()) throw ConfigError(what + ": " + path + ": " + problem);
+  impl_->apply(*k, std::move(v), what);
+}
+
+namespace {
+template <class T>
+const T& get_as(const std::map<std::string, Value>& values, std::string_view path, const char* want) {
+  auto it = values.find(std::string(path));
+  if (it == values.end()) throw ConfigError("no config key '" + std::string(path) + "'");
+  if (const T* p = std::get_if<T>(&it->second)) return *p;
+  throw ConfigError("config key '" + std::string(path) + "' is not " + want);
+}
+}  // namespace
+
+bool Config::get_bool(std::string_view p) const { return get_as<bool>(impl_->values, p, "a boolean"); }
+int64_t Config::get_int(std::string_view p) const { return get_as<int64_t>(impl_->values, p, "an integer"); }
+double Config::get_float(std::string_view p) const { return get_as<double>(impl_->values, p, "a number"); }
+std::string Config::get_string(std::string_view p) const {
+  return get_as<std::string>(impl_->values, p, "a string");
+}
+std::vector<std::string> Config::get_strings(std::string_view p) const {
+  return get_as<std::vector<std::string>>(impl_->values, p, "an array of strings");
+}
+uint64_t Config::get_bytes(std::string_view p) const {
+  return static_cast<uint64_t>(get_as<int64_t>(impl_->values, p, "a size"));
+}
+std::map<std::string, std::map<std::string, std::string>> Config::plugin_options() const {
+  return get_as<OptionMap>(impl_->values, "plugins.options", "a table of options");
+}
+
+std::string Config::origin(std::string_view path) const {
+  auto it = impl_->origins.find(std::string(path));
+  return it == impl_->origins.end() ? "" : it->second;
+}
+
+const std::string& Config::source() const { return impl_->source; }
+
+std::string Config::dump() const {
+  toml::table root;
+  auto section_of = [&](const std::string& path) -> std::pair<toml::table*, std::string> {
+    toml::table* t = &root;
+    std::string rest = path;
+    for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+      const std::string part = rest.substr(0, dot);
+      if (!t->contains(part)) t->insert(part, toml::table{});
+      t = t->get(part)->as_table();
+      rest = rest.substr(dot + 1);
+    }
+    return {t, rest};
+  };
+  for (const auto& k : keys()) {
+    auto [t, leaf] = section_of(k.path);
+    const Value& v = impl_->values.at(k.path);
+    std::visit(
+        [&, t = t, leaf = leaf](const auto& x) {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, std::vector<std::string>>) {
+            toml::array a;
+            for (const auto& s : x) a.push_back(s);
+            t->insert(leaf, a);
+          } else if constexpr (std::is_same_v<X, OptionMap>) {
+            toml::table opts;
+            for (const auto& [plugin, kv] : x) {
+              toml::table pt;
+              for (const auto& [key, val] : kv) {
+                // Values were TOML text; keep their type when it parses back.
+                try {
+                  toml::table one = toml::parse("v = " + val);
+                  pt.insert(key, *one.get("v"));
+                } catch (...) {
+                  pt.insert(key, val);
+                }
+              }
+              opts.insert(plugin, pt);
+            }
+            t->insert(leaf, opts);
+          } else {
+            t->insert(leaf, x);
+          }
+        },
+        v);
+  }
+  std::ostringstream os;
+  os << root << "\n";
+  return os.str();
+}
+
+}  // namespace plexus

@@ -1,0 +1,191 @@
+#include "plexus/dispatch.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "plexus/backend.hpp"
+#include "plexus/error.hpp"
+#include "plexus/plugin.hpp"
+#include "plexus/runtime.hpp"
+
+namespace plexus {
+
+PreparedKernel::PreparedKernel(Backend& backend, const OpSchema& schema, const plx_kernel* kernel,
+                               void* state, uint64_t workspace_bytes)
+    : backend_(backend),
+      schema_(schema),
+      kernel_(kernel),
+      state_(state),
+      workspace_bytes_(workspace_bytes) {}
+
+PreparedKernel::~PreparedKernel() { kernel_->destroy(state_); }
+
+void PreparedKernel::run(const plx_tensor* inputs, int32_t num_inputs, const plx_tensor* outputs,
+                         int32_t num_outputs, void* workspace, plx_stream stream) const {
+  const plx_status s = kernel_->compute(state_, inputs, num_inputs, outputs, num_outputs, workspace,
+                                        workspace_bytes_, stream);
+  if (s != PLX_OK)
+    backend_.fail(s, "op '" + schema_.name + "' (" + (kernel_->impl ? kernel_->impl : "?") + ")");
+}
+
+std::string no_kernel_message(const Backend& backend, const OpSchema& schema, plx_dtype dtype,
+                              const std::vector<std::string>& declines) {
+  std::string msg = "op '" + schema.name + "' (" + dtype_name(dtype) +
+                    ") has no kernel on backend '" + backend.name() + "'";
+  if (!declines.empty()) {
+    msg += "; its kernels declined:";
+    for (const auto& d : declines) msg += " [" + d + "]";
+  } else {
+    std::string have;
+    for (int32_t d = 0; d < PLX_DTYPE_COUNT; ++d)
+      if (backend.supports(schema.id, d)) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+    if (!have.empty()) msg += " (it has kernels for: " + have + ")";
+  }
+  msg += "; set backend.fallback to run such ops on another backend";
+  return msg;
+}
+
+KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
+                                const std::vector<plx_tensor>& inputs,
+                                const std::vector<plx_tensor>& outputs, const Attrs& attrs,
+                                int32_t device) {
+  KernelResolution r;
+  const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
+  AttrPack pack(attrs);
+  plx_node_info node{};
+  node.struct_size = sizeof node;
+  node.device = device;
+  node.op = schema.name.c_str();
+  node.num_inputs = static_cast<int32_t>(inputs.size());
+  node.inputs = inputs.data();
+  node.num_outputs = static_cast<int32_t>(outputs.size());
+  node.outputs = outputs.data();
+  node.attrs = pack.data();
+  node.num_attrs = pack.size();
+  for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
+    void* state = nullptr;
+    uint64_t ws = 0;
+    const plx_status s = k->create(backend.table().ctx, k->user, &node, &state, &ws);
+    const char* impl = k->impl ? k->impl : "?";
+    if (s == PLX_OK) {
+      spdlog::trace("op '{}' ({}) on '{}': using {}", schema.name, dtype_name(dtype), backend.name(),
+                    impl);
+      r.kernel = std::make_unique<PreparedKernel>(backend, schema, k, state, ws);
+      return r;
+    }
+    if (s != PLX_ERR_UNSUPPORTED)
+      backend.fail(s, "creating kernel '" + std::string(impl) + "' for op '" + schema.name + "'");
+    const std::string why = backend.plugin().last_error();
+    spdlog::debug("op '{}' ({}) on '{}': {} declined: {}", schema.name, dtype_name(dtype),
+                  backend.name(), impl, why);
+    r.declines.push_back(std::string(impl) + ": " + why);
+  }
+  return r;
+}
+
+namespace {
+
+// Copies the contents of `src` into `dst` (same shape and dtype), across backends if needed.
+void copy_into(const Tensor& src, Tensor& dst) {
+  std::vector<unsigned char> host(src.nbytes());
+  src.copy_to_host(host.data());
+  dst.copy_from_host(host.data());
+}
+
+std::vector<Tensor> run_on_fallback(Backend& from, Backend& fb, const OpSchema& s,
+                                    const std::vector<Tensor>& inputs, const Attrs& attrs,
+                                    plx_dtype dtype) {
+  from.runtime().note_fallback(s.name, dtype, from.name());
+  std::vector<Tensor> moved;
+  for (const Tensor& t : inputs) moved.push_back(t.to(fb));
+  std::vector<Tensor> outs = call(fb, s.name, moved, attrs);
+  // Inputs the op writes in place get their new values back.
+  for (size_t i = 0; i < inputs.size() && i < s.inputs.size(); ++i) {
+    if ((s.inputs[i].flags & PLX_ARG_MUTATED) && inputs[i].defined()) {
+      Tensor dst = inputs[i];
+      copy_into(moved[i], dst);
+    }
+  }
+  const int32_t device = inputs.empty() || !inputs[0].defined() ? 0 : inputs[0].device();
+  for (Tensor& o : outs) o = o.to(from, device);
+  return outs;
+}
+
+}  // namespace
+
+std::vector<Tensor> call(Backend& backend, std::string_view op, const std::vector<Tensor>& inputs,
+                         const Attrs& attrs) {
+  const OpSchema& s = backend.runtime().ops().get(op);
+  const Attrs full = s.complete_attrs(attrs);
+  std::vector<TensorDesc> in_descs;
+  int32_t device = -1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    in_descs.push_back(t.defined() ? t.desc() : TensorDesc{});
+    if (!t.defined()) continue;
+    if (&t.backend() != &backend)
+      throw OpError("op '" + s.name + "': input " + std::to_string(i) + " lives on backend '" +
+                    t.backend().name() + "', the op runs on '" + backend.name() + "'");
+    if (device < 0) device = t.device();
+    if (t.device() != device)
+      throw OpError("op '" + s.name + "': inputs on devices " + std::to_string(device) + " and " +
+                    std::to_string(t.device()));
+  }
+  if (device < 0) device = 0;
+  const std::vector<TensorDesc> out_descs = s.infer_outputs(in_descs, full);
+  const plx_dtype dtype = in_descs.empty() ? PLX_F32 : in_descs[static_cast<size_t>(s.type_input)].dtype;
+
+  // Kernels get contiguous inputs unless one of them accepts strides.
+  bool strided_ok = false;
+  for (const plx_kernel* k : backend.kernels(s.id, dtype))
+    strided_ok = strided_ok || (k->flags & PLX_KERNEL_STRIDED);
+  std::vector<Tensor> ins = inputs;
+  ins.resize(s.inputs.size());
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (!ins[i].defined() || strided_ok || ins[i].is_contiguous()) continue;
+    if (s.inputs[i].flags & PLX_ARG_MUTATED)
+      throw OpError("op '" + s.name + "': input '" + s.inputs[i].name +
+                    "' is written in place and must be contiguous");
+    ins[i] = ins[i].contiguous();
+  }
+
+  std::vector<plx_tensor> in_views, out_views;
+  for (const Tensor& t : ins) {
+    plx_tensor v = t.view();
+    v.data = nullptr;
+    in_views.push_back(v);
+  }
+  for (const TensorDesc& d : out_descs) out_views.push_back(make_desc(d, device));
+
+  KernelResolution r = resolve_kernel(backend, s, in_views, out_views, full, device);
+  if (!r.kernel) {
+    Backend* fb = backend.runtime().fallback_backend();
+    if (fb && fb != &backend) return run_on_fallback(backend, *fb, s, ins, full, dtype);
+    throw OpError(no_kernel_message(backend, s, dtype, r.declines));
+  }
+
+  std::vector<Tensor> outs;
+  for (size_t i = 0; i < out_descs.size(); ++i) {
+    outs.push_back(Tensor::empty(backend, out_descs[i].shape, out_descs[i].dtype, device));
+    out_views[i] = outs.back().view();
+  }
+  for (size_t i = 0; i < ins.size(); ++i) in_views[i] = ins[i].view();
+
+  const plx_stream stream = backend.stream(device);
+  MemoryBlock* ws = nullptr;
+  CachingAllocator* alloc = nullptr;
+  if (r.kernel->workspace_bytes() > 0) {
+    alloc = &backend.allocator(device);
+    ws = alloc->allocate(r.kernel->workspace_bytes(), stream);
+  }
+  try {
+    r.kernel->run(in_views.data(), static_cast<int32_t>(in_views.size()), out_views.data(),
+                  static_cast<int32_t>(out_views.size()), ws ? ws->ptr : nullptr, stream);
+  } catch (...) {
+    if (alloc) alloc->free(ws);
+    throw;
+  }
+  if (alloc) alloc->free(ws);  // stream-ordered: reused only by later work on this stream
+  return outs;
+}
+
+}  // namespace plexus

@@ -1,0 +1,120 @@
+#include "plexus/info.hpp"
+
+#include <toml++/toml.h>
+
+#include <sstream>
+
+#include "plexus/allocator.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/sdk/dtype.hpp"
+#include "plexus/version.hpp"
+
+namespace plexus {
+
+namespace {
+std::string dtypes_string(const std::vector<plx_dtype>& ds) {
+  std::string s;
+  for (plx_dtype d : ds) s += (s.empty() ? "" : " ") + std::string(dtype_name(d));
+  return s;
+}
+}  // namespace
+
+std::string info_text(const Runtime& rt) {
+  std::ostringstream os;
+  os << "Plexus " << PLEXUS_VERSION_STRING << " (plugin ABI " << PLX_ABI_MAJOR << "." << PLX_ABI_MINOR
+     << ")\n";
+  os << "\nPlugin search path:\n";
+  for (const auto& p : rt.searched()) os << "  " << p << "\n";
+  os << "\nPlugins loaded (" << rt.plugins().size() << "):\n";
+  for (const auto& p : rt.plugins())
+    os << "  " << p->name() << " " << p->version() << "  ABI " << p->abi_major() << "." << p->abi_minor()
+       << "  " << p->path() << "\n    " << p->description() << "\n";
+  os << "\nPlugins skipped (" << rt.skipped().size() << "):\n";
+  for (const auto& s : rt.skipped()) os << "  " << s.path << "\n    " << s.reason << "\n";
+  os << "\nBackends (" << rt.backends().size() << "):\n";
+  for (Backend* b : rt.backends()) {
+    os << "  " << b->name() << " (plugin " << b->plugin().name() << "), " << b->device_count()
+       << " device(s)\n";
+    for (int32_t d = 0; d < b->device_count(); ++d) {
+      const DeviceInfo i = b->device(d);
+      os << "    [" << d << "] " << i.name << ", " << format_bytes(i.total_memory) << " memory, "
+         << i.compute_units << " compute units";
+      if (i.arch_major) os << ", arch " << i.arch_major << "." << i.arch_minor;
+      os << "\n        caps: " << caps_string(i.caps) << "\n";
+    }
+    const auto ops = b->supported_ops();
+    os << "    ops (" << ops.size() << "):\n";
+    for (const auto& [name, dts] : ops) {
+      std::string padded = name;
+      if (padded.size() < 32) padded.resize(32, ' ');
+      os << "      " << padded << " " << dtypes_string(dts) << "\n";
+    }
+  }
+  os << "\nCommunicators (" << rt.communicators().size() << "):\n";
+  for (Communicator* c : rt.communicators()) {
+    std::string list;
+    for (const auto& b : c->backends()) list += (list.empty() ? "" : ", ") + b;
+    os << "  " << c->name() << " (plugin " << c->plugin().name() << ") on backends: " << list << "\n";
+  }
+  return os.str();
+}
+
+std::string info_json(const Runtime& rt) {
+  toml::table root;
+  root.insert("version", PLEXUS_VERSION_STRING);
+  root.insert("abi", toml::table{{"major", PLX_ABI_MAJOR}, {"minor", PLX_ABI_MINOR}});
+  toml::array searched;
+  for (const auto& p : rt.searched()) searched.push_back(p);
+  root.insert("searched", searched);
+  toml::array plugins;
+  for (const auto& p : rt.plugins())
+    plugins.push_back(toml::table{{"name", p->name()},
+                                  {"version", p->version()},
+                                  {"description", p->description()},
+                                  {"path", p->path()},
+                                  {"abi_major", static_cast<int64_t>(p->abi_major())},
+                                  {"abi_minor", static_cast<int64_t>(p->abi_minor())}});
+  root.insert("plugins", plugins);
+  toml::array skipped;
+  for (const auto& s : rt.skipped()) skipped.push_back(toml::table{{"path", s.path}, {"reason", s.reason}});
+  root.insert("skipped", skipped);
+  toml::array backends;
+  for (Backend* b : rt.backends()) {
+    toml::table bt{{"name", b->name()}, {"plugin", b->plugin().name()}};
+    toml::array devices;
+    for (int32_t d = 0; d < b->device_count(); ++d) {
+      const DeviceInfo i = b->device(d);
+      toml::array caps;
+      std::istringstream cs(caps_string(i.caps));
+      for (std::string c; cs >> c;) caps.push_back(c);
+      devices.push_back(toml::table{{"index", static_cast<int64_t>(d)},
+                                    {"name", i.name},
+                                    {"total_memory", static_cast<int64_t>(i.total_memory)},
+                                    {"compute_units", static_cast<int64_t>(i.compute_units)},
+                                    {"arch", std::to_string(i.arch_major) + "." + std::to_string(i.arch_minor)},
+                                    {"caps", caps}});
+    }
+    bt.insert("devices", devices);
+    toml::table ops;
+    for (const auto& [name, dts] : b->supported_ops()) {
+      toml::array a;
+      for (plx_dtype d : dts) a.push_back(dtype_name(d));
+      ops.insert(name, a);
+    }
+    bt.insert("ops", ops);
+    backends.push_back(bt);
+  }
+  root.insert("backends", backends);
+  toml::array comms;
+  for (Communicator* c : rt.communicators()) {
+    toml::array bs;
+    for (const auto& b : c->backends()) bs.push_back(b);
+    comms.push_back(toml::table{{"name", c->name()}, {"plugin", c->plugin().name()}, {"backends", bs}});
+  }
+  root.insert("communicators", comms);
+  std::ostringstream os;
+  os << toml::json_formatter{root} << "\n";
+  return os.str();
+}
+
+}  // namespace plexus

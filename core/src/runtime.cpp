@@ -1,0 +1,163 @@
+#include "plexus/runtime.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "plexus/config.hpp"
+#include "plexus/error.hpp"
+#include "plexus/log.hpp"
+#include "plexus/sdk/dtype.hpp"
+
+namespace plexus {
+
+RuntimeOptions runtime_options(const Config& config) {
+  RuntimeOptions o;
+  o.plugins.paths = config.get_strings("plugins.paths");
+  o.plugins.disabled = config.get_strings("plugins.disable");
+  o.plugins.options = config.plugin_options();
+  o.fallback = config.get_string("backend.fallback");
+  o.memory_limit = config.get_bytes("memory.limit");
+  return o;
+}
+
+Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+  logging::init();
+  PluginLoadResult r = PluginLoader::load(options_.plugins);
+  skipped_ = std::move(r.skipped);
+  searched_ = std::move(r.searched);
+  for (auto& p : r.loaded) add_plugin(std::move(p));
+  for (auto& b : backends_) b->index_kernels(ops_);
+  if (!options_.fallback.empty() && !find_backend(options_.fallback))
+    throw PluginError("backend.fallback names backend '" + options_.fallback +
+                      "', which is not loaded");
+}
+
+Runtime::~Runtime() {
+  comms_.clear();
+  backends_.clear();
+  plugins_.clear();
+}
+
+void Runtime::add_plugin(std::unique_ptr<LoadedPlugin> plugin) {
+  const plx_plugin& d = plugin->descriptor();
+  void* ctx = plugin->ctx();
+  // Op schemas first: a schema that clashes makes the whole plugin unusable.
+  try {
+    const int32_t ns = d.op_schema_count(ctx);
+    for (int32_t i = 0; i < ns; ++i) ops_.add_plugin_schema(*d.get_op_schema(ctx, i), plugin->name());
+  } catch (const Error& e) {
+    spdlog::warn("skipped plugin {}: {}", plugin->path(), e.what());
+    skipped_.push_back({plugin->path(), e.what()});
+    return;
+  }
+  const int32_t nb = d.backend_count(ctx);
+  for (int32_t i = 0; i < nb; ++i) {
+    const plx_backend* t = d.get_backend(ctx, i);
+    if (Backend* other = find_backend(t->name)) {
+      const std::string why = "backend '" + std::string(t->name) + "' already provided by plugin '" +
+                              other->plugin().name() + "'; this one is ignored";
+      spdlog::warn("plugin {}: {}", plugin->path(), why);
+      skipped_.push_back({plugin->path(), why});
+      continue;
+    }
+    backends_.push_back(std::make_unique<Backend>(*this, *plugin, t));
+  }
+  const int32_t nc = d.comm_count(ctx);
+  for (int32_t i = 0; i < nc; ++i) {
+    const plx_comm* t = d.get_comm(ctx, i);
+    bool dup = false;
+    for (const auto& c : comms_) dup = dup || c->name() == t->name;
+    if (dup) {
+      const std::string why = "communicator '" + std::string(t->name) + "' already loaded";
+      skipped_.push_back({plugin->path(), why});
+      continue;
+    }
+    comms_.push_back(std::make_unique<Communicator>(*plugin, t));
+  }
+  plugins_.push_back(std::move(plugin));
+}
+
+std::vector<Backend*> Runtime::backends() const {
+  std::vector<Backend*> r;
+  for (const auto& b : backends_) r.push_back(b.get());
+  return r;
+}
+
+Backend* Runtime::find_backend(std::string_view name) const {
+  for (const auto& b : backends_)
+    if (b->name() == name) return b.get();
+  return nullptr;
+}
+
+namespace {
+std::string names_of(const std::vector<std::unique_ptr<Backend>>& bs) {
+  std::string s;
+  for (const auto& b : bs) s += (s.empty() ? "" : ", ") + b->name();
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
+Backend& Runtime::backend(std::string_view name) const {
+  if (Backend* b = find_backend(name)) return *b;
+  std::string msg = "unknown backend '" + std::string(name) +
+                    "' (loaded backends: " + names_of(backends_) + ")";
+  if (!skipped_.empty()) {
+    msg += "; skipped plugins:";
+    for (const auto& s : skipped_) msg += " " + s.path + " (" + s.reason + ");";
+  }
+  if (backends_.empty()) msg += "; searched: " + [&] {
+    std::string s;
+    for (const auto& p : searched_) s += (s.empty() ? "" : ", ") + p;
+    return s.empty() ? std::string("nothing") : s;
+  }();
+  throw PluginError(msg);
+}
+
+Backend& Runtime::select_backend(std::string_view name) {
+  if (name != "auto") {
+    Backend& b = backend(name);
+    if (b.device_count() == 0)
+      throw PluginError("backend '" + std::string(name) + "' is loaded but has no device here");
+    return b;
+  }
+  for (const auto& b : backends_)
+    if (b->name() != "cpu" && b->device_count() > 0) return *b;
+  return backend("cpu");
+}
+
+std::vector<Communicator*> Runtime::communicators() const {
+  std::vector<Communicator*> r;
+  for (const auto& c : comms_) r.push_back(c.get());
+  return r;
+}
+
+Communicator& Runtime::communicator(std::string_view name) const {
+  for (const auto& c : comms_)
+    if (c->name() == name) return *c;
+  std::string list;
+  for (const auto& c : comms_) list += (list.empty() ? "" : ", ") + c->name();
+  throw PluginError("unknown communicator '" + std::string(name) + "' (loaded: " +
+                    (list.empty() ? "none" : list) + ")");
+}
+
+Backend* Runtime::fallback_backend() const {
+  return options_.fallback.empty() ? nullptr : find_backend(options_.fallback);
+}
+
+void Runtime::note_fallback(const std::string& op, plx_dtype dtype, const std::string& from) {
+  const std::string key = op + "/" + dtype_name(dtype) + "/" + from + "->" + options_.fallback;
+  uint64_t n;
+  {
+    std::lock_guard<std::mutex> lock(fallback_mu_);
+    n = ++fallback_counts_[key];
+  }
+  if (n == 1)
+    spdlog::warn("op '{}' ({}) has no kernel on backend '{}': running it on '{}' (backend.fallback)",
+                 op, dtype_name(dtype), from, options_.fallback);
+}
+
+std::map<std::string, uint64_t> Runtime::fallback_counts() const {
+  std::lock_guard<std::mutex> lock(fallback_mu_);
+  return fallback_counts_;
+}
+
+}  // namespace plexus

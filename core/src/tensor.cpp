@@ -1,0 +1,233 @@
+#include "plexus/tensor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "plexus/backend.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/error.hpp"
+
+namespace plexus {
+
+// Owns one block of the caching allocator; never copied, so the block is freed exactly once.
+struct Tensor::Storage {
+  Storage(Backend* b, int32_t d, CachingAllocator* a, MemoryBlock* m)
+      : backend(b), device(d), alloc(a), block(m) {}
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() { alloc->free(block); }
+  Backend* backend;
+  int32_t device;
+  CachingAllocator* alloc;
+  MemoryBlock* block;
+};
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= std::max<int64_t>(shape[i], 1);
+  }
+  return s;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor Tensor::empty(Backend& backend, Shape shape, plx_dtype dtype, int32_t device) {
+  if (!dtype_is_valid(dtype)) throw OpError("Tensor::empty: invalid dtype " + std::to_string(dtype));
+  if (shape.size() > PLX_MAX_DIMS)
+    throw OpError("Tensor::empty: " + std::to_string(shape.size()) + " dimensions, at most " +
+                  std::to_string(PLX_MAX_DIMS));
+  for (int64_t d : shape)
+    if (d < 0) throw OpError("Tensor::empty: negative dimension in " + shape_string(shape));
+  Tensor t;
+  const uint64_t bytes = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+  CachingAllocator& alloc = backend.allocator(device);
+  MemoryBlock* block = alloc.allocate(bytes, backend.stream(device));
+  t.storage_ = std::make_shared<Storage>(&backend, device, &alloc, block);
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::zeros(Backend& backend, Shape shape, plx_dtype dtype, int32_t device) {
+  Tensor t = empty(backend, std::move(shape), dtype, device);
+  backend.memset(device, t.data(), 0, t.nbytes(), backend.stream(device));
+  return t;
+}
+
+Tensor Tensor::from_host(Backend& backend, const void* src, Shape shape, plx_dtype dtype,
+                         int32_t device) {
+  Tensor t = empty(backend, std::move(shape), dtype, device);
+  t.copy_from_host(src);
+  return t;
+}
+
+Backend& Tensor::backend() const {
+  if (!storage_) throw OpError("use of an undefined tensor");
+  return *storage_->backend;
+}
+
+int32_t Tensor::device() const {
+  if (!storage_) throw OpError("use of an undefined tensor");
+  return storage_->device;
+}
+
+void* Tensor::data() const {
+  if (!storage_) return nullptr;
+  return static_cast<char*>(storage_->block->ptr) +
+         offset_ * static_cast<int64_t>(dtype_size(dtype_));
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw OpError("reshape: more than one -1 in " + shape_string(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0 && known != 0) shape[static_cast<size_t>(infer)] = numel() / known;
+  if (shape_numel(shape) != numel())
+    throw OpError("reshape: cannot view " + shape_string(shape_) + " as " + shape_string(shape));
+  if (!is_contiguous())
+    throw OpError("reshape: tensor " + shape_string(shape_) +
+                  " is not contiguous; call contiguous() first");
+  Tensor t = *this;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::permute(const std::vector<int>& order) const {
+  if (order.size() != shape_.size())
+    throw OpError("permute: order has " + std::to_string(order.size()) + " entries, tensor has " +
+                  std::to_string(shape_.size()) + " dimensions");
+  std::vector<bool> seen(order.size());
+  Tensor t = *this;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int o = order[i];
+    if (o < 0 || o >= ndim() || seen[static_cast<size_t>(o)])
+      throw OpError("permute: invalid order");
+    seen[static_cast<size_t>(o)] = true;
+    t.shape_[i] = shape_[static_cast<size_t>(o)];
+    t.strides_[i] = strides_[static_cast<size_t>(o)];
+  }
+  return t;
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return call(backend(), "copy", {*this}).at(0);
+}
+
+Tensor Tensor::to(Backend& dst, int32_t dst_device) const {
+  if (!storage_) return Tensor();
+  if (&dst == storage_->backend && dst_device == storage_->device) return *this;
+  // Staged through host memory: backends cannot address each other's memory.
+  const Tensor src = contiguous();
+  std::vector<unsigned char> host(src.nbytes());
+  src.copy_to_host(host.data());
+  return from_host(dst, host.data(), shape_, dtype_, dst_device);
+}
+
+void Tensor::copy_to_host(void* dst) const {
+  if (!storage_) throw OpError("copy_to_host of an undefined tensor");
+  if (!is_contiguous()) {
+    contiguous().copy_to_host(dst);
+    return;
+  }
+  Backend& b = *storage_->backend;
+  const plx_stream s = b.stream(storage_->device);
+  b.copy(storage_->device, dst, data(), nbytes(), PLX_COPY_D2H, s);
+  b.sync_stream(s);
+}
+
+void Tensor::copy_from_host(const void* src) {
+  if (!storage_) throw OpError("copy_from_host into an undefined tensor");
+  if (!is_contiguous()) throw OpError("copy_from_host into a non-contiguous tensor");
+  Backend& b = *storage_->backend;
+  const plx_stream s = b.stream(storage_->device);
+  b.copy(storage_->device, data(), src, nbytes(), PLX_COPY_H2D, s);
+  b.sync_stream(s);
+}
+
+std::vector<double> Tensor::to_doubles() const {
+  std::vector<unsigned char> raw(nbytes());
+  copy_to_host(raw.data());
+  const size_t n = static_cast<size_t>(numel());
+  std::vector<double> out(n);
+  const void* p = raw.data();
+  for (size_t i = 0; i < n; ++i) {
+    switch (dtype_) {
+      case PLX_F32: out[i] = static_cast<const float*>(p)[i]; break;
+      case PLX_F16: out[i] = static_cast<float>(static_cast<const half*>(p)[i]); break;
+      case PLX_BF16: out[i] = static_cast<float>(static_cast<const bfloat16*>(p)[i]); break;
+      case PLX_I32: out[i] = static_cast<const int32_t*>(p)[i]; break;
+      case PLX_I64: out[i] = static_cast<double>(static_cast<const int64_t*>(p)[i]); break;
+      case PLX_U8: out[i] = static_cast<const uint8_t*>(p)[i]; break;
+      case PLX_F64: out[i] = static_cast<const double*>(p)[i]; break;
+      default: throw OpError("to_doubles: invalid dtype");
+    }
+  }
+  return out;
+}
+
+plx_tensor Tensor::view() const {
+  plx_tensor v{};
+  if (!storage_) {
+    v.dtype = PLX_DTYPE_NONE;
+    return v;
+  }
+  v.data = data();
+  v.dtype = dtype_;
+  v.ndim = ndim();
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    v.shape[i] = shape_[i];
+    v.strides[i] = strides_[i];
+  }
+  v.device = storage_->device;
+  v.mem_kind = PLX_MEM_DEVICE;
+  return v;
+}
+
+std::string Tensor::str() const {
+  if (!storage_) return "undefined";
+  return storage_->backend->name() + ":" + std::to_string(storage_->device) + " " +
+         desc_string(desc());
+}
+
+plx_tensor make_desc(const TensorDesc& d, int32_t device) {
+  plx_tensor v{};
+  v.dtype = d.dtype;
+  if (!d.present()) return v;
+  v.ndim = d.ndim();
+  const Shape st = contiguous_strides(d.shape);
+  for (size_t i = 0; i < d.shape.size() && i < PLX_MAX_DIMS; ++i) {
+    v.shape[i] = d.shape[i];
+    v.strides[i] = st[i];
+  }
+  v.device = device;
+  v.mem_kind = PLX_MEM_DEVICE;
+  return v;
+}
+
+}  // namespace plexus

@@ -1,0 +1,104 @@
+// Shared pieces of the CPU plugin's kernels: threading, element access in the accumulation type,
+// per-dtype registration and GEMM on OpenBLAS.
+//
+// Conventions: kernels receive row-major contiguous tensors (the core makes them so unless a
+// kernel registers PLX_KERNEL_STRIDED); 16-bit floats are loaded into f32 and stored back with
+// round-to-nearest-even; f64 is computed in f64 (it is the reference for gradient checks).
+// Scratch memory comes from the workspace the core hands in, never from malloc in compute().
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "plexus/sdk.hpp"
+
+namespace plexus::cpu {
+
+using sdk::Kernel;
+using sdk::KernelCall;
+using sdk::KernelRegistry;
+using sdk::NodeInfo;
+using sdk::numel;
+
+// Threads kernels use; set once at plugin init from the "threads" option (0: all cores).
+int threads();
+void set_threads(int n);
+
+// Calls f(begin, end) on disjoint ranges covering [0, n), in parallel when n exceeds `grain`
+// (the smallest range worth a thread). Nested calls run serially.
+void parallel_for_impl(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  if (n <= 0) return;
+  parallel_for_impl(
+      n, grain,
+      [](void* c, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(c))(b, e); },
+      &f);
+}
+// Elements per thread below which elementwise loops stay serial.
+constexpr int64_t kElementwiseGrain = 1 << 15;
+
+template <class T>
+inline acc_t<T> load(const T* p, int64_t i) {
+  return convert<acc_t<T>>(p[i]);
+}
+template <class T>
+inline void store(T* p, int64_t i, acc_t<T> v) {
+  p[i] = convert<T>(v);
+}
+
+// Registers K<T> for f32, f16, bf16 and f64.
+template <template <class> class K>
+void add_float_kernels(KernelRegistry& r, const char* op, const char* impl, uint32_t flags = 0) {
+  r.add<K<float>>(op, PLX_F32, impl, flags);
+  r.add<K<half>>(op, PLX_F16, impl, flags);
+  r.add<K<bfloat16>>(op, PLX_BF16, impl, flags);
+  r.add<K<double>>(op, PLX_F64, impl, flags);
+}
+// Registers K<T> for i32 and i64.
+template <template <class> class K>
+void add_int_kernels(KernelRegistry& r, const char* op, const char* impl, uint32_t flags = 0) {
+  r.add<K<int32_t>>(op, PLX_I32, impl, flags);
+  r.add<K<int64_t>>(op, PLX_I64, impl, flags);
+}
+
+// Bulk conversion between 16-bit storage and f32.
+template <class T>
+void to_f32(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+template <class T>
+void from_f32(const float* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = T(src[i]);
+}
+
+// Row-major C (M, N) = alpha * op(A) * op(B) + beta * C, with op(A) (M, K) and op(B) (K, N).
+// A is (M, K) with leading dimension lda, or (K, M) if trans_a; likewise B. f32 and f64 call
+// OpenBLAS directly; f16/bf16 convert into `scratch` (gemm_scratch_floats(M, N, K) floats),
+// multiply in f32 and round once on store.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, acc_t<T> alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, acc_t<T> beta, T* C, int64_t ldc, float* scratch);
+
+template <class T>
+constexpr uint64_t gemm_scratch_floats(int64_t M, int64_t N, int64_t K) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+    return static_cast<uint64_t>(M * K + K * N + M * N);
+  return 0;
+}
+
+// Registration of each op family (ops/*.cpp).
+void register_activation(KernelRegistry& r);
+void register_binary(KernelRegistry& r);
+void register_reduce(KernelRegistry& r);
+void register_conv(KernelRegistry& r);
+void register_pool(KernelRegistry& r);
+void register_gemm(KernelRegistry& r);
+void register_softmax(KernelRegistry& r);
+void register_norm(KernelRegistry& r);
+void register_misc(KernelRegistry& r);
+void register_optim(KernelRegistry& r);
+
+}  // namespace plexus::cpu

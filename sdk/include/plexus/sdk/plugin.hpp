@@ -1,0 +1,183 @@
+// A plugin as a C++ class plus one macro. The class's constructor receives the host's services
+// (logging, options) and adds the backends, communicators and op schemas the plugin provides;
+// PLEXUS_PLUGIN emits the exported entry point and the plx_plugin descriptor.
+//
+//   class MyPlugin : public plexus::sdk::Plugin {
+//    public:
+//     explicit MyPlugin(const plexus::sdk::HostContext& host) {
+//       add_backend(std::make_unique<MyBackend>(host.option_int("threads", 0)));
+//     }
+//   };
+//   PLEXUS_PLUGIN(MyPlugin, "mine", "1.0.0", "what it is")
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/abi/plugin.h"
+#include "plexus/sdk/backend.hpp"
+#include "plexus/sdk/comm.hpp"
+#include "plexus/sdk/status.hpp"
+
+namespace plexus::sdk {
+
+// ---- logging through the host's callback ----
+namespace detail {
+inline plx_log_fn log_fn = nullptr;
+inline void* log_user = nullptr;
+inline int32_t log_level = PLX_LOG_INFO;
+}  // namespace detail
+
+inline bool log_enabled(int32_t level) {
+  return detail::log_fn != nullptr && level >= detail::log_level;
+}
+inline void log(int32_t level, const char* source, const std::string& message) {
+  if (log_enabled(level)) detail::log_fn(detail::log_user, level, source, message.c_str());
+}
+// PLX_LOG(PLX_LOG_DEBUG, "cpu.conv", "chose %s", name): formats only if the level is on.
+#define PLX_LOG(level, source, ...)                                            \
+  do {                                                                         \
+    if (::plexus::sdk::log_enabled(level))                                     \
+      ::plexus::sdk::log(level, source, ::plexus::sdk::format(__VA_ARGS__));   \
+  } while (0)
+
+// What the host passed to init(): options from the config and the ABI version it speaks.
+class HostContext {
+ public:
+  explicit HostContext(const plx_host* host) : host_(host) {}
+  uint16_t abi_minor() const { return host_->abi_minor; }
+
+  std::optional<std::string> option(std::string_view key) const {
+    for (int32_t i = 0; i < host_->num_options; ++i)
+      if (key == host_->options[i].key) return std::string(host_->options[i].value);
+    return std::nullopt;
+  }
+  int64_t option_int(std::string_view key, int64_t fallback) const {
+    const auto v = option(key);
+    if (!v) return fallback;
+    char* end = nullptr;
+    const long long x = std::strtoll(v->c_str(), &end, 10);
+    PLX_REQUIRE(end && *end == '\0' && !v->empty(), "option '%.*s': expected an integer, got '%s'",
+                static_cast<int>(key.size()), key.data(), v->c_str());
+    return x;
+  }
+  // Rejects options the plugin does not know, naming them and the known ones.
+  void check_options(const std::vector<std::string>& known) const {
+    for (int32_t i = 0; i < host_->num_options; ++i) {
+      bool ok = false;
+      for (const auto& k : known) ok = ok || k == host_->options[i].key;
+      if (!ok) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        throw InvalidArgument(format("unknown option '%s' (known: %s)", host_->options[i].key,
+                                     list.empty() ? "none" : list.c_str()));
+      }
+    }
+  }
+
+ private:
+  const plx_host* host_;
+};
+
+class Plugin {
+ public:
+  virtual ~Plugin() = default;
+  Plugin() = default;
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  template <class B>
+  B& add_backend(std::unique_ptr<B> b) {
+    B& ref = *b;
+    backends_.push_back(std::move(b));
+    return ref;
+  }
+  template <class C>
+  C& add_comm(std::unique_ptr<C> c) {
+    C& ref = *c;
+    comms_.push_back(std::move(c));
+    return ref;
+  }
+  // The schema's strings and arrays must outlive the plugin (static storage).
+  void add_op_schema(const plx_op_schema& s) { schemas_.push_back(s); }
+
+  int32_t backend_count() const { return static_cast<int32_t>(backends_.size()); }
+  const plx_backend* backend_table(int32_t i) {
+    return i >= 0 && i < backend_count() ? backends_[static_cast<size_t>(i)]->table() : nullptr;
+  }
+  int32_t comm_count() const { return static_cast<int32_t>(comms_.size()); }
+  const plx_comm* comm_table(int32_t i) {
+    return i >= 0 && i < comm_count() ? comms_[static_cast<size_t>(i)]->table() : nullptr;
+  }
+  int32_t schema_count() const { return static_cast<int32_t>(schemas_.size()); }
+  const plx_op_schema* schema(int32_t i) const {
+    return i >= 0 && i < schema_count() ? &schemas_[static_cast<size_t>(i)] : nullptr;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<plx_op_schema> schemas_;
+};
+
+namespace detail {
+
+template <class P>
+const plx_plugin* make_descriptor(const char* name, const char* version, const char* description) {
+  static const plx_plugin d = [&] {
+    plx_plugin p{};
+    p.struct_size = sizeof(plx_plugin);
+    p.abi_major = PLX_ABI_MAJOR;
+    p.abi_minor = PLX_ABI_MINOR;
+    p.name = name;
+    p.version = version;
+    p.description = description;
+    p.init = [](const plx_host* host, void** ctx) {
+      return guard([&] {
+        PLX_REQUIRE(host != nullptr && host->struct_size >= sizeof(plx_host) && host->log,
+                    "init: the host's plx_host is missing or too small");
+        PLX_REQUIRE(host->abi_major == PLX_ABI_MAJOR,
+                    "init: host speaks ABI %u, plugin was built for %u", host->abi_major,
+                    PLX_ABI_MAJOR);
+        log_fn = host->log;
+        log_user = host->log_user;
+        log_level = host->log_level;
+        try {
+          *ctx = new P(HostContext(host));
+        } catch (...) {
+          log_fn = nullptr;
+          throw;
+        }
+      });
+    };
+    p.shutdown = [](void* ctx) {
+      guard([&] { delete static_cast<P*>(ctx); });
+      log_fn = nullptr;
+    };
+    p.last_error = []() -> const char* { return detail::last_error.c_str(); };
+    p.backend_count = [](void* ctx) { return static_cast<P*>(ctx)->backend_count(); };
+    p.get_backend = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->backend_table(i); };
+    p.comm_count = [](void* ctx) { return static_cast<P*>(ctx)->comm_count(); };
+    p.get_comm = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->comm_table(i); };
+    p.op_schema_count = [](void* ctx) { return static_cast<P*>(ctx)->schema_count(); };
+    p.get_op_schema = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->schema(i); };
+    return p;
+  }();
+  return &d;
+}
+
+}  // namespace detail
+}  // namespace plexus::sdk
+
+#define PLX_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Emits the plugin's entry point. Use once per plugin library, at namespace scope.
+#define PLEXUS_PLUGIN(PluginClass, name, version, description)                      \
+  PLX_EXPORT const plx_plugin* plexus_plugin_entry(void) {                          \
+    return ::plexus::sdk::detail::make_descriptor<PluginClass>(name, version, description); \
+  }

@@ -1,0 +1,224 @@
+#include "support/harness.hpp"
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "plexus/op_schema.hpp"
+#include "plexus/sdk/dtype.hpp"
+
+namespace plexus::test {
+
+std::string fixture_dir() { return PLEXUS_TEST_FIXTURE_DIR; }
+std::string plugin_dir() { return PLEXUS_TEST_PLUGIN_DIR; }
+std::string source_dir() { return PLEXUS_SOURCE_DIR; }
+
+Runtime& runtime() {
+  static std::unique_ptr<Runtime> rt = [] {
+    RuntimeOptions o;
+    o.plugins.paths = {plugin_dir()};
+    o.plugins.use_env = false;
+    o.plugins.use_default_dir = false;
+    return std::make_unique<Runtime>(o);
+  }();
+  return *rt;
+}
+
+Backend& cpu() { return runtime().backend("cpu"); }
+
+std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<double> round_to(const std::vector<double>& v, plx_dtype d) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (d) {
+      case PLX_F32: r[i] = static_cast<float>(v[i]); break;
+      case PLX_F16: r[i] = static_cast<float>(half(static_cast<float>(v[i]))); break;
+      case PLX_BF16: r[i] = static_cast<float>(bfloat16(static_cast<float>(v[i]))); break;
+      case PLX_I32: r[i] = static_cast<double>(static_cast<int32_t>(v[i])); break;
+      case PLX_I64: r[i] = static_cast<double>(static_cast<int64_t>(v[i])); break;
+      case PLX_U8: r[i] = static_cast<double>(static_cast<uint8_t>(v[i])); break;
+      default: r[i] = v[i];
+    }
+  }
+  return r;
+}
+
+Tensor from_doubles(const std::vector<double>& v, const Shape& shape, plx_dtype d) {
+  REQUIRE(static_cast<int64_t>(v.size()) == shape_numel(shape));
+  const size_t n = v.size();
+  switch (d) {
+    case PLX_F32: {
+      std::vector<float> x(v.begin(), v.end());
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_F16: {
+      std::vector<half> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = half(static_cast<float>(v[i]));
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_BF16: {
+      std::vector<bfloat16> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = bfloat16(static_cast<float>(v[i]));
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_I32: {
+      std::vector<int32_t> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(v[i]);
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_I64: {
+      std::vector<int64_t> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int64_t>(v[i]);
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_U8: {
+      std::vector<uint8_t> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint8_t>(v[i]);
+      return Tensor::from_vector(cpu(), x, shape);
+    }
+    case PLX_F64: return Tensor::from_vector(cpu(), v, shape);
+    default: FAIL("from_doubles: bad dtype"); return Tensor();
+  }
+}
+
+Tensor random_tensor(const Shape& shape, plx_dtype d, uint64_t seed, double lo, double hi) {
+  return from_doubles(random_doubles(static_cast<size_t>(shape_numel(shape)), seed, lo, hi), shape,
+                      d);
+}
+
+Tensor random_ints(const Shape& shape, plx_dtype d, uint64_t seed, int64_t lo, int64_t hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> dist(lo, hi - 1);
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (auto& x : v) x = static_cast<double>(dist(rng));
+  return from_doubles(v, shape, d);
+}
+
+Tol tolerance(plx_dtype d) {
+  switch (d) {
+    case PLX_F64: return {1e-12, 1e-10};
+    case PLX_F32: return {1e-5, 1e-4};
+    case PLX_F16: return {2e-3, 4e-3};
+    case PLX_BF16: return {1.6e-2, 3e-2};
+    default: return {0, 0};
+  }
+}
+
+std::string CloseReport::str() const {
+  std::ostringstream os;
+  os.precision(10);
+  os << bad << " of " << count << " elements out of tolerance; worst at [" << worst
+     << "]: got " << got << ", want " << want << ", error " << err;
+  return os.str();
+}
+
+CloseReport compare(const std::vector<double>& got, const std::vector<double>& want, Tol tol) {
+  CloseReport r;
+  r.count = want.size();
+  if (got.size() != want.size()) {
+    r.ok = false;
+    r.bad = want.size();
+    r.err = INFINITY;
+    return r;
+  }
+  double worst_excess = -INFINITY;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    const double allowed = tol.atol + tol.rtol * std::fabs(want[i]);
+    const bool bad = !(err <= allowed) || std::isnan(got[i]) != std::isnan(want[i]);
+    if (bad) ++r.bad;
+    const double excess = std::isnan(err) ? INFINITY : err - allowed;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      r.worst = i;
+      r.got = got[i];
+      r.want = want[i];
+      r.err = err;
+    }
+  }
+  r.ok = r.bad == 0;
+  return r;
+}
+
+double nmse(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                     GradCheck o) {
+  Backend& b = cpu();
+  const OpSchema& s = runtime().ops().get(op);
+  const std::vector<Tensor> outs = call(b, op, inputs, attrs);
+
+  if (o.outputs.empty()) {
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (!(s.outputs[k].flags & PLX_ARG_NO_GRAD) && dtype_is_float(outs[k].dtype()))
+        o.outputs.push_back(static_cast<int>(k));
+  }
+  if (o.inputs.empty()) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && !(s.inputs[i].flags & PLX_ARG_NO_GRAD) &&
+          dtype_is_float(inputs[i].dtype()))
+        o.inputs.push_back(static_cast<int>(i));
+  }
+  std::vector<Tensor> dys(outs.size());
+  std::vector<std::vector<double>> dy_vals(outs.size());
+  for (int k : o.outputs) {
+    REQUIRE(outs[static_cast<size_t>(k)].dtype() == PLX_F64);
+    dys[static_cast<size_t>(k)] = random_tensor(outs[static_cast<size_t>(k)].shape(), PLX_F64,
+                                                o.seed + static_cast<uint64_t>(k));
+    dy_vals[static_cast<size_t>(k)] = dys[static_cast<size_t>(k)].to_doubles();
+  }
+  auto loss = [&](const std::vector<Tensor>& ins) {
+    const std::vector<Tensor> ys = call(b, op, ins, attrs);
+    double l = 0;
+    for (int k : o.outputs) {
+      const std::vector<double> y = ys[static_cast<size_t>(k)].to_doubles();
+      for (size_t j = 0; j < y.size(); ++j) l += y[j] * dy_vals[static_cast<size_t>(k)][j];
+    }
+    return l;
+  };
+
+  std::vector<bool> needs(s.inputs.size(), false);
+  for (int i : o.inputs) needs[static_cast<size_t>(i)] = true;
+  const std::vector<Tensor> grads = call_grad(b, op, inputs, outs, dys, attrs, needs);
+
+  for (int i : o.inputs) {
+    const Tensor& x = inputs[static_cast<size_t>(i)];
+    INFO("op '" << op << "', gradient of input " << i << " '" << s.inputs[static_cast<size_t>(i)].name
+                << "' " << x.str());
+    REQUIRE(x.dtype() == PLX_F64);
+    REQUIRE(grads.at(static_cast<size_t>(i)).defined());
+    REQUIRE(grads[static_cast<size_t>(i)].shape() == x.shape());
+    const std::vector<double> analytic = grads[static_cast<size_t>(i)].to_doubles();
+    const std::vector<double> base = x.to_doubles();
+    std::vector<double> numeric(base.size());
+    std::vector<Tensor> ins = inputs;
+    for (size_t j = 0; j < base.size(); ++j) {
+      std::vector<double> p = base;
+      p[j] = base[j] + o.eps;
+      ins[static_cast<size_t>(i)] = from_doubles(p, x.shape(), PLX_F64);
+      const double lp = loss(ins);
+      p[j] = base[j] - o.eps;
+      ins[static_cast<size_t>(i)] = from_doubles(p, x.shape(), PLX_F64);
+      const double lm = loss(ins);
+      numeric[j] = (lp - lm) / (2 * o.eps);
+    }
+    CHECK_ALLCLOSE(analytic, numeric, o.tol);
+  }
+}
+
+}  // namespace plexus::test

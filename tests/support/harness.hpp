@@ -1,0 +1,88 @@
+// Shared test helpers: the runtime with the build tree's CPU plugin, random tensors, comparison
+// against double-precision references, and gradient checks by central finite differences.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plexus/attrs.hpp"
+#include "plexus/backend.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/eager.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/tensor.hpp"
+#include "support/catch.hpp"
+
+namespace plexus::test {
+
+// A runtime that loads the plugins of the build tree only (not the environment's).
+Runtime& runtime();
+Backend& cpu();
+// Where fixture plugins and files are built.
+std::string fixture_dir();
+std::string plugin_dir();
+std::string source_dir();
+
+// The float dtypes every float kernel is tested in.
+inline const std::vector<plx_dtype> kFloatDtypes = {PLX_F32, PLX_F16, PLX_BF16, PLX_F64};
+
+// Uniform values in [lo, hi), reproducible from the seed.
+std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// Values rounded to what dtype `d` stores (identity for f64).
+std::vector<double> round_to(const std::vector<double>& v, plx_dtype d);
+// A tensor on the CPU backend holding `v` converted to `d`.
+Tensor from_doubles(const std::vector<double>& v, const Shape& shape, plx_dtype d);
+// A random tensor on the CPU backend.
+Tensor random_tensor(const Shape& shape, plx_dtype d, uint64_t seed, double lo = -1.0,
+                     double hi = 1.0);
+// Random integers in [lo, hi) as an i32/i64/u8 tensor.
+Tensor random_ints(const Shape& shape, plx_dtype d, uint64_t seed, int64_t lo, int64_t hi);
+
+// Tolerances for a result stored in `d` and computed with f32 accumulation (f64 for f64), for
+// values of order one: |got - want| <= atol + rtol * |want|.
+struct Tol {
+  double atol, rtol;
+};
+Tol tolerance(plx_dtype d);
+
+struct CloseReport {
+  bool ok = true;
+  size_t count = 0;      // elements compared
+  size_t bad = 0;        // elements out of tolerance
+  size_t worst = 0;      // index of the largest violation (or largest error)
+  double got = 0, want = 0, err = 0;
+  std::string str() const;
+};
+CloseReport compare(const std::vector<double>& got, const std::vector<double>& want, Tol tol);
+// Normalised mean squared error sum((g-w)^2) / sum(w^2), the measure ggml's op tests use.
+double nmse(const std::vector<double>& got, const std::vector<double>& want);
+
+// CHECK that two vectors agree within a tolerance; on failure prints the worst element.
+#define CHECK_ALLCLOSE(got, want, tol)                                          \
+  do {                                                                          \
+    const auto plx_r_ = ::plexus::test::compare((got), (want), (tol));          \
+    INFO(plx_r_.str());                                                         \
+    CHECK(plx_r_.ok);                                                           \
+  } while (0)
+
+struct GradCheck {
+  double eps = 1e-6;     // central-difference step
+  Tol tol{1e-6, 1e-5};   // analytic vs numeric
+  std::vector<int> inputs;   // inputs to check; default: every float input without NO_GRAD
+  std::vector<int> outputs;  // outputs in the loss; default: every float output without NO_GRAD
+  uint64_t seed = 1234;      // for the upstream gradients
+};
+
+// Checks op's gradient formula (through call_grad, so the core's formula and the backward
+// kernels together) against central finite differences of L = sum_k <dy_k, y_k> in f64.
+// `inputs` must be f64 where they are floats (integer inputs are passed through).
+void check_gradients(const std::string& op, const std::vector<Tensor>& inputs,
+                     const Attrs& attrs = {}, GradCheck opts = {});
+
+// Row-major flat index helpers for reference loops.
+inline int64_t idx4(const Shape& s, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return ((a * s[1] + b) * s[2] + c) * s[3] + d;
+}
+
+}  // namespace plexus::test
