@@ -150,9 +150,13 @@ void Runtime::note_fallback(const std::string& op, plx_dtype dtype, const std::s
     std::lock_guard<std::mutex> lock(fallback_mu_);
     n = ++fallback_counts_[key];
   }
+  // Warn once per (op, dtype, backend); every later fallback is counted and logged at debug.
   if (n == 1)
     spdlog::warn("op '{}' ({}) has no kernel on backend '{}': running it on '{}' (backend.fallback)",
                  op, dtype_name(dtype), from, options_.fallback);
+  else
+    spdlog::debug("op '{}' ({}) fell back from '{}' to '{}' ({} times)", op, dtype_name(dtype),
+                  from, options_.fallback, n);
 }
 
 std::map<std::string, uint64_t> Runtime::fallback_counts() const {

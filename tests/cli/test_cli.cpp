@@ -1,0 +1,150 @@
+// The plexus command line, run as a user would: exit codes, reports, and clear errors.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "support/harness.hpp"
+
+using namespace plexus::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs build/bin/plexus with `args` in a clean environment plus `env` ("NAME=value ...").
+Run run_plexus(const std::string& args, const std::string& env = "") {
+  const std::string cmd = "env -u PLEXUS_PLUGIN_PATH -u PLEXUS_LOG_LEVEL " + env + " " +
+                          std::string(PLEXUS_BINARY_DIR) + "/bin/plexus " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("plexus-cli-" + std::to_string(getpid()) + "-" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE("plexus info lists the CPU plugin, its device and its ops", "[cpu][cli]") {
+  const Run r = run_plexus("info");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("Plugins loaded (1):"));
+  CHECK_THAT(r.output, PLX_CONTAINS("cpu 0.1.0  ABI 1.0"));
+  CHECK_THAT(r.output, PLX_CONTAINS("libplexus-cpu.so"));
+  CHECK_THAT(r.output, PLX_CONTAINS("[0] CPU: "));
+  CHECK_THAT(r.output, PLX_CONTAINS("relu"));
+  CHECK_THAT(r.output, PLX_CONTAINS("f32 f16 bf16 f64"));
+  CHECK_THAT(r.output, PLX_CONTAINS("Plugins skipped (0):"));
+}
+
+TEST_CASE("plexus info --json gives the same report as JSON", "[cpu][cli]") {
+  const Run r = run_plexus("info --json");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.front() == '{');
+  CHECK_THAT(r.output, PLX_CONTAINS("\"plugins\""));
+  CHECK_THAT(r.output, PLX_CONTAINS("\"skipped\""));
+  CHECK_THAT(r.output, PLX_CONTAINS("\"backends\""));
+  CHECK_THAT(r.output, PLX_CONTAINS("\"relu\""));
+  // Balanced braces and brackets outside strings: a cheap structural check.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : r.output) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    REQUIRE(depth >= 0);
+  }
+  CHECK(depth == 0);
+}
+
+TEST_CASE("broken plugins in PLEXUS_PLUGIN_PATH are reported and skipped", "[cpu][cli]") {
+  const Run r = run_plexus("info", "PLEXUS_PLUGIN_PATH=" + fixture_dir() + "/broken");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("Plugins loaded (1):"));
+  CHECK_THAT(r.output, PLX_CONTAINS("Plugins skipped (6):"));
+  CHECK_THAT(r.output, PLX_CONTAINS("libplexus-badabi.so"));
+  CHECK_THAT(r.output, PLX_CONTAINS("built for plugin ABI 99.0"));
+  CHECK_THAT(r.output, PLX_CONTAINS("init failed (backend error): simulated failure"));
+  CHECK_THAT(r.output, PLX_CONTAINS("not a loadable shared library"));
+  CHECK_THAT(r.output, PLX_CONTAINS("[warning] skipped plugin"));
+}
+
+TEST_CASE("plugins named in the config load, with their options", "[cpu][cli]") {
+  const std::string cfg = temp_file("good.toml", "[plugins]\npaths = [\"" + fixture_dir() +
+                                                     "/good\"]\n[plugins.options.testgood]\nfactor = 5\n");
+  const Run r = run_plexus("info --config " + cfg);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("testgood 1.2.3"));
+  CHECK_THAT(r.output, PLX_CONTAINS("testdev (plugin testgood)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("testgood.scale"));
+  CHECK_THAT(r.output, PLX_CONTAINS("initialised with factor 5"));
+  fs::remove(cfg);
+}
+
+TEST_CASE("a malformed config exits 2 naming file, line and column", "[cpu][cli]") {
+  const std::string cfg = temp_file("bad.toml", "[backend]\nname = cpu\n");
+  const Run r = run_plexus("info --config " + cfg);
+  INFO(r.output);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, PLX_CONTAINS(cfg + ":2:"));
+  CHECK_THAT(r.output, PLX_CONTAINS("configuration error"));
+  fs::remove(cfg);
+}
+
+TEST_CASE("bad --set and bad log levels exit 2 with the reason", "[cpu][cli]") {
+  Run r = run_plexus("info --set backend.nmae=cpu");
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, PLX_CONTAINS("unknown key 'backend.nmae'"));
+  r = run_plexus("info", "PLEXUS_LOG_LEVEL=loud");
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, PLX_CONTAINS("unknown log level 'loud'"));
+  r = run_plexus("info --config /nonexistent/run.toml");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("/nonexistent/run.toml"));
+}
+
+TEST_CASE("--config-dump prints the resolved configuration", "[cpu][cli]") {
+  const Run r = run_plexus("info --config-dump --set backend.name=cpu --set memory.limit=\\\"1GiB\\\"");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("name = 'cpu'"));
+  CHECK_THAT(r.output, PLX_CONTAINS("limit = 1073741824"));
+}
+
+TEST_CASE("usage errors and help", "[cpu][cli]") {
+  Run r = run_plexus("");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("info"));
+  r = run_plexus("info --help");
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("--json"));
+  r = run_plexus("--version");
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("plexus 0.1.0"));
+  r = run_plexus("frobnicate");
+  CHECK(r.status != 0);
+}
