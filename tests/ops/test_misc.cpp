@@ -238,6 +238,7 @@ TEST_CASE("copy accepts sliced views with offsets and any strides", "[cpu][ops][
       {5, {4, 1, 3}, {10, 7, 0}},    // a broadcast (stride 0) and a size-1 dim
       {479, {6, 8}, {-80, -10}},     // both dims reversed, starting at the last row of a column
       {3, {1}, {1}},
+      {2, {3, 4}, {1, 1}},  // overlapping (as_strided-style): element (i, j) at 2 + i + j
   };
   for (plx_dtype d : kAllDtypes) {
     const Tensor base = iota_tensor(base_shape, d);
@@ -413,6 +414,20 @@ TEST_CASE("dropout mask follows philox_uniform and kept values are scaled", "[cp
       }
     }
   }
+}
+
+TEST_CASE("dropout keeps an element whose uniform equals p", "[cpu][ops][misc]") {
+  // The rule is keep when u >= p: with p set to element 3's own uniform (exact in f32 and f64),
+  // element 3 stays and any element below it goes.
+  const Tensor x = random_tensor({64}, PLX_F64, 23, 1, 2);
+  const double p = philox_uniform(5, 6, 3);
+  const auto mask =
+      call(cpu(), "dropout", {x}, {{"p", p}, {"seed", int64_t{5}}, {"offset", int64_t{6}}})
+          .at(1)
+          .to_doubles();
+  CHECK(mask[3] == 1);
+  for (size_t i = 0; i < mask.size(); ++i)
+    CHECK(mask[i] == (philox_uniform(5, 6, i) >= static_cast<float>(p) ? 1 : 0));
 }
 
 TEST_CASE("dropout in eval mode passes x through with a mask of ones", "[cpu][ops][misc]") {
