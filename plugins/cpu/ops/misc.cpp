@@ -217,6 +217,7 @@ class DropoutKernel final : public Kernel {
     T* y = sdk::data<T>(call.out(0));                 // (same shape)
     uint8_t* mask = sdk::data<uint8_t>(call.out(1));  // (same shape) 0 or 1
     const int64_t n = numel(call.in(0));
+    if (n == 0) return;  // empty tensors may have null data, which memcpy must not see
     if (!training_) {
       std::memcpy(y, x, static_cast<size_t>(n) * sizeof(T));
       std::memset(mask, 1, static_cast<size_t>(n));
@@ -300,6 +301,7 @@ class EmbeddingKernel final : public Kernel {
     T* y = sdk::data<T>(call.out(0));               // (..., D)
     const int64_t n = numel(call.in(1)), D = dim_;
     check_indices("embedding", idx, n, rows_);
+    if (D == 0) return;  // y is empty and may have null data
     parallel_for(n, grain_for(D), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
         std::memcpy(y + i * D, w + static_cast<int64_t>(idx[i]) * D,
