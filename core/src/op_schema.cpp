@@ -310,8 +310,10 @@ std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t ndim) {
-  const int64_t a = axis < 0 ? axis + ndim : axis;
-  if (a < 0 || a >= std::max<int64_t>(ndim, 1))
+  // A 0-d tensor takes axis 0 or -1, as in PyTorch.
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  const int64_t a = axis < 0 ? axis + n : axis;
+  if (a < 0 || a >= n)
     ctx.fail("axis " + std::to_string(axis) + " is out of range for " + std::to_string(ndim) +
              " dimensions");
   return a;

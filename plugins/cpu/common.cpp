@@ -3,6 +3,9 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <atomic>
+#include <exception>
+
 namespace plexus::cpu {
 
 namespace {
@@ -23,8 +26,21 @@ void parallel_for_impl(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int6
     fn(ctx, 0, n);
     return;
   }
+  // An exception must not leave an OpenMP region (the runtime would terminate the process):
+  // the first one is kept and rethrown on the calling thread, where the SDK's trampoline turns
+  // it into a status.
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
 #pragma omp parallel for num_threads(chunks) schedule(static)
-  for (int c = 0; c < chunks; ++c) fn(ctx, n * c / chunks, n * (c + 1) / chunks);
+  for (int c = 0; c < chunks; ++c) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    try {
+      fn(ctx, n * c / chunks, n * (c + 1) / chunks);
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 namespace {

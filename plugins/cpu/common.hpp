@@ -27,7 +27,8 @@ int threads();
 void set_threads(int n);
 
 // Calls f(begin, end) on disjoint ranges covering [0, n), in parallel when n exceeds `grain`
-// (the smallest range worth a thread). Nested calls run serially.
+// (the smallest range worth a thread). Nested calls run serially. An exception thrown by f on
+// any thread is rethrown on the caller's thread once the team has finished.
 void parallel_for_impl(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {

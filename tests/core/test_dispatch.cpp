@@ -1,5 +1,7 @@
 // Dispatch: kernels resolved per (op, dtype), declines with reasons, missing ops as errors
 // naming op and backend, and the fallback policy (logged and counted).
+#include <cmath>
+
 #include "plexus/error.hpp"
 #include "support/harness.hpp"
 

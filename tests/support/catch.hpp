@@ -7,6 +7,7 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #define PLX_CATCH3 1
+using Catch::Approx;
 // REQUIRE_THROWS_WITH(expr, PLX_CONTAINS("text"))
 #define PLX_CONTAINS(s) Catch::Matchers::ContainsSubstring(s)
 // Marks the running test skipped (Catch2 >= 3.3); ctest sees the skip through the exit code.

@@ -22,6 +22,7 @@ inline int64_t numel(const plx_tensor& t) {
 inline bool present(const plx_tensor& t) { return t.dtype != PLX_DTYPE_NONE; }
 
 inline bool is_contiguous(const plx_tensor& t) {
+  if (numel(t) == 0) return true;  // no element to be out of place
   int64_t expected = 1;
   for (int32_t i = t.ndim - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != expected) return false;
