@@ -1,4 +1,6 @@
 // Tensors: host round trips in every dtype, views, copies across backends, the ABI view.
+#include <cmath>
+
 #include "plexus/error.hpp"
 #include "support/harness.hpp"
 

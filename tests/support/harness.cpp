@@ -1,6 +1,7 @@
 #include "support/harness.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -20,6 +21,9 @@ Runtime& runtime() {
     o.plugins.paths = {plugin_dir()};
     o.plugins.use_env = false;
     o.plugins.use_default_dir = false;
+    // PLEXUS_TEST_CPU_THREADS runs the suite with more (or fewer) threads than this machine has
+    // cores, to exercise the multi-threaded split paths of kernels on small machines.
+    if (const char* t = std::getenv("PLEXUS_TEST_CPU_THREADS")) o.plugins.options["cpu"]["threads"] = t;
     return std::make_unique<Runtime>(o);
   }();
   return *rt;

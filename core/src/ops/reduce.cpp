@@ -9,13 +9,6 @@ using namespace schema;
 
 namespace {
 
-// A possibly negative axis normalised against ndim. A 0-d tensor takes 0 and -1 (as PyTorch does;
-// schema::normalize_axis accepts only 0 there), and reducing it leaves it as it is.
-int64_t axis_of(const InferContext& c, int64_t axis, int64_t ndim) {
-  if (ndim == 0 && axis == -1) return 0;
-  return normalize_axis(c, axis, ndim);
-}
-
 // Normalised, sorted, distinct reduction axes; empty `axes` means every axis.
 std::vector<int64_t> reduction_axes(const InferContext& c, int64_t ndim) {
   const Ints& given = c.attrs().get_ints("axes");
@@ -24,7 +17,7 @@ std::vector<int64_t> reduction_axes(const InferContext& c, int64_t ndim) {
     for (int64_t i = 0; i < ndim; ++i) axes.push_back(i);
     return axes;
   }
-  for (int64_t a : given) axes.push_back(axis_of(c, a, ndim));
+  for (int64_t a : given) axes.push_back(normalize_axis(c, a, ndim));
   std::sort(axes.begin(), axes.end());
   c.require(std::adjacent_find(axes.begin(), axes.end()) == axes.end(),
             "axes " + shape_string(given) + " must be distinct");
@@ -116,7 +109,7 @@ void register_reduce(OpRegistry& r) {
           [](InferContext& c) {
             const Shape& s = c.in(0).shape;
             const auto ndim = static_cast<int64_t>(s.size());
-            const int64_t axis = axis_of(c, c.attrs().get_int("axis"), ndim);
+            const int64_t axis = normalize_axis(c, c.attrs().get_int("axis"), ndim);
             if (ndim == 0) {  // a scalar is its own maximum, at index 0
               c.out(0, PLX_I64, {});
               return;
