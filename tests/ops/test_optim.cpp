@@ -10,7 +10,7 @@ using namespace plexus::test;
 
 namespace {
 
-const std::vector<Shape> kShapes = {{1}, {7}, {3, 5}, {2, 1, 3, 4}, {40000}};
+const std::vector<Shape> kShapes = {{}, {1}, {7}, {3, 5}, {2, 1, 3, 4}, {40000}};
 constexpr plx_dtype kParamDtypes[] = {PLX_F32, PLX_F64};
 constexpr int kSteps = 5;
 
