@@ -102,4 +102,7 @@ void register_norm(KernelRegistry& r);
 void register_misc(KernelRegistry& r);
 void register_optim(KernelRegistry& r);
 
+// The "threads" communicator (comm_threads.cpp): ranks are threads of this process.
+std::unique_ptr<sdk::Communicator> make_threads_communicator();
+
 }  // namespace plexus::cpu

@@ -145,6 +145,7 @@ class CpuPlugin final : public sdk::Plugin {
                 static_cast<long long>(n));
     set_threads(static_cast<int>(n));
     add_backend(std::make_unique<CpuBackend>());
+    add_comm(make_threads_communicator());
     PLX_LOG(PLX_LOG_DEBUG, "cpu", "CPU backend with %d threads", threads());
   }
 };
