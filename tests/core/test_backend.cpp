@@ -117,3 +117,31 @@ TEST_CASE("the plugin descriptor is what the ABI promises", "[cpu][backend]") {
   CHECK(t->get_capability == nullptr);
   CHECK(t->capture_begin == nullptr);
 }
+
+TEST_CASE("out-of-range enum values from C are rejected, not cast", "[cpu][backend][comm]") {
+  Backend& b = cpu();
+  const plx_backend& t = b.table();
+  void* p = nullptr;
+  CHECK(t.mem_alloc(t.ctx, 0, 9, 64, nullptr, &p) == PLX_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(b.plugin().last_error(), PLX_CONTAINS("invalid memory kind 9"));
+  float x = 1, y = 0;
+  CHECK(t.mem_copy(t.ctx, 0, &y, &x, sizeof x, 7, nullptr) == PLX_ERR_INVALID_ARGUMENT);
+
+  // A one-rank group of the threads communicator, driven through its C table.
+  Communicator& comm = runtime().communicator("threads");
+  const plx_comm& ct = comm.table();
+  plx_comm_config cfg{};
+  cfg.struct_size = sizeof cfg;
+  cfg.rank = 0;
+  cfg.size = 1;
+  cfg.backend = &t;
+  cfg.id = comm.unique_id();
+  plx_comm_handle h = nullptr;
+  REQUIRE(ct.init_rank(ct.ctx, &cfg, &h) == PLX_OK);
+  CHECK(ct.all_reduce(h, &x, &y, 1, PLX_F32, 9, nullptr) == PLX_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(b.plugin().last_error(), PLX_CONTAINS("invalid reduce op 9"));
+  CHECK(ct.all_reduce(h, &x, &y, 1, 42, PLX_REDUCE_SUM, nullptr) == PLX_ERR_INVALID_ARGUMENT);
+  CHECK(ct.all_reduce(h, &x, &y, 1, PLX_F32, PLX_REDUCE_SUM, nullptr) == PLX_OK);
+  CHECK(y == 1);
+  CHECK(ct.destroy(h) == PLX_OK);
+}

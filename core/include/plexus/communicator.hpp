@@ -60,7 +60,7 @@ class CommGroup {
   int32_t device() const { return device_; }
 
   void all_reduce(const Tensor& send, const Tensor& recv, plx_reduce_op op);
-  void all_reduce(Tensor& inout, plx_reduce_op op) { all_reduce(inout, inout, op); }
+  void all_reduce(const Tensor& inout, plx_reduce_op op) { all_reduce(inout, inout, op); }
   void broadcast(const Tensor& send, const Tensor& recv, int32_t root);
   void all_gather(const Tensor& send, const Tensor& recv);
   void reduce_scatter(const Tensor& send, const Tensor& recv, plx_reduce_op op);

@@ -76,6 +76,11 @@ class Backend {
 
  private:
   static Backend* self(void* ctx) { return static_cast<Backend*>(ctx); }
+  // Values from C are checked before they become enums (an out-of-range enum is undefined).
+  static plx_mem_kind kind(int32_t k) {
+    PLX_REQUIRE(k >= PLX_MEM_DEVICE && k <= PLX_MEM_MANAGED, "invalid memory kind %d", k);
+    return static_cast<plx_mem_kind>(k);
+  }
 
   void build_table() {
     plx_backend& t = table_;
@@ -99,15 +104,17 @@ class Backend {
       });
     };
     t.mem_alloc = [](void* c, int32_t d, int32_t k, uint64_t b, plx_stream s, void** p) {
-      return detail::guard([&] { *p = self(c)->mem_alloc(d, static_cast<plx_mem_kind>(k), b, s); });
+      return detail::guard([&] { *p = self(c)->mem_alloc(d, kind(k), b, s); });
     };
     t.mem_free = [](void* c, int32_t d, int32_t k, void* p, plx_stream s) {
-      return detail::guard([&] { self(c)->mem_free(d, static_cast<plx_mem_kind>(k), p, s); });
+      return detail::guard([&] { self(c)->mem_free(d, kind(k), p, s); });
     };
     t.mem_copy = [](void* c, int32_t d, void* dst, const void* src, uint64_t b, int32_t dir,
                     plx_stream s) {
-      return detail::guard(
-          [&] { self(c)->mem_copy(d, dst, src, b, static_cast<plx_copy_dir>(dir), s); });
+      return detail::guard([&] {
+        PLX_REQUIRE(dir >= PLX_COPY_H2D && dir <= PLX_COPY_H2H, "invalid copy direction %d", dir);
+        self(c)->mem_copy(d, dst, src, b, static_cast<plx_copy_dir>(dir), s);
+      });
     };
     t.mem_set = [](void* c, int32_t d, void* dst, int32_t v, uint64_t b, plx_stream s) {
       return detail::guard([&] { self(c)->mem_set(d, dst, v, b, s); });

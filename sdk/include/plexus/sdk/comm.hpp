@@ -37,7 +37,8 @@ class CommRank {
   virtual bool has_group() const { return false; }
   virtual void group_begin() {}
   virtual void group_end() {}
-  // An asynchronous failure seen since the last call, thrown as an Error; nothing if none.
+  // A failure seen asynchronously (a dead peer), thrown as an Error; nothing if none. A failed
+  // communicator does not recover, so it keeps reporting the failure.
   virtual void check_async_error() {}
 };
 
@@ -61,8 +62,15 @@ class Communicator {
 
  private:
   static CommRank* r(plx_comm_handle h) { return reinterpret_cast<CommRank*>(h); }
-  static plx_dtype dt(int32_t d) { return static_cast<plx_dtype>(d); }
-  static plx_reduce_op ro(int32_t o) { return static_cast<plx_reduce_op>(o); }
+  // Values from C are checked before they become enums (an out-of-range enum is undefined).
+  static plx_dtype dt(int32_t d) {
+    PLX_REQUIRE(d >= 0 && d < PLX_DTYPE_COUNT, "invalid dtype %d", d);
+    return static_cast<plx_dtype>(d);
+  }
+  static plx_reduce_op ro(int32_t o) {
+    PLX_REQUIRE(o >= PLX_REDUCE_SUM && o <= PLX_REDUCE_MIN, "invalid reduce op %d", o);
+    return static_cast<plx_reduce_op>(o);
+  }
 
   void build_table() {
     plx_comm& t = table_;
