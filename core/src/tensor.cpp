@@ -135,6 +135,22 @@ Tensor Tensor::permute(const std::vector<int>& order) const {
   return t;
 }
 
+Tensor Tensor::narrow(int dim, int64_t start, int64_t length) const {
+  if (dim < 0) dim += ndim();
+  if (dim < 0 || dim >= ndim())
+    throw OpError("narrow: dimension " + std::to_string(dim) + " of a " + std::to_string(ndim()) +
+                  "-d tensor");
+  const int64_t size = shape_[static_cast<size_t>(dim)];
+  if (start < 0 || length < 0 || start + length > size)
+    throw OpError("narrow: entries [" + std::to_string(start) + ", " +
+                  std::to_string(start + length) + ") of dimension " + std::to_string(dim) +
+                  " of size " + std::to_string(size));
+  Tensor t = *this;
+  t.offset_ += start * strides_[static_cast<size_t>(dim)];
+  t.shape_[static_cast<size_t>(dim)] = length;
+  return t;
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   return call(backend(), "copy", {*this}).at(0);

@@ -105,3 +105,22 @@ TEST_CASE("bad tensor requests are errors", "[cpu][tensor]") {
   REQUIRE_THROWS_WITH(Tensor::empty(cpu(), {2}, PLX_F32, 3), PLX_CONTAINS("has no device 3"));
   REQUIRE_THROWS_WITH(Tensor().copy_to_host(nullptr), PLX_CONTAINS("undefined tensor"));
 }
+
+TEST_CASE("narrow views a range of a dimension", "[cpu][tensor]") {
+  const Tensor t = from_doubles({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {4, 3}, PLX_F32);
+  const Tensor rows = t.narrow(0, 1, 2);  // rows 1 and 2
+  CHECK(rows.shape() == Shape{2, 3});
+  CHECK(rows.is_contiguous());
+  CHECK(rows.to_doubles() == std::vector<double>{3, 4, 5, 6, 7, 8});
+  const Tensor cols = t.narrow(-1, 1, 2);  // columns 1 and 2: strided
+  CHECK_FALSE(cols.is_contiguous());
+  CHECK(cols.to_doubles() == std::vector<double>{1, 2, 4, 5, 7, 8, 10, 11});
+  // Ops see the view's values, and writing through a view writes the base tensor.
+  CHECK(call(cpu(), "sum", {cols}).at(0).to_doubles() == std::vector<double>{48});
+  Tensor last = t.narrow(0, 3, 1);
+  last.copy_from_host(std::vector<float>{-1, -2, -3}.data());
+  CHECK(t.to_doubles().back() == -3);
+  CHECK(t.narrow(0, 4, 0).numel() == 0);
+  REQUIRE_THROWS_WITH(t.narrow(0, 3, 2), PLX_CONTAINS("entries [3, 5) of dimension 0 of size 4"));
+  REQUIRE_THROWS_WITH(t.narrow(2, 0, 1), PLX_CONTAINS("dimension 2 of a 2-d tensor"));
+}

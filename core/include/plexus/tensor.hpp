@@ -55,6 +55,9 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // A view of dims permuted (no copy; generally non-contiguous).
   Tensor permute(const std::vector<int>& order) const;
+  // A view of `length` entries of dimension `dim` from `start` (no copy). Narrowing dimension 0
+  // of a contiguous tensor stays contiguous: that is how a batch is cut from a dataset.
+  Tensor narrow(int dim, int64_t start, int64_t length) const;
   // A contiguous copy, or this tensor if already contiguous.
   Tensor contiguous() const;
   // A copy on another backend/device (through host memory when backends differ).
