@@ -88,8 +88,9 @@ void ref_conv2d_backward(const ConvCase& k, const std::vector<double>& x,
 }
 
 // Stride 2, padding, dilation 2, groups 2 and depthwise, 1x1 (pointwise and not), odd sizes,
-// size-1 batch/channels/spatial, non-square kernels, an empty batch, and one large enough that
-// the kernel splits the batch into several chunks (the last one partial).
+// size-1 batch/channels/spatial, non-square kernels, an empty batch, and images large enough
+// that the kernels unfold them a block of output rows at a time (the last block partial).
+// Batches of one run on the calling thread, larger ones are split over the threads.
 const std::vector<ConvCase> kCases = {
     {.x = {2, 3, 7, 9}, .w = {4, 3, 3, 3}, .bias = true},
     {.x = {2, 3, 9, 8}, .w = {5, 3, 3, 3}, .stride = {2, 2}, .padding = {1, 1}},
@@ -114,6 +115,8 @@ const std::vector<ConvCase> kCases = {
     {.x = {2, 3, 8, 6}, .w = {2, 3, 4, 1}, .stride = {2, 1}},
     {.x = {0, 3, 5, 5}, .w = {2, 3, 3, 3}, .bias = true},
     {.x = {5, 16, 48, 48}, .w = {8, 16, 3, 3}, .bias = true, .padding = {1, 1}},
+    {.x = {3, 32, 31, 30}, .w = {8, 16, 3, 3}, .padding = {1, 1}, .groups = 2},
+    {.x = {2, 256, 41, 40}, .w = {8, 256, 1, 1}, .bias = true},
 };
 
 // Accumulations of K products in f32: the error grows like sqrt(K) (random signs), so the

@@ -1,26 +1,31 @@
 // CPU kernels: conv family (see docs/ops.md).
 //
 // All three ops are GEMMs on OpenBLAS over the unfolded image (im2col):
-//   forward          y_b[g]    (Og, P) = w[g] (Og, K) · col_b[g] (K, P)
-//   backward data    dcol_b[g] (K, P)  = w[g]ᵀ (K, Og) · dy_b[g] (Og, P), folded (col2im) into dx_b
-//   backward weight  dw[g]     (Og, K) = Σ_b dy_b[g] (Og, P) · col_b[g]ᵀ (P, K)
-// for image b and group g, with K = C/groups·KH·KW and P = OH·OW. col_b is image b unfolded:
+//   forward          y_n[g]    (Og, P) = w[g] (Og, K) · col_n[g] (K, P)
+//   backward data    dcol_n[g] (K, P)  = w[g]ᵀ (K, Og) · dy_n[g] (Og, P), folded (col2im) into dx_n
+//   backward weight  dw[g]     (Og, K) = Σ_n dy_n[g] (Og, P) · col_n[g]ᵀ (P, K)
+// for image n and group g, with K = C/groups·KH·KW and P = OH·OW. col_n is image n unfolded:
 // (C·KH·KW, P), one row per (channel, kernel tap), so group g owns rows [g·K, (g+1)·K). A 1x1,
 // stride-1, unpadded conv needs no unfolding: the image (C, H·W) is its own column matrix.
+// Images are unfolded a block of output rows at a time (kColumnBlockBytes), so the column
+// buffer stays small and in cache however large the image, while each GEMM still spans
+// thousands of columns.
 //
-// How the cores are shared: in phases, never split between libraries. The unfolding, folding and
-// 16-bit conversion loops run on all threads with OpenMP (parallel_for); then each GEMM runs on
-// OpenBLAS's own threads, called from this (the calling) thread only. Calling BLAS from inside an
-// OpenMP region instead would oversubscribe: the distribution's OpenBLAS is the pthreads build,
-// which starts its own team for every caller. To keep the phase switches few, images go in
-// chunks: one parallel unfolding pass over a chunk, then the chunk's GEMMs, each of which still
-// covers a whole image (N = P columns, large enough for OpenBLAS to use both cores). A chunk's
-// column buffer is held to kColumnBudget so that it is still in the L3 cache when its GEMMs read
-// it; the budget, not the batch, bounds the workspace.
+// How the cores are shared: a batch of at least `threads()` images is split over the OpenMP
+// threads (parallel_for), each unfolding its own images and calling single-threaded GEMMs on
+// them, so nothing waits on anything until the end. The alternative, OpenMP loops for the
+// unfolding followed by multi-threaded GEMMs, ran up to 3x slower here: the distribution's
+// OpenBLAS is the pthreads build, whose threads then compete with libgomp's threads, which
+// busy-wait for milliseconds after every parallel region (OMP_WAIT_POLICY is active by
+// default), and the two teams synchronise at every block. A batch smaller than the thread count
+// (inference on a few images) runs on the calling thread instead, with OpenBLAS's threads
+// splitting each GEMM.
 //
 // 16-bit storage: images are converted to f32 while they are unfolded, the weight once per call,
-// dy once per chunk; GEMMs run in f32 into f32 buffers and every output element is rounded once.
+// dy once per image; GEMMs run in f32 into f32 buffers and every output element is rounded once.
 // f64 runs the same code in f64 (the reference for gradient checks).
+#include <cblas.h>
+
 #include <vector>
 
 #include "common.hpp"
@@ -29,8 +34,9 @@ namespace plexus::cpu {
 
 namespace {
 
-// Bytes of column buffer a chunk of images may use (see the top of the file).
-constexpr int64_t kColumnBudget = int64_t{8} << 20;
+// Bytes of column matrix one worker unfolds at a time: about half the 1 MiB L2 of this
+// machine's cores, so a block is still cached when its GEMMs read it.
+constexpr int64_t kColumnBlockBytes = int64_t{512} << 10;
 
 // ceil(a / b) for b > 0 and any sign of a.
 constexpr int64_t ceil_div(int64_t a, int64_t b) {
@@ -47,7 +53,7 @@ std::vector<int64_t> shape_of(const plx_tensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
 
-// The geometry of one node, worked out when its kernel is created.
+// The geometry of one node and how its work is split, worked out when its kernel is created.
 struct ConvGeom {
   int64_t N, C, H, W;  // x (N, C, H, W)
   int64_t O, KH, KW;   // w (O, C/groups, KH, KW)
@@ -61,8 +67,11 @@ struct ConvGeom {
   // Per kernel tap kh (kw): the output rows (columns) [lo, hi) that read inside the image, so
   // the unfolding loops need no per-element bounds test.
   std::vector<int64_t> oh_lo, oh_hi, ow_lo, ow_hi;
+  int64_t block;    // output rows unfolded at a time
+  int64_t workers;  // OpenMP threads the batch is split over; 1: the calling thread only
 
-  ConvGeom(const std::vector<int64_t>& x, const std::vector<int64_t>& w, const NodeInfo& node) {
+  ConvGeom(const std::vector<int64_t>& x, const std::vector<int64_t>& w, const NodeInfo& node,
+           size_t elem) {
     PLX_REQUIRE(x.size() == 4 && w.size() == 4, "%s: x and w must be 4-D", node.op());
     const auto stride = node.attr_ints("stride"), pad = node.attr_ints("padding"),
                dil = node.attr_ints("dilation");
@@ -91,27 +100,28 @@ struct ConvGeom {
     for (int64_t k = 0; k < KW; ++k)
       valid_range(k * dw - pw, sw, W, OW, ow_lo[static_cast<size_t>(k)],
                   ow_hi[static_cast<size_t>(k)]);
+    const int64_t row_bytes = std::max<int64_t>(1, rows * OW * static_cast<int64_t>(elem));
+    block = std::clamp<int64_t>(kColumnBlockBytes / row_bytes, 1, OH);
+    workers = threads() > 1 && N >= threads() ? threads() : 1;
   }
 
-  // Images per chunk: as many as fit the column budget, at least one.
-  int64_t chunk(size_t elem) const {
-    const int64_t per_image = std::max<int64_t>(1, rows * P * static_cast<int64_t>(elem));
-    return std::clamp<int64_t>(kColumnBudget / per_image, 1, std::max<int64_t>(N, 1));
-  }
+  // Columns of a block of output rows starting at oh0.
+  int64_t block_cols(int64_t oh0) const { return (std::min(oh0 + block, OH) - oh0) * OW; }
 };
 
-// Row r (channel c, tap kh, kw) of an image's column matrix: dst[oh·OW + ow] =
-// src[c, oh·sh − ph + kh·dh, ow·sw − pw + kw·dw], zero where that falls in the padding.
+// Output rows [oh0, oh1) of row r (channel c, tap kh, kw) of an image's column matrix:
+// dst[(oh − oh0)·OW + ow] = src[c, oh·sh − ph + kh·dh, ow·sw − pw + kw·dw], zero in the padding.
 template <class T, class A>
-void unfold_row(const ConvGeom& g, const T* src /* (C, H, W) */, int64_t r, A* dst /* (P) */) {
+void unfold_row(const ConvGeom& g, const T* src /* (C, H, W) */, int64_t r, int64_t oh0,
+                int64_t oh1, A* dst /* ((oh1 − oh0)·OW) */) {
   const int64_t c = r / (g.KH * g.KW), kh = (r / g.KW) % g.KH, kw = r % g.KW;
   const T* plane = src + c * g.H * g.W;  // (H, W)
   const int64_t off_h = kh * g.dh - g.ph, off_w = kw * g.dw - g.pw;
   const int64_t lo = g.ow_lo[static_cast<size_t>(kw)], hi = g.ow_hi[static_cast<size_t>(kw)];
   const int64_t row_lo = g.oh_lo[static_cast<size_t>(kh)],
                 row_hi = g.oh_hi[static_cast<size_t>(kh)];
-  for (int64_t oh = 0; oh < g.OH; ++oh) {
-    A* out = dst + oh * g.OW;  // (OW)
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    A* out = dst + (oh - oh0) * g.OW;  // (OW)
     if (oh < row_lo || oh >= row_hi) {
       std::fill(out, out + g.OW, A(0));
       continue;
@@ -127,49 +137,69 @@ void unfold_row(const ConvGeom& g, const T* src /* (C, H, W) */, int64_t r, A* d
   }
 }
 
-// The inverse of unfold_row summed over channel c's KH·KW rows: dst (H, W) = Σ over taps of the
-// rows scattered back to the input positions they were read from.
+// The inverse of unfold_row: adds a block of an image's unfolded gradient (rows, (oh1 − oh0)·OW)
+// back onto the input positions it was read from.
 template <class A>
-void fold_plane(const ConvGeom& g, const A* src /* (KH·KW, P) */, A* dst /* (H, W) */) {
-  std::fill(dst, dst + g.H * g.W, A(0));
-  for (int64_t kh = 0; kh < g.KH; ++kh) {
-    const int64_t off_h = kh * g.dh - g.ph;
-    for (int64_t kw = 0; kw < g.KW; ++kw) {
-      const A* row = src + (kh * g.KW + kw) * g.P;
-      const int64_t off_w = kw * g.dw - g.pw;
-      const int64_t lo = g.ow_lo[static_cast<size_t>(kw)], hi = g.ow_hi[static_cast<size_t>(kw)];
-      for (int64_t oh = g.oh_lo[static_cast<size_t>(kh)]; oh < g.oh_hi[static_cast<size_t>(kh)];
-           ++oh) {
-        A* out = dst + (oh * g.sh + off_h) * g.W;  // (W)
-        const A* in = row + oh * g.OW;             // (OW)
-        if (g.sw == 1) {
-          for (int64_t ow = lo; ow < hi; ++ow) out[ow + off_w] += in[ow];
-        } else {
-          for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.sw + off_w] += in[ow];
+void fold_block(const ConvGeom& g, const A* src /* (rows, cols) */, int64_t oh0, int64_t oh1,
+                A* dst /* (C, H, W) */) {
+  const int64_t cols = (oh1 - oh0) * g.OW;
+  for (int64_t c = 0; c < g.C; ++c) {
+    A* plane = dst + c * g.H * g.W;  // (H, W)
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      const int64_t off_h = kh * g.dh - g.ph;
+      const int64_t row_lo = std::max(oh0, g.oh_lo[static_cast<size_t>(kh)]);
+      const int64_t row_hi = std::min(oh1, g.oh_hi[static_cast<size_t>(kh)]);
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        const A* row = src + ((c * g.KH + kh) * g.KW + kw) * cols;  // (cols)
+        const int64_t off_w = kw * g.dw - g.pw;
+        const int64_t lo = g.ow_lo[static_cast<size_t>(kw)], hi = g.ow_hi[static_cast<size_t>(kw)];
+        for (int64_t oh = row_lo; oh < row_hi; ++oh) {
+          A* out = plane + (oh * g.sh + off_h) * g.W;  // (W)
+          const A* in = row + (oh - oh0) * g.OW;       // (OW)
+          if (g.sw == 1) {
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow + off_w] += in[ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.sw + off_w] += in[ow];
+          }
         }
       }
     }
   }
 }
 
-// Unfolds images [0, nb) of `src` into `col` (nb, rows, P), in parallel over rows.
-template <class T, class A>
-void unfold_images(const ConvGeom& g, const T* src /* (nb, C, H, W) */, int64_t nb,
-                   A* col /* (nb, rows, P) */) {
-  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.P, 1));
-  parallel_for(nb * g.rows, grain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t n = i / g.rows, r = i % g.rows;
-      unfold_row(g, src + n * g.C * g.H * g.W, r, col + i * g.P);
-    }
+// Sets OpenBLAS to one thread while OpenMP threads each call it, and back after.
+class SingleThreadedBlas {
+ public:
+  explicit SingleThreadedBlas(bool on) : on_(on) {
+    if (on_) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (on_) openblas_set_num_threads(threads());
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  bool on_;
+};
+
+// Calls f(worker, n) for every image n: worker w of g.workers takes a contiguous share.
+template <class F>
+void for_each_image(const ConvGeom& g, F&& f) {
+  if (g.workers == 1) {
+    for (int64_t n = 0; n < g.N; ++n) f(int64_t{0}, n);
+    return;
+  }
+  const SingleThreadedBlas blas(true);
+  parallel_for(g.workers, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w)
+      for (int64_t n = g.N * w / g.workers; n < g.N * (w + 1) / g.workers; ++n) f(w, n);
   });
 }
 
 template <class S, class D>
-void convert_all(const S* src, D* dst, int64_t n) {
-  parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = convert<D>(src[i]);
-  });
+void convert_n(const S* src, D* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = convert<D>(src[i]);
 }
 
 // Carves 64-byte aligned buffers out of the workspace. Walked once without a base to size the
@@ -210,7 +240,7 @@ acc_t<T>* acc_view(T* p, acc_t<T>* buffer) {
 template <class T>
 const acc_t<T>* as_acc(const T* src, acc_t<T>* buffer, int64_t n) {
   if constexpr (kWide<T>) {
-    convert_all(src, buffer, n);
+    convert_n(src, buffer, n);
     return buffer;
   } else {
     (void)buffer, (void)n;
@@ -218,25 +248,37 @@ const acc_t<T>* as_acc(const T* src, acc_t<T>* buffer, int64_t n) {
   }
 }
 
-// The column matrices of images [0, nb) of `xs`: unfolded into `col` (nb, rows, P), or the
-// images themselves when the conv is pointwise and needs no conversion.
+// A block's column matrix (rows, cols) and its leading dimension: the image itself when the
+// conv is pointwise and needs no conversion, else unfolded into `buf`.
 template <class T>
-const acc_t<T>* columns(const ConvGeom& g, const T* xs /* (nb, C, H, W) */, int64_t nb,
-                        acc_t<T>* col) {
-  if constexpr (!kWide<T>)
-    if (g.pointwise) return xs;
-  unfold_images(g, xs, nb, col);
-  return col;
+const acc_t<T>* block_columns(const ConvGeom& g, const T* img /* (C, H, W) */, int64_t oh0,
+                              acc_t<T>* buf, int64_t& ld) {
+  if constexpr (!kWide<T>) {
+    if (g.pointwise) {
+      ld = g.P;
+      return img + oh0 * g.OW;
+    }
+  }
+  const int64_t oh1 = std::min(oh0 + g.block, g.OH);
+  ld = (oh1 - oh0) * g.OW;
+  for (int64_t r = 0; r < g.rows; ++r) unfold_row(g, img, r, oh0, oh1, buf + r * ld);
+  return buf;
 }
 
-// Buffers every conv kernel may use; absent ones are null (and take no space).
+// Worker wk's part of a per-worker buffer of `size` elements each; null if the buffer is absent.
 template <class A>
-struct ConvScratch {
-  A* col = nullptr;  // (chunk, rows, P) unfolded images or their gradient
-  A* w = nullptr;    // (O, K) the weight in f32 (16-bit only)
-  A* dy = nullptr;   // (chunk, O, P) dy in f32 (16-bit only)
-  A* y = nullptr;    // forward: (chunk, O, P); backward data: (chunk, C, H, W); 16-bit only
-  A* dw = nullptr;   // (O, K) accumulated weight gradient (16-bit only)
+A* part(A* base, int64_t wk, int64_t size) {
+  return base ? base + wk * size : nullptr;
+}
+
+// Per-worker buffers; absent ones are null and take no space.
+template <class A>
+struct Scratch {
+  A* w = nullptr;    // (O, K) the weight in f32 (16-bit only), shared
+  A* col = nullptr;  // (workers, rows, block·OW) column blocks
+  A* dy = nullptr;   // (workers, O, P) an image's dy in f32 (16-bit only)
+  A* out = nullptr;  // (workers, image) f32 output image (16-bit only): y (O, P) or dx (C, H, W)
+  A* dw = nullptr;   // (workers, O, K) per-worker weight gradients
 };
 
 // y = conv2d(x, w) + b.
@@ -246,9 +288,8 @@ class Conv2dKernel final : public Kernel {
 
  public:
   explicit Conv2dKernel(const NodeInfo& node)
-      : g_(shape_of(node.input(0)), shape_of(node.input(1)), node),
-        has_bias_(node.has_input(2)),
-        chunk_(g_.chunk(sizeof(A))) {}
+      : g_(shape_of(node.input(0)), shape_of(node.input(1)), node, sizeof(A)),
+        has_bias_(node.has_input(2)) {}
 
   uint64_t workspace_bytes() const override {
     Carver c;
@@ -263,56 +304,50 @@ class Conv2dKernel final : public Kernel {
     const T* bias = has_bias_ ? sdk::data<T>(call.in(2)) : nullptr;  // (O)
     T* y = sdk::data<T>(call.out(0));                                // (N, O, OH, OW)
     Carver carver(call.workspace);
-    const ConvScratch<A> s = carve(carver);
+    const Scratch<A> s = carve(carver);
     const A* wa = as_acc(w, s.w, g.O * g.K);  // (O, K)
 
-    for (int64_t n0 = 0; n0 < g.N; n0 += chunk_) {
-      const int64_t nb = std::min(chunk_, g.N - n0);
-      const T* xs = x + n0 * g.C * g.H * g.W;      // (nb, C, H, W)
-      const A* col = columns(g, xs, nb, s.col);    // (nb, rows, P)
-      A* dst = acc_view(y + n0 * g.O * g.P, s.y);  // (nb, O, P)
-      if (bias) {
-        // The GEMMs add onto the bias (beta = 1) rather than a pass adding it afterwards.
-        const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.P, 1));
-        parallel_for(nb * g.O, grain, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i)
-            std::fill(dst + i * g.P, dst + (i + 1) * g.P, load(bias, i % g.O));
-        });
-      }
-      for (int64_t n = 0; n < nb; ++n)
+    for_each_image(g, [&](int64_t wk, int64_t n) {
+      const T* img = x + n * g.C * g.H * g.W;                            // (C, H, W)
+      A* dst = acc_view(y + n * g.O * g.P, part(s.out, wk, g.O * g.P));  // (O, P)
+      // The GEMMs add onto the bias (beta = 1) rather than a pass adding it afterwards.
+      if (bias)
+        for (int64_t o = 0; o < g.O; ++o)
+          std::fill(dst + o * g.P, dst + (o + 1) * g.P, load(bias, o));
+      A* buf = part(s.col, wk, g.rows * g.block * g.OW);  // (rows, block·OW)
+      for (int64_t oh0 = 0; oh0 < g.OH; oh0 += g.block) {
+        int64_t ld;
+        const A* col = block_columns(g, img, oh0, buf, ld);  // (rows, cols), leading dim ld
         for (int64_t grp = 0; grp < g.groups; ++grp)
-          gemm<A>(false, false, g.Og, g.P, g.K, A(1), wa + grp * g.Og * g.K, g.K,
-                  col + (n * g.rows + grp * g.K) * g.P, g.P, bias ? A(1) : A(0),
-                  dst + (n * g.O + grp * g.Og) * g.P, g.P, nullptr);
-      if constexpr (kWide<T>) convert_all(dst, y + n0 * g.O * g.P, nb * g.O * g.P);
-    }
+          gemm<A>(false, false, g.Og, g.block_cols(oh0), g.K, A(1), wa + grp * g.Og * g.K, g.K,
+                  col + grp * g.K * ld, ld, bias ? A(1) : A(0), dst + grp * g.Og * g.P + oh0 * g.OW,
+                  g.P, nullptr);
+      }
+      if constexpr (kWide<T>) convert_n(dst, y + n * g.O * g.P, g.O * g.P);
+    });
   }
 
  private:
-  ConvScratch<A> carve(Carver& c) const {
-    ConvScratch<A> s;
-    if (kWide<T> || !g_.pointwise) s.col = c.take<A>(chunk_ * g_.rows * g_.P);
-    if (kWide<T>) {
-      s.w = c.take<A>(g_.O * g_.K);
-      s.y = c.take<A>(chunk_ * g_.O * g_.P);
-    }
+  Scratch<A> carve(Carver& c) const {
+    Scratch<A> s;
+    if (kWide<T>) s.w = c.take<A>(g_.O * g_.K);
+    if (kWide<T> || !g_.pointwise) s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
+    if (kWide<T>) s.out = c.take<A>(g_.workers * g_.O * g_.P);
     return s;
   }
 
   ConvGeom g_;
   bool has_bias_;
-  int64_t chunk_;
 };
 
-// dx = conv2d_backward_data(dy, w): the unfolded gradient w[g]ᵀ·dy_b[g], folded back.
+// dx = conv2d_backward_data(dy, w): the unfolded gradient w[g]ᵀ·dy_n[g], folded back.
 template <class T>
 class Conv2dBackwardDataKernel final : public Kernel {
   using A = acc_t<T>;
 
  public:
   explicit Conv2dBackwardDataKernel(const NodeInfo& node)
-      : g_(node.attr_ints("input_shape"), shape_of(node.input(1)), node),
-        chunk_(g_.chunk(sizeof(A))) {}
+      : g_(node.attr_ints("input_shape"), shape_of(node.input(1)), node, sizeof(A)) {}
 
   uint64_t workspace_bytes() const override {
     Carver c;
@@ -326,63 +361,58 @@ class Conv2dBackwardDataKernel final : public Kernel {
     const T* w = sdk::data<T>(call.in(1));   // (O, K)
     T* dx = sdk::data<T>(call.out(0));       // (N, C, H, W)
     Carver carver(call.workspace);
-    const ConvScratch<A> s = carve(carver);
+    const Scratch<A> s = carve(carver);
     const A* wa = as_acc(w, s.w, g.O * g.K);  // (O, K)
-    const int64_t plane = g.H * g.W;
+    const int64_t image = g.C * g.H * g.W;
 
-    for (int64_t n0 = 0; n0 < g.N; n0 += chunk_) {
-      const int64_t nb = std::min(chunk_, g.N - n0);
-      const A* dys = as_acc(dy + n0 * g.O * g.P, s.dy, nb * g.O * g.P);  // (nb, O, P)
-      A* dst = acc_view(dx + n0 * g.C * plane, s.y);                     // (nb, C, H, W)
-      // Pointwise: the GEMM writes dx directly; otherwise the unfolded gradient, then folded.
-      A* dcol = g.pointwise ? dst : s.col;  // (nb, rows, P)
-      for (int64_t n = 0; n < nb; ++n)
+    for_each_image(g, [&](int64_t wk, int64_t n) {
+      const A* dyn = as_acc(dy + n * g.O * g.P, part(s.dy, wk, g.O * g.P), g.O * g.P);  // (O, P)
+      A* dst = acc_view(dx + n * image, part(s.out, wk, image));                        // (C, H, W)
+      if (g.pointwise) {
+        // dx_n[g] (Cg, H·W) is the GEMM's output itself.
         for (int64_t grp = 0; grp < g.groups; ++grp)
-          gemm<A>(true, false, g.K, g.P, g.Og, A(1), wa + grp * g.Og * g.K, g.K,
-                  dys + (n * g.O + grp * g.Og) * g.P, g.P, A(0),
-                  dcol + (n * g.rows + grp * g.K) * g.P, g.P, nullptr);
-      if (!g.pointwise) {
-        const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(plane, 1));
-        parallel_for(nb * g.C, grain, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) {
-            fold_plane(g, dcol + i * g.KH * g.KW * g.P, dst + i * plane);
-            // Rounded while the plane is still in cache.
-            if constexpr (kWide<T>)
-              for (int64_t j = 0; j < plane; ++j)
-                dx[(n0 * g.C + i) * plane + j] = convert<T>(dst[i * plane + j]);
-          }
-        });
-      } else if constexpr (kWide<T>) {
-        convert_all(dst, dx + n0 * g.C * plane, nb * g.C * plane);
+          gemm<A>(true, false, g.Cg, g.P, g.Og, A(1), wa + grp * g.Og * g.K, g.K,
+                  dyn + grp * g.Og * g.P, g.P, A(0), dst + grp * g.Cg * g.P, g.P, nullptr);
+      } else {
+        std::fill(dst, dst + image, A(0));
+        A* buf = part(s.col, wk, g.rows * g.block * g.OW);  // (rows, cols)
+        for (int64_t oh0 = 0; oh0 < g.OH; oh0 += g.block) {
+          const int64_t cols = g.block_cols(oh0);
+          for (int64_t grp = 0; grp < g.groups; ++grp)
+            gemm<A>(true, false, g.K, cols, g.Og, A(1), wa + grp * g.Og * g.K, g.K,
+                    dyn + grp * g.Og * g.P + oh0 * g.OW, g.P, A(0), buf + grp * g.K * cols, cols,
+                    nullptr);
+          fold_block(g, buf, oh0, std::min(oh0 + g.block, g.OH), dst);
+        }
       }
-    }
+      if constexpr (kWide<T>) convert_n(dst, dx + n * image, image);
+    });
   }
 
  private:
-  ConvScratch<A> carve(Carver& c) const {
-    ConvScratch<A> s;
-    if (!g_.pointwise) s.col = c.take<A>(chunk_ * g_.rows * g_.P);
+  Scratch<A> carve(Carver& c) const {
+    Scratch<A> s;
+    if (kWide<T>) s.w = c.take<A>(g_.O * g_.K);
+    if (!g_.pointwise) s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
     if (kWide<T>) {
-      s.w = c.take<A>(g_.O * g_.K);
-      s.dy = c.take<A>(chunk_ * g_.O * g_.P);
-      s.y = c.take<A>(chunk_ * g_.C * g_.H * g_.W);
+      s.dy = c.take<A>(g_.workers * g_.O * g_.P);
+      s.out = c.take<A>(g_.workers * g_.C * g_.H * g_.W);
     }
     return s;
   }
 
   ConvGeom g_;
-  int64_t chunk_;
 };
 
-// dw = conv2d_backward_weight(dy, x): Σ_b dy_b[g]·col_b[g]ᵀ, accumulated by the GEMMs (beta = 1).
+// dw = conv2d_backward_weight(dy, x) = Σ_n dy_n[g]·col_n[g]ᵀ: each worker accumulates its images
+// (beta = 1), then the workers' sums are added in a fixed order.
 template <class T>
 class Conv2dBackwardWeightKernel final : public Kernel {
   using A = acc_t<T>;
 
  public:
   explicit Conv2dBackwardWeightKernel(const NodeInfo& node)
-      : g_(shape_of(node.input(1)), node.attr_ints("weight_shape"), node),
-        chunk_(g_.chunk(sizeof(A))) {}
+      : g_(shape_of(node.input(1)), node.attr_ints("weight_shape"), node, sizeof(A)) {}
 
   uint64_t workspace_bytes() const override {
     Carver c;
@@ -396,37 +426,43 @@ class Conv2dBackwardWeightKernel final : public Kernel {
     const T* x = sdk::data<T>(call.in(1));   // (N, C, H, W)
     T* dw = sdk::data<T>(call.out(0));       // (O, K)
     Carver carver(call.workspace);
-    const ConvScratch<A> s = carve(carver);
-    A* dwa = acc_view(dw, s.dw);  // (O, K)
-    if (g.N == 0) std::fill(dwa, dwa + g.O * g.K, A(0));
+    const Scratch<A> s = carve(carver);
+    const int64_t wsize = g.O * g.K;
+    // One worker in f32/f64 accumulates straight into dw.
+    A* sums = direct() ? acc_view(dw, s.dw) : s.dw;  // (workers, O, K)
+    std::fill(sums, sums + g.workers * wsize, A(0));
 
-    for (int64_t n0 = 0; n0 < g.N; n0 += chunk_) {
-      const int64_t nb = std::min(chunk_, g.N - n0);
-      const T* xs = x + n0 * g.C * g.H * g.W;                            // (nb, C, H, W)
-      const A* col = columns(g, xs, nb, s.col);                          // (nb, rows, P)
-      const A* dys = as_acc(dy + n0 * g.O * g.P, s.dy, nb * g.O * g.P);  // (nb, O, P)
-      for (int64_t n = 0; n < nb; ++n)
+    for_each_image(g, [&](int64_t wk, int64_t n) {
+      const T* img = x + n * g.C * g.H * g.W;                                           // (C, H, W)
+      const A* dyn = as_acc(dy + n * g.O * g.P, part(s.dy, wk, g.O * g.P), g.O * g.P);  // (O, P)
+      A* sum = sums + wk * wsize;                                                       // (O, K)
+      A* buf = part(s.col, wk, g.rows * g.block * g.OW);
+      for (int64_t oh0 = 0; oh0 < g.OH; oh0 += g.block) {
+        int64_t ld;
+        const A* col = block_columns(g, img, oh0, buf, ld);  // (rows, cols), leading dim ld
         for (int64_t grp = 0; grp < g.groups; ++grp)
-          gemm<A>(false, true, g.Og, g.K, g.P, A(1), dys + (n * g.O + grp * g.Og) * g.P, g.P,
-                  col + (n * g.rows + grp * g.K) * g.P, g.P, n0 + n == 0 ? A(0) : A(1),
-                  dwa + grp * g.Og * g.K, g.K, nullptr);
-    }
-    if constexpr (kWide<T>) convert_all(dwa, dw, g.O * g.K);
+          gemm<A>(false, true, g.Og, g.K, g.block_cols(oh0), A(1),
+                  dyn + grp * g.Og * g.P + oh0 * g.OW, g.P, col + grp * g.K * ld, ld, A(1),
+                  sum + grp * g.Og * g.K, g.K, nullptr);
+      }
+    });
+    if (direct()) return;
+    for (int64_t wk = 1; wk < g.workers; ++wk)
+      for (int64_t i = 0; i < wsize; ++i) sums[i] += sums[wk * wsize + i];
+    for (int64_t i = 0; i < wsize; ++i) dw[i] = convert<T>(sums[i]);
   }
 
  private:
-  ConvScratch<A> carve(Carver& c) const {
-    ConvScratch<A> s;
-    if (kWide<T> || !g_.pointwise) s.col = c.take<A>(chunk_ * g_.rows * g_.P);
-    if (kWide<T>) {
-      s.dy = c.take<A>(chunk_ * g_.O * g_.P);
-      s.dw = c.take<A>(g_.O * g_.K);
-    }
+  bool direct() const { return !kWide<T> && g_.workers == 1; }
+  Scratch<A> carve(Carver& c) const {
+    Scratch<A> s;
+    if (kWide<T> || !g_.pointwise) s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
+    if (kWide<T>) s.dy = c.take<A>(g_.workers * g_.O * g_.P);
+    if (!direct()) s.dw = c.take<A>(g_.workers * g_.O * g_.K);
     return s;
   }
 
   ConvGeom g_;
-  int64_t chunk_;
 };
 
 }  // namespace

@@ -77,6 +77,15 @@ struct PoolGeom {
     return PoolGeom{x[0] * x[1], Axis(x[2], y[2], kernel[0], stride[0], pad[0], dil[0]),
                     Axis(x[3], y[3], kernel[1], stride[1], pad[1], dil[1])};
   }
+  // 2x2 windows at stride 2 without padding or dilation, all inside the input: the usual
+  // downsampling, which needs no tap ranges.
+  bool pairs() const {
+    return h.k == 2 && w.k == 2 && h.s == 2 && w.s == 2 && h.p == 0 && w.p == 0 && h.d == 1 &&
+           w.d == 1 && 2 * h.out <= h.in && 2 * w.out <= w.in;
+  }
+  // No two windows share an input element, so each dx element has at most one source and the
+  // backward ops can scatter instead of gather.
+  bool disjoint() const { return h.s >= h.d * (h.k - 1) + 1 && w.s >= w.d * (w.k - 1) + 1; }
   int64_t in_plane() const { return h.in * w.in; }
   int64_t out_plane() const { return h.out * w.out; }
   // Planes per thread below which a loop stays serial.
@@ -88,7 +97,7 @@ struct PoolGeom {
 // v beats the best so far: larger, or the first NaN (NaN counts as the maximum, as in argmax).
 template <class A>
 inline bool beats(A v, A best) {
-  return v > best || (std::isnan(v) && !std::isnan(best));
+  return v > best || (v != v && best == best);
 }
 
 // y, indices = max_pool2d(x).
@@ -98,13 +107,8 @@ class MaxPool2dKernel final : public Kernel {
 
  public:
   explicit MaxPool2dKernel(const NodeInfo& node)
-      : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, true)) {
-    // 2x2 windows at stride 2 that all lie inside the input: the usual downsampling, with no
-    // tap ranges to look up.
-    pairs_ = g_.h.k == 2 && g_.w.k == 2 && g_.h.s == 2 && g_.w.s == 2 && g_.h.p == 0 &&
-             g_.w.p == 0 && g_.h.d == 1 && g_.w.d == 1 && 2 * g_.h.out <= g_.h.in &&
-             2 * g_.w.out <= g_.w.in;
-  }
+      : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, true)),
+        pairs_(g_.pairs()) {}
 
   void compute(const KernelCall& c) override {
     const PoolGeom& g = g_;
@@ -121,19 +125,24 @@ class MaxPool2dKernel final : public Kernel {
           for (int64_t oh = 0; oh < g.h.out; ++oh) {
             const T* r0 = src + 2 * oh * W;  // (W)
             const T* r1 = r0 + W;
+            T* out = dst + oh * g.w.out;                // (OW)
+            int32_t* out_idx = dst_idx + oh * g.w.out;  // (OW)
+            const int32_t row = static_cast<int32_t>(2 * oh * W), w32 = static_cast<int32_t>(W);
             for (int64_t ow = 0; ow < g.w.out; ++ow) {
-              const int64_t i0 = 2 * oh * W + 2 * ow;
-              // Taps in index order, so the strict comparison keeps the first maximum.
-              A best = load(r0, 2 * ow);
-              int64_t at = i0;
-              A v = load(r0, 2 * ow + 1);
-              if (beats(v, best)) best = v, at = i0 + 1;
-              v = load(r1, 2 * ow);
-              if (beats(v, best)) best = v, at = i0 + W;
-              v = load(r1, 2 * ow + 1);
-              if (beats(v, best)) best = v, at = i0 + W + 1;
-              store(dst, oh * g.w.out + ow, best);
-              dst_idx[oh * g.w.out + ow] = static_cast<int32_t>(at);
+              // Taps in index order, so a strict comparison keeps the first maximum; selects on
+              // 32-bit lanes rather than branches, which the compiler vectorises.
+              const A a = load(r0, 2 * ow), b = load(r0, 2 * ow + 1), c = load(r1, 2 * ow),
+                      d = load(r1, 2 * ow + 1);
+              A best = a;
+              int32_t off = 0;
+              bool m = beats(b, best);
+              best = m ? b : best, off = m ? 1 : off;
+              m = beats(c, best);
+              best = m ? c : best, off = m ? w32 : off;
+              m = beats(d, best);
+              best = m ? d : best, off = m ? w32 + 1 : off;
+              store(out, ow, best);
+              out_idx[ow] = row + 2 * static_cast<int32_t>(ow) + off;
             }
           }
           continue;
@@ -175,7 +184,8 @@ class MaxPool2dBackwardKernel final : public Kernel {
 
  public:
   explicit MaxPool2dBackwardKernel(const NodeInfo& node)
-      : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)) {}
+      : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
+        disjoint_(g_.disjoint()) {}
 
   void compute(const KernelCall& c) override {
     const PoolGeom& g = g_;
@@ -188,6 +198,16 @@ class MaxPool2dBackwardKernel final : public Kernel {
         const T* src = dy + pl * g.out_plane();             // (OH, OW)
         const int32_t* src_idx = idx + pl * g.out_plane();  // (OH, OW)
         T* dst = dx + pl * g.in_plane();                    // (H, W)
+        if (disjoint_) {
+          // At most one window covers each element: scatter onto zeros, where the one addition
+          // is exact. Indices outside the plane (-1: a window of padding only) are skipped.
+          std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
+          for (int64_t o = 0; o < g.out_plane(); ++o) {
+            const int64_t i = src_idx[o];
+            if (i >= 0 && i < g.in_plane()) store(dst, i, load(dst, i) + load(src, o));
+          }
+          continue;
+        }
         for (int64_t ih = 0; ih < g.h.in; ++ih) {
           const size_t uh = static_cast<size_t>(ih);
           for (int64_t iw = 0; iw < g.w.in; ++iw) {
@@ -206,6 +226,7 @@ class MaxPool2dBackwardKernel final : public Kernel {
 
  private:
   PoolGeom g_;
+  bool disjoint_;
 };
 
 bool flag(const NodeInfo& node, const char* name) {
@@ -221,7 +242,8 @@ class AvgPool2dKernel final : public Kernel {
  public:
   explicit AvgPool2dKernel(const NodeInfo& node)
       : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, false)),
-        include_pad_(flag(node, "count_include_pad")) {}
+        include_pad_(flag(node, "count_include_pad")),
+        pairs_(g_.pairs()) {}
 
   void compute(const KernelCall& c) override {
     const PoolGeom& g = g_;
@@ -232,6 +254,18 @@ class AvgPool2dKernel final : public Kernel {
       for (int64_t pl = b; pl < e; ++pl) {
         const T* src = x + pl * g.in_plane();  // (H, W)
         T* dst = y + pl * g.out_plane();       // (OH, OW)
+        if (pairs_) {
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            const T* r0 = src + 2 * oh * W;  // (W)
+            const T* r1 = r0 + W;
+            for (int64_t ow = 0; ow < g.w.out; ++ow)
+              store(dst, oh * g.w.out + ow,
+                    (load(r0, 2 * ow) + load(r0, 2 * ow + 1) + load(r1, 2 * ow) +
+                     load(r1, 2 * ow + 1)) /
+                        A(4));
+          }
+          continue;
+        }
         for (int64_t oh = 0; oh < g.h.out; ++oh) {
           const size_t uh = static_cast<size_t>(oh);
           for (int64_t ow = 0; ow < g.w.out; ++ow) {
@@ -257,6 +291,7 @@ class AvgPool2dKernel final : public Kernel {
 
   PoolGeom g_;
   bool include_pad_;
+  bool pairs_;  // every window inside, divisor 4 either way
 };
 
 // dx = avg_pool2d_backward(dy): each input element gathers dy / divisor of the windows that
@@ -279,6 +314,8 @@ class AvgPool2dBackwardKernel final : public Kernel {
                                             (g_.w.clip_hi[uw] - g_.w.clip_lo[uw]);
         inv_[static_cast<size_t>(oh * g_.w.out + ow)] = A(1) / static_cast<A>(n);
       }
+    disjoint_ = g_.disjoint();
+    pairs_ = g_.pairs();
   }
 
   void compute(const KernelCall& c) override {
@@ -290,6 +327,37 @@ class AvgPool2dBackwardKernel final : public Kernel {
       for (int64_t pl = b; pl < e; ++pl) {
         const T* src = dy + pl * g.out_plane();  // (OH, OW)
         T* dst = dx + pl * g.in_plane();         // (H, W)
+        if (pairs_) {
+          // Each 2x2 window gets a quarter of its dy; a last odd row or column gets none.
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            T* d0 = dst + 2 * oh * g.w.in;  // (W)
+            T* d1 = d0 + g.w.in;
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const T v = convert<T>(load(src, oh * OW + ow) * A(0.25));
+              d0[2 * ow] = v, d0[2 * ow + 1] = v, d1[2 * ow] = v, d1[2 * ow + 1] = v;
+            }
+            std::fill(d0 + 2 * OW, d0 + g.w.in, convert<T>(A(0)));
+            std::fill(d1 + 2 * OW, d1 + g.w.in, convert<T>(A(0)));
+          }
+          std::fill(dst + 2 * g.h.out * g.w.in, dst + g.in_plane(), convert<T>(A(0)));
+          continue;
+        }
+        if (disjoint_) {
+          // Each element lies in at most one window: write the windows' shares onto zeros.
+          std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            const size_t uh = static_cast<size_t>(oh);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const size_t uw = static_cast<size_t>(ow);
+              const size_t o = static_cast<size_t>(oh * OW + ow);
+              const T v = convert<T>(load(src, oh * OW + ow) * inv_[o]);
+              for (int64_t ih = g.h.clip_lo[uh]; ih < g.h.clip_hi[uh]; ++ih)
+                std::fill(dst + ih * g.w.in + g.w.clip_lo[uw], dst + ih * g.w.in + g.w.clip_hi[uw],
+                          v);
+            }
+          }
+          continue;
+        }
         for (int64_t ih = 0; ih < g.h.in; ++ih) {
           const size_t uh = static_cast<size_t>(ih);
           for (int64_t iw = 0; iw < g.w.in; ++iw) {
@@ -308,6 +376,7 @@ class AvgPool2dBackwardKernel final : public Kernel {
  private:
   PoolGeom g_;
   std::vector<A> inv_;  // (OH, OW)
+  bool disjoint_, pairs_;
 };
 
 }  // namespace
