@@ -117,6 +117,8 @@ const std::vector<ConvCase> kCases = {
     {.x = {5, 16, 48, 48}, .w = {8, 16, 3, 3}, .bias = true, .padding = {1, 1}},
     {.x = {3, 32, 31, 30}, .w = {8, 16, 3, 3}, .padding = {1, 1}, .groups = 2},
     {.x = {2, 256, 41, 40}, .w = {8, 256, 1, 1}, .bias = true},
+    {.x = {1, 64, 20, 33}, .w = {3, 64, 3, 3}, .bias = true, .stride = {1, 2}, .padding = {1, 1}},
+    {.x = {1, 128, 30, 40}, .w = {4, 128, 1, 1}},
 };
 
 // Accumulations of K products in f32: the error grows like sqrt(K) (random signs), so the
@@ -239,7 +241,7 @@ TEST_CASE("conv2d rejects mismatched shapes and bad attributes", "[cpu][ops][con
             .shape() == Shape{1, 6, 1, 3});
   REQUIRE_THROWS_WITH(
       conv(random_tensor({1, 1, 2, 2}, PLX_F32, 4), random_tensor({1, 1, 3, 3}, PLX_F32, 5), {}),
-      PLX_CONTAINS("larger than the padded input"));
+      PLX_CONTAINS("op 'conv2d': kernel 3x3 is larger than the padded input 2x2"));
   REQUIRE_THROWS_WITH(conv(x, w, {{"groups", int64_t{2}}, {"stride", Ints{1}}}),
                       PLX_CONTAINS("op 'conv2d': stride must have 2 values [h, w], got [1]"));
   REQUIRE_THROWS_WITH(conv(x, w, {{"groups", int64_t{2}}, {"padding", Ints{1, 1, 1}}}),

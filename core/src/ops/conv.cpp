@@ -66,12 +66,13 @@ Shape conv_output_shape(const InferContext& c, const ConvAttrs& a, const Shape& 
                                std::to_string(w[1] * g));
   Shape y = {x[0], O, 0, 0};
   for (int i = 0; i < 2; ++i) {
+    c.require(w[2 + i] >= 1, "kernel " + shape_string(w) + " has an empty spatial dimension");
     const int64_t in = x[2 + i] + 2 * a.padding[i];
     const int64_t k = a.dilation[i] * (w[2 + i] - 1) + 1;  // dilated extent
-    c.require(w[2 + i] >= 1, "kernel " + shape_string(w) + " has an empty spatial dimension");
     c.require(k <= in, "kernel " + std::to_string(w[2]) + "x" + std::to_string(w[3]) +
-                           " (dilated extent " + std::to_string(k) + ") is larger than the " +
-                           "padded input " + std::to_string(x[2] + 2 * a.padding[0]) + "x" +
+                           (k != w[2 + i] ? " (dilated extent " + std::to_string(k) + ")" : "") +
+                           " is larger than the padded input " +
+                           std::to_string(x[2] + 2 * a.padding[0]) + "x" +
                            std::to_string(x[3] + 2 * a.padding[1]));
     y[2 + i] = (in - k) / a.stride[i] + 1;
   }
@@ -120,16 +121,16 @@ void backward_weight_infer(InferContext& c) {
   c.out(0, c.in(0).dtype, w);
 }
 
-// The forward's attributes (stride, padding, dilation, groups) plus one shape attribute.
-Attrs with_shape(const Attrs& conv, const char* name, const Shape& shape) {
-  Attrs a;
-  for (const char* k : {"stride", "padding", "dilation", "groups"}) a.set(k, *conv.find(k));
-  a.set(name, shape);
-  return a;
-}
+// The forward's attributes (stride, padding, dilation, groups) out of any op of the family.
 Attrs forward_attrs(const Attrs& attrs) {
   Attrs a;
   for (const char* k : {"stride", "padding", "dilation", "groups"}) a.set(k, *attrs.find(k));
+  return a;
+}
+// ...plus a shape attribute (input_shape or weight_shape) for a backward op.
+Attrs with_shape(const Attrs& attrs, const char* name, const Shape& shape) {
+  Attrs a = forward_attrs(attrs);
+  a.set(name, shape);
   return a;
 }
 

@@ -8,18 +8,19 @@
 // (C·KH·KW, P), one row per (channel, kernel tap), so group g owns rows [g·K, (g+1)·K). A 1x1,
 // stride-1, unpadded conv needs no unfolding: the image (C, H·W) is its own column matrix.
 // Images are unfolded a block of output rows at a time (kColumnBlockBytes), so the column
-// buffer stays small and in cache however large the image, while each GEMM still spans
-// thousands of columns.
+// buffer stays small and in cache however large the image, while each GEMM still spans whole
+// output rows.
 //
-// How the cores are shared: a batch of at least `threads()` images is split over the OpenMP
-// threads (parallel_for), each unfolding its own images and calling single-threaded GEMMs on
-// them, so nothing waits on anything until the end. The alternative, OpenMP loops for the
-// unfolding followed by multi-threaded GEMMs, ran up to 3x slower here: the distribution's
-// OpenBLAS is the pthreads build, whose threads then compete with libgomp's threads, which
-// busy-wait for milliseconds after every parallel region (OMP_WAIT_POLICY is active by
-// default), and the two teams synchronise at every block. A batch smaller than the thread count
-// (inference on a few images) runs on the calling thread instead, with OpenBLAS's threads
-// splitting each GEMM.
+// How the 2 cores are shared: a batch of at least threads() images is split over the OpenMP
+// threads (parallel_for); each thread unfolds its own images and multiplies them with
+// single-threaded GEMMs, so the threads never wait for each other until the end. The obvious
+// alternative, OpenMP loops for the unfolding alternating with multi-threaded GEMMs, measured 2x
+// (quiet machine) to 10x (loaded machine) slower: the distribution's OpenBLAS is the pthreads
+// build, whose threads then compete for the cores with libgomp's idle workers, which spin for
+// milliseconds after every parallel region unless OMP_WAIT_POLICY=passive, and a GEMM stalls
+// whenever one of its threads is descheduled. A batch smaller than the thread count (inference
+// on a few images) runs on the calling thread instead, with OpenBLAS's threads splitting each
+// GEMM.
 //
 // 16-bit storage: images are converted to f32 while they are unfolded, the weight once per call,
 // dy once per image; GEMMs run in f32 into f32 buffers and every output element is rounded once.
