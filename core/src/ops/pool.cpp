@@ -1,8 +1,213 @@
-// Built-in op schemas: pool family (see docs/ops.md).
+// Built-in op schemas: 2-D max and average pooling and their backward ops (see docs/ops.md).
+//
+// Output sizes follow PyTorch: floor((in + 2·pad − dilation·(k − 1) − 1) / stride) + 1, or the
+// ceiling with ceil_mode, where a last window that would start in the right padding is dropped.
+// The backward ops check dy against the forward's output for input_shape and the attributes.
+#include <array>
+#include <limits>
+
 #include "plexus/op_schema.hpp"
 
 namespace plexus::ops {
 
-void register_pool(OpRegistry& r) { (void)r; }
+using namespace schema;
+
+namespace {
+
+using Pair = std::array<int64_t, 2>;  // [h, w]
+
+// A 2-value ints attribute ([h, w]) whose values are at least `min`.
+Pair pair_attr(const InferContext& c, const std::string& name, int64_t min) {
+  const Ints& v = c.attrs().get_ints(name);
+  c.require(v.size() == 2,
+            name + " must have 2 values [h, w], got " + attr_value_string(AttrValue(v)));
+  c.require(v[0] >= min && v[1] >= min, name + " must be >= " + std::to_string(min) + ", got " +
+                                            attr_value_string(AttrValue(v)));
+  return {v[0], v[1]};
+}
+
+int64_t flag_attr(const InferContext& c, const std::string& name) {
+  const int64_t v = c.attrs().get_int(name);
+  c.require(v == 0 || v == 1, name + " must be 0 or 1, got " + std::to_string(v));
+  return v;
+}
+
+struct PoolAttrs {
+  Pair kernel, stride, padding, dilation{1, 1};
+  bool ceil_mode;
+};
+
+PoolAttrs pool_attrs(const InferContext& c, bool has_dilation) {
+  PoolAttrs a;
+  a.kernel = pair_attr(c, "kernel", 1);
+  // An empty stride means the kernel (non-overlapping windows), as in PyTorch.
+  a.stride = c.attrs().get_ints("stride").empty() ? a.kernel : pair_attr(c, "stride", 1);
+  a.padding = pair_attr(c, "padding", 0);
+  if (has_dilation) a.dilation = pair_attr(c, "dilation", 1);
+  a.ceil_mode = flag_attr(c, "ceil_mode") != 0;
+  for (int i = 0; i < 2; ++i) {
+    // Each window must hold at least one input element.
+    const int64_t extent = a.dilation[i] * (a.kernel[i] - 1) + 1;
+    c.require(a.padding[i] <= extent / 2,
+              "padding " + attr_value_string(AttrValue(Ints{a.padding[0], a.padding[1]})) +
+                  " must be at most half the " + (has_dilation ? "dilated " : "") + "kernel " +
+                  std::to_string(a.kernel[0]) + "x" + std::to_string(a.kernel[1]));
+  }
+  return a;
+}
+
+int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// (N, C, OH, OW) for x (N, C, H, W). `what` names x in messages.
+Shape pool_output_shape(const InferContext& c, const PoolAttrs& a, const Shape& x,
+                        const std::string& what = "x") {
+  c.require(x.size() == 4, what + " must be 4-D (N, C, H, W), got " + shape_string(x));
+  Shape y = {x[0], x[1], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t in = x[2 + i], s = a.stride[i], p = a.padding[i];
+    const int64_t extent = a.dilation[i] * (a.kernel[i] - 1) + 1;
+    int64_t o = floor_div(in + 2 * p - extent + (a.ceil_mode ? s - 1 : 0), s) + 1;
+    if (a.ceil_mode && o > 0 && (o - 1) * s >= in + p) --o;  // would start in the padding
+    c.require(o >= 1, "kernel " + std::to_string(a.kernel[0]) + "x" + std::to_string(a.kernel[1]) +
+                          (a.dilation[0] * a.dilation[1] > 1 ? " (dilated)" : "") +
+                          " is larger than the padded input " +
+                          std::to_string(x[2] + 2 * a.padding[0]) + "x" +
+                          std::to_string(x[3] + 2 * a.padding[1]));
+    y[2 + i] = o;
+  }
+  return y;
+}
+
+// A 4-value ints attribute holding x's shape (N, C, H, W).
+Shape shape_attr(const InferContext& c, const std::string& name) {
+  const Ints& v = c.attrs().get_ints(name);
+  c.require(v.size() == 4,
+            name + " must have 4 values (N, C, H, W), got " + attr_value_string(AttrValue(v)));
+  for (int64_t d : v)
+    c.require(d >= 0, name + " must not be negative, got " + attr_value_string(AttrValue(v)));
+  return v;
+}
+
+// dy must be exactly the forward's output for input_shape; returns input_shape.
+Shape backward_input_shape(const InferContext& c, bool has_dilation) {
+  const PoolAttrs a = pool_attrs(c, has_dilation);
+  const Shape x = shape_attr(c, "input_shape");
+  const Shape want = pool_output_shape(c, a, x, "input_shape");
+  const Shape& dy = c.in(0).shape;
+  c.require(dy == want, "dy " + shape_string(dy) + " is not the output shape " +
+                            shape_string(want) + " of input " + shape_string(x));
+  return x;
+}
+
+void max_pool_infer(InferContext& c) {
+  const Shape& x = c.in(0).shape;
+  const Shape y = pool_output_shape(c, pool_attrs(c, true), x);
+  c.require(x[2] * x[3] <= std::numeric_limits<int32_t>::max(),
+            "an input plane of " + std::to_string(x[2] * x[3]) +
+                " elements is too large for i32 indices");
+  c.out(0, c.in(0).dtype, y);
+  c.out(1, PLX_I32, y);
+}
+
+void max_pool_backward_infer(InferContext& c) {
+  c.require(c.in(1).shape == c.in(0).shape, "indices " + shape_string(c.in(1).shape) + " and dy " +
+                                                shape_string(c.in(0).shape) + " differ in shape");
+  c.out(0, c.in(0).dtype, backward_input_shape(c, true));
+}
+
+void avg_pool_infer(InferContext& c) {
+  c.out(0, c.in(0).dtype, pool_output_shape(c, pool_attrs(c, false), c.in(0).shape));
+}
+
+void avg_pool_backward_infer(InferContext& c) {
+  c.out(0, c.in(0).dtype, backward_input_shape(c, false));
+}
+
+// `attrs` plus input_shape, for the backward op.
+Attrs with_input_shape(const Attrs& attrs, const Shape& shape) {
+  Attrs a;
+  for (const auto& [k, v] : attrs) a.set(k, v);
+  a.set("input_shape", shape);
+  return a;
+}
+
+}  // namespace
+
+void register_pool(OpRegistry& r) {
+  const AttrDef kernel = attr("kernel", PLX_ATTR_INTS, std::nullopt, "[h, w] window, >= 1");
+  const AttrDef stride = attr("stride", PLX_ATTR_INTS, Ints{}, "[h, w], >= 1; empty: = kernel");
+  const AttrDef padding =
+      attr("padding", PLX_ATTR_INTS, Ints{0, 0}, "[h, w] on each side, at most half the kernel");
+  const AttrDef dilation = attr("dilation", PLX_ATTR_INTS, Ints{1, 1}, "[h, w] tap spacing");
+  const AttrDef ceil_mode =
+      attr("ceil_mode", PLX_ATTR_INT, int64_t{0}, "1: round the output size up");
+  const AttrDef count_include_pad =
+      attr("count_include_pad", PLX_ATTR_INT, int64_t{1}, "1: padding counts in the divisor");
+  const AttrDef input_shape =
+      attr("input_shape", PLX_ATTR_INTS, std::nullopt, "the forward's x shape (N, C, H, W)");
+  const std::vector<AttrDef> max_attrs = {kernel, stride, padding, dilation, ceil_mode};
+  const std::vector<AttrDef> avg_attrs = {kernel, stride, padding, ceil_mode, count_include_pad};
+  auto plus_shape = [&](std::vector<AttrDef> v) {
+    v.insert(v.begin(), input_shape);
+    return v;
+  };
+
+  r.add(OpSchema{
+      .name = "max_pool2d",
+      .doc = "maximum over each window of x (N, C, H, W), with the flat index h·W + w of the "
+             "first maximum in its plane",
+      .inputs = {in("x", kFloatTypes)},
+      .outputs = {out("y"), out("indices", dtype_bit(PLX_I32), PLX_ARG_NO_GRAD)},
+      .attrs = max_attrs,
+      .infer = max_pool_infer,
+      .grad =
+          [](GradContext& g) {
+            if (!g.grad_output(0).valid()) return;
+            g.set_grad(0, g.call("max_pool2d_backward", {g.grad_output(0), g.output(1)},
+                                 with_input_shape(g.attrs(), g.desc(g.input(0)).shape)));
+          },
+  });
+  r.add(OpSchema{
+      .name = "max_pool2d_backward",
+      .doc = "gradient of max_pool2d: dy sent to the input element each window's index names",
+      .inputs = {in("dy", kFloatTypes), in("indices", dtype_bit(PLX_I32), PLX_ARG_NO_GRAD)},
+      .outputs = {out("dx")},
+      .attrs = plus_shape(max_attrs),
+      .infer = max_pool_backward_infer,
+  });
+  r.add(OpSchema{
+      .name = "avg_pool2d",
+      .doc = "mean over each window of x (N, C, H, W)",
+      .inputs = {in("x", kFloatTypes)},
+      .outputs = {out("y")},
+      .attrs = avg_attrs,
+      .infer = avg_pool_infer,
+      .grad =
+          [](GradContext& g) {
+            if (!g.grad_output(0).valid()) return;
+            g.set_grad(0, g.call("avg_pool2d_backward", {g.grad_output(0)},
+                                 with_input_shape(g.attrs(), g.desc(g.input(0)).shape)));
+          },
+  });
+  r.add(OpSchema{
+      .name = "avg_pool2d_backward",
+      .doc = "gradient of avg_pool2d: dy spread evenly over each window",
+      .inputs = {in("dy", kFloatTypes)},
+      .outputs = {out("dx")},
+      .attrs = plus_shape(avg_attrs),
+      .infer = avg_pool_backward_infer,
+      // Linear in dy with avg_pool2d as its adjoint (double backward).
+      .grad =
+          [](GradContext& g) {
+            if (!g.grad_output(0).valid()) return;
+            Attrs a;
+            for (const auto& [k, v] : g.attrs())
+              if (k != "input_shape") a.set(k, v);
+            g.set_grad(0, g.call("avg_pool2d", {g.grad_output(0)}, a));
+          },
+  });
+}
 
 }  // namespace plexus::ops

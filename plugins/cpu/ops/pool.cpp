@@ -1,8 +1,392 @@
 // CPU kernels: pool family (see docs/ops.md).
+//
+// Every kernel runs in parallel over the N·C planes. The window bounds that depend only on the
+// geometry (which taps of a window fall inside the input, which windows cover an input row) are
+// worked out once at creation, so the inner loops test no bounds.
+//
+// The backward ops gather rather than scatter: each dx element sums the dy of the windows that
+// cover it (max: only those whose index names it), in a fixed order. Every dx element is thus
+// written once, rounded once for 16-bit types, without scratch, and identically run to run.
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "common.hpp"
 
 namespace plexus::cpu {
 
-void register_pool(KernelRegistry& r) { (void)r; }
+namespace {
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+constexpr int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// The geometry along one spatial axis.
+struct Axis {
+  int64_t in, out, k, s, p, d;
+  // Per output o: the taps [tap_lo, tap_hi) of its window that fall inside the input.
+  std::vector<int64_t> tap_lo, tap_hi;
+  // Per output o: its window clipped to the input [clip_lo, clip_hi), and the size it counts
+  // with count_include_pad (clipped to the padded input only).
+  std::vector<int64_t> clip_lo, clip_hi, padded_size;
+  // Per input i: the windows [win_lo, win_hi) whose extent covers i.
+  std::vector<int64_t> win_lo, win_hi;
+
+  Axis(int64_t in_, int64_t out_, int64_t k_, int64_t s_, int64_t p_, int64_t d_)
+      : in(in_), out(out_), k(k_), s(s_), p(p_), d(d_) {
+    const size_t n = static_cast<size_t>(out), m = static_cast<size_t>(in);
+    tap_lo.resize(n), tap_hi.resize(n), clip_lo.resize(n), clip_hi.resize(n), padded_size.resize(n);
+    for (int64_t o = 0; o < out; ++o) {
+      const size_t u = static_cast<size_t>(o);
+      const int64_t start = o * s - p;  // input position of tap 0
+      tap_lo[u] = std::clamp<int64_t>(ceil_div(-start, d), 0, k);
+      tap_hi[u] = std::clamp<int64_t>(ceil_div(in - start, d), tap_lo[u], k);
+      clip_lo[u] = std::max<int64_t>(start, 0);
+      clip_hi[u] = std::max(std::min(start + k, in), clip_lo[u]);
+      padded_size[u] = std::min(start + k, in + p) - start;
+    }
+    const int64_t extent = d * (k - 1) + 1;
+    win_lo.resize(m), win_hi.resize(m);
+    for (int64_t i = 0; i < in; ++i) {
+      const size_t u = static_cast<size_t>(i);
+      win_lo[u] = std::clamp<int64_t>(ceil_div(i + p - extent + 1, s), 0, out);
+      win_hi[u] = std::clamp<int64_t>(floor_div(i + p, s) + 1, win_lo[u], out);
+    }
+  }
+};
+
+struct PoolGeom {
+  int64_t planes;  // N·C
+  Axis h, w;
+
+  // x (N, C, H, W), y (N, C, OH, OW); dilation is 1 for average pooling.
+  static PoolGeom make(const int64_t* x, const int64_t* y, const NodeInfo& node, bool dilated) {
+    const auto kernel = node.attr_ints("kernel"), pad = node.attr_ints("padding");
+    auto stride = node.attr_ints("stride");
+    if (stride.empty()) stride = kernel;
+    const std::vector<int64_t> dil =
+        dilated ? node.attr_ints("dilation") : std::vector<int64_t>{1, 1};
+    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                "%s: kernel, stride, padding and dilation must have 2 values", node.op());
+    PLX_REQUIRE(kernel[0] >= 1 && kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 &&
+                    dil[0] >= 1 && dil[1] >= 1,
+                "%s: bad kernel, stride or dilation", node.op());
+    return PoolGeom{x[0] * x[1], Axis(x[2], y[2], kernel[0], stride[0], pad[0], dil[0]),
+                    Axis(x[3], y[3], kernel[1], stride[1], pad[1], dil[1])};
+  }
+  // 2x2 windows at stride 2 without padding or dilation, all inside the input: the usual
+  // downsampling, which needs no tap ranges.
+  bool pairs() const {
+    return h.k == 2 && w.k == 2 && h.s == 2 && w.s == 2 && h.p == 0 && w.p == 0 && h.d == 1 &&
+           w.d == 1 && 2 * h.out <= h.in && 2 * w.out <= w.in;
+  }
+  // No two windows share an input element, so each dx element has at most one source and the
+  // backward ops can scatter instead of gather.
+  bool disjoint() const { return h.s >= h.d * (h.k - 1) + 1 && w.s >= w.d * (w.k - 1) + 1; }
+  int64_t in_plane() const { return h.in * w.in; }
+  int64_t out_plane() const { return h.out * w.out; }
+  // Planes per thread below which a loop stays serial.
+  int64_t grain(int64_t work_per_plane) const {
+    return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(work_per_plane, 1));
+  }
+};
+
+// v beats the best so far: larger, or the first NaN (NaN counts as the maximum, as in argmax).
+template <class A>
+inline bool beats(A v, A best) {
+  return v > best || (v != v && best == best);
+}
+
+// y, indices = max_pool2d(x).
+template <class T>
+class MaxPool2dKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit MaxPool2dKernel(const NodeInfo& node)
+      : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, true)),
+        pairs_(g_.pairs()) {}
+
+  void compute(const KernelCall& c) override {
+    const PoolGeom& g = g_;
+    const T* x = sdk::data<T>(c.in(0));           // (N·C, H, W)
+    T* y = sdk::data<T>(c.out(0));                // (N·C, OH, OW)
+    int32_t* idx = sdk::data<int32_t>(c.out(1));  // (N·C, OH, OW)
+    const int64_t W = g.w.in;
+    parallel_for(g.planes, g.grain(g.out_plane() * g.h.k * g.w.k), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const T* src = x + pl * g.in_plane();  // (H, W)
+        T* dst = y + pl * g.out_plane();       // (OH, OW)
+        int32_t* dst_idx = idx + pl * g.out_plane();
+        if (pairs_) {
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            const T* r0 = src + 2 * oh * W;  // (W)
+            const T* r1 = r0 + W;
+            T* out = dst + oh * g.w.out;                // (OW)
+            int32_t* out_idx = dst_idx + oh * g.w.out;  // (OW)
+            const int32_t row = static_cast<int32_t>(2 * oh * W), w32 = static_cast<int32_t>(W);
+            for (int64_t ow = 0; ow < g.w.out; ++ow) {
+              // Taps in index order, so a strict comparison keeps the first maximum; selects on
+              // 32-bit lanes rather than branches, which the compiler vectorises.
+              const A a = load(r0, 2 * ow), b = load(r0, 2 * ow + 1), c = load(r1, 2 * ow),
+                      d = load(r1, 2 * ow + 1);
+              A best = a;
+              int32_t off = 0;
+              bool m = beats(b, best);
+              best = m ? b : best, off = m ? 1 : off;
+              m = beats(c, best);
+              best = m ? c : best, off = m ? w32 : off;
+              m = beats(d, best);
+              best = m ? d : best, off = m ? w32 + 1 : off;
+              store(out, ow, best);
+              out_idx[ow] = row + 2 * static_cast<int32_t>(ow) + off;
+            }
+          }
+          continue;
+        }
+        for (int64_t oh = 0; oh < g.h.out; ++oh) {
+          const size_t uh = static_cast<size_t>(oh);
+          for (int64_t ow = 0; ow < g.w.out; ++ow) {
+            const size_t uw = static_cast<size_t>(ow);
+            // A window of padding only (possible with dilation) gives -inf and index -1, which
+            // the backward op never matches.
+            A best = -std::numeric_limits<A>::infinity();
+            int64_t at = -1;
+            for (int64_t kh = g.h.tap_lo[uh]; kh < g.h.tap_hi[uh]; ++kh) {
+              const int64_t ih = oh * g.h.s - g.h.p + kh * g.h.d;
+              for (int64_t kw = g.w.tap_lo[uw]; kw < g.w.tap_hi[uw]; ++kw) {
+                const int64_t i = ih * W + ow * g.w.s - g.w.p + kw * g.w.d;
+                const A v = load(src, i);
+                if (at < 0 || beats(v, best)) best = v, at = i;
+              }
+            }
+            store(dst, oh * g.w.out + ow, best);
+            dst_idx[oh * g.w.out + ow] = static_cast<int32_t>(at);
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  PoolGeom g_;
+  bool pairs_;
+};
+
+// dx = max_pool2d_backward(dy, indices): each input element gathers the dy of the windows whose
+// index names it.
+template <class T>
+class MaxPool2dBackwardKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit MaxPool2dBackwardKernel(const NodeInfo& node)
+      : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
+        disjoint_(g_.disjoint()) {}
+
+  void compute(const KernelCall& c) override {
+    const PoolGeom& g = g_;
+    const T* dy = sdk::data<T>(c.in(0));               // (N·C, OH, OW)
+    const int32_t* idx = sdk::data<int32_t>(c.in(1));  // (N·C, OH, OW)
+    T* dx = sdk::data<T>(c.out(0));                    // (N·C, H, W)
+    const int64_t OW = g.w.out;
+    parallel_for(g.planes, g.grain(g.in_plane() * 4), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const T* src = dy + pl * g.out_plane();             // (OH, OW)
+        const int32_t* src_idx = idx + pl * g.out_plane();  // (OH, OW)
+        T* dst = dx + pl * g.in_plane();                    // (H, W)
+        if (disjoint_) {
+          // At most one window covers each element: scatter onto zeros, where the one addition
+          // is exact. Indices outside the plane (-1: a window of padding only) are skipped.
+          std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
+          for (int64_t o = 0; o < g.out_plane(); ++o) {
+            const int64_t i = src_idx[o];
+            if (i >= 0 && i < g.in_plane()) store(dst, i, load(dst, i) + load(src, o));
+          }
+          continue;
+        }
+        for (int64_t ih = 0; ih < g.h.in; ++ih) {
+          const size_t uh = static_cast<size_t>(ih);
+          for (int64_t iw = 0; iw < g.w.in; ++iw) {
+            const size_t uw = static_cast<size_t>(iw);
+            const int64_t here = ih * g.w.in + iw;
+            A sum = 0;
+            for (int64_t oh = g.h.win_lo[uh]; oh < g.h.win_hi[uh]; ++oh)
+              for (int64_t ow = g.w.win_lo[uw]; ow < g.w.win_hi[uw]; ++ow)
+                if (src_idx[oh * OW + ow] == here) sum += load(src, oh * OW + ow);
+            store(dst, here, sum);
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  PoolGeom g_;
+  bool disjoint_;
+};
+
+bool flag(const NodeInfo& node, const char* name) {
+  return node.attr_int(name) != 0;
+}
+
+// y = avg_pool2d(x): window sums over the divisor PyTorch uses (the window clipped to the padded
+// input with count_include_pad, else to the input).
+template <class T>
+class AvgPool2dKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit AvgPool2dKernel(const NodeInfo& node)
+      : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, false)),
+        include_pad_(flag(node, "count_include_pad")),
+        pairs_(g_.pairs()) {}
+
+  void compute(const KernelCall& c) override {
+    const PoolGeom& g = g_;
+    const T* x = sdk::data<T>(c.in(0));  // (N·C, H, W)
+    T* y = sdk::data<T>(c.out(0));       // (N·C, OH, OW)
+    const int64_t W = g.w.in;
+    parallel_for(g.planes, g.grain(g.out_plane() * g.h.k * g.w.k), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const T* src = x + pl * g.in_plane();  // (H, W)
+        T* dst = y + pl * g.out_plane();       // (OH, OW)
+        if (pairs_) {
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            const T* r0 = src + 2 * oh * W;  // (W)
+            const T* r1 = r0 + W;
+            for (int64_t ow = 0; ow < g.w.out; ++ow)
+              store(dst, oh * g.w.out + ow,
+                    (load(r0, 2 * ow) + load(r0, 2 * ow + 1) + load(r1, 2 * ow) +
+                     load(r1, 2 * ow + 1)) /
+                        A(4));
+          }
+          continue;
+        }
+        for (int64_t oh = 0; oh < g.h.out; ++oh) {
+          const size_t uh = static_cast<size_t>(oh);
+          for (int64_t ow = 0; ow < g.w.out; ++ow) {
+            const size_t uw = static_cast<size_t>(ow);
+            A sum = 0;
+            for (int64_t ih = g.h.clip_lo[uh]; ih < g.h.clip_hi[uh]; ++ih)
+              for (int64_t iw = g.w.clip_lo[uw]; iw < g.w.clip_hi[uw]; ++iw)
+                sum += load(src, ih * W + iw);
+            store(dst, oh * g.w.out + ow, sum / divisor(oh, ow));
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  A divisor(int64_t oh, int64_t ow) const {
+    const size_t uh = static_cast<size_t>(oh), uw = static_cast<size_t>(ow);
+    if (include_pad_) return static_cast<A>(g_.h.padded_size[uh] * g_.w.padded_size[uw]);
+    return static_cast<A>((g_.h.clip_hi[uh] - g_.h.clip_lo[uh]) *
+                          (g_.w.clip_hi[uw] - g_.w.clip_lo[uw]));
+  }
+
+  PoolGeom g_;
+  bool include_pad_;
+  bool pairs_;  // every window inside, divisor 4 either way
+};
+
+// dx = avg_pool2d_backward(dy): each input element gathers dy / divisor of the windows that
+// cover it.
+template <class T>
+class AvgPool2dBackwardKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit AvgPool2dBackwardKernel(const NodeInfo& node)
+      : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, false)) {
+    // 1 / divisor per window, worked out once.
+    const bool include_pad = flag(node, "count_include_pad");
+    inv_.resize(static_cast<size_t>(g_.out_plane()));
+    for (int64_t oh = 0; oh < g_.h.out; ++oh)
+      for (int64_t ow = 0; ow < g_.w.out; ++ow) {
+        const size_t uh = static_cast<size_t>(oh), uw = static_cast<size_t>(ow);
+        const int64_t n = include_pad ? g_.h.padded_size[uh] * g_.w.padded_size[uw]
+                                      : (g_.h.clip_hi[uh] - g_.h.clip_lo[uh]) *
+                                            (g_.w.clip_hi[uw] - g_.w.clip_lo[uw]);
+        inv_[static_cast<size_t>(oh * g_.w.out + ow)] = A(1) / static_cast<A>(n);
+      }
+    disjoint_ = g_.disjoint();
+    pairs_ = g_.pairs();
+  }
+
+  void compute(const KernelCall& c) override {
+    const PoolGeom& g = g_;
+    const T* dy = sdk::data<T>(c.in(0));  // (N·C, OH, OW)
+    T* dx = sdk::data<T>(c.out(0));       // (N·C, H, W)
+    const int64_t OW = g.w.out;
+    parallel_for(g.planes, g.grain(g.in_plane() * 4), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const T* src = dy + pl * g.out_plane();  // (OH, OW)
+        T* dst = dx + pl * g.in_plane();         // (H, W)
+        if (pairs_) {
+          // Each 2x2 window gets a quarter of its dy; a last odd row or column gets none.
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            T* d0 = dst + 2 * oh * g.w.in;  // (W)
+            T* d1 = d0 + g.w.in;
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const T v = convert<T>(load(src, oh * OW + ow) * A(0.25));
+              d0[2 * ow] = v, d0[2 * ow + 1] = v, d1[2 * ow] = v, d1[2 * ow + 1] = v;
+            }
+            std::fill(d0 + 2 * OW, d0 + g.w.in, convert<T>(A(0)));
+            std::fill(d1 + 2 * OW, d1 + g.w.in, convert<T>(A(0)));
+          }
+          std::fill(dst + 2 * g.h.out * g.w.in, dst + g.in_plane(), convert<T>(A(0)));
+          continue;
+        }
+        if (disjoint_) {
+          // Each element lies in at most one window: write the windows' shares onto zeros.
+          std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
+          for (int64_t oh = 0; oh < g.h.out; ++oh) {
+            const size_t uh = static_cast<size_t>(oh);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const size_t uw = static_cast<size_t>(ow);
+              const size_t o = static_cast<size_t>(oh * OW + ow);
+              const T v = convert<T>(load(src, oh * OW + ow) * inv_[o]);
+              for (int64_t ih = g.h.clip_lo[uh]; ih < g.h.clip_hi[uh]; ++ih)
+                std::fill(dst + ih * g.w.in + g.w.clip_lo[uw], dst + ih * g.w.in + g.w.clip_hi[uw],
+                          v);
+            }
+          }
+          continue;
+        }
+        for (int64_t ih = 0; ih < g.h.in; ++ih) {
+          const size_t uh = static_cast<size_t>(ih);
+          for (int64_t iw = 0; iw < g.w.in; ++iw) {
+            const size_t uw = static_cast<size_t>(iw);
+            A sum = 0;
+            for (int64_t oh = g.h.win_lo[uh]; oh < g.h.win_hi[uh]; ++oh)
+              for (int64_t ow = g.w.win_lo[uw]; ow < g.w.win_hi[uw]; ++ow)
+                sum += load(src, oh * OW + ow) * inv_[static_cast<size_t>(oh * OW + ow)];
+            store(dst, ih * g.w.in + iw, sum);
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  PoolGeom g_;
+  std::vector<A> inv_;  // (OH, OW)
+  bool disjoint_, pairs_;
+};
+
+}  // namespace
+
+void register_pool(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_float_kernels<MaxPool2dKernel>(r, "max_pool2d", "omp", f);
+  add_float_kernels<MaxPool2dBackwardKernel>(r, "max_pool2d_backward", "omp", f);
+  add_float_kernels<AvgPool2dKernel>(r, "avg_pool2d", "omp", f);
+  add_float_kernels<AvgPool2dBackwardKernel>(r, "avg_pool2d_backward", "omp", f);
+}
 
 }  // namespace plexus::cpu
