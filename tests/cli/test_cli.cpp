@@ -127,7 +127,7 @@ TEST_CASE("bad --set and bad log levels exit 2 with the reason", "[cpu][cli]") {
   CHECK_THAT(r.output, PLX_CONTAINS("/nonexistent/run.toml"));
 }
 
-TEST_CASE("--config-dump prints the resolved configuration", "[cpu][cli]") {
+TEST_CASE("the --config-dump flag prints the resolved configuration", "[cpu][cli]") {
   const Run r = run_plexus("info --config-dump --set backend.name=cpu --set memory.limit=\\\"1GiB\\\"");
   INFO(r.output);
   REQUIRE(r.status == 0);

@@ -627,7 +627,7 @@ TEST_CASE("threads init_rank: a rank that never joins times out, naming it",
 }
 
 TEST_CASE(
-    "threads collectives: a rank that does not come times out, naming it; the group stays "
+    "threads collectives: a rank that does not come times out, naming it, and the group stays "
     "failed",
     "[cpu][comm][errors]") {
   std::promise<void> failed0, failed1;
@@ -740,7 +740,7 @@ TEST_CASE("threads: a rank that left makes its waiting peers fail at once", "[cp
   CHECK_THAT(out2[0], PLX_CONTAINS("recv from rank 1: rank 1 left the group with no message"));
 }
 
-TEST_CASE("threads detects ranks that disagree on a collective; the group stays usable",
+TEST_CASE("threads detects ranks that disagree on a collective, the group stays usable",
           "[cpu][comm][errors]") {
   // Not const: CommGroup's in-place all_reduce takes a Tensor&.
   Tensor f4a = Tensor::zeros(cpu(), {4}, PLX_F32), f4b = Tensor::zeros(cpu(), {4}, PLX_F32);
@@ -873,7 +873,7 @@ TEST_CASE("threads accepts cpu buffers only", "[cpu][comm][errors]") {
              PLX_CONTAINS("exchanges buffers of backend 'cpu', not 'testdev'"));
 }
 
-TEST_CASE("threads check_async_error is quiet on a healthy group; ids are distinct",
+TEST_CASE("threads check_async_error is quiet on a healthy group, ids are distinct",
           "[cpu][comm]") {
   require_ok(run_ranks(2, [&](CommGroup& g, int) {
     g.barrier();

@@ -139,7 +139,7 @@ TEST_CASE("sizes accept units", "[config]") {
   }
 }
 
-TEST_CASE("--set overrides a key after the file", "[config]") {
+TEST_CASE("a --set overrides a key after the file", "[config]") {
   Config c = Config::parse("[backend]\nname = \"cpu\"\n", "run.toml");
   c.set("backend.name=cuda");  // a bare word is a string
   CHECK(c.get_string("backend.name") == "cuda");

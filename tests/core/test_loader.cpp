@@ -103,7 +103,7 @@ TEST_CASE("the default plugin directory is found relative to the executable", "[
   CHECK(fs::equivalent(PluginLoader::default_dir(), plugin_dir()));
 }
 
-TEST_CASE("a plugin found twice loads once; the second copy is reported", "[cpu][loader]") {
+TEST_CASE("a plugin found twice loads once, the second copy is reported", "[cpu][loader]") {
   const fs::path dir = fs::temp_directory_path() / ("plexus-dup-" + std::to_string(getpid()));
   fs::create_directories(dir);
   fs::copy_file(fs::path(plugin_dir()) / "libplexus-cpu.so", dir / "libplexus-cpu-copy.so",

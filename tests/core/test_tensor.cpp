@@ -43,7 +43,7 @@ TEST_CASE("16-bit conversions round to nearest even", "[tensor]") {
   }
 }
 
-TEST_CASE("reshape and permute are views; contiguous copies", "[cpu][tensor]") {
+TEST_CASE("reshape and permute are views, contiguous copies", "[cpu][tensor]") {
   const Tensor t = from_doubles({0, 1, 2, 3, 4, 5}, {2, 3}, PLX_F32);
   const Tensor r = t.reshape({3, 2});
   CHECK(r.data() == t.data());

@@ -277,7 +277,7 @@ TEST_CASE("copy accepts sliced views with offsets and any strides", "[cpu][ops][
   }
 }
 
-TEST_CASE("copy gradient is the identity; empty and scalar tensors copy",
+TEST_CASE("copy gradient is the identity, empty and scalar tensors copy",
           "[cpu][ops][misc][grad]") {
   const Tensor x = random_tensor({3, 4}, PLX_F64, 5);
   check_gradients("copy", {x.permute({1, 0})});
@@ -488,7 +488,7 @@ TEST_CASE("dropout gradients match finite differences", "[cpu][ops][misc][grad]"
   }
 }
 
-TEST_CASE("dropout rejects p outside [0, 1)", "[cpu][ops][misc][errors]") {
+TEST_CASE("dropout rejects p outside 0 <= p < 1", "[cpu][ops][misc][errors]") {
   const Tensor x = random_tensor({4}, PLX_F32, 1);
   for (double p : {1.0, -0.1, 1.5}) {
     REQUIRE_THROWS_WITH(call(cpu(), "dropout", {x}, {{"p", p}}),
@@ -586,7 +586,7 @@ TEST_CASE("embedding_backward is deterministic", "[cpu][ops][misc]") {
   CHECK(a.to_vector<float>() == b.to_vector<float>());
 }
 
-TEST_CASE("embedding gradients match finite differences; padding_idx gets none",
+TEST_CASE("embedding gradients match finite differences, padding_idx gets none",
           "[cpu][ops][misc][grad]") {
   const Tensor w = random_tensor({5, 3}, PLX_F64, 81);
   for (plx_dtype id : {PLX_I32, PLX_I64}) {

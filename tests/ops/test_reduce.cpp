@@ -309,7 +309,7 @@ TEST_CASE("reductions reject bad axes", "[cpu][ops][reduce][errors]") {
                       PLX_CONTAINS("empty axis"));
 }
 
-TEST_CASE("reductions reject unsupported dtypes; argmax has no gradient",
+TEST_CASE("reductions reject unsupported dtypes, argmax has no gradient",
           "[cpu][ops][reduce][errors]") {
   const Tensor i = random_ints({3}, PLX_I32, 1, 0, 5);
   REQUIRE_THROWS_WITH(call(cpu(), "mean", {i}), PLX_CONTAINS("expected one of"));
