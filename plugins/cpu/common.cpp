@@ -19,6 +19,26 @@ void set_threads(int n) {
   openblas_set_num_threads(g_threads);
 }
 
+namespace {
+// openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP.
+bool blas_uses_pthreads() { return openblas_get_parallel() == 1; }
+}  // namespace
+
+ScopedSingleThreadedBlas::ScopedSingleThreadedBlas() : active_(blas_uses_pthreads()) {
+  if (active_) openblas_set_num_threads(1);
+}
+ScopedSingleThreadedBlas::~ScopedSingleThreadedBlas() {
+  if (active_) openblas_set_num_threads(g_threads);
+}
+
+std::string blas_description() {
+  static const char* kinds[] = {"sequential", "pthreads", "OpenMP"};
+  const int p = openblas_get_parallel();
+  std::string s = openblas_get_config();
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s + " (" + (p >= 0 && p <= 2 ? kinds[p] : "unknown threading") + ")";
+}
+
 void parallel_for_impl(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx) {
   const int64_t max_chunks = grain > 0 ? (n + grain - 1) / grain : n;
   const int chunks = static_cast<int>(std::min<int64_t>(g_threads, max_chunks));

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "plexus/sdk.hpp"
@@ -38,6 +39,22 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
       [](void* c, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(c))(b, e); },
       &f);
 }
+// Makes OpenBLAS single-threaded for its lifetime, for GEMMs issued from several OpenMP threads
+// at once. Needed only with the pthreads build of OpenBLAS (the OpenMP build already runs
+// single-threaded inside a parallel region); a no-op otherwise.
+class ScopedSingleThreadedBlas {
+ public:
+  ScopedSingleThreadedBlas();
+  ~ScopedSingleThreadedBlas();
+  ScopedSingleThreadedBlas(const ScopedSingleThreadedBlas&) = delete;
+  ScopedSingleThreadedBlas& operator=(const ScopedSingleThreadedBlas&) = delete;
+
+ private:
+  bool active_;
+};
+// "OpenBLAS 0.3.21 ... (OpenMP)": what the plugin computes GEMMs with, for logs.
+std::string blas_description();
+
 // Elements per thread below which elementwise loops stay serial.
 constexpr int64_t kElementwiseGrain = 1 << 15;
 

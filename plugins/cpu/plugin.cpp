@@ -146,7 +146,8 @@ class CpuPlugin final : public sdk::Plugin {
     set_threads(static_cast<int>(n));
     add_backend(std::make_unique<CpuBackend>());
     add_comm(make_threads_communicator());
-    PLX_LOG(PLX_LOG_DEBUG, "cpu", "CPU backend with %d threads", threads());
+    PLX_LOG(PLX_LOG_DEBUG, "cpu", "CPU backend with %d threads, GEMM on %s", threads(),
+            blas_description().c_str());
   }
 };
 

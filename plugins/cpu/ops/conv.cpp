@@ -15,18 +15,17 @@
 // threads (parallel_for); each thread unfolds its own images and multiplies them with
 // single-threaded GEMMs, so the threads never wait for each other until the end. The obvious
 // alternative, OpenMP loops for the unfolding alternating with multi-threaded GEMMs, measured 2x
-// (quiet machine) to 10x (loaded machine) slower: the distribution's OpenBLAS is the pthreads
-// build, whose threads then compete for the cores with libgomp's idle workers, which spin for
-// milliseconds after every parallel region unless OMP_WAIT_POLICY=passive, and a GEMM stalls
-// whenever one of its threads is descheduled. A batch smaller than the thread count (inference
+// (quiet machine) to 10x (loaded machine) slower with the pthreads build of OpenBLAS, whose
+// threads compete for the cores with libgomp's idle workers, which spin for milliseconds after
+// every parallel region unless OMP_WAIT_POLICY=passive, and a GEMM stalls whenever one of its
+// threads is descheduled. (The build now links OpenBLAS's OpenMP build where it exists, which
+// shares libgomp's pool; splitting the batch still keeps each thread's work local.) A batch smaller than the thread count (inference
 // on a few images) runs on the calling thread instead, with OpenBLAS's threads splitting each
 // GEMM.
 //
 // 16-bit storage: images are converted to f32 while they are unfolded, the weight once per call,
 // dy once per image; GEMMs run in f32 into f32 buffers and every output element is rounded once.
 // f64 runs the same code in f64 (the reference for gradient checks).
-#include <cblas.h>
-
 #include <vector>
 
 #include "common.hpp"
@@ -168,22 +167,6 @@ void fold_block(const ConvGeom& g, const A* src /* (rows, cols) */, int64_t oh0,
   }
 }
 
-// Sets OpenBLAS to one thread while OpenMP threads each call it, and back after.
-class SingleThreadedBlas {
- public:
-  explicit SingleThreadedBlas(bool on) : on_(on) {
-    if (on_) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (on_) openblas_set_num_threads(threads());
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  bool on_;
-};
-
 // Calls f(worker, n) for every image n: worker w of g.workers takes a contiguous share.
 template <class F>
 void for_each_image(const ConvGeom& g, F&& f) {
@@ -191,7 +174,7 @@ void for_each_image(const ConvGeom& g, F&& f) {
     for (int64_t n = 0; n < g.N; ++n) f(int64_t{0}, n);
     return;
   }
-  const SingleThreadedBlas blas(true);
+  const ScopedSingleThreadedBlas blas;
   parallel_for(g.workers, 1, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w)
       for (int64_t n = g.N * w / g.workers; n < g.N * (w + 1) / g.workers; ++n) f(w, n);
