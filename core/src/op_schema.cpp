@@ -319,5 +319,14 @@ int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t ndim) {
   return a;
 }
 
+Pair pair_attr(const InferContext& c, const std::string& name, int64_t min) {
+  const Ints& v = c.attrs().get_ints(name);
+  c.require(v.size() == 2,
+            name + " must have 2 values [h, w], got " + attr_value_string(AttrValue(v)));
+  c.require(v[0] >= min && v[1] >= min, name + " must be >= " + std::to_string(min) + ", got " +
+                                            attr_value_string(AttrValue(v)));
+  return {v[0], v[1]};
+}
+
 }  // namespace schema
 }  // namespace plexus

@@ -7,6 +7,7 @@
 // them to the backward graph. Either way the same formula is used.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -209,6 +210,9 @@ AttrDef attr(std::string name, plx_attr_type type, std::optional<AttrValue> def,
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
 // Normalises a possibly negative axis against ndim; throws via ctx.fail if out of range.
 int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t ndim);
+// A 2-value ints attribute of a 2-D op ([h, w]) whose values are at least `min`.
+using Pair = std::array<int64_t, 2>;
+Pair pair_attr(const InferContext& ctx, const std::string& name, int64_t min);
 }  // namespace schema
 
 }  // namespace plexus

@@ -13,18 +13,6 @@ using namespace schema;
 
 namespace {
 
-using Pair = std::array<int64_t, 2>;  // [h, w]
-
-// A 2-value ints attribute ([h, w]) whose values are at least `min`.
-Pair pair_attr(const InferContext& c, const std::string& name, int64_t min) {
-  const Ints& v = c.attrs().get_ints(name);
-  c.require(v.size() == 2,
-            name + " must have 2 values [h, w], got " + attr_value_string(AttrValue(v)));
-  c.require(v[0] >= min && v[1] >= min, name + " must be >= " + std::to_string(min) + ", got " +
-                                            attr_value_string(AttrValue(v)));
-  return {v[0], v[1]};
-}
-
 struct ConvAttrs {
   Pair stride, padding, dilation;
   int64_t groups;
