@@ -192,19 +192,12 @@ std::vector<double> Tensor::to_doubles() const {
   copy_to_host(raw.data());
   const size_t n = static_cast<size_t>(numel());
   std::vector<double> out(n);
-  const void* p = raw.data();
-  for (size_t i = 0; i < n; ++i) {
-    switch (dtype_) {
-      case PLX_F32: out[i] = static_cast<const float*>(p)[i]; break;
-      case PLX_F16: out[i] = static_cast<float>(static_cast<const half*>(p)[i]); break;
-      case PLX_BF16: out[i] = static_cast<float>(static_cast<const bfloat16*>(p)[i]); break;
-      case PLX_I32: out[i] = static_cast<const int32_t*>(p)[i]; break;
-      case PLX_I64: out[i] = static_cast<double>(static_cast<const int64_t*>(p)[i]); break;
-      case PLX_U8: out[i] = static_cast<const uint8_t*>(p)[i]; break;
-      case PLX_F64: out[i] = static_cast<const double*>(p)[i]; break;
-      default: throw OpError("to_doubles: invalid dtype");
-    }
-  }
+  const bool known = visit_dtype(dtype_, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = reinterpret_cast<const T*>(raw.data());
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<double>(convert<acc_t<T>>(p[i]));
+  });
+  if (!known) throw OpError("to_doubles: invalid dtype");
   return out;
 }
 

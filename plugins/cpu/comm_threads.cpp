@@ -65,21 +65,6 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-const char* op_name(int32_t op) {
-  switch (op) {
-    case PLX_REDUCE_SUM:
-      return "sum";
-    case PLX_REDUCE_AVG:
-      return "avg";
-    case PLX_REDUCE_MAX:
-      return "max";
-    case PLX_REDUCE_MIN:
-      return "min";
-    default:
-      return "invalid";
-  }
-}
-
 // "rank 2" or "ranks 1, 3"
 std::string rank_list(const std::vector<int32_t>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
@@ -264,41 +249,12 @@ void reduce_range(const void* const* srcs, int32_t n, void* const* dsts, int32_t
   }
 }
 
-bool reducible(int32_t dtype) {
-  switch (dtype) {
-    case PLX_F32:
-    case PLX_F64:
-    case PLX_F16:
-    case PLX_BF16:
-    case PLX_I32:
-    case PLX_I64:
-    case PLX_U8:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void reduce_dispatch(int32_t dtype, const void* const* srcs, int32_t n, void* const* dsts,
                      int32_t ndst, uint64_t begin, uint64_t end, int32_t op) {
-  switch (dtype) {
-    case PLX_F32:
-      return reduce_range<float>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_F64:
-      return reduce_range<double>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_F16:
-      return reduce_range<half>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_BF16:
-      return reduce_range<bfloat16>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_I32:
-      return reduce_range<int32_t>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_I64:
-      return reduce_range<int64_t>(srcs, n, dsts, ndst, begin, end, op);
-    case PLX_U8:
-      return reduce_range<uint8_t>(srcs, n, dsts, ndst, begin, end, op);
-    default:
-      break;  // refused before the rendezvous
-  }
+  // Invalid dtypes are refused before the rendezvous.
+  visit_dtype(dtype, [&](auto tag) {
+    reduce_range<typename decltype(tag)::type>(srcs, n, dsts, ndst, begin, end, op);
+  });
 }
 
 // ---- one rank ----
@@ -500,7 +456,7 @@ class ThreadsRank final : public sdk::CommRank {
     if (!p.error.empty()) return;
     if (p.op < PLX_REDUCE_SUM || p.op > PLX_REDUCE_MIN)
       p.error = sdk::format("unknown reduce op %d", static_cast<int>(p.op));
-    else if (!reducible(p.dtype))
+    else if (!dtype_is_valid(p.dtype))
       p.error = sdk::format("cannot reduce %s", dtype_name(p.dtype));
   }
 
@@ -559,7 +515,7 @@ class ThreadsRank final : public sdk::CommRank {
     if (e.empty())
       e = differ(
           "reduce op", [](const Post& p) { return p.op; },
-          [](int32_t o) { return std::string(op_name(o)); });
+          [](int32_t o) { return std::string(plx_reduce_op_string(o)); });
     if (e.empty())
       e = differ(
           "root", [](const Post& p) { return p.root; }, num);

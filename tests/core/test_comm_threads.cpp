@@ -102,19 +102,6 @@ double reduce_ref(plx_reduce_op op, plx_dtype d, const std::vector<double>& xs) 
   return round_to({acc}, d)[0];
 }
 
-const char* op_str(plx_reduce_op op) {
-  switch (op) {
-    case PLX_REDUCE_SUM:
-      return "sum";
-    case PLX_REDUCE_AVG:
-      return "avg";
-    case PLX_REDUCE_MAX:
-      return "max";
-    default:
-      return "min";
-  }
-}
-
 constexpr plx_reduce_op kOps[] = {PLX_REDUCE_SUM, PLX_REDUCE_AVG, PLX_REDUCE_MAX, PLX_REDUCE_MIN};
 const std::vector<plx_dtype> kReduceDtypes = {PLX_F32, PLX_F64, PLX_F16, PLX_BF16,
                                               PLX_I32, PLX_I64, PLX_U8};
@@ -215,8 +202,9 @@ TEST_CASE("threads all_reduce: every op and dtype on 1 to 4 ranks, exact", "[cpu
     }));
     for (const ReduceCase& c : cases) {
       for (int r = 0; r < n; ++r) {
-        INFO(n << " ranks, rank " << r << ", " << dtype_name(c.d) << " " << op_str(c.op)
-               << " count " << c.count << (c.in_place ? " in place" : ""));
+        INFO(n << " ranks, rank " << r << ", " << dtype_name(c.d) << " "
+               << plx_reduce_op_string(c.op) << " count " << c.count
+               << (c.in_place ? " in place" : ""));
         CHECK_ALLCLOSE(c.recv[static_cast<size_t>(r)].to_doubles(), c.want, kExact);
         if (!c.in_place)  // the input is left alone
           CHECK_ALLCLOSE(c.send[static_cast<size_t>(r)].to_doubles(), values(c.d, r, c.count),
@@ -233,7 +221,7 @@ TEST_CASE("threads all_reduce gives bit-identical floats on every rank, in rank 
   const int64_t count = 1001;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16, PLX_F64}) {
     for (plx_reduce_op op : {PLX_REDUCE_SUM, PLX_REDUCE_AVG}) {
-      INFO(dtype_name(d) << " " << op_str(op));
+      INFO(dtype_name(d) << " " << plx_reduce_op_string(op));
       std::vector<Tensor> send;
       std::vector<std::vector<double>> xs;
       for (int r = 0; r < n; ++r) {
@@ -276,7 +264,7 @@ TEST_CASE("threads all_reduce max and min let a NaN through", "[cpu][comm]") {
   const double nan = std::nan("");
   for (int bad = 0; bad < 3; ++bad) {
     for (plx_reduce_op op : {PLX_REDUCE_MAX, PLX_REDUCE_MIN, PLX_REDUCE_SUM}) {
-      INFO("NaN on rank " << bad << ", " << op_str(op));
+      INFO("NaN on rank " << bad << ", " << plx_reduce_op_string(op));
       std::vector<Tensor> t;
       for (int r = 0; r < 3; ++r)
         t.push_back(from_doubles({r == bad ? nan : 1.0 * r, 5.0 + r}, {2}, PLX_F32));
@@ -347,7 +335,8 @@ TEST_CASE("threads reduce_scatter: every op, rank r gets block r", "[cpu][comm]"
     for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_I64, PLX_U8}) {
       for (plx_reduce_op op : kOps) {
         for (int64_t count : {int64_t{1}, int64_t{5}}) {
-          INFO(n << " ranks, " << dtype_name(d) << " " << op_str(op) << " count " << count);
+          INFO(n << " ranks, " << dtype_name(d) << " " << plx_reduce_op_string(op) << " count "
+                 << count);
           std::vector<Tensor> send, recv;
           for (int r = 0; r < n; ++r) {
             send.push_back(from_doubles(values(d, r, n * count), {n * count}, d));

@@ -57,40 +57,15 @@ std::vector<double> round_to(const std::vector<double>& v, plx_dtype d) {
 
 Tensor from_doubles(const std::vector<double>& v, const Shape& shape, plx_dtype d) {
   REQUIRE(static_cast<int64_t>(v.size()) == shape_numel(shape));
-  const size_t n = v.size();
-  switch (d) {
-    case PLX_F32: {
-      std::vector<float> x(v.begin(), v.end());
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_F16: {
-      std::vector<half> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = half(static_cast<float>(v[i]));
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_BF16: {
-      std::vector<bfloat16> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = bfloat16(static_cast<float>(v[i]));
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_I32: {
-      std::vector<int32_t> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(v[i]);
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_I64: {
-      std::vector<int64_t> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<int64_t>(v[i]);
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_U8: {
-      std::vector<uint8_t> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint8_t>(v[i]);
-      return Tensor::from_vector(cpu(), x, shape);
-    }
-    case PLX_F64: return Tensor::from_vector(cpu(), v, shape);
-    default: FAIL("from_doubles: bad dtype"); return Tensor();
-  }
+  Tensor t;
+  const bool known = visit_dtype(d, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    std::vector<T> x(v.size());
+    for (size_t i = 0; i < v.size(); ++i) x[i] = convert<T>(v[i]);
+    t = Tensor::from_vector(cpu(), x, shape);
+  });
+  if (!known) FAIL("from_doubles: bad dtype " << d);
+  return t;
 }
 
 Tensor random_tensor(const Shape& shape, plx_dtype d, uint64_t seed, double lo, double hi) {

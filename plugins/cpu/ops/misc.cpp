@@ -153,32 +153,12 @@ template <class From>
 class CastKernel final : public Kernel {
  public:
   explicit CastKernel(const NodeInfo& node) {
-    switch (node.output(0).dtype) {
-      case PLX_F32:
-        fn_ = cast_range<From, float>;
-        break;
-      case PLX_F16:
-        fn_ = cast_range<From, half>;
-        break;
-      case PLX_BF16:
-        fn_ = cast_range<From, bfloat16>;
-        break;
-      case PLX_I32:
-        fn_ = cast_range<From, int32_t>;
-        break;
-      case PLX_I64:
-        fn_ = cast_range<From, int64_t>;
-        break;
-      case PLX_U8:
-        fn_ = cast_range<From, uint8_t>;
-        break;
-      case PLX_F64:
-        fn_ = cast_range<From, double>;
-        break;
-      default:
-        throw sdk::InvalidArgument(
-            sdk::format("cast: bad output dtype %s", dtype_name(node.output(0).dtype)));
-    }
+    const bool known = visit_dtype(node.output(0).dtype, [&](auto to) {
+      fn_ = cast_range<From, typename decltype(to)::type>;
+    });
+    if (!known)
+      throw sdk::InvalidArgument(
+          sdk::format("cast: bad output dtype %s", dtype_name(node.output(0).dtype)));
   }
   void compute(const KernelCall& call) override {
     const void* src = call.in(0).data;  // (any shape) From

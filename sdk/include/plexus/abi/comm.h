@@ -21,6 +21,17 @@ typedef enum plx_reduce_op {
   PLX_REDUCE_MIN = 3
 } plx_reduce_op;
 
+/* A short, static name of a reduce op ("sum"); "invalid" for any other value. Never NULL. */
+static inline const char* plx_reduce_op_string(int32_t op) {
+  switch (op) {
+    case PLX_REDUCE_SUM: return "sum";
+    case PLX_REDUCE_AVG: return "avg";
+    case PLX_REDUCE_MAX: return "max";
+    case PLX_REDUCE_MIN: return "min";
+  }
+  return "invalid";
+}
+
 /* An opaque identifier that lets ranks find one another. Rank 0 makes it with get_unique_id;
  * the host carries it to the other ranks (through the launcher, a file or a store). */
 typedef struct plx_comm_id {

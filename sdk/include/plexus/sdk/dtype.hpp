@@ -163,6 +163,28 @@ constexpr const char* dtype_name(int32_t d) {
   }
 }
 
+// Calls f(dtype_tag<T>{}) with T the C++ type of `dtype`, so code written once for a type T
+// runs for a dtype known only at run time:
+//   visit_dtype(d, [&](auto tag) { using T = typename decltype(tag)::type; ... });
+// Returns false, without calling f, for an invalid dtype.
+template <class T>
+struct dtype_tag {
+  using type = T;
+};
+template <class F>
+bool visit_dtype(int32_t dtype, F&& f) {
+  switch (dtype) {
+    case PLX_F32: f(dtype_tag<float>{}); return true;
+    case PLX_F16: f(dtype_tag<half>{}); return true;
+    case PLX_BF16: f(dtype_tag<bfloat16>{}); return true;
+    case PLX_I32: f(dtype_tag<int32_t>{}); return true;
+    case PLX_I64: f(dtype_tag<int64_t>{}); return true;
+    case PLX_U8: f(dtype_tag<uint8_t>{}); return true;
+    case PLX_F64: f(dtype_tag<double>{}); return true;
+    default: return false;
+  }
+}
+
 // "f32" -> PLX_F32; PLX_DTYPE_NONE if the name is unknown.
 inline plx_dtype dtype_from_name(std::string_view s) {
   for (int32_t d = 0; d < PLX_DTYPE_COUNT; ++d)
