@@ -44,8 +44,8 @@ std::vector<double> round_to(const std::vector<double>& v, plx_dtype d) {
   for (size_t i = 0; i < v.size(); ++i) {
     switch (d) {
       case PLX_F32: r[i] = static_cast<float>(v[i]); break;
-      case PLX_F16: r[i] = static_cast<float>(half(static_cast<float>(v[i]))); break;
-      case PLX_BF16: r[i] = static_cast<float>(bfloat16(static_cast<float>(v[i]))); break;
+      case PLX_F16: r[i] = static_cast<float>(convert<half>(v[i])); break;
+      case PLX_BF16: r[i] = static_cast<float>(convert<bfloat16>(v[i])); break;
       case PLX_I32: r[i] = static_cast<double>(static_cast<int32_t>(v[i])); break;
       case PLX_I64: r[i] = static_cast<double>(static_cast<int64_t>(v[i])); break;
       case PLX_U8: r[i] = static_cast<double>(static_cast<uint8_t>(v[i])); break;

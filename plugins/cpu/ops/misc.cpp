@@ -1,5 +1,4 @@
 // CPU kernels: copy, cast, dropout, embedding and their backward ops (see docs/ops.md).
-#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -82,25 +81,6 @@ class CopyKernel final : public Kernel {
 
 // ---- cast ----
 
-// Rounds to f32 with "round to odd": truncate, and set the last bit if anything was lost. Going
-// on to f16/bf16 with round-to-nearest-even then rounds the original value once (24 bits keep
-// the 2 extra bits the trick needs), where a plain f32 step could round twice.
-float to_f32_odd(double d) {
-  float f = static_cast<float>(d);
-  if (std::isnan(d) || static_cast<double>(f) == d) return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
-}
-float to_f32_odd(int64_t v) {
-  const uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-  if (u < (uint64_t{1} << 24)) return static_cast<float>(v);  // exact
-  const int shift = 64 - std::countl_zero(u) - 24;            // bits below the 24 kept
-  uint64_t m = u >> shift;
-  if (u & ((uint64_t{1} << shift) - 1)) m |= 1;
-  const float f = std::ldexp(static_cast<float>(m), shift);  // exact: m < 2^24
-  return v < 0 ? -f : f;
-}
-
 // Float to integer: truncate toward zero, saturate at the type's range, NaN gives 0.
 template <class To>
 To float_to_int(double v) {
@@ -130,13 +110,7 @@ To cast_value(From v) {
       return float_to_int<To>(static_cast<double>(convert<acc_t<From>>(v)));
     }
   } else if constexpr (is_half_v<To>) {
-    if constexpr (std::is_same_v<From, float> || is_half_v<From>) {
-      return To(convert<float>(v));  // exact to f32, then one rounding
-    } else if constexpr (std::is_same_v<From, int64_t>) {
-      return To(to_f32_odd(v));
-    } else {  // f64, i32, u8: exact in f64
-      return To(to_f32_odd(static_cast<double>(v)));
-    }
+    return convert<To>(v);  // one rounding from any source (sdk/dtype.hpp)
   } else {  // f32 or f64: one rounding by the hardware (the 16-bit floats widen exactly)
     return static_cast<To>(convert<acc_t<From>>(v));
   }

@@ -70,6 +70,34 @@ PLX_HOST_DEVICE inline float bf16_bits_to_f32(uint16_t b) {
   return detail::f32_from_bits(static_cast<uint32_t>(b) << 16);
 }
 
+// To f32 with "round to odd": truncate toward zero and set the last bit if anything was lost.
+// A value rounded this way and then to f16/bf16 (round to nearest even) is rounded once, as if
+// directly: f32 keeps more than the 2 extra bits the trick needs. Plain f32 rounding first
+// could round twice and land on the wrong neighbour at a tie.
+PLX_HOST_DEVICE inline float f64_to_f32_odd(double d) {
+  const float f = static_cast<float>(d);
+  const double back = static_cast<double>(f);
+  if (d != d || back == d) return f;  // NaN, or exact
+  uint32_t u = detail::f32_bits(f);
+  if ((back > d) == (d > 0)) --u;  // rounded away from zero: one step back toward it
+  return detail::f32_from_bits(u | 1u);
+}
+PLX_HOST_DEVICE inline float i64_to_f32_odd(int64_t v) {
+  // Through f64 would round to 53 bits first and lose the bits that decide a tie.
+  uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  uint32_t shift = 0;
+  bool lost = false;
+  while (u >= (uint64_t{1} << 24)) {
+    lost = lost || (u & 1u);
+    u >>= 1;
+    ++shift;
+  }
+  if (lost) u |= 1u;
+  // u < 2^24 is exact in f32; 2^shift (shift <= 40) is an exact power of two.
+  const float f = static_cast<float>(u) * detail::f32_from_bits((127u + shift) << 23);
+  return v < 0 ? -f : f;
+}
+
 // Storage types: 16 bits in memory, converted to f32 for arithmetic.
 struct half {
   uint16_t bits = 0;
@@ -124,7 +152,14 @@ PLX_HOST_DEVICE inline To convert(From v) {
   } else if constexpr (std::is_same_v<From, half> || std::is_same_v<From, bfloat16>) {
     return convert<To>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>) {
-    return To(static_cast<float>(v));
+    // One rounding from any source: f32 values directly, wider ones through round-to-odd.
+    if constexpr (std::is_same_v<From, float>) {
+      return To(v);
+    } else if constexpr (std::is_same_v<From, int64_t>) {
+      return To(i64_to_f32_odd(v));
+    } else {
+      return To(f64_to_f32_odd(static_cast<double>(v)));  // f64, or an integer exact in f64
+    }
   } else {
     return static_cast<To>(v);
   }
