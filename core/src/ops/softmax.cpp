@@ -10,11 +10,8 @@ using namespace schema;
 
 namespace {
 
-// A scalar is normalised as a vector of one element, so axis 0 and -1 both name it (as in
-// PyTorch).
 void check_axis(const InferContext& c, const Shape& x) {
-  normalize_axis(c, c.attrs().get_int("axis"),
-                 std::max<int64_t>(static_cast<int64_t>(x.size()), 1));
+  normalize_axis(c, c.attrs().get_int("axis"), static_cast<int64_t>(x.size()));
 }
 
 void softmax_infer(InferContext& c) {
