@@ -319,6 +319,36 @@ int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t ndim) {
   return a;
 }
 
+void add_with_backward(OpRegistry& r, const std::string& name, const std::string& doc,
+                       const std::string& backward_doc, bool saves_output,
+                       const std::vector<AttrDef>& attrs,
+                       std::function<void(InferContext&)> infer,
+                       std::function<void(InferContext&)> backward_infer) {
+  const std::string bwd = name + "_backward";
+  r.add(OpSchema{
+      .name = name,
+      .doc = doc,
+      .inputs = {in("x", kFloatTypes)},
+      .outputs = {out("y")},
+      .attrs = attrs,
+      .infer = std::move(infer),
+      .grad =
+          [bwd, saves_output](GradContext& g) {
+            if (!g.grad_output(0).valid()) return;
+            const Var saved = saves_output ? g.output(0) : g.input(0);
+            g.set_grad(0, g.call(bwd, {g.grad_output(0), saved}, g.attrs()));
+          },
+  });
+  r.add(OpSchema{
+      .name = bwd,
+      .doc = backward_doc,
+      .inputs = {in("dy", kFloatTypes), in(saves_output ? "y" : "x")},
+      .outputs = {out("dx")},
+      .attrs = attrs,
+      .infer = std::move(backward_infer),
+  });
+}
+
 Pair pair_attr(const InferContext& c, const std::string& name, int64_t min) {
   const Ints& v = c.attrs().get_ints(name);
   c.require(v.size() == 2,

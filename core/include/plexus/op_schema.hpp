@@ -210,6 +210,14 @@ AttrDef attr(std::string name, plx_attr_type type, std::optional<AttrValue> def,
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
 // Normalises a possibly negative axis against ndim; throws via ctx.fail if out of range.
 int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t ndim);
+// Registers a float op `name` (x -> y) and its `name`_backward (dy, saved -> dx), where saved is
+// the forward's output y if `saves_output`, else its input x; the gradient formula is
+// dx = `name`_backward(dy, saved). Both ops take `attrs`.
+void add_with_backward(OpRegistry& r, const std::string& name, const std::string& doc,
+                       const std::string& backward_doc, bool saves_output,
+                       const std::vector<AttrDef>& attrs,
+                       std::function<void(InferContext&)> infer,
+                       std::function<void(InferContext&)> backward_infer);
 // A 2-value ints attribute of a 2-D op ([h, w]) whose values are at least `min`.
 using Pair = std::array<int64_t, 2>;
 Pair pair_attr(const InferContext& ctx, const std::string& name, int64_t min);

@@ -21,30 +21,10 @@ void backward_infer(InferContext& c) {
 // Unary op whose gradient is op_backward(dy, <saved>), saved being the output or the input.
 void add_unary(OpRegistry& r, const std::string& name, const std::string& doc, bool saves_output,
                std::vector<AttrDef> attrs = {}) {
-  const std::string bwd = name + "_backward";
-  r.add(OpSchema{
-      .name = name,
-      .doc = doc,
-      .inputs = {in("x", kFloatTypes)},
-      .outputs = {out("y")},
-      .attrs = attrs,
-      .infer = same_as_input,
-      .grad =
-          [bwd, saves_output](GradContext& g) {
-            if (!g.grad_output(0).valid()) return;
-            const Var saved = saves_output ? g.output(0) : g.input(0);
-            g.set_grad(0, g.call(bwd, {g.grad_output(0), saved}, g.attrs()));
-          },
-  });
-  r.add(OpSchema{
-      .name = bwd,
-      .doc = "gradient of " + name + " given dy and the forward's " +
-             (saves_output ? "output y" : "input x"),
-      .inputs = {in("dy", kFloatTypes), in(saves_output ? "y" : "x")},
-      .outputs = {out("dx")},
-      .attrs = attrs,
-      .infer = backward_infer,
-  });
+  add_with_backward(r, name, doc,
+                    "gradient of " + name + " given dy and the forward's " +
+                        (saves_output ? "output y" : "input x"),
+                    saves_output, attrs, same_as_input, backward_infer);
 }
 
 }  // namespace

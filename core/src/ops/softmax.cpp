@@ -34,28 +34,8 @@ void add_softmax_like(OpRegistry& r, const std::string& name, const std::string&
                       const std::string& backward_doc) {
   const std::vector<AttrDef> attrs = {
       attr("axis", PLX_ATTR_INT, int64_t{-1}, "the axis normalised over; negative from the end")};
-  const std::string bwd = name + "_backward";
-  r.add(OpSchema{
-      .name = name,
-      .doc = doc,
-      .inputs = {in("x", kFloatTypes)},
-      .outputs = {out("y")},
-      .attrs = attrs,
-      .infer = softmax_infer,
-      .grad =
-          [bwd](GradContext& g) {
-            if (!g.grad_output(0).valid()) return;
-            g.set_grad(0, g.call(bwd, {g.grad_output(0), g.output(0)}, g.attrs()));
-          },
-  });
-  r.add(OpSchema{
-      .name = bwd,
-      .doc = backward_doc,
-      .inputs = {in("dy", kFloatTypes), in("y")},
-      .outputs = {out("dx")},
-      .attrs = attrs,
-      .infer = softmax_backward_infer,
-  });
+  add_with_backward(r, name, doc, backward_doc, /*saves_output=*/true, attrs, softmax_infer,
+                    softmax_backward_infer);
 }
 
 std::vector<AttrDef> cross_entropy_attrs() {
