@@ -6,6 +6,7 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(Boost 1.74 REQUIRED)  # Boost.DLL is header-only
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(ZLIB REQUIRED)  # gzip-compressed datasets (IDX .gz)
 
 # toml++ is used header-only (Debian also ships a compiled library; the GPU machine does not).
 find_path(PLEXUS_TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
