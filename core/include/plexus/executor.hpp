@@ -1,0 +1,120 @@
+// Running a Graph on a backend.
+//
+// An Executable is made once per graph: it resolves every node's kernel once (PreparedKernel),
+// creates (or finds) the persistent tensors in a TensorStore, plans activation memory by
+// liveness, and allocates everything it needs up front. run() then only enqueues kernels with
+// pointers fixed at plan time, which is what lets a backend capture the whole step once and
+// replay it (the host changes data only inside input buffers, never addresses).
+//
+// Memory plan: the nodes run in graph order on one stream. An activation's memory is live from
+// the node that writes it to the last node that reads it (or a view of it); graph outputs live to
+// the end. Live ranges are packed into one arena, largest first, each at the lowest offset that
+// overlaps no buffer live at the same time (greedy by size). A node whose kernel may write output
+// 0 over input 0 (PLX_KERNEL_INPLACE) does so when input 0 dies at that node and is not also
+// read through another input of it. Kernels share one workspace, sized for the largest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/dispatch.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/tensor.hpp"
+
+namespace plexus {
+
+class Backend;
+
+// Parameters and states by name, shared by the executables of one model (a training step and an
+// evaluation step) and saved by checkpoints.
+class TensorStore {
+ public:
+  bool contains(std::string_view name) const;
+  // Throws Error "no tensor 'x' in the store".
+  const Tensor& get(std::string_view name) const;
+  void set(const std::string& name, Tensor t);
+  const std::map<std::string, Tensor, std::less<>>& all() const { return tensors_; }
+
+ private:
+  std::map<std::string, Tensor, std::less<>> tensors_;
+};
+
+// Fills `t` (any float dtype) by `init`, drawing from a Philox stream keyed by (seed, name):
+// the same seed gives the same values whatever the order parameters are created in.
+void initialize(Tensor& t, const InitSpec& init, uint64_t seed, std::string_view name);
+
+struct MemoryPlan {
+  uint64_t arena_bytes = 0;       // activations, after reuse
+  uint64_t unplanned_bytes = 0;   // the sum of every activation buffer (no reuse)
+  uint64_t workspace_bytes = 0;   // the kernels' shared scratch
+  uint64_t persistent_bytes = 0;  // inputs, constants, and parameters/states created here
+  int32_t activation_buffers = 0; // distinct activation buffers before reuse
+  int32_t inplace_nodes = 0;      // nodes that write over their input
+  std::vector<int64_t> offset;    // per value id: byte offset in the arena, -1 if not in it
+  // What this executable adds to the device's memory.
+  uint64_t total_bytes() const { return arena_bytes + workspace_bytes + persistent_bytes; }
+};
+
+struct ExecutableOptions {
+  int32_t device = 0;
+  bool reuse = true;    // false: every activation gets its own buffer (for comparison)
+  bool inplace = true;  // let in-place kernels write over dying inputs
+  bool capture = true;  // capture and replay the step where the backend can
+  uint64_t seed = 0;    // for parameters and states this executable creates
+};
+
+class Executable {
+ public:
+  // Throws OpError naming the node (and each kernel's reason) when the backend has no kernel
+  // for a node, OutOfMemoryError when the plan does not fit.
+  Executable(Backend& backend, const Graph& graph, TensorStore& store,
+             ExecutableOptions options = {});
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  const Graph& graph() const { return graph_; }
+  Backend& backend() const { return backend_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+  // The tensor of a value: inputs, constants, parameters and states always; activations hold
+  // the last run's data until the next run (outputs are never overwritten before the end).
+  Tensor tensor(Var v) const;
+  // By the name of an input, parameter, state or output. Throws Error naming it if unknown.
+  Tensor tensor(std::string_view name) const;
+
+  // Enqueues one step on the backend's stream (does not wait). The first run goes op by op;
+  // where the backend can capture and every kernel is capturable, the second run records the
+  // step and every later run replays it.
+  void run();
+  // Waits for the stream.
+  void sync();
+  bool replaying() const { return graph_handle_ != nullptr; }
+
+  // "conv2d: cpu/im2col_gemm" per node, for reports.
+  std::vector<std::string> kernel_names() const;
+
+ private:
+  void run_nodes();
+  void plan_memory();
+
+  Backend& backend_;
+  const Graph& graph_;
+  TensorStore& store_;
+  ExecutableOptions options_;
+  MemoryPlan plan_;
+  std::vector<Tensor> tensors_;  // per value id (undefined for none)
+  Tensor arena_, workspace_;
+  struct Step;  // a node ready to run: kernel and ABI views
+  std::vector<Step> steps_;
+  plx_stream stream_ = nullptr;
+  int64_t runs_ = 0;
+  bool can_capture_ = false;
+  void* graph_handle_ = nullptr;
+};
+
+}  // namespace plexus
