@@ -118,6 +118,27 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::alias(plx_dtype dtype, Shape shape, uint64_t byte_offset) const {
+  if (!storage_) throw OpError("alias of an undefined tensor");
+  const uint64_t size = dtype_size(dtype);
+  const uint64_t base = static_cast<uint64_t>(offset_) * dtype_size(dtype_) + byte_offset;
+  const uint64_t need = static_cast<uint64_t>(shape_numel(shape)) * size;
+  if (size == 0 || base % size != 0)
+    throw OpError("alias: byte offset " + std::to_string(byte_offset) + " is not aligned for " +
+                  dtype_name(dtype));
+  if (base + need > storage_->block->requested)
+    throw OpError("alias: " + std::string(dtype_name(dtype)) + shape_string(shape) + " at byte " +
+                  std::to_string(base) + " runs past the " +
+                  std::to_string(storage_->block->requested) + "-byte buffer");
+  Tensor t;
+  t.storage_ = storage_;
+  t.offset_ = static_cast<int64_t>(base / size);
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
 Tensor Tensor::permute(const std::vector<int>& order) const {
   if (order.size() != shape_.size())
     throw OpError("permute: order has " + std::to_string(order.size()) + " entries, tensor has " +

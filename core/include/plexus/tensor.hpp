@@ -60,6 +60,10 @@ class Tensor {
   Tensor narrow(int dim, int64_t start, int64_t length) const;
   // A contiguous copy, or this tensor if already contiguous.
   Tensor contiguous() const;
+  // A contiguous view of this tensor's memory seen as `dtype` and `shape`, starting
+  // `byte_offset` bytes after its first element (how the executor cuts activations from its
+  // arena). Throws OpError if it does not fit or the offset is not aligned for `dtype`.
+  Tensor alias(plx_dtype dtype, Shape shape, uint64_t byte_offset) const;
   // A copy on another backend/device (through host memory when backends differ).
   Tensor to(Backend& backend, int32_t device = 0) const;
 

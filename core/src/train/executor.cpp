@@ -1,0 +1,402 @@
+#include "plexus/executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "plexus/backend.hpp"
+#include "plexus/error.hpp"
+#include <spdlog/spdlog.h>
+
+#include "plexus/log.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/sdk/dtype.hpp"
+#include "plexus/sdk/philox.hpp"
+
+namespace plexus {
+
+// ---- the store ----
+
+bool TensorStore::contains(std::string_view name) const { return tensors_.count(name) != 0; }
+
+const Tensor& TensorStore::get(std::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw Error("no tensor '" + std::string(name) + "' in the store");
+  return it->second;
+}
+
+void TensorStore::set(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
+
+// ---- initialisation ----
+
+namespace {
+
+// FNV-1a: a stable hash of a parameter's name, so its random stream does not depend on the order
+// parameters are created in.
+uint64_t name_hash(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+void initialize(Tensor& t, const InitSpec& init, uint64_t seed, std::string_view name) {
+  const int64_t n = t.numel();
+  std::vector<double> v(static_cast<size_t>(n));
+  const uint64_t stream = name_hash(name);
+  switch (init.kind) {
+    case InitSpec::Kind::Zeros: break;
+    case InitSpec::Kind::Ones: std::fill(v.begin(), v.end(), 1.0); break;
+    case InitSpec::Kind::Constant: std::fill(v.begin(), v.end(), init.a); break;
+    case InitSpec::Kind::Uniform:
+      for (int64_t i = 0; i < n; ++i)
+        v[static_cast<size_t>(i)] =
+            init.a + (init.b - init.a) * philox_uniform(seed, stream, static_cast<uint64_t>(i));
+      break;
+    case InitSpec::Kind::Normal:
+      // Box-Muller on two uniforms per element; 1 - u keeps the log's argument in (0, 1].
+      for (int64_t i = 0; i < n; ++i) {
+        const double u1 = 1.0 - philox_uniform(seed, stream, 2 * static_cast<uint64_t>(i));
+        const double u2 = philox_uniform(seed, stream, 2 * static_cast<uint64_t>(i) + 1);
+        v[static_cast<size_t>(i)] =
+            init.a + init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+      }
+      break;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(t.nbytes()));
+  const bool ok = visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = reinterpret_cast<T*>(bytes.data());
+    for (int64_t i = 0; i < n; ++i) p[i] = convert<T>(v[static_cast<size_t>(i)]);
+  });
+  if (!ok) throw Error("initialize '" + std::string(name) + "': invalid dtype");
+  t.copy_from_host(bytes.data());
+}
+
+// ---- the executable ----
+
+struct Executable::Step {
+  int32_t node = -1;
+  std::unique_ptr<PreparedKernel> kernel;
+  std::vector<plx_tensor> in, out;
+};
+
+namespace {
+
+constexpr uint64_t kArenaAlign = 256;
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t desc_bytes(const TensorDesc& d) {
+  return static_cast<uint64_t>(d.numel()) * dtype_size(d.dtype);
+}
+
+[[noreturn]] void rethrow_for_node(const std::exception& e, const GraphNode& node) {
+  const std::string msg = "node '" + node.name + "' (" + node.op_name() + "): " + e.what();
+  if (dynamic_cast<const OutOfMemoryError*>(&e)) throw OutOfMemoryError(msg);
+  if (dynamic_cast<const OpError*>(&e)) throw OpError(msg);
+  if (dynamic_cast<const BackendError*>(&e)) throw BackendError(msg);
+  throw Error(msg);
+}
+
+}  // namespace
+
+Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
+                       ExecutableOptions options)
+    : backend_(backend), graph_(graph), store_(store), options_(options) {
+  const int32_t dev = options_.device;
+  stream_ = backend_.stream(dev);
+  const size_t nv = static_cast<size_t>(graph_.num_values());
+  tensors_.resize(nv);
+
+  // Persistent values: inputs and constants belong to this executable; parameters and states
+  // to the store, created and initialised here if this is the first graph to use them.
+  for (size_t i = 0; i < nv; ++i) {
+    const GraphValue& v = graph_.values()[i];
+    switch (v.kind) {
+      case ValueKind::Input:
+        tensors_[i] = Tensor::zeros(backend_, v.desc.shape, v.desc.dtype, dev);
+        plan_.persistent_bytes += desc_bytes(v.desc);
+        break;
+      case ValueKind::Constant:
+        tensors_[i] = Tensor::from_host(backend_, v.data.data(), v.desc.shape, v.desc.dtype, dev);
+        plan_.persistent_bytes += desc_bytes(v.desc);
+        break;
+      case ValueKind::Parameter:
+      case ValueKind::State:
+        if (store_.contains(v.name)) {
+          const Tensor& t = store_.get(v.name);
+          if (t.dtype() != v.desc.dtype || t.shape() != v.desc.shape)
+            throw Error(std::string(value_kind_name(v.kind)) + " '" + v.name + "' is " +
+                        desc_string(t.desc()) + " in the store but the graph wants " +
+                        desc_string(v.desc));
+          if (&t.backend() != &backend_ || t.device() != dev)
+            throw Error(std::string(value_kind_name(v.kind)) + " '" + v.name + "' lives on " +
+                        t.str() + ", the graph runs on " + backend_.name() + ":" +
+                        std::to_string(dev));
+          tensors_[i] = t;
+        } else {
+          Tensor t = Tensor::empty(backend_, v.desc.shape, v.desc.dtype, dev);
+          initialize(t, v.init, options_.seed, v.name);
+          store_.set(v.name, t);
+          tensors_[i] = t;
+          plan_.persistent_bytes += desc_bytes(v.desc);
+        }
+        break;
+      case ValueKind::Activation: break;
+    }
+  }
+
+  // Resolve every node's kernel once.
+  const auto& nodes = graph_.nodes();
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const GraphNode& node = nodes[n];
+    if (!node.schema) continue;
+    Step st;
+    st.node = static_cast<int32_t>(n);
+    for (Var in : node.inputs)
+      st.in.push_back(in.valid() ? make_desc(graph_.value(in).desc, dev) : Tensor().view());
+    for (Var out : node.outputs) st.out.push_back(make_desc(graph_.value(out).desc, dev));
+    KernelResolution r;
+    try {
+      r = resolve_kernel(backend_, *node.schema, st.in, st.out, node.attrs, dev);
+    } catch (const std::exception& e) {
+      rethrow_for_node(e, node);
+    }
+    if (!r.kernel) {
+      const plx_dtype dt =
+          graph_.value(node.inputs.at(static_cast<size_t>(node.schema->type_input))).desc.dtype;
+      throw OpError("node '" + node.name + "': " +
+                    no_kernel_message(backend_, *node.schema, dt, r.declines) +
+                    " (a graph runs every node on its backend: no fallback)");
+    }
+    plan_.workspace_bytes = std::max(plan_.workspace_bytes, r.kernel->workspace_bytes());
+    st.kernel = std::move(r.kernel);
+    steps_.push_back(std::move(st));
+  }
+
+  plan_memory();
+
+  if (plan_.arena_bytes) arena_ = Tensor::empty(backend_, {static_cast<int64_t>(plan_.arena_bytes)}, PLX_U8, dev);
+  if (plan_.workspace_bytes)
+    workspace_ = Tensor::empty(backend_, {static_cast<int64_t>(plan_.workspace_bytes)}, PLX_U8, dev);
+  for (size_t i = 0; i < nv; ++i) {
+    const GraphValue& v = graph_.values()[i];
+    if (v.kind != ValueKind::Activation) continue;
+    const Var root = graph_.storage_root(Var{static_cast<int32_t>(i)});
+    const GraphValue& r = graph_.value(root);
+    if (r.kind != ValueKind::Activation) {  // a view of a persistent tensor
+      tensors_[i] = tensors_[static_cast<size_t>(root.id)].reshape(v.desc.shape);
+      continue;
+    }
+    const int64_t off = plan_.offset[static_cast<size_t>(root.id)];
+    if (arena_.defined())
+      tensors_[i] = arena_.alias(v.desc.dtype, v.desc.shape, static_cast<uint64_t>(off));
+  }
+  for (Step& st : steps_) {
+    const GraphNode& node = nodes[static_cast<size_t>(st.node)];
+    for (size_t k = 0; k < node.inputs.size(); ++k)
+      if (node.inputs[k].valid()) st.in[k] = tensors_[static_cast<size_t>(node.inputs[k].id)].view();
+    for (size_t k = 0; k < node.outputs.size(); ++k)
+      st.out[k] = tensors_[static_cast<size_t>(node.outputs[k].id)].view();
+  }
+
+  // Capture needs the backend's four slots and kernels that promise to behave inside one.
+  const plx_backend& t = backend_.table();
+  can_capture_ = options_.capture && t.capture_begin && t.capture_end && t.graph_launch &&
+                 t.graph_destroy && (backend_.device(dev).caps & PLX_CAP_GRAPH_CAPTURE);
+  for (const Step& st : steps_)
+    if (!(st.kernel->kernel().flags & PLX_KERNEL_CAPTURABLE)) can_capture_ = false;
+  spdlog::debug("executable: {} nodes, {} kernels, arena {} (unplanned {}), workspace {}, "
+                "persistent {}, {} in place, capture {}",
+                nodes.size(), steps_.size(), format_bytes(plan_.arena_bytes),
+                format_bytes(plan_.unplanned_bytes), format_bytes(plan_.workspace_bytes),
+                format_bytes(plan_.persistent_bytes), plan_.inplace_nodes, can_capture_);
+}
+
+Executable::~Executable() {
+  try {
+    backend_.sync_stream(stream_);
+  } catch (...) {
+    // Destruction must not throw; the error already reached whoever ran the step.
+  }
+  if (graph_handle_) backend_.table().graph_destroy(backend_.table().ctx, graph_handle_);
+}
+
+void Executable::plan_memory() {
+  const auto& nodes = graph_.nodes();
+  const size_t nv = static_cast<size_t>(graph_.num_values());
+  const int32_t end = static_cast<int32_t>(nodes.size());
+  plan_.offset.assign(nv, -1);
+
+  // Live range of each activation root: from its producer to its last reader (through views).
+  std::vector<int32_t> first(nv, -1), last(nv, -1);
+  std::vector<Var> root(nv);
+  for (size_t i = 0; i < nv; ++i) {
+    root[i] = graph_.storage_root(Var{static_cast<int32_t>(i)});
+    const GraphValue& v = graph_.values()[i];
+    if (v.kind == ValueKind::Activation && v.view_of < 0) {
+      first[i] = last[i] = v.producer;
+      ++plan_.activation_buffers;
+      plan_.unplanned_bytes += align_up(desc_bytes(v.desc), kArenaAlign);
+    }
+  }
+  auto is_planned = [&](Var r) { return first[static_cast<size_t>(r.id)] >= 0; };
+  for (size_t n = 0; n < nodes.size(); ++n)
+    for (Var in : nodes[n].inputs)
+      if (in.valid()) {
+        const Var r = root[static_cast<size_t>(in.id)];
+        if (is_planned(r)) last[static_cast<size_t>(r.id)] = static_cast<int32_t>(n);
+      }
+  for (const auto& [name, v] : graph_.outputs()) {
+    const Var r = root[static_cast<size_t>(v.id)];
+    if (is_planned(r)) last[static_cast<size_t>(r.id)] = end;
+  }
+
+  // Buffers: a root, or several when in-place nodes chain them. buf[root] -> buffer id.
+  std::vector<int32_t> buf(nv, -1);
+  struct Buffer {
+    uint64_t bytes;
+    int32_t start, stop;
+    int64_t offset = -1;
+  };
+  std::vector<Buffer> buffers;
+  for (size_t i = 0; i < nv; ++i)
+    if (first[i] >= 0) {
+      buf[i] = static_cast<int32_t>(buffers.size());
+      buffers.push_back(Buffer{align_up(std::max<uint64_t>(desc_bytes(graph_.values()[i].desc), 1),
+                                        kArenaAlign),
+                               first[i], last[i]});
+    }
+  if (options_.inplace) {
+    for (const Step& st : steps_) {
+      if (!(st.kernel->kernel().flags & PLX_KERNEL_INPLACE)) continue;
+      const GraphNode& node = nodes[static_cast<size_t>(st.node)];
+      if (node.inputs.empty() || !node.inputs[0].valid() || node.outputs.empty()) continue;
+      const Var in_root = root[static_cast<size_t>(node.inputs[0].id)];
+      if (!is_planned(in_root)) continue;
+      const int32_t b = buf[static_cast<size_t>(in_root.id)];
+      Buffer& B = buffers[static_cast<size_t>(b)];
+      if (B.stop != st.node) continue;  // read later (or a graph output): keep it
+      bool read_twice = false;
+      for (size_t k = 1; k < node.inputs.size(); ++k)
+        if (node.inputs[k].valid() && buf[static_cast<size_t>(root[static_cast<size_t>(node.inputs[k].id)].id)] == b)
+          read_twice = true;
+      if (read_twice) continue;
+      const Var out = node.outputs[0];
+      const GraphValue& ov = graph_.value(out);
+      if (desc_bytes(ov.desc) != desc_bytes(graph_.value(node.inputs[0]).desc)) continue;
+      const int32_t ob = buf[static_cast<size_t>(out.id)];
+      // The output's buffer folds into the input's, which then lives as long as the output.
+      B.stop = buffers[static_cast<size_t>(ob)].stop;
+      B.bytes = std::max(B.bytes, buffers[static_cast<size_t>(ob)].bytes);
+      buffers[static_cast<size_t>(ob)].bytes = 0;
+      for (int32_t& x : buf)
+        if (x == ob) x = b;
+      ++plan_.inplace_nodes;
+    }
+  }
+
+  // Greedy by size: largest first, each at the lowest offset free during its whole live range.
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].bytes) order.push_back(static_cast<int32_t>(i));
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return buffers[static_cast<size_t>(a)].bytes > buffers[static_cast<size_t>(b)].bytes;
+  });
+  uint64_t arena = 0;
+  std::vector<int32_t> placed;
+  for (int32_t id : order) {
+    Buffer& B = buffers[static_cast<size_t>(id)];
+    uint64_t off = 0;
+    if (options_.reuse) {
+      std::vector<std::pair<uint64_t, uint64_t>> busy;  // [offset, end) live at the same time
+      for (int32_t p : placed) {
+        const Buffer& P = buffers[static_cast<size_t>(p)];
+        if (P.start <= B.stop && B.start <= P.stop)
+          busy.emplace_back(static_cast<uint64_t>(P.offset), static_cast<uint64_t>(P.offset) + P.bytes);
+      }
+      std::sort(busy.begin(), busy.end());
+      for (const auto& [lo, hi] : busy) {
+        if (off + B.bytes <= lo) break;
+        off = std::max(off, hi);
+      }
+    } else {
+      off = arena;
+    }
+    B.offset = static_cast<int64_t>(off);
+    arena = std::max(arena, off + B.bytes);
+    placed.push_back(id);
+  }
+  plan_.arena_bytes = arena;
+  for (size_t i = 0; i < nv; ++i)
+    if (buf[i] >= 0) plan_.offset[i] = buffers[static_cast<size_t>(buf[i])].offset;
+}
+
+Tensor Executable::tensor(Var v) const {
+  graph_.value(v);  // validates
+  return tensors_[static_cast<size_t>(v.id)];
+}
+
+Tensor Executable::tensor(std::string_view name) const {
+  const Var v = graph_.find(name);
+  if (!v.valid())
+    throw Error("no input, parameter, state or output named '" + std::string(name) +
+                "' in this graph");
+  return tensor(v);
+}
+
+void Executable::run_nodes() {
+  const auto& nodes = graph_.nodes();
+  void* ws = workspace_.defined() ? workspace_.data() : nullptr;
+  for (const Step& st : steps_) {
+    try {
+      st.kernel->run(st.in.data(), static_cast<int32_t>(st.in.size()), st.out.data(),
+                     static_cast<int32_t>(st.out.size()), ws, stream_);
+    } catch (const std::exception& e) {
+      rethrow_for_node(e, nodes[static_cast<size_t>(st.node)]);
+    }
+  }
+}
+
+void Executable::run() {
+  const plx_backend& t = backend_.table();
+  if (graph_handle_) {
+    backend_.check(t.graph_launch(t.ctx, graph_handle_, stream_), "graph_launch");
+  } else if (can_capture_ && runs_ >= 1) {
+    // The first run went op by op (kernels may set themselves up); record the second.
+    backend_.check(t.capture_begin(t.ctx, stream_), "capture_begin");
+    try {
+      run_nodes();
+    } catch (...) {
+      void* g = nullptr;
+      if (t.capture_end(t.ctx, stream_, &g) == PLX_OK && g) t.graph_destroy(t.ctx, g);
+      throw;
+    }
+    backend_.check(t.capture_end(t.ctx, stream_, &graph_handle_), "capture_end");
+    backend_.check(t.graph_launch(t.ctx, graph_handle_, stream_), "graph_launch");
+  } else {
+    run_nodes();
+  }
+  ++runs_;
+}
+
+void Executable::sync() { backend_.sync_stream(stream_); }
+
+std::vector<std::string> Executable::kernel_names() const {
+  std::vector<std::string> out;
+  for (const Step& st : steps_) {
+    const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
+    const char* impl = st.kernel->kernel().impl;
+    out.push_back(node.name + " " + node.schema->name + ": " + backend_.name() + "/" +
+                  (impl ? impl : "?"));
+  }
+  return out;
+}
+
+}  // namespace plexus

@@ -1,0 +1,466 @@
+#include "plexus/graph.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "plexus/error.hpp"
+#include "plexus/tensor.hpp"
+#include "plexus/sdk/dtype.hpp"
+
+namespace plexus {
+
+const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::Input: return "input";
+    case ValueKind::Parameter: return "parameter";
+    case ValueKind::State: return "state";
+    case ValueKind::Constant: return "constant";
+    case ValueKind::Activation: return "activation";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Update: return "update";
+  }
+  return "?";
+}
+
+// ---- initialisation specs ----
+
+std::string InitSpec::describe() const {
+  std::ostringstream s;
+  switch (kind) {
+    case Kind::Zeros: return "zeros";
+    case Kind::Ones: return "ones";
+    case Kind::Constant: s << "constant(" << a << ")"; break;
+    case Kind::Uniform: s << "uniform(" << a << ", " << b << ")"; break;
+    case Kind::Normal: s << "normal(" << a << ", " << b << ")"; break;
+  }
+  return s.str();
+}
+
+namespace init {
+InitSpec zeros() { return {InitSpec::Kind::Zeros, 0, 0}; }
+InitSpec ones() { return {InitSpec::Kind::Ones, 1, 0}; }
+InitSpec constant(double v) { return {InitSpec::Kind::Constant, v, 0}; }
+InitSpec uniform(double lo, double hi) { return {InitSpec::Kind::Uniform, lo, hi}; }
+InitSpec normal(double mean, double stddev) { return {InitSpec::Kind::Normal, mean, stddev}; }
+
+namespace {
+int64_t positive_fan(int64_t fan, const char* what) {
+  if (fan <= 0) throw Error(std::string(what) + ": fan must be positive, got " + std::to_string(fan));
+  return fan;
+}
+}  // namespace
+
+InitSpec kaiming_uniform(int64_t fan_in, double gain) {
+  const double std = gain / std::sqrt(static_cast<double>(positive_fan(fan_in, "kaiming_uniform")));
+  const double bound = std::sqrt(3.0) * std;
+  return uniform(-bound, bound);
+}
+InitSpec kaiming_normal(int64_t fan_in, double gain) {
+  return normal(0, gain / std::sqrt(static_cast<double>(positive_fan(fan_in, "kaiming_normal"))));
+}
+InitSpec xavier_uniform(int64_t fan_in, int64_t fan_out, double gain) {
+  const double fans = static_cast<double>(positive_fan(fan_in, "xavier_uniform") +
+                                          positive_fan(fan_out, "xavier_uniform"));
+  const double bound = std::sqrt(3.0) * gain * std::sqrt(2.0 / fans);
+  return uniform(-bound, bound);
+}
+InitSpec xavier_normal(int64_t fan_in, int64_t fan_out, double gain) {
+  const double fans = static_cast<double>(positive_fan(fan_in, "xavier_normal") +
+                                          positive_fan(fan_out, "xavier_normal"));
+  return normal(0, gain * std::sqrt(2.0 / fans));
+}
+}  // namespace init
+
+// ---- the graph ----
+
+namespace {
+
+std::vector<uint8_t> filled_bytes(plx_dtype dtype, int64_t n, double v) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  visit_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T x = convert<T>(v);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
+  });
+  return bytes;
+}
+
+}  // namespace
+
+Graph::Graph(const OpRegistry& ops) : ops_(ops) {}
+
+Var Graph::new_value(GraphValue v) {
+  values_.push_back(std::move(v));
+  return Var{static_cast<int32_t>(values_.size() - 1)};
+}
+
+void Graph::claim_name(const std::string& name) {
+  if (name.empty()) throw Error("graph: a leaf or output needs a name");
+  if (names_.count(name)) throw Error("graph: the name '" + name + "' is already used");
+  names_.emplace(name, Var{});
+}
+
+void Graph::check_var(Var v, const std::string& what) const {
+  if (v.id < 0 || v.id >= num_values())
+    throw OpError(what + ": value v" + std::to_string(v.id) + " is not in this graph");
+}
+
+Var Graph::input(std::string name, TensorDesc desc) {
+  claim_name(name);
+  GraphValue v;
+  v.name = name;
+  v.desc = std::move(desc);
+  v.kind = ValueKind::Input;
+  const Var id = new_value(std::move(v));
+  names_[name] = id;
+  return id;
+}
+
+Var Graph::parameter(std::string name, TensorDesc desc, InitSpec init) {
+  claim_name(name);
+  GraphValue v;
+  v.name = name;
+  v.desc = std::move(desc);
+  v.kind = ValueKind::Parameter;
+  v.requires_grad = true;
+  v.init = init;
+  const Var id = new_value(std::move(v));
+  names_[name] = id;
+  return id;
+}
+
+Var Graph::state(std::string name, TensorDesc desc, InitSpec init) {
+  claim_name(name);
+  GraphValue v;
+  v.name = name;
+  v.desc = std::move(desc);
+  v.kind = ValueKind::State;
+  v.init = init;
+  const Var id = new_value(std::move(v));
+  names_[name] = id;
+  return id;
+}
+
+Var Graph::constant(std::string name, TensorDesc desc, std::vector<uint8_t> bytes) {
+  const uint64_t want = static_cast<uint64_t>(desc.numel()) * dtype_size(desc.dtype);
+  if (bytes.size() != want)
+    throw Error("graph: constant '" + name + "' " + desc_string(desc) + " needs " +
+                std::to_string(want) + " bytes, got " + std::to_string(bytes.size()));
+  claim_name(name);
+  GraphValue v;
+  v.name = name;
+  v.desc = std::move(desc);
+  v.kind = ValueKind::Constant;
+  v.data = std::move(bytes);
+  const Var id = new_value(std::move(v));
+  names_[name] = id;
+  return id;
+}
+
+Var Graph::scalar(double value, plx_dtype dtype) {
+  std::string name;
+  do {
+    name = "const." + std::to_string(values_.size()) + (names_.count(name) ? "x" : "");
+  } while (names_.count(name));
+  return constant(name, TensorDesc{dtype, {}}, filled_bytes(dtype, 1, value));
+}
+
+std::vector<Var> Graph::add(std::string_view op, const std::vector<Var>& inputs,
+                            const Attrs& attrs, std::string name) {
+  if (name.empty()) name = scope_.empty() ? std::string(op) : scope_;
+  const OpSchema* schema = ops_.find(op);
+  if (!schema) {
+    // Let the registry phrase the error (it lists what is known).
+    try {
+      ops_.get(op);
+    } catch (const Error& e) {
+      throw OpError("node '" + name + "': " + e.what());
+    }
+  }
+  GraphNode node;
+  node.schema = schema;
+  node.name = name;
+  node.phase = phase_;
+  std::vector<TensorDesc> descs;
+  try {
+    node.attrs = schema->complete_attrs(attrs);
+    for (Var v : inputs) {
+      if (!v.valid()) {
+        descs.push_back(TensorDesc{});
+        continue;
+      }
+      check_var(v, "op '" + schema->name + "'");
+      descs.push_back(values_[static_cast<size_t>(v.id)].desc);
+    }
+    const std::vector<TensorDesc> outs = schema->infer_outputs(descs, node.attrs);
+    node.inputs = inputs;
+    node.inputs.resize(schema->inputs.size());
+    // Ops write in place only into persistent memory: an activation is SSA.
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (!(schema->inputs[i].flags & PLX_ARG_MUTATED) || !node.inputs[i].valid()) continue;
+      const GraphValue& m = values_[static_cast<size_t>(storage_root(node.inputs[i]).id)];
+      if (m.kind != ValueKind::Parameter && m.kind != ValueKind::State)
+        throw OpError("op '" + schema->name + "': input '" + schema->inputs[i].name +
+                      "' is written in place, so it must be a parameter or a state, not a " +
+                      value_kind_name(m.kind));
+    }
+    bool grad_flows = false;
+    if (schema->grad) {
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].valid() && !(schema->inputs[i].flags & PLX_ARG_NO_GRAD) &&
+            values_[static_cast<size_t>(inputs[i].id)].requires_grad)
+          grad_flows = true;
+    }
+    const int32_t node_id = static_cast<int32_t>(nodes_.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      GraphValue v;
+      v.name = outs.size() == 1 ? name : name + ":" + std::to_string(i);
+      v.desc = outs[i];
+      v.kind = ValueKind::Activation;
+      v.producer = node_id;
+      v.output_index = static_cast<int32_t>(i);
+      v.requires_grad = grad_flows && !(schema->outputs[i].flags & PLX_ARG_NO_GRAD);
+      node.outputs.push_back(new_value(std::move(v)));
+    }
+  } catch (const OpError& e) {
+    throw OpError("node '" + name + "': " + e.what());
+  }
+  nodes_.push_back(std::move(node));
+  return nodes_.back().outputs;
+}
+
+Var Graph::reshape(Var v, const Shape& shape_in) {
+  const std::string name = scope_.empty() ? "reshape" : scope_;
+  check_var(v, "node '" + name + "'");
+  const GraphValue& src = values_[static_cast<size_t>(v.id)];
+  Shape shape = shape_in;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1 && infer < 0) {
+      infer = static_cast<int>(i);
+    } else if (shape[i] < 0) {
+      throw OpError("node '" + name + "': reshape to " + shape_string(shape_in) +
+                    ": at most one -1 and no other negative size");
+    } else {
+      known *= shape[i];
+    }
+  }
+  const int64_t n = src.desc.numel();
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0)
+      throw OpError("node '" + name + "': cannot reshape " + desc_string(src.desc) + " to " +
+                    shape_string(shape_in));
+    shape[static_cast<size_t>(infer)] = n / known;
+  }
+  if (shape_numel(shape) != n)
+    throw OpError("node '" + name + "': cannot reshape " + desc_string(src.desc) + " (" +
+                  std::to_string(n) + " elements) to " + shape_string(shape));
+  GraphNode node;
+  node.name = name;
+  node.phase = phase_;
+  node.inputs = {v};
+  GraphValue out;
+  out.name = name;
+  out.desc = TensorDesc{src.desc.dtype, shape};
+  out.kind = ValueKind::Activation;
+  out.producer = static_cast<int32_t>(nodes_.size());
+  out.view_of = v.id;
+  out.requires_grad = src.requires_grad;
+  const Var id = new_value(std::move(out));
+  node.outputs = {id};
+  nodes_.push_back(std::move(node));
+  return id;
+}
+
+std::vector<Var> Graph::emit(std::string_view op, const std::vector<Var>& inputs,
+                             const Attrs& attrs) {
+  return add(op, inputs, attrs);
+}
+
+TensorDesc Graph::desc(Var v) const {
+  check_var(v, "graph");
+  return values_[static_cast<size_t>(v.id)].desc;
+}
+
+void Graph::mark_output(Var v, std::string name) {
+  check_var(v, "output '" + name + "'");
+  claim_name(name);
+  names_[name] = v;
+  outputs_.emplace_back(std::move(name), v);
+}
+
+const GraphValue& Graph::value(Var v) const {
+  check_var(v, "graph");
+  return values_[static_cast<size_t>(v.id)];
+}
+
+Var Graph::find(std::string_view name) const {
+  auto it = names_.find(name);
+  return it == names_.end() ? Var{} : it->second;
+}
+
+Var Graph::get(std::string_view name) const {
+  const Var v = find(name);
+  if (!v.valid()) throw Error("no value '" + std::string(name) + "' in the graph");
+  return v;
+}
+
+std::vector<Var> Graph::parameters() const {
+  std::vector<Var> out;
+  for (size_t i = 0; i < values_.size(); ++i)
+    if (values_[i].kind == ValueKind::Parameter) out.push_back(Var{static_cast<int32_t>(i)});
+  return out;
+}
+
+Var Graph::storage_root(Var v) const {
+  check_var(v, "graph");
+  while (values_[static_cast<size_t>(v.id)].view_of >= 0)
+    v = Var{values_[static_cast<size_t>(v.id)].view_of};
+  return v;
+}
+
+std::string Graph::to_string() const {
+  std::ostringstream s;
+  for (size_t i = 0; i < values_.size(); ++i) {
+    const GraphValue& v = values_[i];
+    if (v.kind == ValueKind::Activation) continue;
+    s << "  v" << i << " " << value_kind_name(v.kind) << " " << v.name << " "
+      << desc_string(v.desc) << "\n";
+  }
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const GraphNode& node = nodes_[n];
+    s << "  " << n << " " << phase_name(node.phase) << " " << node.op_name() << " [" << node.name
+      << "] (";
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      s << (i ? ", " : "") << (node.inputs[i].valid() ? "v" + std::to_string(node.inputs[i].id) : "-");
+    s << ") ->";
+    for (Var o : node.outputs) s << " v" << o.id << " " << desc_string(values_[static_cast<size_t>(o.id)].desc);
+    s << "\n";
+  }
+  for (const auto& [name, v] : outputs_) s << "  output " << name << " = v" << v.id << "\n";
+  return s.str();
+}
+
+// ---- reverse mode ----
+
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt) {
+  const TensorDesc loss_desc = g.desc(loss);
+  const size_t forward_nodes = g.nodes().size();
+  const size_t nvalues = static_cast<size_t>(g.num_values());
+
+  // Which values depend on a `wrt` value through differentiable inputs.
+  std::vector<bool> dep(nvalues, false);
+  for (Var w : wrt) {
+    g.value(w);  // validates
+    dep[static_cast<size_t>(w.id)] = true;
+  }
+  for (size_t n = 0; n < forward_nodes; ++n) {
+    const GraphNode& node = g.nodes()[n];
+    bool any = false;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const Var in = node.inputs[i];
+      if (!in.valid() || !dep[static_cast<size_t>(in.id)]) continue;
+      if (node.schema && (node.schema->inputs[i].flags & PLX_ARG_NO_GRAD)) continue;
+      any = true;
+    }
+    if (!any) continue;
+    for (size_t o = 0; o < node.outputs.size(); ++o)
+      if (!node.schema || !(node.schema->outputs[o].flags & PLX_ARG_NO_GRAD))
+        dep[static_cast<size_t>(node.outputs[o].id)] = true;
+  }
+
+  const Phase old_phase = g.phase();
+  const std::string old_scope = g.scope();
+  g.set_phase(Phase::Backward);
+  std::vector<Var> grads(static_cast<size_t>(g.num_values()));
+  auto grad_of = [&](Var v) -> Var& {
+    if (static_cast<size_t>(v.id) >= grads.size()) grads.resize(static_cast<size_t>(v.id) + 1);
+    return grads[static_cast<size_t>(v.id)];
+  };
+  auto accumulate = [&](Var v, Var gv) {
+    Var& slot = grad_of(v);
+    if (!slot.valid()) {
+      slot = gv;
+    } else {
+      const Var sum = g.add1("add", {slot, gv});
+      grad_of(v) = sum;  // grad_of may have resized
+    }
+  };
+
+  if (dep[static_cast<size_t>(loss.id)]) {
+    g.set_scope(g.value(loss).name + ".seed");
+    Var seed = g.scalar(1.0, loss_desc.dtype);
+    if (!loss_desc.shape.empty()) {
+      Attrs a;
+      a.set("shape", loss_desc.shape);
+      seed = g.add1("expand", {seed}, a);
+    }
+    grad_of(loss) = seed;
+  }
+
+  for (size_t n = forward_nodes; n-- > 0;) {
+    const GraphNode node = g.nodes()[n];  // a copy: appending nodes moves the vector
+    std::vector<Var> gouts;
+    bool any_out = false;
+    for (Var o : node.outputs) {
+      gouts.push_back(grad_of(o));
+      any_out = any_out || gouts.back().valid();
+    }
+    if (!any_out) continue;
+    std::vector<bool> needs(node.inputs.size(), false);
+    bool any_in = false;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const Var in = node.inputs[i];
+      if (!in.valid() || !dep[static_cast<size_t>(in.id)]) continue;
+      if (node.schema && (node.schema->inputs[i].flags & PLX_ARG_NO_GRAD)) continue;
+      needs[i] = true;
+      any_in = true;
+    }
+    if (!any_in) continue;
+    g.set_scope(node.name + ".grad");
+    if (!node.schema) {  // a reshape view: the gradient is the view back
+      accumulate(node.inputs[0], g.reshape(gouts[0], g.desc(node.inputs[0]).shape));
+      continue;
+    }
+    if (!node.schema->grad) {
+      std::string which;
+      for (size_t i = 0; i < needs.size(); ++i)
+        if (needs[i]) which += (which.empty() ? "'" : ", '") + node.schema->inputs[i].name + "'";
+      throw OpError("node '" + node.name + "': op '" + node.schema->name +
+                    "' has no gradient formula, but a gradient must flow to its input " + which);
+    }
+    GradContext ctx(g, *node.schema, node.attrs, node.inputs, node.outputs, gouts, needs);
+    try {
+      node.schema->grad(ctx);
+    } catch (const OpError& e) {
+      throw OpError("gradient of node '" + node.name + "': " + e.what());
+    }
+    for (size_t i = 0; i < needs.size(); ++i) {
+      if (!needs[i] || i >= ctx.grads().size() || !ctx.grads()[i].valid()) continue;
+      const Var gi = ctx.grads()[i];
+      const TensorDesc want = g.desc(node.inputs[i]), got = g.desc(gi);
+      if (want.dtype != got.dtype || want.shape != got.shape)
+        throw OpError("gradient of node '" + node.name + "' (op " + node.schema->name +
+                      "): input '" + node.schema->inputs[i].name + "' is " + desc_string(want) +
+                      " but its gradient is " + desc_string(got));
+      accumulate(node.inputs[i], gi);
+    }
+  }
+  g.set_phase(old_phase);
+  g.set_scope(old_scope);
+
+  std::vector<Var> out;
+  for (Var w : wrt) out.push_back(grad_of(w));
+  return out;
+}
+
+}  // namespace plexus
