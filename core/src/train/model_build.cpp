@@ -1,0 +1,276 @@
+// Building a ModelSpec into a Graph: one or a few graph nodes per layer, parameters with their
+// InitSpecs, and errors that name the layer and where it is written.
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "plexus/error.hpp"
+#include "plexus/model.hpp"
+
+namespace plexus {
+
+namespace {
+
+bool is_float(plx_dtype d) { return (kFloatTypes & dtype_bit(d)) != 0; }
+
+// Weight init by rule (docs/models.md, Initialisation). fan_in and fan_out as PyTorch computes
+// them: conv2d fan_in = C/groups·kh·kw, fan_out = out·kh·kw; linear fan_in = in, fan_out = out.
+InitSpec weight_init(const std::string& rule, int64_t fan_in, int64_t fan_out) {
+  if (rule == "kaiming_uniform") return init::kaiming_uniform(fan_in);
+  if (rule == "kaiming_normal") return init::kaiming_normal(fan_in);
+  if (rule == "xavier_uniform") return init::xavier_uniform(fan_in, fan_out);
+  if (rule == "xavier_normal") return init::xavier_normal(fan_in, fan_out);
+  // PyTorch's default: kaiming_uniform with a = sqrt(5), which is a bound of 1/sqrt(fan_in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  return init::uniform(-bound, bound);
+}
+
+// PyTorch's default draws the bias like the weight; the other rules start it at zero.
+InitSpec bias_init(const std::string& rule, int64_t fan_in) {
+  if (rule != "default") return init::zeros();
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  return init::uniform(-bound, bound);
+}
+
+class LayerBuilder {
+ public:
+  LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype,
+               bool training)
+      : g_(g), spec_(spec), l_(l), dtype_(dtype), training_(training) {}
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw ConfigError(prefix(spec_, l_) + msg);
+  }
+  static std::string prefix(const ModelSpec& spec, const LayerSpec& l) {
+    return (l.where.empty() ? (spec.source.empty() ? "" : spec.source + ": ") : l.where + ": ") +
+           "layer '" + l.name + "' (" + l.type + "): ";
+  }
+
+  int64_t params() const { return params_; }
+
+  Var build(const std::vector<Var>& in) {
+    const std::string& t = l_.type;
+    const Var x = in.at(0);
+    const TensorDesc xd = g_.desc(x);
+    if (t == "conv2d") return conv2d(x, xd);
+    if (t == "linear") return linear(x, xd);
+    if (t == "relu" || t == "tanh" || t == "sigmoid") return g_.add1(t, {x}, {}, l_.name);
+    if (t == "gelu") return g_.add1(t, {x}, {{"approximate", str("approximate", "none")}}, l_.name);
+    if (t == "max_pool2d" || t == "avg_pool2d") return pool(x, xd);
+    if (t == "global_avg_pool") {
+      if (xd.ndim() < 3) fail("expects (N, C, ...) with at least one dimension after C, got " + desc_string(xd));
+      Ints axes;
+      for (int i = 2; i < xd.ndim(); ++i) axes.push_back(i);
+      return g_.add1("mean", {x}, {{"axes", axes}, {"keepdims", int64_t{0}}}, l_.name);
+    }
+    if (t == "batch_norm") return batch_norm(x, xd);
+    if (t == "layer_norm") return layer_norm(x, xd);
+    if (t == "flatten") {
+      if (xd.ndim() < 2) fail("expects (N, ...) with at least 2 dimensions, got " + desc_string(xd));
+      return g_.reshape(x, {xd.shape[0], xd.numel() / std::max<int64_t>(xd.shape[0], 1)});
+    }
+    if (t == "add") {
+      const TensorDesc bd = g_.desc(in.at(1));
+      // Equal shapes only: a broadcast here is almost always a wiring mistake.
+      if (xd.shape != bd.shape)
+        fail("inputs '" + l_.inputs.at(0) + "' " + desc_string(xd) + " and '" + l_.inputs.at(1) +
+             "' " + desc_string(bd) + " differ in shape");
+      return g_.add1("add", {x, in.at(1)}, {}, l_.name);
+    }
+    fail("no builder for this layer type");
+  }
+
+ private:
+  int64_t int_attr(const std::string& k, int64_t def) const {
+    auto it = l_.attrs.find(k);
+    return it == l_.attrs.end() ? def : std::get<int64_t>(it->second);
+  }
+  double float_attr(const std::string& k, double def) const {
+    auto it = l_.attrs.find(k);
+    return it == l_.attrs.end() ? def : std::get<double>(it->second);
+  }
+  Ints pair(const std::string& k, int64_t def) const {
+    auto it = l_.attrs.find(k);
+    return it == l_.attrs.end() ? Ints{def, def} : std::get<Ints>(it->second);
+  }
+  std::string str(const std::string& k, const std::string& def) const {
+    auto it = l_.attrs.find(k);
+    return it == l_.attrs.end() ? def : std::get<std::string>(it->second);
+  }
+
+  Var param(const std::string& what, Shape shape, InitSpec init) {
+    TensorDesc d{dtype_, std::move(shape)};
+    params_ += d.numel();
+    return g_.parameter(l_.name + "." + what, d, init);
+  }
+
+  Var conv2d(Var x, const TensorDesc& xd) {
+    if (xd.ndim() != 4) fail("expects (N, C, H, W), got " + desc_string(xd));
+    const int64_t C = xd.shape[1], out = int_attr("out", 0), groups = int_attr("groups", 1);
+    const Ints k = pair("kernel", 1);
+    if (C % groups != 0)
+      fail("groups = " + std::to_string(groups) + " does not divide the input channels " +
+           std::to_string(C));
+    if (out % groups != 0)
+      fail("groups = " + std::to_string(groups) + " does not divide out = " + std::to_string(out));
+    const std::string rule = str("init", spec_.init);
+    const int64_t fan_in = C / groups * k[0] * k[1];
+    const Var w = param("weight", {out, C / groups, k[0], k[1]},
+                        weight_init(rule, fan_in, out * k[0] * k[1]));
+    const Var b = int_attr("bias", 1) ? param("bias", {out}, bias_init(rule, fan_in)) : Var{};
+    return g_.add1("conv2d", {x, w, b},
+                   {{"stride", pair("stride", 1)},
+                    {"padding", pair("padding", 0)},
+                    {"dilation", pair("dilation", 1)},
+                    {"groups", groups}},
+                   l_.name);
+  }
+
+  Var linear(Var x, const TensorDesc& xd) {
+    if (xd.ndim() < 2) fail("expects (N, ..., features), got " + desc_string(xd));
+    const auto& outv = l_.attrs.at("out");
+    const int64_t out =
+        std::holds_alternative<std::string>(outv) ? spec_.classes : std::get<int64_t>(outv);
+    if (out < 1) fail("out = \"classes\" needs the model's classes to be set");
+    const int64_t in = xd.shape.back();
+    const std::string rule = str("init", spec_.init);
+    const Var w = param("weight", {out, in}, weight_init(rule, in, out));
+    const Var b = int_attr("bias", 1) ? param("bias", {out}, bias_init(rule, in)) : Var{};
+    return g_.add1("linear", {x, w, b}, {}, l_.name);
+  }
+
+  Var pool(Var x, const TensorDesc& xd) {
+    if (xd.ndim() != 4) fail("expects (N, C, H, W), got " + desc_string(xd));
+    const Ints kernel = pair("kernel", 1);
+    Attrs a{{"kernel", kernel},
+            {"stride", l_.attrs.count("stride") ? pair("stride", 1) : kernel},
+            {"padding", pair("padding", 0)},
+            {"ceil_mode", int_attr("ceil_mode", 0)}};
+    if (l_.type == "max_pool2d") {
+      a.set("dilation", pair("dilation", 1));
+    } else {
+      a.set("count_include_pad", int_attr("count_include_pad", 1));
+    }
+    return g_.add(l_.type, {x}, a, l_.name).at(0);  // max_pool2d's indices feed only backward
+  }
+
+  Var batch_norm(Var x, const TensorDesc& xd) {
+    if (xd.ndim() < 2) fail("expects (N, C, ...), got " + desc_string(xd));
+    const int64_t C = xd.shape[1];
+    const bool affine = int_attr("affine", 1) != 0;
+    const Var gamma = affine ? param("weight", {C}, init::ones()) : Var{};
+    const Var beta = affine ? param("bias", {C}, init::zeros()) : Var{};
+    const Var rm = g_.state(l_.name + ".running_mean", {dtype_, {C}}, init::zeros());
+    const Var rv = g_.state(l_.name + ".running_var", {dtype_, {C}}, init::ones());
+    return g_
+        .add("batch_norm", {x, gamma, beta, rm, rv},
+             {{"training", int64_t{training_ ? 1 : 0}},
+              {"momentum", float_attr("momentum", 0.1)},
+              {"eps", float_attr("eps", 1e-5)}},
+             l_.name)
+        .at(0);
+  }
+
+  Var layer_norm(Var x, const TensorDesc& xd) {
+    const int64_t k = int_attr("normalized_ndim", 1);
+    // The batch dimension is never normalised: samples stay independent.
+    if (k > xd.ndim() - 1)
+      fail("normalized_ndim = " + std::to_string(k) + " reaches the batch dimension of " +
+           desc_string(xd) + " (at most " + std::to_string(xd.ndim() - 1) + ")");
+    const Shape shape(xd.shape.end() - k, xd.shape.end());
+    const bool affine = int_attr("affine", 1) != 0;
+    const Var gamma = affine ? param("weight", shape, init::ones()) : Var{};
+    const Var beta = affine ? param("bias", shape, init::zeros()) : Var{};
+    return g_
+        .add("layer_norm", {x, gamma, beta},
+             {{"normalized_ndim", k}, {"eps", float_attr("eps", 1e-5)}}, l_.name)
+        .at(0);
+  }
+
+ private:
+  Graph& g_;
+  const ModelSpec& spec_;
+  const LayerSpec& l_;
+  plx_dtype dtype_;
+  bool training_;
+  int64_t params_ = 0;
+};
+
+}  // namespace
+
+Var build_model(Graph& g, const ModelSpec& spec_in, Var x, bool training,
+                std::vector<LayerSummary>* summary) {
+  ModelSpec spec = spec_in;
+  validate_model(spec);
+  const std::string model_at = spec.source.empty() ? "" : spec.source + ": ";
+  const TensorDesc xd = g.desc(x);
+  if (!is_float(xd.dtype) || xd.ndim() < 1)
+    throw ConfigError(model_at + "model '" + spec.name +
+                      "': the input must be a float tensor (N, ...), got " + desc_string(xd));
+
+  std::map<std::string, Var> outputs{{"input", x}};
+  Var prev = x;
+  if (summary) summary->clear();
+  for (const LayerSpec& l : spec.layers) {
+    std::vector<Var> in;
+    if (l.inputs.empty()) in.push_back(prev);
+    for (const auto& name : l.inputs) in.push_back(outputs.at(name));
+    LayerBuilder b(g, spec, l, xd.dtype, training);
+    Var y;
+    try {
+      y = b.build(in);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const Error& e) {
+      // The graph's own checks (shapes, attributes): say which layer and where it is written.
+      throw ConfigError(LayerBuilder::prefix(spec, l) + e.what());
+    }
+    outputs[l.name] = y;
+    prev = y;
+    if (summary) summary->push_back({l.name, l.type, g.desc(y).shape, b.params()});
+  }
+
+  const TensorDesc yd = g.desc(prev);
+  if (spec.classes > 0 && (yd.ndim() != 2 || yd.shape[1] != spec.classes)) {
+    const LayerSpec& last = spec.layers.back();
+    std::string msg = LayerBuilder::prefix(spec, last) + "the model's output is " +
+                      desc_string(yd) + ", expected (" + std::to_string(xd.shape[0]) +
+                      ", classes = " + std::to_string(spec.classes) + ")";
+    if (yd.ndim() > 2) msg += "; add a flatten or global_avg_pool layer before the last linear";
+    throw ConfigError(msg);
+  }
+  return prev;
+}
+
+int64_t count_parameters(const Graph& g) {
+  int64_t n = 0;
+  for (Var p : g.parameters()) n += g.value(p).desc.numel();
+  return n;
+}
+
+std::string format_summary(const std::vector<LayerSummary>& layers) {
+  size_t wn = 5, wt = 4, ws = 6;
+  std::vector<std::string> shapes;
+  for (const auto& l : layers) {
+    shapes.push_back(shape_string(l.output));
+    wn = std::max(wn, l.name.size());
+    wt = std::max(wt, l.type.size());
+    ws = std::max(ws, shapes.back().size());
+  }
+  std::ostringstream os;
+  os << std::left << std::setw(static_cast<int>(wn)) << "layer" << "  "
+     << std::setw(static_cast<int>(wt)) << "type" << "  " << std::setw(static_cast<int>(ws))
+     << "output" << "  " << std::right << std::setw(12) << "parameters" << "\n";
+  int64_t total = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& l = layers[i];
+    os << std::left << std::setw(static_cast<int>(wn)) << l.name << "  "
+       << std::setw(static_cast<int>(wt)) << l.type << "  " << std::setw(static_cast<int>(ws))
+       << shapes[i] << "  " << std::right << std::setw(12) << l.parameters << "\n";
+    total += l.parameters;
+  }
+  os << "total parameters: " << total << "\n";
+  return os.str();
+}
+
+}  // namespace plexus
