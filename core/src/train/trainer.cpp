@@ -504,7 +504,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     sum.test_accuracy = last.test_accuracy;
   }
   progress.finish(sum);
+  const data::LoaderStats ls = train_loader.stats();
+  progress.note("memory on " + backend.name() + ": peak " + format_bytes(result.peak_bytes) +
+                " in use, the plans predict " + format_bytes(result.planned_bytes) +
+                "; the loader kept the step waiting " + std::to_string(ls.waits) + " times (" +
+                std::to_string(static_cast<int64_t>(ls.wait_seconds * 1000)) + " ms)");
   metrics.write(JsonObject().add("type", "summary").add("steps", step)
+                    .add("loader_waits", ls.waits).add("loader_wait_seconds", ls.wait_seconds)
                     .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
                     .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
                     .add("peak_bytes", static_cast<int64_t>(result.peak_bytes)));
