@@ -1,6 +1,7 @@
 // plexus: the command line. It parses arguments and calls the core; nothing else lives here.
 //
-// Exit codes: 0 success, 1 a run-time failure, 2 a usage or configuration error.
+// Exit codes: 0 success, 1 a run-time failure, 2 a usage or configuration error, 3 a training
+// stopped by a non-finite loss.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,7 @@
 #include "plexus/info.hpp"
 #include "plexus/log.hpp"
 #include "plexus/runtime.hpp"
+#include "plexus/trainer.hpp"
 #include "plexus/version.hpp"
 
 namespace {
@@ -57,10 +59,29 @@ int main(int argc, char** argv) {
   bool dump_config = false;
   info->add_flag("--config-dump", dump_config, "Print the resolved configuration (TOML) and exit");
 
+  CLI::App* train = app.add_subcommand(
+      "train", "Train the model the config names; writes metrics, a manifest and checkpoints");
+  std::string train_config;
+  train->add_option("CONFIG", train_config, "TOML configuration file (same as -c)")
+      ->check(CLI::ExistingFile);
+  std::string resume_dir;
+  train->add_option("--resume", resume_dir,
+                    "Continue the run in this directory from its checkpoint")
+      ->check(CLI::ExistingDirectory);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+
+  if (train->parsed() && !train_config.empty()) {
+    if (!common.config_file.empty() && common.config_file != train_config) {
+      std::fprintf(stderr, "plexus train: two configs given (%s and -c %s)\n", train_config.c_str(),
+                   common.config_file.c_str());
+      return 2;
+    }
+    common.config_file = train_config;
   }
 
   try {
@@ -75,9 +96,21 @@ int main(int argc, char** argv) {
       std::cout.flush();
       return 0;
     }
+    if (train->parsed()) {
+      plexus::Runtime rt(plexus::runtime_options(cfg));
+      plexus::TrainRequest req{cfg};
+      req.resume_dir = resume_dir;
+      plexus::train(rt, req);
+      std::cout.flush();
+      return 0;
+    }
   } catch (const plexus::ConfigError& e) {
     std::fprintf(stderr, "plexus: configuration error:\n%s\n", e.what());
     return 2;
+  } catch (const plexus::DivergedError& e) {
+    std::cout.flush();
+    std::fprintf(stderr, "plexus: training diverged: %s\n", e.what());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "plexus: error: %s\n", e.what());
     return 1;

@@ -46,6 +46,70 @@ const std::vector<ConfigKey>& Config::keys() {
                       "trace, debug, info, warn, error or off; PLEXUS_LOG_LEVEL overrides it");
     level.choices = {"trace", "debug", "info", "warn", "error", "off"};
     add("logging.file", ConfigType::String, "\"\"", "Also append log lines to this file");
+    auto& progress = add("logging.progress", ConfigType::String, "\"auto\"",
+                         "Progress of `plexus train`: auto (a bar on a terminal, plain lines "
+                         "otherwise), bar, plain or none");
+    progress.choices = {"auto", "bar", "plain", "none"};
+
+    // ---- plexus train ----
+    add("model.name", ConfigType::String, "\"convnet\"",
+        "Built-in model: simplecnn, convnet, mlp or resnet (ignored when model.file is set)");
+    add("model.file", ConfigType::String, "\"\"",
+        "A model description (TOML, docs/models.md); relative to the config file's directory");
+    auto& dataset = add("data.dataset", ConfigType::String, "\"fashion-mnist\"",
+                        "fashion-mnist, mnist, cifar10 or synthetic");
+    dataset.choices = {"fashion-mnist", "mnist", "cifar10", "synthetic"};
+    add("data.path", ConfigType::String, "\"\"",
+        "Directory of the dataset's files; empty: /usr/share/datasets/<dataset> (Debian's "
+        "dataset-fashion-mnist installs Fashion-MNIST there); relative to the config file");
+    auto& partial = add("data.partial_batch", ConfigType::String, "\"drop\"",
+                        "The last training batch of an epoch when the set does not divide: drop "
+                        "it, or pad it with rows the loss ignores (evaluation always pads)");
+    partial.choices = {"drop", "pad"};
+    add("data.shuffle", ConfigType::Bool, "true", "Shuffle the training set each epoch (from train.seed and the epoch)");
+    add("data.prefetch", ConfigType::Int, "2", "Batches assembled ahead on the loader thread").min = 1;
+    add("data.limit", ConfigType::Int, "0", "Train on the first N samples only; 0: all").min = 0;
+    add("data.synthetic_samples", ConfigType::Int, "2048",
+        "Training samples of the synthetic dataset (the test set is a quarter of it)").min = 1;
+    add("train.epochs", ConfigType::Int, "10", "Passes over the training set").min = 1;
+    auto& batch = add("train.batch_size", ConfigType::Int, "128", "Samples per step");
+    batch.min = 1;
+    batch.max = 1 << 20;
+    add("train.seed", ConfigType::Int, "0",
+        "Seeds initialisation and shuffling; on the CPU a run is bit-reproducible from it")
+        .min = 0;
+    auto& opt = add("train.optimizer", ConfigType::String, "\"sgd\"", "sgd or adamw");
+    opt.choices = {"sgd", "adamw"};
+    auto& lr = add("train.lr", ConfigType::Float, "0.05", "Base (peak) learning rate");
+    lr.fmin = 0;
+    add("train.momentum", ConfigType::Float, "0.9", "SGD momentum (0: none)").fmin = 0;
+    add("train.nesterov", ConfigType::Bool, "false", "SGD with Nesterov momentum");
+    add("train.weight_decay", ConfigType::Float, "0",
+        "Weight decay: L2 added to the gradient for sgd, decoupled for adamw").fmin = 0;
+    auto& b1 = add("train.beta1", ConfigType::Float, "0.9", "AdamW's first-moment decay");
+    b1.fmin = 0;
+    b1.fmax = 0.999999;
+    auto& b2 = add("train.beta2", ConfigType::Float, "0.999", "AdamW's second-moment decay");
+    b2.fmin = 0;
+    b2.fmax = 0.999999;
+    add("train.eps", ConfigType::Float, "1e-8", "AdamW's epsilon").fmin = 0;
+    auto& sched = add("train.schedule", ConfigType::String, "\"constant\"",
+                      "Learning-rate schedule: constant, step or cosine (to train.min_lr at the last step)");
+    sched.choices = {"constant", "step", "cosine"};
+    add("train.warmup_epochs", ConfigType::Float, "0",
+        "Linear warm-up from train.lr/warm-up steps to train.lr over this many epochs").fmin = 0;
+    add("train.step_epochs", ConfigType::Int, "3", "step schedule: multiply the rate by train.gamma every this many epochs").min = 1;
+    add("train.gamma", ConfigType::Float, "0.1", "step schedule: the factor").fmin = 0;
+    add("train.min_lr", ConfigType::Float, "0", "cosine schedule: the final rate").fmin = 0;
+    add("train.eval", ConfigType::Bool, "true", "Evaluate on the test set after each epoch");
+    add("train.max_steps", ConfigType::Int, "0",
+        "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
+    add("output.dir", ConfigType::String, "\"runs/{model}\"",
+        "Where a run writes metrics.jsonl, manifest.json and its checkpoint ({model} is the "
+        "model's name); an existing run there is never overwritten: a new run takes dir-2, "
+        "dir-3, ...; relative to the working directory");
+    add("output.checkpoint_steps", ConfigType::Int, "0",
+        "Also write the checkpoint every this many steps; 0: at the end of each epoch only").min = 0;
     return v;
   }();
   return k;

@@ -148,3 +148,89 @@ TEST_CASE("usage errors and help", "[cpu][cli]") {
   r = run_plexus("frobnicate");
   CHECK(r.status != 0);
 }
+
+namespace {
+
+// A quick training config: SimpleCNN on the synthetic set, plain progress lines.
+std::string train_config(const std::string& name, const fs::path& out, const std::string& extra = "") {
+  return temp_file(name, "[model]\nname = \"simplecnn\"\n[data]\ndataset = \"synthetic\"\n"
+                         "synthetic_samples = 512\n[train]\nepochs = 2\n[output]\ndir = \"" +
+                             out.string() + "\"\n" + extra);
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("plexus-cli-" + std::to_string(getpid()) + "-" + name);
+  fs::remove_all(p);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("plexus train trains, prints progress and a summary, and writes the run", "[cpu][cli][train]") {
+  const fs::path out = temp_dir("train-ok");
+  const std::string cfg = train_config("train-ok.toml", out);
+  const Run r = run_plexus("train " + cfg + " --set logging.progress=plain");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("epoch 2/2") && PLX_CONTAINS("img/s") &&
+                           PLX_CONTAINS("ETA") && PLX_CONTAINS("test loss"));
+  CHECK_THAT(r.output, PLX_CONTAINS("done: 2 epochs"));
+  CHECK(r.output.find('\r') == std::string::npos);  // not a terminal: plain lines
+  CHECK(fs::exists(out / "metrics.jsonl"));
+  CHECK(fs::exists(out / "manifest.json"));
+  CHECK(fs::exists(out / "checkpoint.plxckpt"));
+  // Again: the old run stays, the new one goes beside it.
+  const Run again = run_plexus("train " + cfg + " --set logging.progress=none");
+  CHECK(again.status == 0);
+  CHECK(fs::exists(fs::path(out.string() + "-2") / "checkpoint.plxckpt"));
+  // Resume a finished run with more epochs.
+  const Run more = run_plexus("train " + cfg + " --resume " + out.string() +
+                              " --set train.epochs=3 --set logging.progress=plain");
+  INFO(more.output);
+  CHECK(more.status == 0);
+  CHECK_THAT(more.output, PLX_CONTAINS("resuming") && PLX_CONTAINS("epoch 3/3"));
+  CHECK(more.output.find("epoch 1/3") == std::string::npos);
+  fs::remove_all(out);
+  fs::remove_all(out.string() + "-2");
+}
+
+TEST_CASE("plexus train exits 2 for a bad config and 3 for a diverged run", "[cpu][cli][train]") {
+  const fs::path out = temp_dir("train-bad");
+  const Run unknown = run_plexus("train " + train_config("train-bad.toml", out) +
+                                 " --set model.name=nosuch");
+  CHECK(unknown.status == 2);
+  CHECK_THAT(unknown.output, PLX_CONTAINS("nosuch"));
+  const Run badkey = run_plexus("train " + train_config("train-bad2.toml", out, "[train]\nepoch = 3\n"));
+  CHECK(badkey.status == 2);
+  const Run missing = run_plexus("train " + train_config("train-bad3.toml", out) +
+                                 " --set data.dataset=fashion-mnist --set data.path=/nonexistent");
+  CHECK(missing.status == 1);
+  CHECK_THAT(missing.output, PLX_CONTAINS("/nonexistent") && PLX_CONTAINS("dataset-fashion-mnist"));
+  const Run nan = run_plexus("train " + train_config("train-nan.toml", out) +
+                             " --set train.lr=1e30 --set train.momentum=0 --set logging.progress=none");
+  INFO(nan.output);
+  CHECK(nan.status == 3);
+  CHECK_THAT(nan.output, PLX_CONTAINS("training diverged: step"));
+  fs::remove_all(out);
+}
+
+TEST_CASE("a killed run leaves a checkpoint that reads and resumes", "[cpu][cli][train]") {
+  const fs::path out = temp_dir("train-kill");
+  // Many small epochs with a checkpoint every step, killed with SIGKILL while it runs.
+  const std::string cfg = train_config("train-kill.toml", out,
+                                       "[logging]\nprogress = \"none\"\n");
+  const std::string cmd = "env -u PLEXUS_PLUGIN_PATH " + std::string(PLEXUS_BINARY_DIR) +
+                          "/bin/plexus train " + cfg +
+                          " --set train.epochs=1000 --set output.checkpoint_steps=1 >/dev/null 2>&1 & "
+                          "pid=$!; for i in $(seq 300); do [ -f " + (out / "checkpoint.plxckpt").string() +
+                          " ] && break; sleep 0.1; done; sleep 1; kill -9 $pid; wait $pid 2>/dev/null";
+  std::system(cmd.c_str());
+  REQUIRE(fs::exists(out / "checkpoint.plxckpt"));
+  const Run resumed = run_plexus("train " + cfg + " --resume " + out.string() +
+                                 " --set train.epochs=1000 --set train.max_steps=1 --set logging.progress=plain");
+  INFO(resumed.output);
+  // max_steps already passed or reached at once: either way the checkpoint was read whole.
+  CHECK(resumed.status == 0);
+  CHECK_THAT(resumed.output, PLX_CONTAINS("resuming"));
+  fs::remove_all(out);
+}

@@ -1,0 +1,520 @@
+#include "plexus/trainer.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "plexus/backend.hpp"
+#include "plexus/checkpoint.hpp"
+#include "plexus/data.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/json.hpp"
+#include "plexus/model.hpp"
+#include "plexus/optimizer.hpp"
+#include "plexus/plugin.hpp"
+#include "plexus/progress.hpp"
+#include "plexus/run_output.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/version.hpp"
+
+namespace fs = std::filesystem;
+
+namespace plexus {
+
+namespace {
+
+constexpr const char* kCheckpointFile = "checkpoint.plxckpt";
+constexpr const char* kMetricsFile = "metrics.jsonl";
+constexpr const char* kManifestFile = "manifest.json";
+constexpr const char* kCheckpointFormat = "plexus-train/1";
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A path from the config, taken relative to the config file's directory.
+std::string config_relative(const Config& cfg, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute() || cfg.source().empty()) return p;
+  return (fs::path(cfg.source()).parent_path() / p).lexically_normal().string();
+}
+
+// A key's value as text, for comparing two configs.
+std::string value_text(const Config& c, const ConfigKey& k) {
+  std::ostringstream s;
+  switch (k.type) {
+    case ConfigType::Bool: return c.get_bool(k.path) ? "true" : "false";
+    case ConfigType::Int: return std::to_string(c.get_int(k.path));
+    case ConfigType::Float: s.precision(17); s << c.get_float(k.path); return s.str();
+    case ConfigType::String: return "\"" + c.get_string(k.path) + "\"";
+    case ConfigType::StringList: {
+      for (const auto& v : c.get_strings(k.path)) s << "\"" << v << "\",";
+      return "[" + s.str() + "]";
+    }
+    case ConfigType::Bytes: return std::to_string(c.get_bytes(k.path));
+    case ConfigType::Options: return "";
+  }
+  return "";
+}
+
+// Keys a resumed run must share with the run it continues: everything that changes what the
+// steps compute.
+bool must_match_on_resume(const std::string& key) {
+  static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
+                                             "data.prefetch"};
+  if (free.count(key)) return false;
+  return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
+}
+
+ProgressMode progress_mode(const std::string& s) {
+  if (s == "bar") return ProgressMode::Bar;
+  if (s == "plain") return ProgressMode::Plain;
+  if (s == "none") return ProgressMode::None;
+  return ProgressMode::Auto;
+}
+
+bool holds_run(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / kMetricsFile, ec) || fs::exists(dir / kCheckpointFile, ec) ||
+         fs::exists(dir / kManifestFile, ec);
+}
+
+// Host copies of the store, for a checkpoint.
+Checkpoint snapshot(const TensorStore& store) {
+  Checkpoint c;
+  for (const auto& [name, t] : store.all()) {
+    CheckpointTensor ct;
+    ct.name = name;
+    ct.dtype = t.dtype();
+    ct.shape = t.shape();
+    ct.data.resize(t.nbytes());
+    t.copy_to_host(ct.data.data());
+    c.tensors.push_back(std::move(ct));
+  }
+  return c;
+}
+
+void restore(TensorStore& store, const Checkpoint& c, const std::string& path) {
+  for (const auto& [name, t] : store.all()) {
+    const CheckpointTensor* ct = c.find(name);
+    if (!ct) throw Error(path + ": has no tensor '" + name + "', which the model needs");
+    if (ct->dtype != t.dtype() || ct->shape != t.shape())
+      throw Error(path + ": tensor '" + name + "' is " +
+                  desc_string(TensorDesc{ct->dtype, ct->shape}) + ", the model needs " +
+                  desc_string(t.desc()));
+    Tensor dst = t;
+    dst.copy_from_host(ct->data.data());
+  }
+  for (const CheckpointTensor& ct : c.tensors)
+    if (!store.contains(ct.name))
+      throw Error(path + ": tensor '" + ct.name + "' belongs to no parameter or state of the model");
+}
+
+int64_t meta_int(const Checkpoint& c, const std::string& key, const std::string& path) {
+  auto it = c.meta.find(key);
+  if (it == c.meta.end()) throw Error(path + ": checkpoint has no '" + key + "' entry");
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw Error(path + ": checkpoint entry '" + key + "' is '" + it->second + "', not an integer");
+  }
+}
+
+struct Model {
+  Graph graph;
+  Var loss, pred;
+  explicit Model(const OpRegistry& ops) : graph(ops) {}
+};
+
+// The training step: forward, loss (mean over rows not ignored), backward, update.
+// The evaluation step: forward in eval mode, summed loss, predictions.
+std::unique_ptr<Model> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
+                                  const std::vector<int64_t>& sample, bool training,
+                                  const OptimizerOptions& opt) {
+  auto m = std::make_unique<Model>(ops);
+  Graph& g = m->graph;
+  Shape xs = {batch};
+  xs.insert(xs.end(), sample.begin(), sample.end());
+  const Var x = g.input("x", TensorDesc{PLX_F32, xs});
+  const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
+  const Var logits = build_model(g, spec, x, training);
+  Attrs la;
+  la.set("reduction", std::string(training ? "mean" : "sum"));
+  la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
+  m->loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
+  Attrs aa;
+  aa.set("axis", static_cast<int64_t>(1));
+  m->pred = g.add1("argmax", {logits}, aa, "pred");
+  if (training) {
+    const std::vector<Var> params = g.parameters();
+    add_optimizer(g, params, backward(g, m->loss, params), opt);
+  }
+  g.mark_output(m->loss, "loss_value");
+  g.mark_output(m->pred, "predictions");
+  return m;
+}
+
+// Copies a batch into the step's input tensors.
+void feed(Executable& exe, const data::Batch& b) {
+  exe.tensor("x").copy_from_host(b.images.data());
+  exe.tensor("labels").copy_from_host(b.labels.data());
+}
+
+int64_t correct(const std::vector<int64_t>& pred, const data::Batch& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < pred.size(); ++i)
+    if (b.labels[i] != data::kIgnoreLabel && pred[i] == b.labels[i]) ++n;
+  return n;
+}
+
+void set_scalar(Executable& exe, const char* name, double v) {
+  const float f = static_cast<float>(v);
+  exe.tensor(name).copy_from_host(&f);
+}
+
+}  // namespace
+
+std::string new_run_dir(const std::string& pattern, const std::string& model) {
+  std::string dir = pattern;
+  for (size_t p; (p = dir.find("{model}")) != std::string::npos;) dir.replace(p, 7, model);
+  if (dir.empty()) throw ConfigError("output.dir: must not be empty");
+  if (!holds_run(dir)) return dir;
+  for (int i = 2;; ++i) {
+    const std::string d = dir + "-" + std::to_string(i);
+    if (!holds_run(d)) return d;
+  }
+}
+
+TrainResult train(Runtime& rt, const TrainRequest& req) {
+  const Config& cfg = req.config;
+  std::ostream& out = req.out ? *req.out : std::cout;
+  const auto t_begin = Clock::now();
+
+  // ---- the model ----
+  const std::string model_file = cfg.get_string("model.file");
+  ModelSpec spec = model_file.empty() ? builtin_model(cfg.get_string("model.name"))
+                                      : load_model(config_relative(cfg, model_file));
+
+  // ---- the data ----
+  const std::string kind = cfg.get_string("data.dataset");
+  std::string dir = cfg.get_string("data.path");
+  dir = dir.empty() ? data::default_dir(kind) : config_relative(cfg, dir);
+  const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+  data::SyntheticOptions synth;
+  synth.train_count = cfg.get_int("data.synthetic_samples");
+  synth.test_count = std::max<int64_t>(1, synth.train_count / 4);
+  synth.seed = seed;
+  if (!spec.input_shape.empty()) synth.shape = spec.input_shape;
+  if (spec.classes > 0) synth.classes = static_cast<int32_t>(spec.classes);
+  const data::Dataset train_set = data::load_dataset(kind, dir, "train", synth);
+  const bool do_eval = cfg.get_bool("train.eval");
+  data::Dataset test_set;
+  if (do_eval) test_set = data::load_dataset(kind, dir, "test", synth);
+  if (!spec.input_shape.empty() && spec.input_shape != train_set.sample_shape)
+    throw ConfigError("model '" + spec.name + "' expects samples of shape " +
+                      shape_string(spec.input_shape) + ", dataset " + train_set.name + " has " +
+                      shape_string(train_set.sample_shape));
+  if (spec.classes > 0 && spec.classes != train_set.num_classes)
+    throw ConfigError("model '" + spec.name + "' has " + std::to_string(spec.classes) +
+                      " classes, dataset " + train_set.name + " has " +
+                      std::to_string(train_set.num_classes));
+
+  const int64_t batch = cfg.get_int("train.batch_size");
+  data::LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = cfg.get_bool("data.shuffle");
+  lo.seed = seed;
+  lo.partial = cfg.get_string("data.partial_batch") == "pad" ? data::PartialBatch::Pad
+                                                              : data::PartialBatch::Drop;
+  const data::ChannelStats stats = data::channel_stats(train_set);
+  lo.mean = stats.mean;
+  lo.std = stats.std;
+  lo.prefetch = static_cast<int>(cfg.get_int("data.prefetch"));
+  lo.limit = cfg.get_int("data.limit");
+  data::Loader train_loader(train_set, lo);
+  std::unique_ptr<data::Loader> test_loader;
+  if (do_eval) {
+    data::LoaderOptions to = lo;
+    to.shuffle = false;
+    to.partial = data::PartialBatch::Pad;
+    to.limit = 0;
+    test_loader = std::make_unique<data::Loader>(test_set, to);
+  }
+
+  // ---- the steps ----
+  Backend& backend = rt.select_backend(cfg.get_string("backend.name"));
+  const int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
+  OptimizerOptions opt;
+  opt.kind = cfg.get_string("train.optimizer");
+  opt.momentum = opt.kind == "sgd" ? cfg.get_float("train.momentum") : 0;
+  opt.nesterov = cfg.get_bool("train.nesterov");
+  opt.weight_decay = cfg.get_float("train.weight_decay");
+  opt.beta1 = cfg.get_float("train.beta1");
+  opt.beta2 = cfg.get_float("train.beta2");
+  opt.eps = cfg.get_float("train.eps");
+  auto train_model = build_step(rt.ops(), spec, batch, train_set.sample_shape, true, opt);
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.device = device;
+  eo.seed = seed;
+  // The steps' memory is measured from here: the peak in use above what was in use before.
+  backend.sync(device);
+  backend.allocator(device).reset_peaks();
+  const uint64_t mem0 = backend.allocator(device).stats().in_use;
+  Executable train_exe(backend, train_model->graph, store, eo);
+  std::unique_ptr<Model> eval_model;
+  std::unique_ptr<Executable> eval_exe;
+  if (do_eval) {
+    eval_model = build_step(rt.ops(), spec, batch, train_set.sample_shape, false, opt);
+    eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
+  }
+
+  const int64_t epochs = cfg.get_int("train.epochs");
+  const int64_t per_epoch = train_loader.batches_per_epoch();
+  ScheduleOptions sched;
+  sched.kind = cfg.get_string("train.schedule");
+  sched.lr = cfg.get_float("train.lr");
+  sched.warmup_steps = static_cast<int64_t>(std::llround(cfg.get_float("train.warmup_epochs") *
+                                                         static_cast<double>(per_epoch)));
+  sched.total_steps = epochs * per_epoch;
+  sched.step_size = cfg.get_int("train.step_epochs") * per_epoch;
+  sched.gamma = cfg.get_float("train.gamma");
+  sched.min_lr = cfg.get_float("train.min_lr");
+  learning_rate(sched, 0);  // a bad schedule fails now, not at the first step
+
+  // ---- the run directory ----
+  TrainResult result;
+  int64_t epoch = 0, first_batch = 0, step = 0;
+  std::string run_dir;
+  std::string last_good;  // the checkpoint a failure leaves behind, "" if none yet
+  if (!req.resume_dir.empty()) {
+    run_dir = req.resume_dir;
+    const std::string path = (fs::path(run_dir) / kCheckpointFile).string();
+    if (!fs::exists(path))
+      throw Error("--resume " + run_dir + ": no checkpoint there (expected " + path + ")");
+    const Checkpoint ck = read_checkpoint(path);
+    if (ck.meta.count("format") == 0 || ck.meta.at("format") != kCheckpointFormat)
+      throw Error(path + ": not a training checkpoint of this version (format '" +
+                  (ck.meta.count("format") ? ck.meta.at("format") : "") + "', expected '" +
+                  kCheckpointFormat + "')");
+    const Config before = Config::parse(ck.meta.count("config") ? ck.meta.at("config") : "",
+                                        path + " (its config)");
+    std::string diffs;
+    for (const ConfigKey& k : Config::keys()) {
+      if (!must_match_on_resume(k.path)) continue;
+      const std::string a = value_text(before, k), b = value_text(cfg, k);
+      if (a != b) diffs += "\n  " + k.path + ": the run has " + a + ", now " + b;
+    }
+    if (!diffs.empty())
+      throw ConfigError("--resume " + run_dir +
+                        ": the config differs from the run's in keys that change what a step "
+                        "computes:" + diffs);
+    restore(store, ck, path);
+    epoch = meta_int(ck, "epoch", path);
+    first_batch = meta_int(ck, "batch", path);
+    step = meta_int(ck, "step", path);
+    if (first_batch < 0 || first_batch > per_epoch || epoch < 0)
+      throw Error(path + ": loader position epoch " + std::to_string(epoch) + " batch " +
+                  std::to_string(first_batch) + " does not fit " + std::to_string(per_epoch) +
+                  " batches per epoch");
+    last_good = path;
+  } else {
+    run_dir = new_run_dir(cfg.get_string("output.dir"), spec.name);
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw Error("output.dir: cannot create " + run_dir + ": " + ec.message());
+  }
+  result.run_dir = run_dir;
+  const std::string ckpt_path = (fs::path(run_dir) / kCheckpointFile).string();
+  MetricsWriter metrics((fs::path(run_dir) / kMetricsFile).string());
+
+  // ---- the manifest ----
+  {
+    JsonObject m;
+    m.add("plexus", PLEXUS_VERSION_STRING);
+    m.add("git_revision", git_revision());
+    m.add("model", spec.name);
+    m.add("parameters", count_parameters(train_model->graph));
+    m.add("seed", static_cast<int64_t>(seed));
+    m.add("backend", backend.name());
+    m.add("device", backend.device(device).name);
+    JsonArray plugins;
+    for (const auto& p : rt.plugins())
+      plugins.push(JsonObject().add("name", p->name()).add("version", p->version()).add("path", p->path()));
+    m.add("plugins", plugins);
+    m.add("dataset", train_set.name);
+    m.add("train_samples", train_loader.samples());
+    m.add("batches_per_epoch", per_epoch);
+    m.add("memory_plan_bytes", static_cast<int64_t>(train_exe.plan().total_bytes()));
+    if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
+    m.add("config", cfg.dump());
+    write_manifest((fs::path(run_dir) / kManifestFile).string(), m);
+  }
+
+  auto save = [&](int64_t next_epoch, int64_t next_batch) {
+    train_exe.sync();
+    Checkpoint ck = snapshot(store);
+    ck.meta["format"] = kCheckpointFormat;
+    ck.meta["epoch"] = std::to_string(next_epoch);
+    ck.meta["batch"] = std::to_string(next_batch);
+    ck.meta["step"] = std::to_string(step);
+    ck.meta["seed"] = std::to_string(seed);
+    ck.meta["rng"] = "none beyond the seed: shuffling is keyed by (seed, epoch), init by (seed, name)";
+    ck.meta["model"] = spec.name;
+    ck.meta["config"] = cfg.dump();
+    ck.meta["plexus"] = PLEXUS_VERSION_STRING;
+    ck.meta["git_revision"] = git_revision();
+    write_checkpoint(ckpt_path, ck);
+    last_good = ckpt_path;
+  };
+
+  Progress progress(out, progress_mode(cfg.get_string("logging.progress")));
+  if (!req.resume_dir.empty())
+    progress.note("resuming " + run_dir + " at epoch " + std::to_string(epoch + 1) + ", batch " +
+                  std::to_string(first_batch) + " (step " + std::to_string(step) + ")");
+  else
+    progress.note("training " + spec.name + " (" + std::to_string(count_parameters(train_model->graph)) +
+                  " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
+                  train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
+                  std::to_string(batch) + "; writing " + run_dir);
+
+  const int64_t max_steps = cfg.get_int("train.max_steps");
+  const int64_t ckpt_every = cfg.get_int("output.checkpoint_steps");
+  data::Batch b;
+  double step_seconds = 0;
+  int64_t step_images = 0;
+  bool stop = false;
+  for (; epoch < epochs && !stop; ++epoch, first_batch = 0) {
+    train_loader.start(epoch, first_batch);
+    progress.start_epoch(static_cast<int>(epoch + 1), static_cast<int>(epochs), per_epoch);
+    const auto t_epoch = Clock::now();
+    double loss_sum = 0;
+    int64_t rows = 0, hits = 0, epoch_images = 0;
+    double epoch_step_seconds = 0;
+    for (int64_t bi = first_batch; train_loader.next(b); ++bi) {
+      const auto t0 = Clock::now();
+      feed(train_exe, b);
+      const double lr = learning_rate(sched, step);
+      set_scalar(train_exe, kLearningRateInput, lr);
+      if (opt.kind == "adamw") set_scalar(train_exe, kStepInput, static_cast<double>(step + 1));
+      train_exe.run();
+      const double loss = train_exe.tensor("loss_value").to_doubles().at(0);
+      const std::vector<int64_t> pred = train_exe.tensor("predictions").to_vector<int64_t>();
+      const double dt = seconds_since(t0);
+      ++step;
+      if (!std::isfinite(loss)) {
+        metrics.write(JsonObject().add("type", "stop").add("reason", "non-finite loss")
+                          .add("step", step).add("epoch", epoch + 1).add("batch", bi));
+        throw DivergedError(
+            "step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
+            std::to_string(bi) + "): the loss is " + (std::isnan(loss) ? "nan" : "inf") +
+            "; training stopped. " +
+            (last_good.empty() ? std::string("No checkpoint had been written yet.")
+                               : "The last good checkpoint is kept: " + last_good) +
+            " (try a lower train.lr)");
+      }
+      const int64_t h = correct(pred, b);
+      loss_sum += loss * static_cast<double>(b.real);
+      rows += b.real;
+      hits += h;
+      epoch_images += b.real;
+      epoch_step_seconds += dt;
+      if (req.keep_losses) result.losses.push_back(loss);
+      metrics.write(JsonObject().add("type", "step").add("step", step).add("epoch", epoch + 1)
+                        .add("batch", bi).add("loss", loss)
+                        .add("accuracy", static_cast<double>(h) / static_cast<double>(b.real))
+                        .add("lr", lr).add("images_per_s", static_cast<double>(b.real) / dt));
+      progress.update(bi + 1, epoch_images, loss_sum / static_cast<double>(rows),
+                      static_cast<double>(hits) / static_cast<double>(rows));
+      if (max_steps > 0 && step >= max_steps) {
+        save(epoch, bi + 1);
+        stop = true;
+        break;
+      }
+      if (ckpt_every > 0 && step % ckpt_every == 0) save(epoch, bi + 1);
+    }
+    step_seconds += epoch_step_seconds;
+    step_images += epoch_images;
+    if (stop && rows == 0) break;
+    EpochMetrics em;
+    em.epoch = epoch + 1;
+    em.train_loss = rows ? loss_sum / static_cast<double>(rows) : 0;
+    em.train_accuracy = rows ? static_cast<double>(hits) / static_cast<double>(rows) : 0;
+    em.images_per_s = epoch_step_seconds > 0 ? static_cast<double>(epoch_images) / epoch_step_seconds : 0;
+    if (do_eval && !stop) {
+      test_loader->start(0, 0);
+      double tl = 0;
+      int64_t tn = 0, th = 0;
+      while (test_loader->next(b)) {
+        feed(*eval_exe, b);
+        eval_exe->run();
+        tl += eval_exe->tensor("loss_value").to_doubles().at(0);
+        th += correct(eval_exe->tensor("predictions").to_vector<int64_t>(), b);
+        tn += b.real;
+      }
+      em.test_loss = tl / static_cast<double>(tn);
+      em.test_accuracy = static_cast<double>(th) / static_cast<double>(tn);
+    }
+    em.seconds = seconds_since(t_epoch);
+    JsonObject line;
+    line.add("type", "epoch").add("epoch", em.epoch).add("step", step)
+        .add("train_loss", em.train_loss).add("train_accuracy", em.train_accuracy)
+        .add("seconds", em.seconds).add("images_per_s", em.images_per_s);
+    if (em.test_loss) line.add("test_loss", *em.test_loss).add("test_accuracy", *em.test_accuracy);
+    metrics.write(line);
+    EpochResult er;
+    er.train_loss = em.train_loss;
+    er.train_accuracy = em.train_accuracy;
+    er.test_loss = em.test_loss;
+    er.test_accuracy = em.test_accuracy;
+    er.seconds = em.seconds;
+    er.images_per_s = em.images_per_s;
+    progress.end_epoch(er);
+    result.epochs.push_back(em);
+    if (!stop) save(epoch + 1, 0);
+  }
+  train_exe.sync();
+  result.steps = step;
+  result.seconds = seconds_since(t_begin);
+  result.images_per_s = step_seconds > 0 ? static_cast<double>(step_images) / step_seconds : 0;
+  result.planned_bytes = train_exe.plan().total_bytes() + (eval_exe ? eval_exe->plan().total_bytes() : 0);
+  for (const auto& [name, t] : store.all()) result.parameter_bytes += t.nbytes();
+  result.peak_bytes = backend.allocator(device).stats().peak_in_use - mem0;
+
+  RunSummary sum;
+  sum.epochs = static_cast<int>(result.epochs.size());
+  sum.seconds = result.seconds;
+  sum.images_per_s = result.images_per_s;
+  if (!result.epochs.empty()) {
+    const EpochMetrics& last = result.epochs.back();
+    sum.train_loss = last.train_loss;
+    sum.train_accuracy = last.train_accuracy;
+    sum.test_loss = last.test_loss;
+    sum.test_accuracy = last.test_accuracy;
+  }
+  progress.finish(sum);
+  const data::LoaderStats ls = train_loader.stats();
+  progress.note("memory on " + backend.name() + ": peak " + format_bytes(result.peak_bytes) +
+                " in use, the plans predict " + format_bytes(result.planned_bytes) +
+                "; the loader kept the step waiting " + std::to_string(ls.waits) + " times (" +
+                std::to_string(static_cast<int64_t>(ls.wait_seconds * 1000)) + " ms)");
+  metrics.write(JsonObject().add("type", "summary").add("steps", step)
+                    .add("loader_waits", ls.waits).add("loader_wait_seconds", ls.wait_seconds)
+                    .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
+                    .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
+                    .add("peak_bytes", static_cast<int64_t>(result.peak_bytes)));
+  return result;
+}
+
+}  // namespace plexus

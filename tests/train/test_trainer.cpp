@@ -1,0 +1,244 @@
+// Training end to end on the CPU: a model learns the synthetic set, a resumed run's losses equal
+// an uninterrupted run's bit for bit, a non-finite loss stops the run and keeps the last good
+// checkpoint, and bad configurations fail before any step.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "plexus/checkpoint.hpp"
+#include "plexus/data.hpp"
+#include "plexus/run_output.hpp"
+#include "plexus/trainer.hpp"
+#include "support/harness.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() /
+           ("plexus-train-" + std::to_string(getpid()) + "-" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// A small, quick configuration: SimpleCNN on 512 synthetic samples, 4 steps an epoch.
+Config small_config(const fs::path& out, const std::string& extra = "") {
+  Config c = Config::parse(R"(
+[model]
+name = "simplecnn"
+[data]
+dataset = "synthetic"
+synthetic_samples = 512
+[train]
+epochs = 3
+batch_size = 128
+seed = 5
+lr = 0.05
+[logging]
+progress = "none"
+)" + extra,
+                           "test.toml");
+  c.set("output.dir=\"" + out.string() + "\"");
+  return c;
+}
+
+TrainResult run_training(const Config& c, const std::string& resume = "") {
+  std::ostringstream sink;
+  TrainRequest r{c};
+  r.resume_dir = resume;
+  r.out = &sink;
+  r.keep_losses = true;
+  return train(runtime(), r);
+}
+
+}  // namespace
+
+TEST_CASE("a model learns the synthetic set and the run directory has it all", "[cpu][train]") {
+  TempDir tmp;
+  const TrainResult r = run_training(small_config(tmp.path / "run"));
+  REQUIRE(r.epochs.size() == 3);
+  CHECK(r.steps == 12);
+  CHECK(r.losses.size() == 12);
+  CHECK(r.losses.back() < r.losses.front());
+  REQUIRE(r.epochs.back().test_accuracy);
+  CHECK(*r.epochs.back().test_accuracy > 0.9);
+  CHECK(r.images_per_s > 0);
+  CHECK(r.run_dir == (tmp.path / "run").string());
+  // Memory: the allocator's peak is what the plans predict, plus size-class rounding.
+  CHECK(r.peak_bytes >= r.planned_bytes);
+  CHECK(r.peak_bytes <= r.planned_bytes + r.planned_bytes / 4 + 64 * 1024);
+
+  const std::vector<JsonValue> lines = read_json_lines((tmp.path / "run/metrics.jsonl").string());
+  int steps = 0, epochs = 0, summaries = 0;
+  for (const JsonValue& v : lines) {
+    const std::string type = v.at("type").string;
+    steps += type == "step";
+    epochs += type == "epoch";
+    summaries += type == "summary";
+    if (type == "epoch") CHECK(v.find("test_accuracy") != nullptr);
+  }
+  CHECK(steps == 12);
+  CHECK(epochs == 3);
+  CHECK(summaries == 1);
+  std::ifstream mf(tmp.path / "run/manifest.json");
+  std::stringstream ms;
+  ms << mf.rdbuf();
+  const JsonValue m = parse_json(ms.str(), "manifest.json");
+  CHECK(m.at("model").string == "simplecnn");
+  CHECK(m.at("seed").string == "5");
+  CHECK(m.at("backend").string == "cpu");
+  CHECK_FALSE(m.at("git_revision").string.empty());
+  CHECK(m.at("config").string.find("synthetic_samples = 512") != std::string::npos);
+  CHECK(m.at("plugins").kind == JsonValue::Kind::Array);
+  const Checkpoint ck = read_checkpoint((tmp.path / "run/checkpoint.plxckpt").string());
+  CHECK(ck.meta.at("epoch") == "3");
+  CHECK(ck.meta.at("step") == "12");
+  CHECK(ck.find("conv2d_1.weight") != nullptr);
+  CHECK(ck.find("conv2d_1.weight.momentum_buffer") != nullptr);
+}
+
+TEST_CASE("the same seed gives the same run bit for bit", "[cpu][train]") {
+  TempDir tmp;
+  const TrainResult a = run_training(small_config(tmp.path / "a"));
+  const TrainResult b = run_training(small_config(tmp.path / "b"));
+  CHECK(a.losses == b.losses);
+  Config other = small_config(tmp.path / "c");
+  other.set("train.seed=6");
+  CHECK(run_training(other).losses != a.losses);
+}
+
+TEST_CASE("a resumed run's losses equal an uninterrupted run's", "[cpu][train]") {
+  // Mid-epoch stops included: the loader resumes at the batch after the checkpoint. Both
+  // optimizers, since AdamW's moments and step count are part of the state.
+  for (const std::string opt : {"sgd", "adamw"}) {
+    for (int stop : {2, 4, 7}) {
+      DYNAMIC_SECTION(opt << " stopped after step " << stop) {
+        TempDir tmp;
+        Config full = small_config(tmp.path / "full");
+        full.set("train.optimizer=" + opt);
+        full.set("train.schedule=cosine");
+        full.set("train.weight_decay=0.01");
+        if (opt == "adamw") full.set("train.lr=0.002");
+        const TrainResult whole = run_training(full);
+        REQUIRE(whole.losses.size() == 12);
+
+        Config part = full;
+        part.set("output.dir=\"" + (tmp.path / "part").string() + "\"");
+        part.set("train.max_steps=" + std::to_string(stop));
+        const TrainResult first = run_training(part);
+        REQUIRE(first.losses.size() == static_cast<size_t>(stop));
+        Config rest = part;
+        rest.set("train.max_steps=0");
+        const TrainResult second = run_training(rest, (tmp.path / "part").string());
+        std::vector<double> joined = first.losses;
+        joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+        CHECK(joined == whole.losses);
+        CHECK(second.steps == 12);
+        REQUIRE(second.epochs.back().test_accuracy);
+        CHECK(*second.epochs.back().test_accuracy == *whole.epochs.back().test_accuracy);
+      }
+    }
+  }
+}
+
+TEST_CASE("resuming with a config that changes the steps is refused", "[cpu][train]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run");
+  c.set("train.max_steps=2");
+  run_training(c);
+  Config changed = c;
+  changed.set("train.lr=0.5");
+  CHECK_THROWS_WITH(run_training(changed, (tmp.path / "run").string()),
+                    PLX_CONTAINS("train.lr") && PLX_CONTAINS("differs"));
+  CHECK_THROWS_WITH(run_training(c, (tmp.path / "nothing").string()),
+                    PLX_CONTAINS("no checkpoint there"));
+  // More epochs are allowed: that is how a finished run is extended.
+  Config longer = c;
+  longer.set("train.epochs=4");
+  longer.set("train.max_steps=0");
+  CHECK(run_training(longer, (tmp.path / "run").string()).steps == 16);
+}
+
+TEST_CASE("a non-finite loss stops the run naming the step and keeps the last checkpoint",
+          "[cpu][train]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run");
+  c.set("output.checkpoint_steps=2");
+  c.set("train.epochs=1");
+  c.set("train.momentum=0");
+  // A rate this large overflows the weights to inf within a few steps.
+  c.set("train.lr=1e30");
+  std::string message;
+  try {
+    run_training(c);
+  } catch (const DivergedError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  REQUIRE_FALSE(message.empty());
+  CHECK_THAT(message, PLX_CONTAINS("step ") && PLX_CONTAINS("the loss is"));
+  const std::string ckpt = (tmp.path / "run/checkpoint.plxckpt").string();
+  const std::vector<JsonValue> lines = read_json_lines((tmp.path / "run/metrics.jsonl").string());
+  REQUIRE_FALSE(lines.empty());
+  CHECK(lines.back().at("type").string == "stop");
+  const int64_t bad_step = std::stoll(lines.back().at("step").string);
+  if (bad_step > 2) {
+    CHECK_THAT(message, PLX_CONTAINS("last good checkpoint is kept"));
+    const Checkpoint ck = read_checkpoint(ckpt);
+    CHECK(std::stoll(ck.meta.at("step")) < bad_step);
+    for (const CheckpointTensor& t : ck.tensors) {
+      const float* f = reinterpret_cast<const float*>(t.data.data());
+      for (size_t i = 0; i < t.data.size() / 4; ++i) REQUIRE(std::isfinite(f[i]));
+    }
+  } else {
+    CHECK_THAT(message, PLX_CONTAINS("No checkpoint had been written yet"));
+  }
+}
+
+TEST_CASE("bad training configurations fail before the first step", "[cpu][train]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run");
+  c.set("model.name=nosuchmodel");
+  CHECK_THROWS_WITH(run_training(c), PLX_CONTAINS("nosuchmodel"));
+  Config d = small_config(tmp.path / "run");
+  d.set("data.dataset=fashion-mnist");
+  d.set("data.path=\"" + (tmp.path / "missing").string() + "\"");
+  CHECK_THROWS_AS(run_training(d), DataError);
+  CHECK_THROWS_WITH(run_training(d), PLX_CONTAINS("dataset-fashion-mnist"));
+  Config e = small_config(tmp.path / "run");
+  e.set("train.schedule=step");
+  e.set("train.gamma=0");
+  CHECK_THROWS_WITH(run_training(e), PLX_CONTAINS("train.gamma"));
+  Config f = small_config(tmp.path / "run");
+  f.set("model.file=\"" + (tmp.path / "nomodel.toml").string() + "\"");
+  CHECK_THROWS_WITH(run_training(f), PLX_CONTAINS("nomodel.toml"));
+  CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoint.plxckpt"));
+}
+
+TEST_CASE("a new run never overwrites an old one", "[cpu][train]") {
+  TempDir tmp;
+  const std::string base = (tmp.path / "runs/{model}").string();
+  CHECK(new_run_dir(base, "m") == (tmp.path / "runs/m").string());
+  fs::create_directories(tmp.path / "runs/m");
+  CHECK(new_run_dir(base, "m") == (tmp.path / "runs/m").string());  // empty: reused
+  std::ofstream(tmp.path / "runs/m/metrics.jsonl") << "{}\n";
+  CHECK(new_run_dir(base, "m") == (tmp.path / "runs/m-2").string());
+  fs::create_directories(tmp.path / "runs/m-2");
+  std::ofstream(tmp.path / "runs/m-2/checkpoint.plxckpt") << "x";
+  CHECK(new_run_dir(base, "m") == (tmp.path / "runs/m-3").string());
+  CHECK_THROWS_WITH(new_run_dir("", "m"), PLX_CONTAINS("output.dir"));
+}
