@@ -66,11 +66,16 @@ set(PLEXUS_EMBED_MODELS_SCRIPT "${CMAKE_CURRENT_LIST_FILE}")
 function(plexus_embed_models target models_dir)
   file(GLOB model_files CONFIGURE_DEPENDS "${models_dir}/*.toml")
   set(output "${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_models.cpp")
+  # The list of files, rewritten only when it changes: a removed model then regenerates the
+  # source too (a shorter DEPENDS list alone would not make the output out of date).
+  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_models.list")
+  string(REPLACE ";" "\n" listed "${model_files}")
+  file(CONFIGURE OUTPUT "${list_file}" CONTENT "${listed}\n")
   add_custom_command(
     OUTPUT "${output}"
     COMMAND ${CMAKE_COMMAND} -DMODELS_DIR=${models_dir} -DOUTPUT=${output}
             -P ${PLEXUS_EMBED_MODELS_SCRIPT}
-    DEPENDS ${model_files} ${PLEXUS_EMBED_MODELS_SCRIPT}
+    DEPENDS ${model_files} ${list_file} ${PLEXUS_EMBED_MODELS_SCRIPT}
     COMMENT "Embedding built-in models from ${models_dir}"
     VERBATIM)
   target_sources(${target} PRIVATE "${output}")

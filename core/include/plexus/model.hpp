@@ -26,20 +26,20 @@ namespace plexus {
 // attributes as Ints of two (an int k becomes [k, k]), floats as double, strings as strings;
 // linear's `out` may be the string "classes". Absent attributes take their defaults at build.
 struct LayerSpec {
-  std::string type;                      // "conv2d", "relu", ... (see layer_types())
-  std::string name;                      // unique; parse_model gives "<type>_<n>" if not written
-  std::vector<std::string> inputs;       // earlier layers' names or "input"; empty: the previous
+  std::string type;                 // "conv2d", "relu", ... (see layer_types())
+  std::string name;                 // unique; parse_model gives "<type>_<n>" if not written
+  std::vector<std::string> inputs;  // earlier layers' names or "input"; empty: the previous
   std::map<std::string, AttrValue> attrs;
-  std::string where;                     // "convnet.toml:12:1", for errors; may be empty
+  std::string where;  // "convnet.toml:12:1", for errors; may be empty
 };
 
 struct ModelSpec {
   std::string name;
   std::string description;
-  std::string source;              // the file (or text's name) it was parsed from
+  std::string source;                // the file (or text's name) it was parsed from
   std::vector<int64_t> input_shape;  // one sample, e.g. (C, H, W); empty: not given
-  int64_t classes = 0;             // the output is (N, classes); 0: not checked
-  std::string init = "default";    // default weight init of conv2d and linear layers
+  int64_t classes = 0;               // the output is (N, classes); 0: not checked
+  std::string init = "default";      // default weight init of conv2d and linear layers
   std::vector<LayerSpec> layers;
 };
 
@@ -102,8 +102,8 @@ void validate_model(ModelSpec& spec);
 
 struct LayerSummary {
   std::string name, type;
-  Shape output;                // shape of the layer's output (N included)
-  int64_t parameters = 0;      // trained elements it created
+  Shape output;            // shape of the layer's output (N included)
+  int64_t parameters = 0;  // trained elements it created
 };
 
 // Appends the model's forward pass to `g` reading `x` (N, ...) of a float dtype, creating its

@@ -11,7 +11,9 @@ namespace plexus {
 
 namespace {
 
-bool is_float(plx_dtype d) { return (kFloatTypes & dtype_bit(d)) != 0; }
+bool is_float(plx_dtype d) {
+  return (kFloatTypes & dtype_bit(d)) != 0;
+}
 
 // Weight init by rule (docs/models.md, Initialisation). fan_in and fan_out as PyTorch computes
 // them: conv2d fan_in = C/groups·kh·kw, fan_out = out·kh·kw; linear fan_in = in, fan_out = out.
@@ -34,8 +36,7 @@ InitSpec bias_init(const std::string& rule, int64_t fan_in) {
 
 class LayerBuilder {
  public:
-  LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype,
-               bool training)
+  LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype, bool training)
       : g_(g), spec_(spec), l_(l), dtype_(dtype), training_(training) {}
 
   [[noreturn]] void fail(const std::string& msg) const {
@@ -58,7 +59,8 @@ class LayerBuilder {
     if (t == "gelu") return g_.add1(t, {x}, {{"approximate", str("approximate", "none")}}, l_.name);
     if (t == "max_pool2d" || t == "avg_pool2d") return pool(x, xd);
     if (t == "global_avg_pool") {
-      if (xd.ndim() < 3) fail("expects (N, C, ...) with at least one dimension after C, got " + desc_string(xd));
+      if (xd.ndim() < 3)
+        fail("expects (N, C, ...) with at least one dimension after C, got " + desc_string(xd));
       Ints axes;
       for (int i = 2; i < xd.ndim(); ++i) axes.push_back(i);
       return g_.add1("mean", {x}, {{"axes", axes}, {"keepdims", int64_t{0}}}, l_.name);
@@ -66,7 +68,8 @@ class LayerBuilder {
     if (t == "batch_norm") return batch_norm(x, xd);
     if (t == "layer_norm") return layer_norm(x, xd);
     if (t == "flatten") {
-      if (xd.ndim() < 2) fail("expects (N, ...) with at least 2 dimensions, got " + desc_string(xd));
+      if (xd.ndim() < 2)
+        fail("expects (N, ...) with at least 2 dimensions, got " + desc_string(xd));
       return g_.reshape(x, {xd.shape[0], xd.numel() / std::max<int64_t>(xd.shape[0], 1)});
     }
     if (t == "add") {
@@ -258,9 +261,11 @@ std::string format_summary(const std::vector<LayerSummary>& layers) {
     ws = std::max(ws, shapes.back().size());
   }
   std::ostringstream os;
-  os << std::left << std::setw(static_cast<int>(wn)) << "layer" << "  "
-     << std::setw(static_cast<int>(wt)) << "type" << "  " << std::setw(static_cast<int>(ws))
-     << "output" << "  " << std::right << std::setw(12) << "parameters" << "\n";
+  os << std::left << std::setw(static_cast<int>(wn)) << "layer"
+     << "  " << std::setw(static_cast<int>(wt)) << "type"
+     << "  " << std::setw(static_cast<int>(ws)) << "output"
+     << "  " << std::right << std::setw(12) << "parameters"
+     << "\n";
   int64_t total = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& l = layers[i];

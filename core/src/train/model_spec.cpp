@@ -50,8 +50,8 @@ LayerAttrRule rule(std::string key, LayerAttrKind kind, bool required, double mi
 
 // Keys every layer may have besides its own attributes.
 const std::vector<std::string> kCommonKeys = {"type", "name", "inputs"};
-const std::vector<std::string> kModelKeys = {"name", "description", "input", "classes", "init",
-                                             "layers"};
+const std::vector<std::string> kModelKeys = {"name",    "description", "input",
+                                             "classes", "init",        "layers"};
 
 std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
   std::string s;
@@ -80,7 +80,8 @@ const std::vector<LayerType>& layer_types() {
                            "weight init rule (bias: see Initialisation)", init_rules());
     const auto bias = rule("bias", K::Bool, false, 0, 1, "true", "add a learned bias");
     const auto kernel = rule("kernel", K::Pair, true, 1, kNoMax, "", "window size");
-    const auto padding = rule("padding", K::Pair, false, 0, kNoMax, "0", "zeros added on each side");
+    const auto padding =
+        rule("padding", K::Pair, false, 0, kNoMax, "0", "zeros added on each side");
     const auto dilation = rule("dilation", K::Pair, false, 1, kNoMax, "1", "spacing of the taps");
     const auto ceil_mode = rule("ceil_mode", K::Bool, false, 0, 1, "false",
                                 "round the output size up instead of down");
@@ -88,45 +89,54 @@ const std::vector<LayerType>& layer_types() {
     const auto affine =
         rule("affine", K::Bool, false, 0, 1, "true", "learn a scale (weight) and shift (bias)");
     std::vector<LayerType> v;
-    v.push_back({"conv2d", 1,
-                 {rule("out", K::Int, true, 1, kNoMax, "", "output channels"), kernel,
-                  rule("stride", K::Pair, false, 1, kNoMax, "1", "step between windows"), padding,
-                  dilation,
-                  rule("groups", K::Int, false, 1, kNoMax, "1",
-                       "channel groups; divides input and output channels"),
-                  bias, init},
-                 "2-D convolution of (N, C, H, W); weight (out, C/groups, kh, kw), bias (out)"});
-    v.push_back({"linear", 1,
+    v.push_back(
+        {"conv2d",
+         1,
+         {rule("out", K::Int, true, 1, kNoMax, "", "output channels"), kernel,
+          rule("stride", K::Pair, false, 1, kNoMax, "1", "step between windows"), padding, dilation,
+          rule("groups", K::Int, false, 1, kNoMax, "1",
+               "channel groups; divides input and output channels"),
+          bias, init},
+         "2-D convolution of (N, C, H, W); weight (out, C/groups, kh, kw), bias (out)"});
+    v.push_back({"linear",
+                 1,
                  {rule("out", K::OutSize, true, 1, kNoMax, "",
                        "output features, or \"classes\" for the model's classes"),
                   bias, init},
                  "y = x·weightᵀ + bias over the last dimension; weight (out, in), bias (out)"});
     v.push_back({"relu", 1, {}, "max(x, 0)"});
-    v.push_back({"gelu", 1,
+    v.push_back({"gelu",
+                 1,
                  {rule("approximate", K::String, false, 0, 0, "\"none\"",
                        "\"tanh\" for the tanh approximation", {"none", "tanh"})},
                  "Gaussian error linear unit"});
     v.push_back({"tanh", 1, {}, "hyperbolic tangent"});
     v.push_back({"sigmoid", 1, {}, "1 / (1 + exp(-x))"});
-    v.push_back({"max_pool2d", 1,
-                 {kernel, rule("stride", K::Pair, false, 1, kNoMax, "kernel", "step between windows"),
-                  padding, dilation, ceil_mode},
-                 "maximum over each window of (N, C, H, W)"});
-    v.push_back({"avg_pool2d", 1,
-                 {kernel, rule("stride", K::Pair, false, 1, kNoMax, "kernel", "step between windows"),
-                  padding, ceil_mode,
-                  rule("count_include_pad", K::Bool, false, 0, 1, "true",
-                       "count padding in the divisor")},
-                 "mean over each window of (N, C, H, W)"});
-    v.push_back({"global_avg_pool", 1, {}, "mean over every dimension after C: (N, C, ...) -> (N, C)"});
-    v.push_back({"batch_norm", 1,
+    v.push_back(
+        {"max_pool2d",
+         1,
+         {kernel, rule("stride", K::Pair, false, 1, kNoMax, "kernel", "step between windows"),
+          padding, dilation, ceil_mode},
+         "maximum over each window of (N, C, H, W)"});
+    v.push_back(
+        {"avg_pool2d",
+         1,
+         {kernel, rule("stride", K::Pair, false, 1, kNoMax, "kernel", "step between windows"),
+          padding, ceil_mode,
+          rule("count_include_pad", K::Bool, false, 0, 1, "true", "count padding in the divisor")},
+         "mean over each window of (N, C, H, W)"});
+    v.push_back(
+        {"global_avg_pool", 1, {}, "mean over every dimension after C: (N, C, ...) -> (N, C)"});
+    v.push_back({"batch_norm",
+                 1,
                  {eps,
                   rule("momentum", K::Float, false, 0, 1, "0.1",
                        "weight of the batch in the running statistics"),
                   affine},
                  "normalises each channel (axis 1) of (N, C, ...); weight, bias (C); states "
                  "running_mean, running_var (C)"});
-    v.push_back({"layer_norm", 1,
+    v.push_back({"layer_norm",
+                 1,
                  {rule("normalized_ndim", K::Int, false, 1, kNoMax, "1",
                        "how many trailing dimensions are normalised together"),
                   eps, affine},
@@ -160,12 +170,18 @@ const LayerAttrRule* find_rule(const LayerType& lt, std::string_view key) {
 
 std::string kind_text(const LayerAttrRule& r) {
   switch (r.kind) {
-    case LayerAttrKind::Int: return "an integer";
-    case LayerAttrKind::Pair: return "an integer or [h, w]";
-    case LayerAttrKind::Bool: return "a boolean";
-    case LayerAttrKind::Float: return "a number";
-    case LayerAttrKind::String: return "a string";
-    case LayerAttrKind::OutSize: return "an integer or \"classes\"";
+    case LayerAttrKind::Int:
+      return "an integer";
+    case LayerAttrKind::Pair:
+      return "an integer or [h, w]";
+    case LayerAttrKind::Bool:
+      return "a boolean";
+    case LayerAttrKind::Float:
+      return "a number";
+    case LayerAttrKind::String:
+      return "a string";
+    case LayerAttrKind::OutSize:
+      return "an integer or \"classes\"";
   }
   return "?";
 }
@@ -175,7 +191,9 @@ std::string range_text(const LayerAttrRule& r) {
   return "in " + number_text(r.min) + ".." + number_text(r.max);
 }
 
-std::string value_text(const AttrValue& v) { return attr_value_string(v); }
+std::string value_text(const AttrValue& v) {
+  return attr_value_string(v);
+}
 
 std::string type_text(const AttrValue& v) {
   return std::string(attr_type_name(attr_type_of(v))) + " " + value_text(v);
@@ -222,7 +240,8 @@ std::string check_attr(const LayerAttrRule& r, AttrValue& v) {
     case LayerAttrKind::String: {
       const std::string* s = std::get_if<std::string>(&v);
       if (!s) return expected + ", got " + type_text(v);
-      if (!r.choices.empty() && std::find(r.choices.begin(), r.choices.end(), *s) == r.choices.end())
+      if (!r.choices.empty() &&
+          std::find(r.choices.begin(), r.choices.end(), *s) == r.choices.end())
         return "expected one of " + join(r.choices) + ", got \"" + *s + "\"";
       return "";
     }
@@ -242,12 +261,13 @@ std::string check_attr(const LayerAttrRule& r, AttrValue& v) {
 
 bool valid_name(const std::string& n) {
   if (n.empty()) return false;
-  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '_' || c == '-';
-  });
+  return std::all_of(n.begin(), n.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
 }
 
-std::string at(const std::string& where) { return where.empty() ? "" : where + ": "; }
+std::string at(const std::string& where) {
+  return where.empty() ? "" : where + ": ";
+}
 
 std::string layer_label(const LayerSpec& l, size_t index) {
   std::string s = "layer " + std::to_string(index + 1);
@@ -262,6 +282,8 @@ struct LayerSource {
   std::map<std::string, std::string> pos;      // of the value
   std::map<std::string, std::string> key_pos;  // of the key
   std::set<std::string> reported;
+  // TOML-level problems (position, problem), labelled once the layer has its default name.
+  std::vector<std::pair<std::string, std::string>> problems;
 };
 
 // Default names: "<type>_<n>", n counting the layers of that type from 1 (named ones too, so
@@ -307,8 +329,12 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
     auto kw = [&](const std::string& key) { return find_or(src.pos, key); };
     auto key_at = [&](const std::string& key) { return find_or(src.key_pos, key); };
     const std::string label = layer_label(l, i);
+    for (const auto& [pos, problem] : src.problems)
+      problems.push_back(at(pos) + label + ": " + problem);
     if (l.type.empty()) {
-      problems.push_back(lat + label + ": missing key 'type' (one of: " + join(type_names()) + ")");
+      if (!src.reported.count("type"))
+        problems.push_back(lat + label + ": missing key 'type' (one of: " + join(type_names()) +
+                           ")");
     } else if (l.type == "dropout") {
       problems.push_back(lat + label + ": " + dropout_message);
     } else if (const LayerType* lt = find_type(l.type)) {
@@ -340,8 +366,8 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
                            std::to_string(l.inputs.size()));
       else if (want == 1 && l.inputs.size() > 1)
         problems.push_back(at(kw("inputs")) + label + ": takes 1 input, got " +
-                           std::to_string(l.inputs.size()) + " in inputs = [" +
-                           join(l.inputs) + "]");
+                           std::to_string(l.inputs.size()) + " in inputs = [" + join(l.inputs) +
+                           "]");
     } else {
       problems.push_back(at(kw("type")) + label + ": unknown layer type '" + l.type +
                          "' (known: " + join(type_names()) + ")");
@@ -352,12 +378,11 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
                          "\": use letters, digits, '_' and '-', and not \"input\" (which names "
                          "the model's input)");
     } else if (auto it = index_of.find(l.name); it != index_of.end()) {
-      problems.push_back(at(kw("name")) + label + ": duplicate layer name '" + l.name +
-                         "' (also layer " + std::to_string(it->second + 1) +
-                         (spec.layers[it->second].where.empty()
-                              ? ""
-                              : " at " + spec.layers[it->second].where) +
-                         "; unnamed layers are called <type>_<n>)");
+      problems.push_back(
+          at(kw("name")) + label + ": duplicate layer name '" + l.name + "' (also layer " +
+          std::to_string(it->second + 1) +
+          (spec.layers[it->second].where.empty() ? "" : " at " + spec.layers[it->second].where) +
+          "; unnamed layers are called <type>_<n>)");
     } else {
       index_of.emplace(l.name, i);
     }
@@ -402,13 +427,20 @@ std::string where(const toml::source_region& r, const std::string& fallback) {
 
 const char* node_type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    default: return "a date or time";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    default:
+      return "a date or time";
   }
 }
 
@@ -467,8 +499,8 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
   try {
     root = toml::parse(text, std::string_view(source));
   } catch (const toml::parse_error& e) {
-    throw ConfigError(where(e.source(), source) + ": TOML syntax error: " +
-                      std::string(e.description()));
+    throw ConfigError(where(e.source(), source) +
+                      ": TOML syntax error: " + std::string(e.description()));
   }
   ModelSpec spec;
   spec.source = source;
@@ -503,7 +535,8 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
       if (ok)
         for (const auto& e : *a) ok = ok && e.is_integer() && *e.value<int64_t>() >= 1;
       if (!ok) {
-        problems.push_back(wh(n) + ": input: expected the shape of one sample, an array of "
+        problems.push_back(wh(n) +
+                           ": input: expected the shape of one sample, an array of "
                            "integers >= 1 such as [1, 28, 28] (C, H, W)" +
                            (a ? "" : got));
         continue;
@@ -525,7 +558,6 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
         if (const toml::node* tn = t.get("type"); tn && tn->is_string()) {
           lt = find_type(*tn->value<std::string>());
         }
-        const std::string label = "layer " + std::to_string(spec.layers.size() + 1);
         for (const Entry& le : in_order(t)) {
           const std::string& k = le.key;
           const toml::node* vn = le.node;
@@ -534,12 +566,13 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
           const std::string vgot = std::string(", got ") + node_type_name(*vn);
           if (k == "type" || k == "name") {
             if (!vn->is_string()) {
-              problems.push_back(wh(*vn) + ": " + label + ": " + k + ": expected a string" + vgot);
+              src.problems.push_back({wh(*vn), k + ": expected a string" + vgot});
+              src.reported.insert(k);
               continue;
             }
             (k == "type" ? l.type : l.name) = *vn->value<std::string>();
             if (k == "name" && l.name.empty())
-              problems.push_back(wh(*vn) + ": " + label + ": name: must not be empty");
+              src.problems.push_back({wh(*vn), "name: must not be empty"});
           } else if (k == "inputs") {
             // A string or an array of strings.
             if (vn->is_string()) {
@@ -551,9 +584,9 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
             if (ok)
               for (const auto& ie : *ia) ok = ok && ie.is_string();
             if (!ok) {
-              problems.push_back(wh(*vn) + ": " + label +
-                                 ": inputs: expected layer names, a string or an array of "
-                                 "strings" + vgot);
+              src.problems.push_back(
+                  {wh(*vn),
+                   "inputs: expected layer names, a string or an array of strings" + vgot});
               continue;
             }
             for (const auto& ie : *ia) l.inputs.push_back(*ie.value<std::string>());
@@ -568,7 +601,7 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
             AttrValue v;
             const std::string problem = from_toml(*r, *vn, v);
             if (!problem.empty()) {
-              problems.push_back(wh(*vn) + ": " + label + ": " + k + ": " + problem);
+              src.problems.push_back({wh(*vn), k + ": " + problem});
               src.reported.insert(k);
               continue;
             }
@@ -582,8 +615,8 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
       }
     } else {
       // Unknown keys at the top: often a layer attribute written before the first [[layers]].
-      problems.push_back(where(entry.key_source, source) + ": unknown key '" + key + "' (known keys: " +
-                         join(kModelKeys) + ")");
+      problems.push_back(where(entry.key_source, source) + ": unknown key '" + key +
+                         "' (known keys: " + join(kModelKeys) + ")");
     }
   }
   if (!root.contains("layers"))
@@ -633,8 +666,8 @@ std::vector<std::string> builtin_models() {
 const std::string& builtin_model_text(std::string_view name) {
   auto it = builtins().find(name);
   if (it == builtins().end())
-    throw ConfigError("no built-in model '" + std::string(name) + "' (built in: " +
-                      join(builtin_models()) + ")");
+    throw ConfigError("no built-in model '" + std::string(name) +
+                      "' (built in: " + join(builtin_models()) + ")");
   return it->second;
 }
 
