@@ -151,24 +151,21 @@ TEST_CASE("usage errors and help", "[cpu][cli]") {
 
 namespace {
 
-// A quick training config: SimpleCNN on the synthetic set, plain progress lines.
-std::string train_config(const std::string& name, const fs::path& out, const std::string& extra = "") {
-  return temp_file(name, "[model]\nname = \"simplecnn\"\n[data]\ndataset = \"synthetic\"\n"
-                         "synthetic_samples = 512\n[train]\nepochs = 2\n[output]\ndir = \"" +
-                             out.string() + "\"\n" + extra);
-}
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("plexus-cli-" + std::to_string(getpid()) + "-" + name);
-  fs::remove_all(p);
-  return p;
+// A quick training config in `dir`: SimpleCNN on the synthetic set, its runs under dir/run.
+std::string train_config(const TempDir& dir, const std::string& name, const std::string& extra = "") {
+  const std::string path = dir / name;
+  std::ofstream(path) << "[model]\nname = \"simplecnn\"\n[data]\ndataset = \"synthetic\"\n"
+                         "synthetic_samples = 512\n[train]\nepochs = 2\n[output]\ndir = \""
+                      << (dir / "run") << "\"\n" << extra;
+  return path;
 }
 
 }  // namespace
 
 TEST_CASE("plexus train trains, prints progress and a summary, and writes the run", "[cpu][cli][train]") {
-  const fs::path out = temp_dir("train-ok");
-  const std::string cfg = train_config("train-ok.toml", out);
+  const TempDir tmp("cli-train");
+  const fs::path out = tmp / "run";
+  const std::string cfg = train_config(tmp, "train-ok.toml");
   const Run r = run_plexus("train " + cfg + " --set logging.progress=plain");
   INFO(r.output);
   CHECK(r.status == 0);
@@ -190,34 +187,32 @@ TEST_CASE("plexus train trains, prints progress and a summary, and writes the ru
   CHECK(more.status == 0);
   CHECK_THAT(more.output, PLX_CONTAINS("resuming") && PLX_CONTAINS("epoch 3/3"));
   CHECK(more.output.find("epoch 1/3") == std::string::npos);
-  fs::remove_all(out);
-  fs::remove_all(out.string() + "-2");
 }
 
 TEST_CASE("plexus train exits 2 for a bad config and 3 for a diverged run", "[cpu][cli][train]") {
-  const fs::path out = temp_dir("train-bad");
-  const Run unknown = run_plexus("train " + train_config("train-bad.toml", out) +
+  const TempDir tmp("cli-train");
+  const Run unknown = run_plexus("train " + train_config(tmp, "train-bad.toml") +
                                  " --set model.name=nosuch");
   CHECK(unknown.status == 2);
   CHECK_THAT(unknown.output, PLX_CONTAINS("nosuch"));
-  const Run badkey = run_plexus("train " + train_config("train-bad2.toml", out, "[train]\nepoch = 3\n"));
+  const Run badkey = run_plexus("train " + train_config(tmp, "train-bad2.toml", "[train]\nepoch = 3\n"));
   CHECK(badkey.status == 2);
-  const Run missing = run_plexus("train " + train_config("train-bad3.toml", out) +
+  const Run missing = run_plexus("train " + train_config(tmp, "train-bad3.toml") +
                                  " --set data.dataset=fashion-mnist --set data.path=/nonexistent");
   CHECK(missing.status == 1);
   CHECK_THAT(missing.output, PLX_CONTAINS("/nonexistent") && PLX_CONTAINS("dataset-fashion-mnist"));
-  const Run nan = run_plexus("train " + train_config("train-nan.toml", out) +
+  const Run nan = run_plexus("train " + train_config(tmp, "train-nan.toml") +
                              " --set train.lr=1e30 --set train.momentum=0 --set logging.progress=none");
   INFO(nan.output);
   CHECK(nan.status == 3);
   CHECK_THAT(nan.output, PLX_CONTAINS("training diverged: step"));
-  fs::remove_all(out);
 }
 
 TEST_CASE("a killed run leaves a checkpoint that reads and resumes", "[cpu][cli][train]") {
-  const fs::path out = temp_dir("train-kill");
+  const TempDir tmp("cli-train");
+  const fs::path out = tmp / "run";
   // Many small epochs with a checkpoint every step, killed with SIGKILL while it runs.
-  const std::string cfg = train_config("train-kill.toml", out,
+  const std::string cfg = train_config(tmp, "train-kill.toml",
                                        "[logging]\nprogress = \"none\"\n");
   const std::string cmd = "env -u PLEXUS_PLUGIN_PATH " + std::string(PLEXUS_BINARY_DIR) +
                           "/bin/plexus train " + cfg +
@@ -232,5 +227,4 @@ TEST_CASE("a killed run leaves a checkpoint that reads and resumes", "[cpu][cli]
   // max_steps already passed or reached at once: either way the checkpoint was read whole.
   CHECK(resumed.status == 0);
   CHECK_THAT(resumed.output, PLX_CONTAINS("resuming"));
-  fs::remove_all(out);
 }

@@ -18,31 +18,17 @@
 
 #include "plexus/data.hpp"
 #include "support/catch.hpp"
+#include "support/harness.hpp"
 
 using namespace plexus;
 using namespace plexus::data;
 namespace fs = std::filesystem;
+using plexus::test::TempDir;
 
 namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-// A fresh directory under the system's temporary directory, removed with its contents.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("plexus-data-" + tag + "-" + std::to_string(getpid()) +
-                                        "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_file(const std::string& path, const Bytes& b) {
   std::ofstream f(path, std::ios::binary);

@@ -1,5 +1,8 @@
 #include "support/harness.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -198,6 +201,25 @@ void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, c
     }
     CHECK_ALLCLOSE(analytic, numeric, o.tol);
   }
+}
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  path = std::filesystem::temp_directory_path() /
+         ("plexus-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::set<std::string> TempDir::entries() const {
+  std::set<std::string> s;
+  for (const auto& e : std::filesystem::directory_iterator(path)) s.insert(e.path().filename().string());
+  return s;
 }
 
 }  // namespace plexus::test

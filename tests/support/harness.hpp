@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,18 @@ struct GradCheck {
 // `inputs` must be f64 where they are floats (integer inputs are passed through).
 void check_gradients(const std::string& op, const std::vector<Tensor>& inputs,
                      const Attrs& attrs = {}, GradCheck opts = {});
+
+// A fresh directory under the system's temporary directory ("plexus-<tag>-<pid>-<n>"), removed
+// with its contents when the object dies.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag = "tmp");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  std::set<std::string> entries() const;  // file names directly inside
+};
 
 // Row-major flat index helpers for reference loops.
 inline int64_t idx4(const Shape& s, int64_t a, int64_t b, int64_t c, int64_t d) {

@@ -17,34 +17,14 @@
 #include "plexus/error.hpp"
 #include "plexus/sdk/dtype.hpp"
 #include "support/catch.hpp"
+#include "support/harness.hpp"
 
 using namespace plexus;
 namespace fs = std::filesystem;
+using plexus::test::TempDir;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() /
-           ("plexus-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::set<std::string> entries() const {
-    std::set<std::string> s;
-    for (const auto& e : fs::directory_iterator(path)) s.insert(e.path().filename().string());
-    return s;
-  }
-};
 
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;

@@ -24,32 +24,14 @@
 #include "plexus/run_output.hpp"
 #include "plexus/version.hpp"
 #include "support/catch.hpp"
+#include "support/harness.hpp"
 
 using namespace plexus;
 namespace fs = std::filesystem;
+using plexus::test::TempDir;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = fs::temp_directory_path() /
-           ("plexus-runout-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  std::set<std::string> entries() const {
-    std::set<std::string> s;
-    for (const auto& e : fs::directory_iterator(path)) s.insert(e.path().filename().string());
-    return s;
-  }
-};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -20,20 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("plexus-train-" + std::to_string(getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // A small, quick configuration: SimpleCNN on 512 synthetic samples, 4 steps an epoch.
 Config small_config(const fs::path& out, const std::string& extra = "") {
