@@ -166,10 +166,10 @@ Var Graph::constant(std::string name, TensorDesc desc, std::vector<uint8_t> byte
 }
 
 Var Graph::scalar(double value, plx_dtype dtype) {
+  // Named after its value id; a user may have taken that name, so count on until one is free.
   std::string name;
-  do {
-    name = "const." + std::to_string(values_.size()) + (names_.count(name) ? "x" : "");
-  } while (names_.count(name));
+  for (size_t k = values_.size(); name.empty() || names_.count(name); ++k)
+    name = "const." + std::to_string(k);
   return constant(name, TensorDesc{dtype, {}}, filled_bytes(dtype, 1, value));
 }
 
