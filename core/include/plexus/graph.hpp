@@ -135,6 +135,9 @@ class Graph : public Emitter {
 
  private:
   Var new_value(GraphValue v);
+  // A named input, parameter, state or constant.
+  Var leaf(std::string name, TensorDesc desc, ValueKind kind, InitSpec init = {},
+           std::vector<uint8_t> data = {});
   void check_var(Var v, const std::string& what) const;
   void claim_name(const std::string& name);
 

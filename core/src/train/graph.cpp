@@ -113,40 +113,31 @@ void Graph::check_var(Var v, const std::string& what) const {
     throw OpError(what + ": value v" + std::to_string(v.id) + " is not in this graph");
 }
 
-Var Graph::input(std::string name, TensorDesc desc) {
+Var Graph::leaf(std::string name, TensorDesc desc, ValueKind kind, InitSpec init,
+                std::vector<uint8_t> data) {
   claim_name(name);
   GraphValue v;
   v.name = name;
   v.desc = std::move(desc);
-  v.kind = ValueKind::Input;
+  v.kind = kind;
+  v.requires_grad = kind == ValueKind::Parameter;
+  v.init = init;
+  v.data = std::move(data);
   const Var id = new_value(std::move(v));
   names_[name] = id;
   return id;
+}
+
+Var Graph::input(std::string name, TensorDesc desc) {
+  return leaf(std::move(name), std::move(desc), ValueKind::Input);
 }
 
 Var Graph::parameter(std::string name, TensorDesc desc, InitSpec init) {
-  claim_name(name);
-  GraphValue v;
-  v.name = name;
-  v.desc = std::move(desc);
-  v.kind = ValueKind::Parameter;
-  v.requires_grad = true;
-  v.init = init;
-  const Var id = new_value(std::move(v));
-  names_[name] = id;
-  return id;
+  return leaf(std::move(name), std::move(desc), ValueKind::Parameter, init);
 }
 
 Var Graph::state(std::string name, TensorDesc desc, InitSpec init) {
-  claim_name(name);
-  GraphValue v;
-  v.name = name;
-  v.desc = std::move(desc);
-  v.kind = ValueKind::State;
-  v.init = init;
-  const Var id = new_value(std::move(v));
-  names_[name] = id;
-  return id;
+  return leaf(std::move(name), std::move(desc), ValueKind::State, init);
 }
 
 Var Graph::constant(std::string name, TensorDesc desc, std::vector<uint8_t> bytes) {
@@ -154,15 +145,7 @@ Var Graph::constant(std::string name, TensorDesc desc, std::vector<uint8_t> byte
   if (bytes.size() != want)
     throw Error("graph: constant '" + name + "' " + desc_string(desc) + " needs " +
                 std::to_string(want) + " bytes, got " + std::to_string(bytes.size()));
-  claim_name(name);
-  GraphValue v;
-  v.name = name;
-  v.desc = std::move(desc);
-  v.kind = ValueKind::Constant;
-  v.data = std::move(bytes);
-  const Var id = new_value(std::move(v));
-  names_[name] = id;
-  return id;
+  return leaf(std::move(name), std::move(desc), ValueKind::Constant, {}, std::move(bytes));
 }
 
 Var Graph::scalar(double value, plx_dtype dtype) {
