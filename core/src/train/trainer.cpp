@@ -237,9 +237,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   lo.seed = seed;
   lo.partial = cfg.get_string("data.partial_batch") == "pad" ? data::PartialBatch::Pad
                                                               : data::PartialBatch::Drop;
-  const data::ChannelStats stats = data::channel_stats(train_set);
-  lo.mean = stats.mean;
-  lo.std = stats.std;
+  // The readers computed the training set's statistics; the test set is normalised with them too.
+  lo.mean = train_set.mean;
+  lo.std = train_set.std;
   lo.prefetch = static_cast<int>(cfg.get_int("data.prefetch"));
   lo.limit = cfg.get_int("data.limit");
   data::Loader train_loader(train_set, lo);
