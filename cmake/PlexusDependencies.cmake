@@ -30,3 +30,51 @@ message(STATUS "OpenBLAS: ${PLEXUS_OPENBLAS_LIBRARY} (headers ${PLEXUS_CBLAS_INC
 add_library(plexus_openblas INTERFACE)
 target_include_directories(plexus_openblas SYSTEM INTERFACE ${PLEXUS_CBLAS_INCLUDE_DIR})
 target_link_libraries(plexus_openblas INTERFACE ${PLEXUS_OPENBLAS_LIBRARY})
+
+# ---- CUDA (optional): the CUDA plugin is built whenever the toolkit is found ----
+# nvcc on the PATH (or CMAKE_CUDA_COMPILER) switches it on; PLEXUS_CUDA=OFF switches it off.
+# Architectures: sm_80 and sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise.
+option(PLEXUS_CUDA "Build the CUDA plugin when the CUDA toolkit is found" ON)
+set(PLEXUS_HAVE_CUDA OFF)
+if(PLEXUS_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "GPU architectures the CUDA plugin is built for")
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 (Debian 12) does not know that nvcc 13 speaks C++20 (the SDK asks for it).
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+    endif()
+    find_package(CUDAToolkit REQUIRED)
+    # cuDNN 9: under the toolkit on some machines, in the multiarch folders (Ubuntu's packages)
+    # on others. Found, never hard-coded.
+    find_path(PLEXUS_CUDNN_INCLUDE_DIR cudnn_version.h
+      HINTS ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES x86_64-linux-gnu aarch64-linux-gnu)
+    find_library(PLEXUS_CUDNN_LIBRARY cudnn
+      HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+      PATH_SUFFIXES lib lib64 x86_64-linux-gnu aarch64-linux-gnu)
+    if(PLEXUS_CUDNN_INCLUDE_DIR AND PLEXUS_CUDNN_LIBRARY)
+      file(STRINGS ${PLEXUS_CUDNN_INCLUDE_DIR}/cudnn_version.h _cudnn_major
+           REGEX "^#define CUDNN_MAJOR [0-9]+")
+      string(REGEX MATCH "[0-9]+" PLEXUS_CUDNN_MAJOR "${_cudnn_major}")
+    endif()
+    if(NOT PLEXUS_CUDNN_MAJOR OR PLEXUS_CUDNN_MAJOR LESS 9)
+      message(WARNING "CUDA found but not cuDNN 9 (headers: ${PLEXUS_CUDNN_INCLUDE_DIR}, "
+                      "library: ${PLEXUS_CUDNN_LIBRARY}); the CUDA plugin is not built")
+    else()
+      add_library(plexus_cudnn INTERFACE)
+      target_include_directories(plexus_cudnn SYSTEM INTERFACE ${PLEXUS_CUDNN_INCLUDE_DIR})
+      target_link_libraries(plexus_cudnn INTERFACE ${PLEXUS_CUDNN_LIBRARY})
+      set(PLEXUS_HAVE_CUDA ON)
+      message(STATUS "CUDA plugin: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
+                     "${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${PLEXUS_CUDNN_MAJOR} (${PLEXUS_CUDNN_LIBRARY})")
+    endif()
+  else()
+    message(STATUS "CUDA plugin: no CUDA compiler found, not built")
+  endif()
+endif()

@@ -1,0 +1,174 @@
+// Shared host-side pieces of the CUDA plugin: error checks that carry the library's own message,
+// the backend class the kernels reach their handles through, and the registration functions of
+// each op family (ops/*).
+//
+// Conventions for kernels:
+// - A plx_stream is a cudaStream_t, a plx_event a cudaEvent_t (cast, no wrapper).
+// - Kernels run on the device of their node: compute() calls use_device(device_) first (cheap when
+//   it is already current on the calling thread).
+// - Kernels never allocate in compute() and never synchronise the host: every kernel is
+//   capturable. Scratch memory comes from the workspace the core hands in.
+// - Data errors found on the device (a label out of range, a bad index) are written to the
+//   device's error record (device.cuh) and raised by the next stream_sync/event_sync as an
+//   InvalidArgument naming the op, the position and the value.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "plexus/sdk.hpp"
+
+namespace plexus::cuda {
+
+using sdk::Kernel;
+using sdk::KernelCall;
+using sdk::KernelRegistry;
+using sdk::NodeInfo;
+using sdk::numel;
+
+// ---- errors ----
+[[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line);
+[[noreturn]] void throw_cublas(cublasStatus_t s, const char* expr, const char* file, int line);
+[[noreturn]] void throw_cudnn(cudnnStatus_t s, const char* expr, const char* file, int line);
+
+#define PLX_CUDA_CHECK(expr)                                                        \
+  do {                                                                              \
+    const cudaError_t plx_e_ = (expr);                                              \
+    if (plx_e_ != cudaSuccess) ::plexus::cuda::throw_cuda(plx_e_, #expr, __FILE__, __LINE__); \
+  } while (0)
+#define PLX_CUBLAS_CHECK(expr)                                                      \
+  do {                                                                              \
+    const cublasStatus_t plx_s_ = (expr);                                           \
+    if (plx_s_ != CUBLAS_STATUS_SUCCESS)                                            \
+      ::plexus::cuda::throw_cublas(plx_s_, #expr, __FILE__, __LINE__);              \
+  } while (0)
+#define PLX_CUDNN_CHECK(expr)                                                       \
+  do {                                                                              \
+    const cudnnStatus_t plx_s_ = (expr);                                            \
+    if (plx_s_ != CUDNN_STATUS_SUCCESS)                                             \
+      ::plexus::cuda::throw_cudnn(plx_s_, #expr, __FILE__, __LINE__);               \
+  } while (0)
+// After a kernel launch: a bad configuration shows here, a fault at the next synchronisation.
+#define PLX_CUDA_LAUNCH_CHECK() PLX_CUDA_CHECK(cudaGetLastError())
+
+// Makes `device` current on the calling thread (remembered per thread, so repeated calls are free).
+void use_device(int32_t device);
+
+inline cudaStream_t native(plx_stream s) { return reinterpret_cast<cudaStream_t>(s); }
+inline cudaEvent_t native(plx_event e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+// ---- errors found on the device ----
+// One record per device in mapped pinned memory. The first kernel that finds bad data writes
+// it; the host raises it at the next synchronisation (stream_sync/event_sync) and clears it.
+enum DeviceErrorCode : int32_t {
+  kErrNone = 0,
+  kErrCrossEntropyLabel = 1,          // a = row, b = label, c = classes
+  kErrCrossEntropyBackwardLabel = 2,  // a = row, b = label, c = classes
+  kErrEmbeddingIndex = 3,             // a = position, b = index, c = rows
+  kErrEmbeddingBackwardIndex = 4,     // a = position, b = index, c = rows
+  kErrIntegerDivByZero = 5,           // a = element
+  kErrAdamStep = 6,                   // a = step value * 1e6 (rounded), as the step is a float
+};
+struct DeviceErrorRecord {
+  int32_t flag;  // 0: clear; set once by the first reporter
+  int32_t code;
+  long long a, b, c;
+};
+// Kernels write it with report_error() (device.cuh).
+
+// What the plugin's options say (from [plugins.options.cuda]).
+struct CudaOptions {
+  bool tf32 = false;            // TF32 Tensor Cores for f32 GEMM and convolution
+  bool benchmark = true;        // measure convolution algorithms (false: cuDNN's heuristics)
+  std::string algo_cache;       // file of measured algorithms; "" keeps them in memory only
+  uint64_t conv_workspace = uint64_t{1} << 30;  // most workspace a convolution algorithm may use
+};
+
+// The per-device objects kernels share. Created on first use; handles are bound to a stream
+// before every call, under `mu` (the executor drives a device from one thread, so the lock is
+// uncontended).
+struct DeviceContext {
+  int32_t device = 0;
+  cudaDeviceProp prop{};
+  cublasLtHandle_t lt = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  DeviceErrorRecord* error_host = nullptr;  // mapped pinned memory
+  DeviceErrorRecord* error_dev = nullptr;   // the same memory, as the device sees it
+  std::mutex mu;
+};
+
+class CudaBackend final : public sdk::Backend {
+ public:
+  CudaBackend(CudaOptions options);
+  ~CudaBackend() override;
+
+  const CudaOptions& options() const { return options_; }
+  // Allows or forbids TF32 for kernels created from now on ("cuda.set_tf32").
+  void set_tf32(bool on) { options_.tf32 = on; }
+  // Why there is no device ("" when there is one): shown by `plexus info`.
+  const std::string& unavailable_reason() const { return unavailable_; }
+
+  // The device's shared objects, created on first use. Throws BackendError for a bad index.
+  DeviceContext& context(int32_t device);
+
+  // ---- sdk::Backend ----
+  int32_t device_count() override { return device_count_; }
+  void device_props(int32_t device, plx_device_props& p) override;
+  void* mem_alloc(int32_t device, plx_mem_kind kind, uint64_t bytes, plx_stream s) override;
+  void mem_free(int32_t device, plx_mem_kind kind, void* ptr, plx_stream s) override;
+  void mem_copy(int32_t device, void* dst, const void* src, uint64_t bytes, plx_copy_dir dir,
+                plx_stream s) override;
+  void mem_set(int32_t device, void* dst, int32_t value, uint64_t bytes, plx_stream s) override;
+  void mem_info(int32_t device, uint64_t& free_bytes, uint64_t& total_bytes) override;
+  plx_stream stream_create(int32_t device) override;
+  void stream_destroy(plx_stream s) override;
+  void stream_sync(plx_stream s) override;
+  void stream_wait_event(plx_stream s, plx_event e) override;
+  plx_event event_create(int32_t device) override;
+  void event_destroy(plx_event e) override;
+  void event_record(plx_event e, plx_stream s) override;
+  void event_sync(plx_event e) override;
+  bool event_query(plx_event e) override;
+  float event_elapsed_ms(plx_event start, plx_event end) override;
+  bool has_capture() const override { return true; }
+  void capture_begin(plx_stream s) override;
+  void* capture_end(plx_stream s) override;
+  void graph_launch(void* graph, plx_stream s) override;
+  void graph_destroy(void* graph) override;
+  void* stream_native(plx_stream s) override { return native(s); }
+  void* get_proc_address(const char* name) override;
+
+ private:
+  void check_device(int32_t device) const;
+  // Raises (and clears) a data error a kernel recorded on any device.
+  void raise_device_errors();
+
+  CudaOptions options_;
+  int32_t device_count_ = 0;
+  std::string unavailable_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<DeviceContext>> contexts_;
+};
+
+// ---- registration of each op family (ops/*) ----
+void register_elementwise(KernelRegistry& r);  // activations, binary, scale, expand
+void register_misc(KernelRegistry& r);         // copy, cast, dropout, embedding
+void register_optim(KernelRegistry& r);        // sgd_update, adamw_update
+void register_reduce(KernelRegistry& r);       // sum, mean, argmax
+void register_softmax(KernelRegistry& r);      // softmax, log_softmax, cross-entropy
+void register_norm(KernelRegistry& r);         // batch_norm, layer_norm
+void register_pool(KernelRegistry& r);         // max/avg pooling
+void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
+void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)
+
+// The registering backend, for kernels whose constructor takes (const NodeInfo&, CudaBackend&).
+// Registration functions add such kernels with r.add<K, CudaBackend>(...).
+
+}  // namespace plexus::cuda

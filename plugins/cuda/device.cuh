@@ -1,0 +1,134 @@
+// Device-side helpers shared by the CUDA plugin's kernels (included by ops/*.cu only).
+//
+// Element types: f32 is float, f16 is __half, bf16 is __nv_bfloat16 (the same bits as the SDK's
+// half/bfloat16). 16-bit values are loaded into f32, computed in f32 and rounded to nearest even
+// once on store, as the CPU plugin does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.hpp"
+
+namespace plexus::cuda {
+
+using f16 = __half;
+using bf16 = __nv_bfloat16;
+
+// ---- dtype traits ----
+template <class T>
+struct DeviceDtype;
+template <> struct DeviceDtype<float> { static constexpr plx_dtype value = PLX_F32; };
+template <> struct DeviceDtype<f16> { static constexpr plx_dtype value = PLX_F16; };
+template <> struct DeviceDtype<bf16> { static constexpr plx_dtype value = PLX_BF16; };
+template <> struct DeviceDtype<double> { static constexpr plx_dtype value = PLX_F64; };
+template <> struct DeviceDtype<int32_t> { static constexpr plx_dtype value = PLX_I32; };
+template <> struct DeviceDtype<int64_t> { static constexpr plx_dtype value = PLX_I64; };
+template <> struct DeviceDtype<uint8_t> { static constexpr plx_dtype value = PLX_U8; };
+template <class T>
+inline constexpr plx_dtype dtype_v = DeviceDtype<T>::value;
+
+// The type arithmetic on T is done in: f32 for the 16-bit floats, T otherwise.
+template <class T> struct Accum { using type = T; };
+template <> struct Accum<f16> { using type = float; };
+template <> struct Accum<bf16> { using type = float; };
+template <class T>
+using accum_t = typename Accum<T>::type;
+
+template <class T>
+__device__ __forceinline__ accum_t<T> to_accum(T v) {
+  if constexpr (std::is_same_v<T, f16>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(v);
+  else return v;
+}
+template <class T>
+__device__ __forceinline__ T from_accum(accum_t<T> v) {
+  if constexpr (std::is_same_v<T, f16>) return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn(v);
+  else return v;
+}
+template <class T>
+__device__ __forceinline__ accum_t<T> load(const T* p, int64_t i) {
+  return to_accum<T>(p[i]);
+}
+template <class T>
+__device__ __forceinline__ void store(T* p, int64_t i, accum_t<T> v) {
+  p[i] = from_accum<T>(v);
+}
+
+// Typed pointer to a tensor's data (the core checked dtypes when the kernel was created).
+template <class T>
+inline T* ptr(const plx_tensor& t) {
+  return static_cast<T*>(t.data);
+}
+
+// ---- launch geometry ----
+constexpr int kBlock = 256;
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped so that huge n
+// loops inside the kernel instead of launching millions of blocks.
+inline unsigned grid_for(int64_t n, int block = kBlock) {
+  const int64_t b = (n + block - 1) / block;
+  return static_cast<unsigned>(std::clamp<int64_t>(b, 1, int64_t{1} << 16));
+}
+#define PLX_GRID_STRIDE(i, n)                                                         \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// ---- errors found on the device (DeviceErrorRecord in common.hpp) ----
+__device__ __forceinline__ void report_error(DeviceErrorRecord* r, int32_t code, long long a,
+                                             long long b, long long c) {
+  if (atomicCAS(&r->flag, 0, 1) == 0) {
+    r->code = code;
+    r->a = a;
+    r->b = b;
+    r->c = c;
+    __threadfence_system();
+  }
+}
+
+// ---- warp and block reductions (sum in accumulator type) ----
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const A w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = (w > v || w != w) ? w : v;  // NaN wins
+  }
+  return v;
+}
+// Sum over the block; every thread gets the result. `shared` holds 32 values of A.
+// Deterministic: the order of additions depends only on the block size.
+template <class A>
+__device__ __forceinline__ A block_sum(A v, A* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  A t = lane < nwarps ? shared[lane] : A(0);
+  t = warp_sum(t);
+  return t;
+}
+template <class A>
+__device__ __forceinline__ A block_max(A v, A* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  A t = lane < nwarps ? shared[lane] : shared[0];
+  return warp_max(t);
+}
+
+}  // namespace plexus::cuda

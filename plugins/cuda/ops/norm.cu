@@ -1,0 +1,5 @@
+// Placeholder until the family's kernels land (same session).
+#include "device.cuh"
+namespace plexus::cuda {
+void register_norm(KernelRegistry&) {}
+}  // namespace plexus::cuda
