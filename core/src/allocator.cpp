@@ -7,6 +7,7 @@
 
 #include "plexus/backend.hpp"
 #include "plexus/error.hpp"
+#include "plexus/plugin.hpp"
 
 namespace plexus {
 
@@ -52,13 +53,17 @@ uint64_t CachingAllocator::size_class(uint64_t bytes) {
 
 void* CachingAllocator::raw_alloc_locked(uint64_t size, plx_stream stream) {
   const plx_backend& t = backend_.table();
-  if (stats_.limit != 0 && stats_.reserved + size > stats_.limit) return nullptr;
+  if (stats_.limit != 0 && stats_.reserved + size > stats_.limit) {
+    last_failure_ = "over the limit";
+    return nullptr;
+  }
   void* p = nullptr;
   const plx_status st = t.mem_alloc(t.ctx, device_, kind_, size, stream, &p);
   if (st == PLX_OK && p) {
     ++stats_.num_raw_allocs;
     return p;
   }
+  if (st == PLX_ERR_OUT_OF_MEMORY) last_failure_ = backend_.plugin().last_error();
   if (st != PLX_OK && st != PLX_ERR_OUT_OF_MEMORY) backend_.fail(st, "mem_alloc");
   return nullptr;
 }
@@ -91,7 +96,11 @@ MemoryBlock* CachingAllocator::allocate(uint64_t bytes, plx_stream stream) {
                       ": out of memory allocating " + format_bytes(bytes) + " (in use " +
                       format_bytes(stats_.in_use) + ", reserved " + format_bytes(stats_.reserved);
     if (stats_.limit) msg += ", limit " + format_bytes(stats_.limit) + " from memory.limit";
-    msg += ")";
+    msg += ", peak in use " + format_bytes(stats_.peak_in_use) + ", " +
+           std::to_string(stats_.num_ooms) + " failed allocation(s) so far; the cache was released "
+           "and the allocation retried)";
+    if (!last_failure_.empty() && last_failure_ != "over the limit")
+      msg += ": " + last_failure_;
     throw OutOfMemoryError(msg);
   }
   auto* b = new MemoryBlock{p, size, bytes, stream};

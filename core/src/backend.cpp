@@ -26,6 +26,12 @@ Backend::Backend(Runtime& runtime, LoadedPlugin& plugin, const plx_backend* tabl
     : runtime_(runtime), plugin_(plugin), t_(table), name_(table->name) {
   device_count_ = t_->device_count(t_->ctx);
   if (device_count_ < 0) device_count_ = 0;
+  if (device_count_ == 0 && t_->get_proc_address) {
+    using ReasonFn = const char* (*)(void*);
+    if (auto fn = reinterpret_cast<ReasonFn>(t_->get_proc_address(t_->ctx, "plexus.unavailable_reason")))
+      if (const char* r = fn(t_->ctx)) unavailable_ = r;
+  }
+  if (device_count_ == 0 && unavailable_.empty()) unavailable_ = "the backend reports no device";
 }
 
 Backend::~Backend() {
@@ -66,7 +72,19 @@ CachingAllocator& Backend::allocator(int32_t device, plx_mem_kind kind) {
   if (!a) {
     if (device < 0 || device >= device_count_)
       throw PluginError("backend '" + name_ + "' has no device " + std::to_string(device));
-    a = std::make_unique<CachingAllocator>(*this, device, kind, runtime_.options().memory_limit);
+    // The limit is on the device's own memory; pinned and managed memory are host memory.
+    uint64_t limit = 0;
+    if (kind == PLX_MEM_DEVICE) {
+      const RuntimeOptions& o = runtime_.options();
+      limit = o.memory_limit;
+      if (limit == 0 && o.memory_fraction > 0) {
+        plx_device_props p{};
+        p.struct_size = sizeof p;
+        check(t_->device_props(t_->ctx, device, &p), "device_props");
+        limit = static_cast<uint64_t>(o.memory_fraction * static_cast<double>(p.total_memory));
+      }
+    }
+    a = std::make_unique<CachingAllocator>(*this, device, kind, limit);
   }
   return *a;
 }
@@ -109,6 +127,34 @@ plx_stream Backend::stream(int32_t device) {
 void Backend::sync(int32_t device) { sync_stream(stream(device)); }
 
 void Backend::sync_stream(plx_stream s) { check(t_->stream_sync(t_->ctx, s), "stream_sync"); }
+
+plx_stream Backend::create_stream(int32_t device) {
+  if (device < 0 || device >= device_count_)
+    throw PluginError("backend '" + name_ + "' has no device " + std::to_string(device));
+  plx_stream s = nullptr;
+  check(t_->stream_create(t_->ctx, device, &s), "stream_create");
+  return s;
+}
+
+void Backend::destroy_stream(plx_stream s) noexcept {
+  if (s) (void)t_->stream_destroy(t_->ctx, s);
+}
+
+plx_event Backend::create_event(int32_t device) {
+  if (device < 0 || device >= device_count_)
+    throw PluginError("backend '" + name_ + "' has no device " + std::to_string(device));
+  plx_event e = nullptr;
+  check(t_->event_create(t_->ctx, device, &e), "event_create");
+  return e;
+}
+
+void Backend::destroy_event(plx_event e) noexcept {
+  if (e) (void)t_->event_destroy(t_->ctx, e);
+}
+
+void Backend::record(plx_event e, plx_stream s) { check(t_->event_record(t_->ctx, e, s), "event_record"); }
+void Backend::wait(plx_stream s, plx_event e) { check(t_->stream_wait_event(t_->ctx, s, e), "stream_wait_event"); }
+void Backend::sync_event(plx_event e) { check(t_->event_sync(t_->ctx, e), "event_sync"); }
 
 std::span<const plx_kernel* const> Backend::kernels(int32_t op_id, int32_t dtype) const {
   if (op_id < 0 || dtype < 0 || dtype >= PLX_DTYPE_COUNT) return {};

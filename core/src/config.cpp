@@ -39,8 +39,9 @@ const std::vector<ConfigKey>& Config::keys() {
         "Backend that runs ops the chosen backend has no kernel for, each fallback logged and "
         "counted; empty: such an op is an error");
     add("memory.limit", ConfigType::Bytes, "0",
-        "Most memory each device's caching allocator may reserve: bytes, or a string with a "
-        "unit (\"6GiB\", \"512MB\"); 0: the device's memory")
+        "Most memory each device's caching allocator may reserve: bytes, a string with a "
+        "unit (\"6GiB\", \"512MB\"), or a fraction of the device's memory (0.8 or \"80%\"); "
+        "0: the device's memory")
         .min = 0;
     auto& level = add("logging.level", ConfigType::String, "\"info\"",
                       "trace, debug, info, warn, error or off; PLEXUS_LOG_LEVEL overrides it");
@@ -68,6 +69,10 @@ const std::vector<ConfigKey>& Config::keys() {
     partial.choices = {"drop", "pad"};
     add("data.shuffle", ConfigType::Bool, "true", "Shuffle the training set each epoch (from train.seed and the epoch)");
     add("data.prefetch", ConfigType::Int, "2", "Batches assembled ahead on the loader thread").min = 1;
+    auto& res = add("data.resident", ConfigType::String, "\"auto\"",
+                    "Keep the data set on the device and gather batches there: on, off, or auto "
+                    "(on for a GPU when it takes at most a quarter of the free memory)");
+    res.choices = {"auto", "on", "off"};
     add("data.limit", ConfigType::Int, "0", "Train on the first N samples only; 0: all").min = 0;
     add("data.synthetic_samples", ConfigType::Int, "2048",
         "Training samples of the synthetic dataset (the test set is a quarter of it)").min = 1;
@@ -102,6 +107,9 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.gamma", ConfigType::Float, "0.1", "step schedule: the factor").fmin = 0;
     add("train.min_lr", ConfigType::Float, "0", "cosine schedule: the final rate").fmin = 0;
     add("train.eval", ConfigType::Bool, "true", "Evaluate on the test set after each epoch");
+    add("train.graph_capture", ConfigType::Bool, "true",
+        "Record the training step once and replay it (CUDA graphs) where the backend can; "
+        "false runs it op by op every step");
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
     add("output.dir", ConfigType::String, "\"runs/{model}\"",
@@ -122,7 +130,9 @@ const char* config_type_name(ConfigType t) {
     case ConfigType::Float: return "a number";
     case ConfigType::String: return "a string";
     case ConfigType::StringList: return "an array of strings";
-    case ConfigType::Bytes: return "a size in bytes (an integer, or a string like \"512MiB\")";
+    case ConfigType::Bytes:
+      return "a size in bytes (an integer, or a string like \"512MiB\"), or a fraction of the "
+             "device (a number in (0, 1] or a string like \"80%\")";
     case ConfigType::Options: return "a table of plugin tables";
   }
   return "?";
@@ -286,10 +296,26 @@ std::string convert(const ConfigKey& k, const toml::node& n, Value& out) {
         const int64_t v = *n.value<int64_t>();
         if (v < 0) return "expected a size >= 0, got " + std::to_string(v);
         b = static_cast<uint64_t>(v);
+      } else if (n.is_floating_point()) {
+        const double f = *n.value<double>();
+        if (!(f > 0 && f <= 1))
+          return "expected a fraction of the device in (0, 1] (or a size in bytes), got " +
+                 scalar_text(n);
+        out = f;
+        return "";
       } else if (n.is_string()) {
-        if (!parse_bytes(*n.value<std::string>(), b))
-          return "expected a size like 512MiB, 2GB or 1048576, got \"" +
-                 *n.value<std::string>() + "\"";
+        const std::string text = *n.value<std::string>();
+        if (!text.empty() && text.back() == '%') {
+          char* end = nullptr;
+          const double pct = std::strtod(text.c_str(), &end);
+          if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100))
+            return "expected a percentage in (0%, 100%], got \"" + text + "\"";
+          out = pct / 100.0;
+          return "";
+        }
+        if (!parse_bytes(text, b))
+          return "expected a size like 512MiB, 2GB or 1048576, or a fraction like \"80%\", got \"" +
+                 text + "\"";
       } else {
         return std::string("expected ") + config_type_name(k.type) + got;
       }
@@ -497,7 +523,15 @@ std::vector<std::string> Config::get_strings(std::string_view p) const {
   return get_as<std::vector<std::string>>(impl_->values, p, "an array of strings");
 }
 uint64_t Config::get_bytes(std::string_view p) const {
+  auto it = impl_->values.find(std::string(p));
+  if (it != impl_->values.end() && std::holds_alternative<double>(it->second)) return 0;
   return static_cast<uint64_t>(get_as<int64_t>(impl_->values, p, "a size"));
+}
+double Config::get_fraction(std::string_view p) const {
+  auto it = impl_->values.find(std::string(p));
+  if (it == impl_->values.end()) throw ConfigError("no config key '" + std::string(p) + "'");
+  const double* f = std::get_if<double>(&it->second);
+  return f ? *f : 0.0;
 }
 std::map<std::string, std::map<std::string, std::string>> Config::plugin_options() const {
   return get_as<OptionMap>(impl_->values, "plugins.options", "a table of options");

@@ -34,7 +34,9 @@ std::string info_text(const Runtime& rt) {
   os << "\nBackends (" << rt.backends().size() << "):\n";
   for (Backend* b : rt.backends()) {
     os << "  " << b->name() << " (plugin " << b->plugin().name() << "), " << b->device_count()
-       << " device(s)\n";
+       << " device(s)";
+    if (b->device_count() == 0) os << ": " << b->unavailable_reason() << " (not selectable)";
+    os << "\n";
     for (int32_t d = 0; d < b->device_count(); ++d) {
       const DeviceInfo i = b->device(d);
       os << "    [" << d << "] " << i.name << ", " << format_bytes(i.total_memory) << " memory, "
@@ -81,6 +83,7 @@ std::string info_json(const Runtime& rt) {
   toml::array backends;
   for (Backend* b : rt.backends()) {
     toml::table bt{{"name", b->name()}, {"plugin", b->plugin().name()}};
+    if (b->device_count() == 0) bt.insert("unavailable", b->unavailable_reason());
     toml::array devices;
     for (int32_t d = 0; d < b->device_count(); ++d) {
       const DeviceInfo i = b->device(d);

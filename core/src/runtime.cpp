@@ -16,6 +16,7 @@ RuntimeOptions runtime_options(const Config& config) {
   o.plugins.options = config.plugin_options();
   o.fallback = config.get_string("backend.fallback");
   o.memory_limit = config.get_bytes("memory.limit");
+  o.memory_fraction = config.get_fraction("memory.limit");
   return o;
 }
 
@@ -116,7 +117,8 @@ Backend& Runtime::select_backend(std::string_view name) {
   if (name != "auto") {
     Backend& b = backend(name);
     if (b.device_count() == 0)
-      throw PluginError("backend '" + std::string(name) + "' is loaded but has no device here");
+      throw PluginError("backend '" + std::string(name) + "' is loaded but cannot be used here: " +
+                        b.unavailable_reason());
     return b;
   }
   for (const auto& b : backends_)

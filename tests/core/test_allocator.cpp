@@ -127,3 +127,30 @@ TEST_CASE("format_bytes is readable", "[allocator]") {
   CHECK(format_bytes(1536) == "1.5 KiB");
   CHECK(format_bytes(3ull << 30) == "3.0 GiB");
 }
+
+TEST_CASE("a memory limit given as a fraction is that share of the device, for device memory only",
+          "[cpu][allocator]") {
+  RuntimeOptions o = cpu_only();
+  o.memory_fraction = 0.25;
+  Runtime rt(o);
+  Backend& b = rt.backend("cpu");
+  const uint64_t total = b.device(0).total_memory;
+  REQUIRE(total > 0);
+  CHECK(b.allocator(0).stats().limit == static_cast<uint64_t>(0.25 * static_cast<double>(total)));
+  // Pinned memory is host memory: the device's limit does not apply to it.
+  CHECK(b.allocator(0, PLX_MEM_PINNED).stats().limit == 0);
+}
+
+TEST_CASE("out of memory names the size, the statistics and the retry", "[cpu][allocator]") {
+  Runtime rt(cpu_only(1 << 20));
+  Backend& b = rt.backend("cpu");
+  CachingAllocator& a = b.allocator(0);
+  MemoryBlock* keep = a.allocate(700 << 10, b.stream(0));
+  REQUIRE_THROWS_AS(a.allocate(600 << 10, b.stream(0)), OutOfMemoryError);
+  REQUIRE_THROWS_WITH(a.allocate(600 << 10, b.stream(0)),
+                      PLX_CONTAINS("out of memory allocating 600.0 KiB") &&
+                          PLX_CONTAINS("peak in use") &&
+                          PLX_CONTAINS("the cache was released and the allocation retried"));
+  CHECK(a.stats().num_ooms == 2);
+  a.free(keep);
+}

@@ -209,3 +209,23 @@ TEST_CASE("log levels are checked", "[config]") {
   REQUIRE_THROWS_WITH(logging::parse_level("loud"),
                       PLX_CONTAINS("unknown log level 'loud' (expected trace, debug"));
 }
+
+TEST_CASE("memory.limit takes a fraction of the device as a number or a percentage", "[config]") {
+  Config c = Config::parse("[memory]\nlimit = 0.8\n", "run.toml");
+  CHECK(c.get_fraction("memory.limit") == 0.8);
+  CHECK(c.get_bytes("memory.limit") == 0);
+  CHECK(runtime_options(c).memory_fraction == 0.8);
+  CHECK(runtime_options(c).memory_limit == 0);
+  c.set("memory.limit=\"25%\"");
+  CHECK(c.get_fraction("memory.limit") == 0.25);
+  c.set("memory.limit=\"1GiB\"");
+  CHECK(c.get_fraction("memory.limit") == 0);
+  CHECK(c.get_bytes("memory.limit") == 1073741824ull);
+  REQUIRE_THROWS_WITH(Config::parse("[memory]\nlimit = 1.5\n", "run.toml"),
+                      PLX_CONTAINS("run.toml") && PLX_CONTAINS("memory.limit") &&
+                          PLX_CONTAINS("expected a fraction of the device in (0, 1]"));
+  REQUIRE_THROWS_WITH(Config::parse("[memory]\nlimit = \"150%\"\n", "run.toml"),
+                      PLX_CONTAINS("expected a percentage in (0%, 100%], got \"150%\""));
+  REQUIRE_THROWS_WITH(Config::parse("[memory]\nlimit = \"lots%\"\n", "run.toml"),
+                      PLX_CONTAINS("expected a percentage"));
+}

@@ -51,6 +51,7 @@ class CachingAllocator {
 
  private:
   void release_cached_locked();
+  std::string last_failure_;  // why the last raw allocation failed, for the error message
   void* raw_alloc_locked(uint64_t size, plx_stream stream);
 
   Backend& backend_;

@@ -48,6 +48,9 @@ class Backend {
   // ---- devices ----
   int32_t device_count() const { return device_count_; }
   DeviceInfo device(int32_t index) const;  // throws PluginError for a bad index
+  // Why the backend has no device, in the plugin's words ("no CUDA device: ..."), from its
+  // optional "plexus.unavailable_reason" extra; "" when it has devices or does not say.
+  const std::string& unavailable_reason() const { return unavailable_; }
 
   // ---- memory ----
   CachingAllocator& allocator(int32_t device, plx_mem_kind kind = PLX_MEM_DEVICE);
@@ -62,6 +65,15 @@ class Backend {
   plx_stream stream(int32_t device);
   void sync(int32_t device);
   void sync_stream(plx_stream s);
+  // More streams and events (a copy stream beside the compute stream). The caller destroys what
+  // it creates; the destroy calls never throw.
+  plx_stream create_stream(int32_t device);
+  void destroy_stream(plx_stream s) noexcept;
+  plx_event create_event(int32_t device);
+  void destroy_event(plx_event e) noexcept;
+  void record(plx_event e, plx_stream s);      // e completes when s reaches this point
+  void wait(plx_stream s, plx_event e);        // later work on s waits for e; the host does not
+  void sync_event(plx_event e);                // the host waits for e
 
   // ---- kernels ----
   // Kernels for (op, dtype), in the backend's order of preference; empty if none.
@@ -89,6 +101,7 @@ class Backend {
   const plx_backend* t_;
   std::string name_;
   int32_t device_count_ = 0;
+  std::string unavailable_;
 
   mutable std::mutex mu_;
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CachingAllocator>> allocators_;

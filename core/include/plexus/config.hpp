@@ -64,7 +64,10 @@ class Config {
   double get_float(std::string_view path) const;
   std::string get_string(std::string_view path) const;
   std::vector<std::string> get_strings(std::string_view path) const;
+  // A Bytes key: its size in bytes, or 0 when it holds a fraction (get_fraction).
   uint64_t get_bytes(std::string_view path) const;
+  // A Bytes key given as a fraction of the device (0.8, "80%"): that fraction; 0 for a size.
+  double get_fraction(std::string_view path) const;
   // [plugins.options.<plugin>] tables: plugin -> key -> value as TOML text (strings unquoted).
   std::map<std::string, std::map<std::string, std::string>> plugin_options() const;
 

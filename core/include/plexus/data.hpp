@@ -113,6 +113,8 @@ struct LoaderOptions {
   std::vector<float> mean, std;  // per channel; empty: the dataset's (computed if it has none)
   int prefetch = 2;              // batches assembled ahead of the consumer, >= 1
   int64_t limit = 0;             // use only the first `limit` samples; 0: all
+  bool images = true;            // false: batches carry labels and samples only (the images are
+                                 // resident on the device and gathered there)
 };
 
 // One batch. Buffers are reused: next() swaps them with the loader's, so a consumer that keeps
@@ -161,6 +163,8 @@ class Loader {
   bool next(Batch& out);
   // Total time next() waited for the worker.
   double wait_seconds() const;
+  // Sample `sample`'s image, normalised exactly as batches are, into dst (C*H*W floats).
+  void normalise(int64_t sample, float* dst) const;
   LoaderStats stats() const;
 
  private:

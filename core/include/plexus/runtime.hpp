@@ -25,6 +25,8 @@ struct RuntimeOptions {
   std::string fallback;
   // Most bytes each device's allocator may reserve; 0 = the device's memory.
   uint64_t memory_limit = 0;
+  // Or, when memory_limit is 0, this fraction of each device's total memory (0: none).
+  double memory_fraction = 0;
 };
 
 // RuntimeOptions from a Config: plugins.*, backend.fallback, memory.limit.

@@ -46,13 +46,23 @@ struct Loader::State {
 
   void run();
   void assemble(const std::vector<int64_t>& order, int64_t epoch, int64_t index, Batch& b) const;
+  // (x / 255 - mean) / std per channel, as x * scale + bias.
+  void normalise(int64_t sample, float* dst) const {
+    const uint8_t* src = ds.images.data() + sample * size;  // (C, H, W)
+    for (int64_t c = 0; c < channels; ++c) {
+      const float k = scale[static_cast<size_t>(c)], o = bias[static_cast<size_t>(c)];
+      const uint8_t* sp = src + c * plane;
+      float* dp = dst + c * plane;
+      for (int64_t j = 0; j < plane; ++j) dp[j] = static_cast<float>(sp[j]) * k + o;
+    }
+  }
 };
 
 void Loader::State::assemble(const std::vector<int64_t>& order, int64_t ep, int64_t index,
                              Batch& b) const {
   const int64_t rows = opt.batch_size, begin = index * rows;
   const int64_t real = std::min(rows, n - begin);
-  b.images.resize(static_cast<size_t>(rows * size));  // (rows, C, H, W)
+  b.images.resize(opt.images ? static_cast<size_t>(rows * size) : 0);  // (rows, C, H, W)
   b.labels.resize(static_cast<size_t>(rows));
   b.samples.resize(static_cast<size_t>(rows));
   b.rows = rows;
@@ -70,17 +80,10 @@ void Loader::State::assemble(const std::vector<int64_t>& order, int64_t ep, int6
                       ")");
     b.labels[static_cast<size_t>(r)] = label;
     b.samples[static_cast<size_t>(r)] = s;
-    const uint8_t* src = ds.images.data() + s * size;  // (C, H, W)
-    float* dst = b.images.data() + r * size;           // (C, H, W)
-    for (int64_t c = 0; c < channels; ++c) {
-      const float k = scale[static_cast<size_t>(c)], o = bias[static_cast<size_t>(c)];
-      const uint8_t* sp = src + c * plane;
-      float* dp = dst + c * plane;
-      for (int64_t j = 0; j < plane; ++j) dp[j] = static_cast<float>(sp[j]) * k + o;
-    }
+    if (opt.images) normalise(s, b.images.data() + r * size);
   }
   if (real < rows) {
-    std::fill(b.images.begin() + real * size, b.images.end(), 0.0f);
+    if (opt.images) std::fill(b.images.begin() + real * size, b.images.end(), 0.0f);
     std::fill(b.labels.begin() + real, b.labels.end(), kIgnoreLabel);
     std::fill(b.samples.begin() + real, b.samples.end(), int64_t{-1});
   }
@@ -282,6 +285,13 @@ LoaderStats Loader::stats() const {
   LoaderStats st = s_->stats;
   st.queued = static_cast<int>(s_->queued);
   return st;
+}
+
+void Loader::normalise(int64_t sample, float* dst) const {
+  if (sample < 0 || sample >= s_->ds.count)
+    throw DataError(s_->ds.name + ": sample " + std::to_string(sample) + " outside [0, " +
+                    std::to_string(s_->ds.count) + ")");
+  s_->normalise(sample, dst);
 }
 
 }  // namespace plexus::data

@@ -24,6 +24,7 @@
 #include "plexus/run_output.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/version.hpp"
+#include "step_pipeline.hpp"
 
 namespace fs = std::filesystem;
 
@@ -68,10 +69,30 @@ std::string value_text(const Config& c, const ConfigKey& k) {
 // Keys a resumed run must share with the run it continues: everything that changes what the
 // steps compute.
 bool must_match_on_resume(const std::string& key) {
+  // Keys that change how steps are run, not what they compute.
   static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
-                                             "data.prefetch"};
+                                             "data.prefetch", "data.resident",
+                                             "train.graph_capture"};
   if (free.count(key)) return false;
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
+}
+
+// data.resident: "on", "off", or "auto" (on for a backend with its own memory when both sets,
+// normalised to f32, take at most a quarter of the device's free memory).
+bool use_resident(const Config& cfg, Backend& backend, int32_t device, const data::Dataset& train,
+                  const data::Dataset* test) {
+  const std::string mode = cfg.get_string("data.resident");
+  if (mode == "on") return true;
+  if (mode == "off") return false;
+  const DeviceInfo info = backend.device(device);
+  if (info.caps & PLX_CAP_UNIFIED_HOST) return false;  // the host's memory already
+  auto bytes = [](const data::Dataset& d) {
+    int64_t s = 1;
+    for (int64_t x : d.sample_shape) s *= x;
+    return static_cast<uint64_t>(d.count + 1) * static_cast<uint64_t>(s + 1) * sizeof(float);
+  };
+  const uint64_t need = bytes(train) + (test ? bytes(*test) : 0);
+  return need <= info.free_memory / 4;
 }
 
 ProgressMode progress_mode(const std::string& s) {
@@ -165,24 +186,6 @@ std::unique_ptr<Model> build_step(const OpRegistry& ops, const ModelSpec& spec, 
   return m;
 }
 
-// Copies a batch into the step's input tensors.
-void feed(Executable& exe, const data::Batch& b) {
-  exe.tensor("x").copy_from_host(b.images.data());
-  exe.tensor("labels").copy_from_host(b.labels.data());
-}
-
-int64_t correct(const std::vector<int64_t>& pred, const data::Batch& b) {
-  int64_t n = 0;
-  for (size_t i = 0; i < pred.size(); ++i)
-    if (b.labels[i] != data::kIgnoreLabel && pred[i] == b.labels[i]) ++n;
-  return n;
-}
-
-void set_scalar(Executable& exe, const char* name, double v) {
-  const float f = static_cast<float>(v);
-  exe.tensor(name).copy_from_host(&f);
-}
-
 }  // namespace
 
 std::string new_run_dir(const std::string& pattern, const std::string& model) {
@@ -231,7 +234,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                       std::to_string(train_set.num_classes));
 
   const int64_t batch = cfg.get_int("train.batch_size");
+  Backend& backend = rt.select_backend(cfg.get_string("backend.name"));
+  const int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
+  const bool resident = use_resident(cfg, backend, device, train_set, do_eval ? &test_set : nullptr);
   data::LoaderOptions lo;
+  lo.images = !resident;
   lo.batch_size = batch;
   lo.shuffle = cfg.get_bool("data.shuffle");
   lo.seed = seed;
@@ -253,8 +260,6 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   }
 
   // ---- the steps ----
-  Backend& backend = rt.select_backend(cfg.get_string("backend.name"));
-  const int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
   OptimizerOptions opt;
   opt.kind = cfg.get_string("train.optimizer");
   opt.momentum = opt.kind == "sgd" ? cfg.get_float("train.momentum") : 0;
@@ -268,6 +273,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   ExecutableOptions eo;
   eo.device = device;
   eo.seed = seed;
+  eo.capture = cfg.get_bool("train.graph_capture");
   // The steps' memory is measured from here: the peak in use above what was in use before.
   backend.sync(device);
   backend.allocator(device).reset_peaks();
@@ -279,6 +285,21 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     eval_model = build_step(rt.ops(), spec, batch, train_set.sample_shape, false, opt);
     eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
   }
+
+  // Inputs flow through pinned staging on a copy stream, or are gathered from the data set
+  // resident on the device; results come back a step late (step_pipeline.hpp).
+  std::unique_ptr<ResidentData> train_resident, test_resident;
+  if (resident) {
+    train_resident = std::make_unique<ResidentData>(
+        make_resident(backend, device, train_loader, train_set, train_loader.samples()));
+    if (test_loader)
+      test_resident = std::make_unique<ResidentData>(
+          make_resident(backend, device, *test_loader, test_set, test_loader->samples()));
+  }
+  StepPipeline train_pipe(backend, device, train_exe, rt.ops(), train_resident.get());
+  std::unique_ptr<StepPipeline> eval_pipe;
+  if (eval_exe)
+    eval_pipe = std::make_unique<StepPipeline>(backend, device, *eval_exe, rt.ops(), test_resident.get());
 
   const int64_t epochs = cfg.get_int("train.epochs");
   const int64_t per_epoch = train_loader.batches_per_epoch();
@@ -392,6 +413,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   const int64_t max_steps = cfg.get_int("train.max_steps");
   const int64_t ckpt_every = cfg.get_int("output.checkpoint_steps");
   data::Batch b;
+  int64_t launched = step;
   double step_seconds = 0;
   int64_t step_images = 0;
   bool stop = false;
@@ -402,48 +424,56 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     double loss_sum = 0;
     int64_t rows = 0, hits = 0, epoch_images = 0;
     double epoch_step_seconds = 0;
-    for (int64_t bi = first_batch; train_loader.next(b); ++bi) {
-      const auto t0 = Clock::now();
-      feed(train_exe, b);
-      const double lr = learning_rate(sched, step);
-      set_scalar(train_exe, kLearningRateInput, lr);
-      if (opt.kind == "adamw") set_scalar(train_exe, kStepInput, static_cast<double>(step + 1));
-      train_exe.run();
-      const double loss = train_exe.tensor("loss_value").to_doubles().at(0);
-      const std::vector<int64_t> pred = train_exe.tensor("predictions").to_vector<int64_t>();
-      const double dt = seconds_since(t0);
+    // Steps are launched one ahead of their results: `launched` counts launches, `step` the
+    // steps whose results were read. A checkpoint drains the pipeline first, so it never holds a
+    // step whose loss was not seen.
+    auto handle = [&](const StepOutcome& o) {
       ++step;
-      if (!std::isfinite(loss)) {
+      if (!std::isfinite(o.loss)) {
         metrics.write(JsonObject().add("type", "stop").add("reason", "non-finite loss")
-                          .add("step", step).add("epoch", epoch + 1).add("batch", bi));
+                          .add("step", step).add("epoch", epoch + 1).add("batch", o.index));
         throw DivergedError(
             "step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
-            std::to_string(bi) + "): the loss is " + (std::isnan(loss) ? "nan" : "inf") +
+            std::to_string(o.index) + "): the loss is " + (std::isnan(o.loss) ? "nan" : "inf") +
             "; training stopped. " +
             (last_good.empty() ? std::string("No checkpoint had been written yet.")
                                : "The last good checkpoint is kept: " + last_good) +
             " (try a lower train.lr)");
       }
-      const int64_t h = correct(pred, b);
-      loss_sum += loss * static_cast<double>(b.real);
-      rows += b.real;
-      hits += h;
-      epoch_images += b.real;
-      epoch_step_seconds += dt;
-      if (req.keep_losses) result.losses.push_back(loss);
+      loss_sum += o.loss * static_cast<double>(o.real);
+      rows += o.real;
+      hits += o.hits;
+      epoch_images += o.real;
+      epoch_step_seconds += o.seconds;
+      if (req.keep_losses) result.losses.push_back(o.loss);
       metrics.write(JsonObject().add("type", "step").add("step", step).add("epoch", epoch + 1)
-                        .add("batch", bi).add("loss", loss)
-                        .add("accuracy", static_cast<double>(h) / static_cast<double>(b.real))
-                        .add("lr", lr).add("images_per_s", static_cast<double>(b.real) / dt));
-      progress.update(bi + 1, epoch_images, loss_sum / static_cast<double>(rows),
+                        .add("batch", o.index).add("loss", o.loss)
+                        .add("accuracy", static_cast<double>(o.hits) / static_cast<double>(o.real))
+                        .add("lr", o.lr)
+                        .add("images_per_s", o.seconds > 0 ? static_cast<double>(o.real) / o.seconds : 0.0));
+      progress.update(o.index + 1, epoch_images, loss_sum / static_cast<double>(rows),
                       static_cast<double>(hits) / static_cast<double>(rows));
-      if (max_steps > 0 && step >= max_steps) {
+    };
+    auto drain = [&] {
+      while (train_pipe.in_flight() > 0) handle(train_pipe.collect());
+    };
+    for (int64_t bi = first_batch; train_loader.next(b); ++bi) {
+      if (train_pipe.full()) handle(train_pipe.collect());
+      const double lr = learning_rate(sched, launched);
+      train_pipe.launch(b, lr, static_cast<double>(launched + 1));
+      ++launched;
+      if (max_steps > 0 && launched >= max_steps) {
+        drain();
         save(epoch, bi + 1);
         stop = true;
         break;
       }
-      if (ckpt_every > 0 && step % ckpt_every == 0) save(epoch, bi + 1);
+      if (ckpt_every > 0 && launched % ckpt_every == 0) {
+        drain();
+        save(epoch, bi + 1);
+      }
     }
+    drain();
     step_seconds += epoch_step_seconds;
     step_images += epoch_images;
     if (stop && rows == 0) break;
@@ -456,13 +486,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       test_loader->start(0, 0);
       double tl = 0;
       int64_t tn = 0, th = 0;
+      auto take = [&](const StepOutcome& o) {
+        tl += o.loss;
+        th += o.hits;
+        tn += o.real;
+      };
       while (test_loader->next(b)) {
-        feed(*eval_exe, b);
-        eval_exe->run();
-        tl += eval_exe->tensor("loss_value").to_doubles().at(0);
-        th += correct(eval_exe->tensor("predictions").to_vector<int64_t>(), b);
-        tn += b.real;
+        if (eval_pipe->full()) take(eval_pipe->collect());
+        eval_pipe->launch(b, 0, 0);
       }
+      while (eval_pipe->in_flight() > 0) take(eval_pipe->collect());
       em.test_loss = tl / static_cast<double>(tn);
       em.test_accuracy = static_cast<double>(th) / static_cast<double>(tn);
     }

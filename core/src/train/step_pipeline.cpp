@@ -1,0 +1,243 @@
+#include "step_pipeline.hpp"
+
+#include <cstring>
+
+#include "plexus/error.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/optimizer.hpp"
+
+namespace plexus {
+
+namespace {
+
+plx_tensor desc_of(const Tensor& t) {
+  plx_tensor v = t.view();
+  v.data = nullptr;
+  return v;
+}
+
+std::unique_ptr<PreparedKernel> prepare(Backend& backend, const OpRegistry& ops, const char* op,
+                                        const Attrs& given, const std::vector<Tensor>& in,
+                                        const std::vector<Tensor>& out, int32_t device) {
+  const OpSchema* schema = ops.find(op);
+  if (!schema) throw OpError(std::string("no op '") + op + "' registered");
+  std::vector<plx_tensor> i, o;
+  for (const Tensor& t : in) i.push_back(desc_of(t));
+  for (const Tensor& t : out) o.push_back(desc_of(t));
+  KernelResolution r = resolve_kernel(backend, *schema, i, o, schema->complete_attrs(given), device);
+  if (!r.kernel) {
+    std::string why;
+    for (const auto& d : r.declines) why += "; " + d;
+    throw OpError("data resident on " + backend.name() + ": no kernel for '" + op + "'" + why +
+                  " (set data.resident = \"off\")");
+  }
+  return std::move(r.kernel);
+}
+
+}  // namespace
+
+ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
+                           const data::Dataset& ds, int64_t n) {
+  const int64_t d = ds.sample_shape.empty() ? 0 : [&] {
+    int64_t s = 1;
+    for (int64_t x : ds.sample_shape) s *= x;
+    return s;
+  }();
+  std::vector<float> images(static_cast<size_t>((n + 1) * d), 0.0f);
+  std::vector<float> labels(static_cast<size_t>(n + 1), static_cast<float>(data::kIgnoreLabel));
+  for (int64_t i = 0; i < n; ++i) {
+    loader.normalise(i, images.data() + i * d);
+    labels[static_cast<size_t>(i)] = static_cast<float>(ds.labels[static_cast<size_t>(i)]);
+  }
+  ResidentData r;
+  r.rows = n;
+  r.images = Tensor::from_host(backend, images.data(), {n + 1, d}, PLX_F32, device);
+  r.labels = Tensor::from_host(backend, labels.data(), {n + 1, 1}, PLX_F32, device);
+  return r;
+}
+
+StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
+                           const OpRegistry& ops, const ResidentData* resident)
+    : backend_(backend), device_(device), exe_(exe), resident_(resident) {
+  const Graph& g = exe.graph();
+  x_ = exe.tensor("x");
+  labels_ = exe.tensor("labels");
+  if (g.find(kLearningRateInput).valid()) lr_ = exe.tensor(kLearningRateInput);
+  if (g.find(kStepInput).valid()) step_ = exe.tensor(kStepInput);
+  loss_ = exe.tensor("loss_value");
+  pred_ = exe.tensor("predictions");
+  if (x_.dtype() != PLX_F32 || labels_.dtype() != PLX_I32 || loss_.dtype() != PLX_F32 ||
+      pred_.dtype() != PLX_I64 || (lr_.defined() && lr_.dtype() != PLX_F32) ||
+      (step_.defined() && step_.dtype() != PLX_F32))
+    throw Error("step pipeline: the step's inputs and outputs have unexpected dtypes");
+  rows_ = labels_.numel();
+  x_bytes_ = x_.nbytes();
+  labels_bytes_ = labels_.nbytes();
+  // Slot input layout: x (or the sample indices) | labels | lr | step, each 8-byte aligned.
+  const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_ + labels_bytes_;
+  in_bytes_ = (head + 7) / 8 * 8 + 2 * sizeof(float);
+  out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
+  compute_ = backend.stream(device);
+  copy_ = backend.create_stream(device);
+
+  const bool pinned = backend.device(device).caps & PLX_CAP_PINNED;
+  try {
+    for (Slot& s : slots_) {
+      if (pinned) {
+        auto& pa = backend.allocator(device, PLX_MEM_PINNED);
+        s.pinned_in = pa.allocate(in_bytes_, copy_);
+        s.pinned_out = pa.allocate(out_bytes_, compute_);
+        s.in = static_cast<unsigned char*>(s.pinned_in->ptr);
+        s.out = static_cast<unsigned char*>(s.pinned_out->ptr);
+      } else {
+        s.host_in.resize(in_bytes_);
+        s.host_out.resize(out_bytes_);
+        s.in = s.host_in.data();
+        s.out = s.host_out.data();
+      }
+      s.staging = Tensor::empty(backend, {static_cast<int64_t>(in_bytes_)}, PLX_U8, device);
+      s.staged = backend.create_event(device);
+      s.consumed = backend.create_event(device);
+      s.done = backend.create_event(device);
+    }
+    if (resident_) {
+      const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
+      const Tensor idx = slots_[0].staging.alias(PLX_I32, {rows_}, 0);
+      gather_images_ = prepare(backend, ops, "embedding", {}, {resident_->images, idx},
+                               {x_.reshape({rows_, d})}, device);
+      gathered_labels_ = Tensor::empty(backend, {rows_, 1}, PLX_F32, device);
+      gather_labels_ = prepare(backend, ops, "embedding", {}, {resident_->labels, idx},
+                               {gathered_labels_}, device);
+      Attrs ca;
+      ca.set("dtype", std::string("i32"));
+      cast_labels_ = prepare(backend, ops, "cast", ca, {gathered_labels_},
+                             {labels_.reshape({rows_, 1})}, device);
+      const uint64_t ws = std::max({gather_images_->workspace_bytes(),
+                                    gather_labels_->workspace_bytes(), cast_labels_->workspace_bytes()});
+      if (ws) workspace_ = Tensor::empty(backend, {static_cast<int64_t>(ws)}, PLX_U8, device);
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+StepPipeline::~StepPipeline() { release(); }
+
+void StepPipeline::release() noexcept {
+  try {
+    if (copy_) backend_.sync_stream(copy_);
+    backend_.sync_stream(compute_);
+  } catch (...) {
+    // The error already reached the step that caused it; what is left is freeing.
+  }
+  for (Slot& s : slots_) {
+    backend_.destroy_event(s.staged);
+    backend_.destroy_event(s.consumed);
+    backend_.destroy_event(s.done);
+    s.staged = s.consumed = s.done = nullptr;
+    if (s.pinned_in || s.pinned_out) {
+      auto& pa = backend_.allocator(device_, PLX_MEM_PINNED);
+      if (s.pinned_in) pa.free(s.pinned_in);
+      if (s.pinned_out) pa.free(s.pinned_out);
+    }
+    s.pinned_in = s.pinned_out = nullptr;
+  }
+  backend_.destroy_stream(copy_);
+  copy_ = nullptr;
+}
+
+void StepPipeline::launch(const data::Batch& b, double lr, double step) {
+  if (in_flight_ == kSlots) throw Error("step pipeline: launch with every slot in flight");
+  if (b.rows != rows_) throw Error("step pipeline: batch of " + std::to_string(b.rows) +
+                                   " rows for a step of " + std::to_string(rows_));
+  Slot& s = slots_[next_];
+  // The slot's last copy must be through before its buffers are written again.
+  if (s.used) backend_.sync_event(s.consumed);
+  s.used = true;
+
+  uint64_t off = 0;
+  if (resident_) {
+    auto* idx = reinterpret_cast<int32_t*>(s.in);
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t smp = b.samples[static_cast<size_t>(r)];
+      idx[r] = static_cast<int32_t>(smp < 0 ? resident_->rows : smp);  // padding: the zero row
+    }
+    off = static_cast<uint64_t>(rows_) * sizeof(int32_t);
+  } else {
+    if (b.images.size() * sizeof(float) != x_bytes_)
+      throw Error("step pipeline: the batch has no images (data.resident mismatch)");
+    std::memcpy(s.in, b.images.data(), x_bytes_);
+    std::memcpy(s.in + x_bytes_, b.labels.data(), labels_bytes_);
+    off = x_bytes_ + labels_bytes_;
+  }
+  off = (off + 7) / 8 * 8;
+  const float scalars[2] = {static_cast<float>(lr), static_cast<float>(step)};
+  std::memcpy(s.in + off, scalars, sizeof scalars);
+  s.labels.assign(b.labels.begin(), b.labels.end());
+  s.real = b.real;
+  s.index = b.index;
+  s.lr = lr;
+
+  // Copy stream: host slot -> device staging. Compute stream: staging -> the step's inputs.
+  unsigned char* stage = static_cast<unsigned char*>(s.staging.data());
+  backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, copy_);
+  backend_.record(s.staged, copy_);
+  backend_.wait(compute_, s.staged);
+  if (resident_) {
+    const plx_tensor idx = s.staging.alias(PLX_I32, {rows_}, 0).view();
+    const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
+    void* ws = workspace_.defined() ? workspace_.data() : nullptr;
+    const plx_tensor gi[2] = {resident_->images.view(), idx};
+    const plx_tensor go = x_.reshape({rows_, d}).view();
+    gather_images_->run(gi, 2, &go, 1, ws, compute_);
+    const plx_tensor li[2] = {resident_->labels.view(), idx};
+    const plx_tensor lo = gathered_labels_.view();
+    gather_labels_->run(li, 2, &lo, 1, ws, compute_);
+    const plx_tensor co = labels_.reshape({rows_, 1}).view();
+    cast_labels_->run(&lo, 1, &co, 1, ws, compute_);
+  } else {
+    backend_.copy(device_, x_.data(), stage, x_bytes_, PLX_COPY_D2D, compute_);
+    backend_.copy(device_, labels_.data(), stage + x_bytes_, labels_bytes_, PLX_COPY_D2D, compute_);
+  }
+  if (lr_.defined()) backend_.copy(device_, lr_.data(), stage + off, sizeof(float), PLX_COPY_D2D, compute_);
+  if (step_.defined())
+    backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
+  backend_.record(s.consumed, compute_);
+
+  exe_.run();
+
+  backend_.copy(device_, s.out, loss_.data(), sizeof(float), PLX_COPY_D2H, compute_);
+  backend_.copy(device_, s.out + 2 * sizeof(float), pred_.data(), pred_.nbytes(), PLX_COPY_D2H, compute_);
+  backend_.record(s.done, compute_);
+  if (!have_last_) {
+    last_ = std::chrono::steady_clock::now();
+    have_last_ = true;
+  }
+  next_ = (next_ + 1) % kSlots;
+  ++in_flight_;
+}
+
+StepOutcome StepPipeline::collect() {
+  if (in_flight_ == 0) throw Error("step pipeline: collect with no step in flight");
+  Slot& s = slots_[(next_ - in_flight_ + kSlots) % kSlots];
+  backend_.sync_event(s.done);
+  --in_flight_;
+  StepOutcome o;
+  float loss = 0;
+  std::memcpy(&loss, s.out, sizeof loss);
+  o.loss = loss;
+  o.real = s.real;
+  o.index = s.index;
+  o.lr = s.lr;
+  const auto* pred = reinterpret_cast<const int64_t*>(s.out + 2 * sizeof(float));
+  for (size_t i = 0; i < s.labels.size(); ++i)
+    if (s.labels[i] != data::kIgnoreLabel && pred[i] == s.labels[i]) ++o.hits;
+  const auto now = std::chrono::steady_clock::now();
+  o.seconds = std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+  if (in_flight_ == 0) have_last_ = false;  // the next launch starts a new run of steps
+  return o;
+}
+
+}  // namespace plexus

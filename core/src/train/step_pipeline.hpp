@@ -1,0 +1,105 @@
+// Feeding training and evaluation steps without waiting on each one (private to the trainer).
+//
+// The host launches step n+1 before it reads step n's results, so the device never idles on the
+// host between steps. Each of two slots holds:
+// - a pinned host buffer the batch (or, with the data set resident on the device, just its sample
+//   indices) and the step's scalars (lr, step) are written into;
+// - a device staging buffer the copy stream fills from it, so the copy of batch n+1 overlaps the
+//   step on batch n;
+// - a pinned buffer the step's loss and predictions come back into, read when its event is done.
+// Events order it all: the compute stream waits for the slot's copy, then moves the staged batch
+// into the step's fixed input tensors (a device-to-device copy, so a captured step replays with
+// the same addresses), runs the step, and copies its results out.
+//
+// On a backend without streams (the CPU) every copy completes at once and the same code runs in
+// order, which is how the tests exercise it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "plexus/allocator.hpp"
+#include "plexus/backend.hpp"
+#include "plexus/data.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/tensor.hpp"
+
+namespace plexus {
+
+// The training set's normalised images and labels on the device, one extra all-zero row labelled
+// kIgnoreLabel at the end for padding rows. Batches are gathered from it by sample index.
+struct ResidentData {
+  Tensor images;  // (n + 1, C*H*W) f32
+  Tensor labels;  // (n + 1, 1) f32 (exact integers; gathered, then cast to i32)
+  int64_t rows = 0;  // n
+};
+
+// Uploads `loader`'s samples [0, n) normalised as its batches are.
+ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
+                           const data::Dataset& ds, int64_t n);
+
+struct StepOutcome {
+  double loss = 0;
+  int64_t hits = 0;      // correct predictions among the real rows
+  int64_t real = 0;      // rows holding samples
+  int64_t index = 0;     // the batch's index within its epoch
+  double lr = 0;         // the learning rate it ran with
+  double seconds = 0;    // since the previous step's results were in (or its launch)
+};
+
+class StepPipeline {
+ public:
+  // `resident` may be null (batches come from the host). The executable's graph has inputs "x"
+  // and "labels", optionally "lr" and "step", and outputs "loss_value" and "predictions".
+  StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
+               const ResidentData* resident);
+  ~StepPipeline();
+  StepPipeline(const StepPipeline&) = delete;
+  StepPipeline& operator=(const StepPipeline&) = delete;
+
+  // Enqueues a step on `b`. Both slots in flight: collect() first (launch throws otherwise).
+  void launch(const data::Batch& b, double lr, double step);
+  int in_flight() const { return in_flight_; }
+  bool full() const { return in_flight_ == kSlots; }
+  // Waits for the oldest step in flight and returns its results. Raises the backend's errors
+  // (a kernel's data error surfaces here).
+  StepOutcome collect();
+
+ private:
+  static constexpr int kSlots = 2;
+  struct Slot {
+    MemoryBlock* pinned_in = nullptr;   // or host_in when the backend has no pinned memory
+    MemoryBlock* pinned_out = nullptr;
+    std::vector<unsigned char> host_in, host_out;
+    unsigned char* in = nullptr;
+    unsigned char* out = nullptr;
+    Tensor staging;  // device copy of `in`
+    plx_event staged = nullptr, consumed = nullptr, done = nullptr;
+    bool used = false;
+    std::vector<int32_t> labels;
+    int64_t real = 0, index = 0;
+    double lr = 0;
+  };
+  void release() noexcept;
+
+  Backend& backend_;
+  int32_t device_;
+  Executable& exe_;
+  const ResidentData* resident_;
+  plx_stream compute_ = nullptr, copy_ = nullptr;
+  Tensor x_, labels_, lr_, step_, loss_, pred_;
+  uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
+  int64_t rows_ = 0;
+  // Resident data: gather kernels (embedding) and the label cast.
+  std::unique_ptr<PreparedKernel> gather_images_, gather_labels_, cast_labels_;
+  Tensor gathered_labels_, workspace_;
+  Slot slots_[kSlots];
+  int next_ = 0, in_flight_ = 0;
+  std::chrono::steady_clock::time_point last_;
+  bool have_last_ = false;
+};
+
+}  // namespace plexus
