@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs, in one call on the GPU machine, what docs/gpu-owed.md lists: build, the whole suite, the
+# CUDA tests under compute-sanitizer, and the training benchmarks beside PyTorch's. Every log goes
+# to $OUT (the device tool brings that folder back). Stage first, on the dev machine
+# (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
+# .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
+#
+#   PHASES="build tests sanitize train torch" (default: all)   EPOCHS=3 (benchmarks)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+PHASES=${PHASES:-"build tests sanitize train torch"}
+EPOCHS=${EPOCHS:-3}
+DATA=$PWD/.deps/fashion-mnist
+B=build-gpu
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+
+if has build; then
+  stamp build
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_PREFIX_PATH="$PWD/.deps" > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+  /usr/bin/time -f "build wall %e s" cmake --build $B -j16 > "$OUT/build.log" 2>&1 || { grep -E 'error' -A5 "$OUT/build.log" | head -80; exit 1; }
+  tail -1 "$OUT/build.log" | tee -a "$OUT/summary.txt"
+  $B/bin/plexus info > "$OUT/info.txt" 2>&1
+  grep -A2 'cuda (plugin' "$OUT/info.txt" | tee -a "$OUT/summary.txt"
+fi
+
+if has tests; then
+  stamp ctest
+  ctest --test-dir $B -j8 --output-on-failure > "$OUT/ctest.log" 2>&1
+  tail -25 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
+  stamp "cuda tests, verbose"
+  $B/bin/plexus_tests "[cuda]" -s > "$OUT/cuda-tests-verbose.log" 2>&1
+  $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests.log" 2>&1
+  tail -40 "$OUT/cuda-tests.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    stamp "compute-sanitizer $tool"
+    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 $B/bin/plexus_tests "[cuda]" \
+      > "$OUT/sanitizer-$tool.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard' "$OUT/sanitizer-$tool.log" | head -20 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has train; then
+  for model in simplecnn convnet; do
+    for batch in 128 1024; do
+      for capture in true false; do
+        tag="$model-b$batch-capture-$capture"
+        stamp "plexus train $tag"
+        $B/bin/plexus train configs/$model.toml --set backend.name=cuda \
+          --set train.epochs=$EPOCHS --set train.batch_size=$batch \
+          --set train.graph_capture=$capture --set data.path=\"$DATA\" \
+          --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" \
+          > "$OUT/train-$tag.log" 2>&1
+        echo "exit $?" | tee -a "$OUT/summary.txt"
+        tail -4 "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
+      done
+    done
+  done
+fi
+
+if has torch; then
+  for batch in 128 1024; do
+    stamp "torch_anchor batch $batch"
+    python3 .deps/bench/torch_anchor.py "$DATA" cuda --epochs $EPOCHS --batch $batch \
+      --variants fp32,tf32,bf16 > "$OUT/torch-anchor-b$batch.log" 2>&1
+    tail -8 "$OUT/torch-anchor-b$batch.log" | tee -a "$OUT/summary.txt"
+  done
+  stamp torch_graphs
+  python3 .deps/bench/torch_graphs.py "$DATA" > "$OUT/torch-graphs.log" 2>&1
+  tail -20 "$OUT/torch-graphs.log" | tee -a "$OUT/summary.txt"
+fi
+stamp done
