@@ -1,5 +1,641 @@
-// Placeholder until the family's kernels land (same session).
+// CUDA kernels: conv family (see docs/ops.md) on cuDNN 9's convolution API.
+//
+//   conv2d                  cudnnConvolutionForward         y  = conv(x, w) (+ b)
+//   conv2d_backward_data    cudnnConvolutionBackwardData    dx = convᵀ(dy, w)
+//   conv2d_backward_weight  cudnnConvolutionBackwardFilter  dw = Σ_n dy_n ⋆ x_n
+//
+// Layouts: each 4-D tensor is NCHW contiguous or channels-last (NHWC in memory, the same logical
+// (N, C, H, W) shape); the kernels take strided inputs (PLX_KERNEL_STRIDED) and describe each
+// tensor to cuDNN in the layout its strides have. Any other strides are declined. The filter is
+// (O, C/groups, KH, KW) or channels-last (O, KH, KW, C/groups).
+//
+// Algorithms are chosen once per node, at creation: measured (cudnnFind*AlgorithmEx on scratch
+// buffers allocated for the purpose and freed again) when the plugin's `benchmark` option is on,
+// else cuDNN's heuristic. Measured choices are kept for the process and in the file named by
+// `algo_cache` (conv_algo_cache.hpp), so a shape is measured once per machine. Only algorithms
+// whose workspace fits `conv_workspace` are considered; the kernel reports the chosen one's.
+//
+// Determinism: every cuDNN forward algorithm is deterministic, and the forward only takes those
+// cuDNN reports as such, so conv2d carries PLX_KERNEL_DETERMINISTIC. Some backward algorithms
+// accumulate with atomics (BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3); a deterministic one is
+// preferred when it measures within 5% of the fastest, but which one wins depends on the shape
+// and the GPU, so the backward kernels do not claim determinism.
+//
+// Math: f16 and bf16 run on Tensor Cores (f32 accumulation, CUDNN_TENSOR_OP_MATH); f32 runs in
+// full f32 (CUDNN_FMA_MATH) unless the plugin's tf32 option was on when the kernel was created
+// (CUDNN_DEFAULT_MATH, which lets Ampere and later use TF32). The compute type is always f32.
+//
+// The bias is written into y first and the convolution adds onto it (beta = 1), so each output
+// element is rounded once, as on the CPU.
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "common.hpp"
+#include "ops/conv_algo_cache.hpp"
+#include "ops/gemm_bias.hpp"
+
 namespace plexus::cuda {
-void register_conv(KernelRegistry&) {}
+
+namespace {
+
+constexpr const char* kLog = "cuda.conv";
+// A deterministic algorithm is taken over a faster non-deterministic one within this factor.
+constexpr float kDeterministicSlack = 1.05f;
+
+enum class Dir { Fwd, BwdData, BwdFilter };
+
+// ---- cuDNN descriptor owners (destruction cannot fail usefully, so errors are dropped) ----
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { PLX_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+};
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { PLX_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { PLX_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+};
+
+// Device memory owned for the length of an algorithm search in create().
+struct ScratchBuffer {
+  void* p = nullptr;
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() {
+    if (p) cudaFree(p);
+  }
+  // False (with the runtime's error cleared) when the memory is not there.
+  bool allocate(size_t bytes) {
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    p = nullptr;
+    return false;
+  }
+};
+struct ScratchStream {
+  cudaStream_t s = nullptr;
+  ScratchStream() { PLX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ScratchStream(const ScratchStream&) = delete;
+  ScratchStream& operator=(const ScratchStream&) = delete;
+  ~ScratchStream() { cudaStreamDestroy(s); }
+};
+
+cudnnDataType_t dnn_type(plx_dtype d) {
+  switch (d) {
+    case PLX_F32:
+      return CUDNN_DATA_FLOAT;
+    case PLX_F16:
+      return CUDNN_DATA_HALF;
+    case PLX_BF16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("cuDNN kernels take f32, f16 or bf16, not %s", plexus::dtype_name(d)));
+}
+
+// ---- layouts ----
+
+// Strides of a logical (d0, d1, d2, d3) tensor stored as (d0, d2, d3, d1): channels last.
+bool channels_last(const plx_tensor& t) {
+  if (numel(t) == 0) return true;
+  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
+  const int64_t want[4] = {H * W * C, 1, W * C, C};
+  for (int i = 0; i < 4; ++i)
+    if (t.shape[i] != 1 && t.strides[i] != want[i]) return false;
+  return true;
+}
+
+const char* layout_name(bool nhwc) {
+  return nhwc ? "nhwc" : "nchw";
+}
+
+// ---- per-direction cuDNN entry points ----
+
+struct Descs {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+};
+// Device pointers for the three tensors of a call, by role.
+struct Ptrs {
+  void* x;
+  void* w;
+  void* y;
+};
+
+template <Dir D>
+struct Api;
+
+template <>
+struct Api<Dir::Fwd> {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  static constexpr const char* key = "fwd";
+  static constexpr int kAlgoCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static bool deterministic(int) { return true; }
+  static const char* name(int a) {
+    static const char* n[] = {
+        "implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling",
+        "winograd",      "winograd_nonfused"};
+    return a >= 0 && a < kAlgoCount ? n[a] : "?";
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Descs& d, int a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, d.x.d, d.w.d, d.conv.d, d.y.d,
+                                                   static_cast<Algo>(a), bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Descs& d, const Ptrs& p, int n, int* got,
+                            Perf* perf, void* ws, size_t ws_bytes) {
+    return cudnnFindConvolutionForwardAlgorithmEx(h, d.x.d, p.x, d.w.d, p.w, d.conv.d, d.y.d, p.y,
+                                                  n, got, perf, ws, ws_bytes);
+  }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const Descs& d, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w.d, d.conv.d, d.y.d, n, got, perf);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Descs& d, const Ptrs& p, int a, void* ws,
+                           size_t ws_bytes, const float* alpha, const float* beta) {
+    return cudnnConvolutionForward(h, alpha, d.x.d, p.x, d.w.d, p.w, d.conv.d, static_cast<Algo>(a),
+                                   ws, ws_bytes, beta, d.y.d, p.y);
+  }
+};
+
+template <>
+struct Api<Dir::BwdData> {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  static constexpr const char* key = "bwd_data";
+  static constexpr int kAlgoCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static bool deterministic(int a) { return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
+  static const char* name(int a) {
+    static const char* n[] = {"algo_0",     "algo_1",   "fft",
+                              "fft_tiling", "winograd", "winograd_nonfused"};
+    return a >= 0 && a < kAlgoCount ? n[a] : "?";
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Descs& d, int a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.d, d.y.d, d.conv.d, d.x.d,
+                                                        static_cast<Algo>(a), bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Descs& d, const Ptrs& p, int n, int* got,
+                            Perf* perf, void* ws, size_t ws_bytes) {
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w.d, p.w, d.y.d, p.y, d.conv.d, d.x.d,
+                                                       p.x, n, got, perf, ws, ws_bytes);
+  }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const Descs& d, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.d, d.y.d, d.conv.d, d.x.d, n, got,
+                                                       perf);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Descs& d, const Ptrs& p, int a, void* ws,
+                           size_t ws_bytes, const float* alpha, const float* beta) {
+    return cudnnConvolutionBackwardData(h, alpha, d.w.d, p.w, d.y.d, p.y, d.conv.d,
+                                        static_cast<Algo>(a), ws, ws_bytes, beta, d.x.d, p.x);
+  }
+};
+
+template <>
+struct Api<Dir::BwdFilter> {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  static constexpr const char* key = "bwd_filter";
+  static constexpr int kAlgoCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static bool deterministic(int a) {
+    return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+  }
+  static const char* name(int a) {
+    static const char* n[] = {
+        "algo_0", "algo_1", "fft", "algo_3", "winograd", "winograd_nonfused", "fft_tiling"};
+    return a >= 0 && a < kAlgoCount ? n[a] : "?";
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const Descs& d, int a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.d, d.y.d, d.conv.d, d.w.d,
+                                                          static_cast<Algo>(a), bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const Descs& d, const Ptrs& p, int n, int* got,
+                            Perf* perf, void* ws, size_t ws_bytes) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x.d, p.x, d.y.d, p.y, d.conv.d, d.w.d,
+                                                         p.w, n, got, perf, ws, ws_bytes);
+  }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const Descs& d, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv.d, d.w.d, n, got,
+                                                         perf);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, const Descs& d, const Ptrs& p, int a, void* ws,
+                           size_t ws_bytes, const float* alpha, const float* beta) {
+    return cudnnConvolutionBackwardFilter(h, alpha, d.x.d, p.x, d.y.d, p.y, d.conv.d,
+                                          static_cast<Algo>(a), ws, ws_bytes, beta, d.w.d, p.w);
+  }
+};
+
+const char* op_name(Dir d) {
+  switch (d) {
+    case Dir::Fwd:
+      return "conv2d";
+    case Dir::BwdData:
+      return "conv2d_backward_data";
+    case Dir::BwdFilter:
+      return "conv2d_backward_weight";
+  }
+  return "conv2d";
+}
+
+// ---- the geometry (the CPU plugin's checks) ----
+
+struct ConvGeom {
+  int64_t N, C, H, W;  // x (N, C, H, W)
+  int64_t O, KH, KW;   // w (O, C/groups, KH, KW)
+  int64_t OH, OW;      // y (N, O, OH, OW)
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+
+  ConvGeom(const int64_t* x, const int64_t* w, const NodeInfo& node) {
+    const auto stride = node.attr_ints("stride"), pad = node.attr_ints("padding"),
+               dil = node.attr_ints("dilation");
+    PLX_REQUIRE(stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                "%s: stride, padding and dilation must have 2 values", node.op());
+    N = x[0], C = x[1], H = x[2], W = x[3];
+    O = w[0], KH = w[2], KW = w[3];
+    sh = stride[0], sw = stride[1], ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1];
+    groups = node.attr_int("groups");
+    PLX_REQUIRE(groups >= 1 && C % groups == 0 && O % groups == 0 && w[1] * groups == C,
+                "%s: channels do not match groups", node.op());
+    PLX_REQUIRE(
+        sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0 && KH >= 1 && KW >= 1,
+        "%s: bad stride, padding, dilation or kernel", node.op());
+    OH = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1;
+    OW = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
+    PLX_REQUIRE(OH >= 1 && OW >= 1, "%s: kernel larger than the padded input", node.op());
+  }
+};
+
+std::array<int64_t, 4> shape4(const plx_tensor& t) {
+  return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+}
+
+bool fits_int(int64_t v) {
+  return v >= 0 && v <= INT_MAX;
+}
+
+// A choice usable with these descriptors: the math type set and the workspace asked for. False
+// (math type restored) when cuDNN refuses the algorithm for them.
+template <Dir D>
+bool apply_choice(cudnnHandle_t h, Descs& d, const conv_cache::Choice& c, cudnnMathType_t asked,
+                  uint64_t& workspace) {
+  if (c.algo < 0 || c.algo >= Api<D>::kAlgoCount) return false;
+  PLX_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, static_cast<cudnnMathType_t>(c.math)));
+  size_t bytes = 0;
+  if (Api<D>::workspace(h, d, c.algo, &bytes) != CUDNN_STATUS_SUCCESS) {
+    PLX_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, asked));
+    return false;
+  }
+  workspace = bytes;
+  return true;
+}
+
+// The best of cuDNN's results: measured (the fastest, or a deterministic one within
+// kDeterministicSlack of it) or from the heuristic (its first usable one, in its own order).
+// Results with an error status or a workspace over the limit are skipped; `only_deterministic`
+// skips the non-deterministic ones too.
+template <class Perf>
+std::optional<conv_cache::Choice> pick(const Perf* perf, int n, uint64_t limit, bool measured,
+                                       bool only_deterministic) {
+  int best = -1, best_det = -1;
+  for (int i = 0; i < n; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
+    const bool det = p.determinism == CUDNN_DETERMINISTIC;
+    if (only_deterministic && !det) continue;
+    if (measured && p.time < 0) continue;  // not timed
+    if (best < 0 || (measured && p.time < perf[best].time)) best = i;
+    if (det && (best_det < 0 || (measured && p.time < perf[best_det].time))) best_det = i;
+  }
+  if (best < 0) return std::nullopt;
+  int chosen = best;
+  if (measured && best_det >= 0 && perf[best_det].time <= kDeterministicSlack * perf[best].time)
+    chosen = best_det;
+  conv_cache::Choice c;
+  c.algo = static_cast<int32_t>(perf[chosen].algo);
+  c.workspace = perf[chosen].memory;
+  c.math = static_cast<int32_t>(perf[chosen].mathType);
+  return c;
+}
+
+// conv2d (D = Fwd), conv2d_backward_data, conv2d_backward_weight.
+template <Dir D>
+class ConvKernel final : public Kernel {
+  using A = Api<D>;
+
+ public:
+  ConvKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+    const char* op = op_name(D);
+    // The tensors by role: x (N, C, H, W), w (O, C/groups, KH, KW), y (N, O, OH, OW).
+    const plx_tensor* x = nullptr;
+    const plx_tensor* w = nullptr;
+    const plx_tensor* y = nullptr;
+    if constexpr (D == Dir::Fwd) {
+      x = &node.input(0), w = &node.input(1), y = &node.output(0);
+      has_bias_ = node.has_input(2);
+    } else if constexpr (D == Dir::BwdData) {
+      y = &node.input(0), w = &node.input(1), x = &node.output(0);
+    } else {
+      y = &node.input(0), x = &node.input(1), w = &node.output(0);
+    }
+    PLX_REQUIRE(x->ndim == 4 && w->ndim == 4 && y->ndim == 4, "%s: x, w and y must be 4-D", op);
+    // The backward ops take the forward's x (w) shape from an attribute, as the CPU plugin does.
+    std::array<int64_t, 4> x_shape = shape4(*x), w_shape = shape4(*w);
+    if constexpr (D != Dir::Fwd) {
+      const char* attr = D == Dir::BwdData ? "input_shape" : "weight_shape";
+      const std::vector<int64_t> v = node.attr_ints(attr);
+      PLX_REQUIRE(v.size() == 4, "%s: %s must have 4 values", op, attr);
+      std::array<int64_t, 4>& dst = D == Dir::BwdData ? x_shape : w_shape;
+      for (size_t i = 0; i < 4; ++i) dst[i] = v[i];
+    }
+    const ConvGeom g(x_shape.data(), w_shape.data(), node);
+    const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
+    for (int i = 0; i < 4; ++i) {
+      PLX_REQUIRE(y->shape[i] == want_y[i],
+                  "%s: dy/y has shape %s, the convolution gives (%lld, "
+                  "%lld, %lld, %lld)",
+                  op, sdk::shape_string(*y).c_str(), static_cast<long long>(g.N),
+                  static_cast<long long>(g.O), static_cast<long long>(g.OH),
+                  static_cast<long long>(g.OW));
+      PLX_REQUIRE(x->shape[i] == x_shape[static_cast<size_t>(i)] &&
+                      w->shape[i] == w_shape[static_cast<size_t>(i)],
+                  "%s: tensor shapes differ from the shape attributes", op);
+    }
+
+    dtype_ = static_cast<plx_dtype>(y->dtype);
+    elem_ = plexus::dtype_size(dtype_);
+    const cudnnDataType_t dt = dnn_type(dtype_);
+    const plx_tensor& out = D == Dir::Fwd ? *y : (D == Dir::BwdData ? *x : *w);
+    out_elems_ = numel(out);
+    N_ = g.N, O_ = g.O, OHW_ = g.OH * g.OW;
+
+    // Layouts: channels-last where a tensor is only that, NCHW otherwise; a tensor that is both
+    // (a size-1 dimension makes the two coincide) follows the others.
+    const plx_tensor* all[3] = {x, w, y};
+    bool prefer_nhwc = false;
+    for (const plx_tensor* t : all)
+      prefer_nhwc = prefer_nhwc || (!sdk::is_contiguous(*t) && channels_last(*t));
+    bool nhwc[3];
+    for (int i = 0; i < 3; ++i) {
+      const bool nchw_ok = sdk::is_contiguous(*all[i]), nhwc_ok = channels_last(*all[i]);
+      PLX_DECLINE_UNLESS(nchw_ok || nhwc_ok,
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last",
+                         op);
+      nhwc[i] = prefer_nhwc ? nhwc_ok : !nchw_ok;
+    }
+    x_nhwc_ = nhwc[0], w_nhwc_ = nhwc[1], y_nhwc_ = nhwc[2];
+    if (has_bias_) {
+      const plx_tensor& b = node.input(2);
+      PLX_DECLINE_UNLESS(b.ndim == 1 && (b.shape[0] <= 1 || b.strides[0] == 1),
+                         "%s: the bias must be contiguous", op);
+    }
+
+    // Nothing to compute: an empty output, or an empty sum (y = bias or 0).
+    if (out_elems_ == 0) return;
+    x_elems_ = numel(*x), w_elems_ = numel(*w), y_elems_ = numel(*y);
+    trivial_ = x_elems_ == 0 || w_elems_ == 0 || y_elems_ == 0;
+    if (trivial_) return;
+
+    // cuDNN's legacy API takes int sizes and indexes tensors with 32-bit offsets.
+    for (const plx_tensor* t : all) {
+      PLX_DECLINE_UNLESS(numel(*t) <= INT_MAX,
+                         "%s: a tensor of %lld elements is beyond cuDNN's 32-bit indexing", op,
+                         static_cast<long long>(numel(*t)));
+    }
+    PLX_DECLINE_UNLESS(fits_int(g.sh) && fits_int(g.sw) && fits_int(g.ph) && fits_int(g.pw) &&
+                           fits_int(g.dh) && fits_int(g.dw) && fits_int(g.groups),
+                       "%s: stride, padding, dilation or groups beyond cuDNN's int range", op);
+
+    use_device(device_);
+    ctx_ = &backend.context(device_);
+    const CudaOptions& opt = backend.options();
+    auto i32 = [](int64_t v) { return static_cast<int>(v); };
+    d_ = std::make_unique<Descs>();
+    PLX_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_->x.d,
+                                               x_nhwc_ ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, dt,
+                                               i32(g.N), i32(g.C), i32(g.H), i32(g.W)));
+    PLX_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_->y.d,
+                                               y_nhwc_ ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, dt,
+                                               i32(g.N), i32(g.O), i32(g.OH), i32(g.OW)));
+    PLX_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(d_->w.d, dt, w_nhwc_ ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                   i32(g.O), i32(g.C / g.groups), i32(g.KH), i32(g.KW)));
+    PLX_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d_->conv.d, i32(g.ph), i32(g.pw), i32(g.sh),
+                                                    i32(g.sw), i32(g.dh), i32(g.dw),
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    PLX_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d_->conv.d, i32(g.groups)));
+    const cudnnMathType_t asked = dtype_ != PLX_F32 ? CUDNN_TENSOR_OP_MATH
+                                  : opt.tf32        ? CUDNN_DEFAULT_MATH
+                                                    : CUDNN_FMA_MATH;
+    PLX_CUDNN_CHECK(cudnnSetConvolutionMathType(d_->conv.d, asked));
+    {
+      // cuDNN must agree on the output shape, or the descriptors above are wrong.
+      int n = 0, c = 0, h = 0, wd = 0;
+      PLX_CUDNN_CHECK(
+          cudnnGetConvolution2dForwardOutputDim(d_->conv.d, d_->x.d, d_->w.d, &n, &c, &h, &wd));
+      if (n != g.N || c != g.O || h != g.OH || wd != g.OW)
+        throw sdk::Error(
+            PLX_ERR_INTERNAL,
+            sdk::format("%s: cuDNN computes output (%d, %d, %d, %d), expected (%lld, "
+                        "%lld, %lld, %lld)",
+                        op, n, c, h, wd, static_cast<long long>(g.N), static_cast<long long>(g.O),
+                        static_cast<long long>(g.OH), static_cast<long long>(g.OW)));
+    }
+
+    const uint64_t limit = opt.conv_workspace;
+    const bool only_det = D == Dir::Fwd;  // keeps PLX_KERNEL_DETERMINISTIC true for conv2d
+    const char* how = "heuristic";
+    bool chosen = false;
+    // A choice holds when cuDNN takes it for these descriptors within the workspace limit.
+    auto take = [&](const conv_cache::Choice& c) {
+      if (c.workspace > limit || (only_det && !A::deterministic(c.algo))) return false;
+      if (apply_choice<D>(ctx_->dnn, *d_, c, asked, workspace_) && workspace_ <= limit) {
+        algo_ = c.algo;
+        return true;
+      }
+      PLX_CUDNN_CHECK(cudnnSetConvolutionMathType(d_->conv.d, asked));
+      return false;
+    };
+    if (opt.benchmark) {
+      conv_cache::KeyParts k;
+      k.op = A::key;
+      k.dtype = plexus::dtype_name(dtype_);
+      k.x = {g.N, g.C, g.H, g.W};
+      k.w = {g.O, g.C / g.groups, g.KH, g.KW};
+      k.y = {g.N, g.O, g.OH, g.OW};
+      k.x_layout = layout_name(x_nhwc_);
+      k.w_layout = layout_name(w_nhwc_);
+      k.y_layout = layout_name(y_nhwc_);
+      k.stride = {g.sh, g.sw}, k.padding = {g.ph, g.pw}, k.dilation = {g.dh, g.dw};
+      k.groups = g.groups;
+      k.math = static_cast<int32_t>(asked);
+      const std::string key = conv_cache::make_key(k);
+      conv_cache::AlgoCache& cache = conv_cache::shared_cache(opt.algo_cache, cache_header());
+      std::lock_guard<std::mutex> lock(ctx_->mu);
+      if (const auto c = cache.find(key); c && take(*c)) {
+        chosen = true, how = "cached";
+      } else if (const auto m = measure(limit, only_det); m && take(*m)) {
+        chosen = true, how = "measured";
+        conv_cache::Choice stored = *m;
+        stored.workspace = workspace_;
+        cache.store(key, stored);
+      }
+    }
+    if (!chosen) {
+      std::lock_guard<std::mutex> lock(ctx_->mu);
+      int count = 0;
+      typename A::Perf perf[2 * A::kAlgoCount];
+      PLX_CUDNN_CHECK(A::heuristic(ctx_->dnn, *d_, 2 * A::kAlgoCount, &count, perf));
+      const auto h = pick(perf, count, limit, false, only_det);
+      PLX_DECLINE_UNLESS(h && take(*h),
+                         "%s: cuDNN has no algorithm for these shapes within conv_workspace = "
+                         "%llu bytes",
+                         op, static_cast<unsigned long long>(limit));
+    }
+    PLX_LOG(PLX_LOG_DEBUG, kLog,
+            "%s %s (x %s, w %s, y %s): %s algorithm %s (%d, %sdeterministic), workspace %llu "
+            "bytes",
+            op, plexus::dtype_name(dtype_), layout_name(x_nhwc_), layout_name(w_nhwc_),
+            layout_name(y_nhwc_), how, A::name(algo_), algo_, A::deterministic(algo_) ? "" : "non-",
+            static_cast<unsigned long long>(workspace_));
+  }
+
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    if (out_elems_ == 0) return;
+    use_device(device_);
+    const cudaStream_t stream = native(c.stream);
+    Ptrs p{};
+    if constexpr (D == Dir::Fwd)
+      p = {c.in(0).data, c.in(1).data, c.out(0).data};
+    else if constexpr (D == Dir::BwdData)
+      p = {c.out(0).data, c.in(1).data, c.in(0).data};
+    else
+      p = {c.in(1).data, c.out(0).data, c.in(0).data};
+    void* out = D == Dir::Fwd ? p.y : (D == Dir::BwdData ? p.x : p.w);
+    const bool bias = D == Dir::Fwd && has_bias_;
+    if (bias) {
+      // y = b, then the convolution adds onto it (beta = 1): one rounding per element.
+      const void* b = c.in(2).data;
+      if (y_nhwc_)
+        fill_bias(dtype_, p.y, b, N_ * OHW_, O_, 1, stream);
+      else
+        fill_bias(dtype_, p.y, b, N_, O_, OHW_, stream);
+    }
+    if (trivial_) {
+      // An empty sum: y = b (filled above) or 0. Both layouts are dense, so the output is one
+      // block of memory.
+      if (!bias)
+        PLX_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(out_elems_) * elem_, stream));
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    std::lock_guard<std::mutex> lock(ctx_->mu);
+    PLX_CUDNN_CHECK(cudnnSetStream(ctx_->dnn, stream));
+    PLX_CUDNN_CHECK(A::run(ctx_->dnn, *d_, p, algo_, workspace_ ? c.workspace : nullptr,
+                           workspace_ ? c.workspace_bytes : 0, &one, bias ? &one : &zero));
+  }
+
+ private:
+  // The header of the algorithm cache file for this device and these libraries.
+  std::string cache_header() const {
+    int runtime = 0;
+    PLX_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    return conv_cache::header_line(ctx_->prop.name, ctx_->prop.major, ctx_->prop.minor,
+                                   static_cast<uint64_t>(cudnnGetVersion()), runtime);
+  }
+
+  // Times every algorithm whose workspace fits `limit` on scratch buffers of this node's shapes
+  // and returns the best (nullopt when the memory for the measurement is not there: the caller
+  // then asks the heuristic). Called with ctx_->mu held.
+  std::optional<conv_cache::Choice> measure(uint64_t limit, bool only_det) {
+    const cudnnHandle_t h = ctx_->dnn;
+    // The largest workspace any algorithm wants, within the limit: no algorithm is left out for
+    // want of scratch space it would be allowed at run time.
+    size_t ws_bytes = 0;
+    for (int a = 0; a < A::kAlgoCount; ++a) {
+      size_t need = 0;
+      if (A::workspace(h, *d_, a, &need) == CUDNN_STATUS_SUCCESS && need <= limit)
+        ws_bytes = std::max(ws_bytes, need);
+    }
+    const size_t bytes[3] = {static_cast<size_t>(x_elems_) * elem_,
+                             static_cast<size_t>(w_elems_) * elem_,
+                             static_cast<size_t>(y_elems_) * elem_};
+    ScratchBuffer bx, bw, by, bws;
+    if (!bx.allocate(bytes[0]) || !bw.allocate(bytes[1]) || !by.allocate(bytes[2])) {
+      PLX_LOG(PLX_LOG_INFO, kLog,
+              "%s: no device memory to measure algorithms; using cuDNN's "
+              "heuristic",
+              op_name(D));
+      return std::nullopt;
+    }
+    // Less workspace than asked for only leaves out the algorithms that need more.
+    while (ws_bytes > 0 && !bws.allocate(ws_bytes)) ws_bytes /= 2;
+    ScratchStream stream;
+    PLX_CUDNN_CHECK(cudnnSetStream(h, stream.s));
+    // The handle must not keep the scratch stream once it is destroyed; back to the default
+    // stream, however this returns (every call sets its own stream anyway).
+    struct Unbind {
+      cudnnHandle_t h;
+      ~Unbind() { cudnnSetStream(h, nullptr); }
+    } unbind{h};
+    // Defined inputs: garbage could hold NaNs or denormals and time differently.
+    PLX_CUDA_CHECK(cudaMemsetAsync(bx.p, 0, bytes[0], stream.s));
+    PLX_CUDA_CHECK(cudaMemsetAsync(bw.p, 0, bytes[1], stream.s));
+    PLX_CUDA_CHECK(cudaMemsetAsync(by.p, 0, bytes[2], stream.s));
+    typename A::Perf perf[2 * A::kAlgoCount];
+    int count = 0;
+    const cudnnStatus_t st =
+        A::find(h, *d_, Ptrs{bx.p, bw.p, by.p}, static_cast<int>(sizeof perf / sizeof perf[0]),
+                &count, perf, bws.p, ws_bytes);
+    PLX_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    PLX_CUDNN_CHECK(st);
+    return pick(perf, count, std::min<uint64_t>(limit, ws_bytes), true, only_det);
+  }
+
+  int32_t device_;
+  DeviceContext* ctx_ = nullptr;
+  plx_dtype dtype_ = PLX_F32;
+  size_t elem_ = 4;
+  bool has_bias_ = false;
+  bool trivial_ = false;
+  bool x_nhwc_ = false, w_nhwc_ = false, y_nhwc_ = false;
+  int64_t out_elems_ = 0, N_ = 0, O_ = 0, OHW_ = 0;
+  int64_t x_elems_ = 0, w_elems_ = 0, y_elems_ = 0;
+  std::unique_ptr<Descs> d_;  // only for a node with something to compute
+  int algo_ = 0;
+  uint64_t workspace_ = 0;
+};
+
+}  // namespace
+
+void register_conv(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED;
+  for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
+    r.add<ConvKernel<Dir::Fwd>, CudaBackend>("conv2d", d, "cudnn", f | PLX_KERNEL_DETERMINISTIC);
+    r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn", f);
+    r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn", f);
+  }
+}
+
 }  // namespace plexus::cuda

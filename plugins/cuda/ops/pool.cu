@@ -1,5 +1,396 @@
-// Placeholder until the family's kernels land (same session).
+// CUDA kernels: pool family (see docs/ops.md), NCHW contiguous.
+//
+// One thread per output element in the forward ops, one per input element in the backward ops,
+// consecutive threads on consecutive columns so that loads and stores coalesce. Window bounds are
+// worked out per element from the geometry (a few integer operations), so no tap is tested
+// against the input bounds inside the loops.
+//
+// The backward ops gather rather than scatter, as the CPU plugin does: each dx element sums the
+// dy of the windows that cover it (max: only those whose index names it) in a fixed order
+// (window row, then column). Every dx element is written once by one thread, rounded once, with
+// no atomics and no scratch, so the results are bit-identical run to run.
+//
+// Indices: element positions are decomposed in 32-bit arithmetic when every index fits (the
+// common case; 64-bit division costs several times more), else in 64-bit.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
 #include "device.cuh"
+
 namespace plexus::cuda {
-void register_pool(KernelRegistry&) {}
+
+namespace {
+
+// The geometry of one node, passed to the kernels by value. Spatial sizes fit in 32 bits in
+// practice but are kept 64-bit so no product can overflow.
+struct PoolGeom {
+  int64_t planes;       // N·C
+  int64_t H, W;         // input plane
+  int64_t OH, OW;       // output plane
+  int64_t kh, kw;       // window
+  int64_t sh, sw;       // stride
+  int64_t ph, pw;       // padding
+  int64_t dh, dw;       // dilation (1 for average pooling)
+  int32_t include_pad;  // average pooling: padding counts in the divisor
+};
+
+// x (N, C, H, W), y (N, C, OH, OW); mirrors the CPU plugin's checks.
+PoolGeom make_geom(const int64_t* x, const int64_t* y, const NodeInfo& node, bool dilated) {
+  const auto kernel = node.attr_ints("kernel"), pad = node.attr_ints("padding");
+  auto stride = node.attr_ints("stride");
+  if (stride.empty()) stride = kernel;
+  const std::vector<int64_t> dil =
+      dilated ? node.attr_ints("dilation") : std::vector<int64_t>{1, 1};
+  PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+              "%s: kernel, stride, padding and dilation must have 2 values", node.op());
+  PLX_REQUIRE(kernel[0] >= 1 && kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 && dil[0] >= 1 &&
+                  dil[1] >= 1,
+              "%s: bad kernel, stride or dilation", node.op());
+  PoolGeom g{};
+  g.planes = x[0] * x[1];
+  g.H = x[2], g.W = x[3], g.OH = y[2], g.OW = y[3];
+  g.kh = kernel[0], g.kw = kernel[1];
+  g.sh = stride[0], g.sw = stride[1];
+  g.ph = pad[0], g.pw = pad[1];
+  g.dh = dil[0], g.dw = dil[1];
+  g.include_pad = 0;
+  return g;
+}
+
+}  // namespace
+
+// ---- window geometry along one axis (host and device, so it can be checked on a CPU) ----
+namespace pool_axis {
+
+// ceil(a / b) and floor(a / b) for b > 0 and any sign of a.
+template <class I>
+__host__ __device__ __forceinline__ I ceil_div(I a, I b) {
+  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+template <class I>
+__host__ __device__ __forceinline__ I floor_div(I a, I b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+template <class I>
+__host__ __device__ __forceinline__ I clamp_to(I v, I lo, I hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// The taps [lo, hi) of output o's window (k taps, stride s, padding p, dilation d) that fall
+// inside an input of size n.
+template <class I>
+__host__ __device__ __forceinline__ void taps(I o, I s, I p, I d, I k, I n, I& lo, I& hi) {
+  const I start = o * s - p;  // input position of tap 0
+  lo = clamp_to<I>(ceil_div<I>(-start, d), 0, k);
+  hi = clamp_to<I>(ceil_div<I>(n - start, d), lo, k);
+}
+
+// The outputs [lo, hi) (of `out`) whose window extent (d·(k − 1) + 1 positions) covers input
+// position i: those starting in [i + p − extent + 1, i + p].
+template <class I>
+__host__ __device__ __forceinline__ void windows(I i, I s, I p, I extent, I out, I& lo, I& hi) {
+  lo = clamp_to<I>(ceil_div<I>(i + p - extent + 1, s), 0, out);
+  hi = clamp_to<I>(floor_div<I>(i + p, s) + 1, lo, out);
+}
+
+// Average pooling, output o: its window clipped to the input [lo, hi), and its divisor along
+// this axis: the window clipped to the padded input with count_include_pad, else hi − lo
+// (PyTorch's divisor).
+template <class I>
+__host__ __device__ __forceinline__ I avg_extent(I o, I s, I p, I k, I n, bool include_pad, I& lo,
+                                                 I& hi) {
+  const I start = o * s - p;
+  lo = start > 0 ? start : I(0);
+  hi = start + k < n ? start + k : n;
+  if (hi < lo) hi = lo;
+  const I padded_end = start + k < n + p ? start + k : n + p;
+  return include_pad ? padded_end - start : hi - lo;
+}
+
+}  // namespace pool_axis
+
+namespace {
+
+using pool_axis::avg_extent;
+using pool_axis::taps;
+using pool_axis::windows;
+
+// Grid-stride loop over [0, n) in index type I.
+#define PLX_POOL_LOOP(I, i, n)                                                                    \
+  for (I i =                                                                                      \
+           static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); \
+       i < (n); i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
+
+// v beats the best so far: larger, or the first NaN (NaN counts as the maximum, as in argmax).
+__device__ __forceinline__ bool beats(float v, float best) {
+  return v > best || (v != v && best == best);
+}
+
+// y, indices = max_pool2d(x); one thread per output element.
+template <class T, class I>
+__global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                int32_t* __restrict__ idx, PoolGeom g, I total) {
+  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
+  const I dh = static_cast<I>(g.dh), dw = static_cast<I>(g.dw);
+  PLX_POOL_LOOP(I, i, total) {
+    const I ow = i % OW, t = i / OW;
+    const I oh = t % OH, plane = t / OH;
+    const T* src = x + plane * (H * W);                             // (H, W)
+    const I h0 = oh * static_cast<I>(g.sh) - static_cast<I>(g.ph);  // row of tap 0
+    const I w0 = ow * static_cast<I>(g.sw) - static_cast<I>(g.pw);
+    // The taps that fall inside the input.
+    I kh_lo, kh_hi, kw_lo, kw_hi;
+    taps<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), dh, kh, H, kh_lo, kh_hi);
+    taps<I>(ow, static_cast<I>(g.sw), static_cast<I>(g.pw), dw, kw, W, kw_lo, kw_hi);
+    // A window of padding only (possible with dilation) gives -inf and index -1, which the
+    // backward op never matches.
+    float best = -INFINITY;
+    I at = -1;
+    for (I a = kh_lo; a < kh_hi; ++a) {
+      const I row = (h0 + a * dh) * W;
+      for (I b = kw_lo; b < kw_hi; ++b) {
+        const I j = row + w0 + b * dw;
+        const float v = to_accum<T>(src[j]);
+        if (at < 0 || beats(v, best)) best = v, at = j;
+      }
+    }
+    y[i] = from_accum<T>(best);
+    idx[i] = static_cast<int32_t>(at);
+  }
+}
+
+// dx = max_pool2d_backward(dy, indices); one thread per input element, gathering the dy of the
+// windows that cover it and whose index names it.
+template <class T, class I>
+__global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
+                                         T* __restrict__ dx, PoolGeom g, I total) {
+  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const I sh = static_cast<I>(g.sh), sw = static_cast<I>(g.sw);
+  const I ph = static_cast<I>(g.ph), pw = static_cast<I>(g.pw);
+  const I ext_h = static_cast<I>(g.dh * (g.kh - 1) + 1),
+          ext_w = static_cast<I>(g.dw * (g.kw - 1) + 1);
+  PLX_POOL_LOOP(I, i, total) {
+    const I iw = i % W, t = i / W;
+    const I ih = t % H, plane = t / H;
+    const I out_base = plane * (OH * OW);
+    // The windows whose extent covers (ih, iw).
+    I oh_lo, oh_hi, ow_lo, ow_hi;
+    windows<I>(ih, sh, ph, ext_h, OH, oh_lo, oh_hi);
+    windows<I>(iw, sw, pw, ext_w, OW, ow_lo, ow_hi);
+    const int32_t here = static_cast<int32_t>(ih * W + iw);
+    float sum = 0.0f;
+    for (I oh = oh_lo; oh < oh_hi; ++oh)
+      for (I ow = ow_lo; ow < ow_hi; ++ow) {
+        const I o = out_base + oh * OW + ow;
+        if (idx[o] == here) sum += to_accum<T>(dy[o]);
+      }
+    dx[i] = from_accum<T>(sum);
+  }
+}
+
+// y = avg_pool2d(x); one thread per output element.
+template <class T, class I>
+__global__ void avg_pool_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeom g, I total) {
+  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const bool include_pad = g.include_pad != 0;
+  PLX_POOL_LOOP(I, i, total) {
+    const I ow = i % OW, t = i / OW;
+    const I oh = t % OH, plane = t / OH;
+    const T* src = x + plane * (H * W);  // (H, W)
+    I h_lo, h_hi, w_lo, w_hi;
+    const I nh = avg_extent<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), static_cast<I>(g.kh),
+                               H, include_pad, h_lo, h_hi);
+    const I nw = avg_extent<I>(ow, static_cast<I>(g.sw), static_cast<I>(g.pw), static_cast<I>(g.kw),
+                               W, include_pad, w_lo, w_hi);
+    float sum = 0.0f;
+    for (I ih = h_lo; ih < h_hi; ++ih)
+      for (I iw = w_lo; iw < w_hi; ++iw) sum += to_accum<T>(src[ih * W + iw]);
+    // The divisor as a float product of integers, as the CPU plugin forms it.
+    y[i] = from_accum<T>(sum / static_cast<float>(static_cast<int64_t>(nh) * nw));
+  }
+}
+
+// dx = avg_pool2d_backward(dy); one thread per input element, gathering dy / divisor of the
+// windows that cover it.
+template <class T, class I>
+__global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g,
+                                         I total) {
+  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const I sh = static_cast<I>(g.sh), sw = static_cast<I>(g.sw);
+  const I ph = static_cast<I>(g.ph), pw = static_cast<I>(g.pw);
+  const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
+  const bool include_pad = g.include_pad != 0;
+  PLX_POOL_LOOP(I, i, total) {
+    const I iw = i % W, t = i / W;
+    const I ih = t % H, plane = t / H;
+    const I out_base = plane * (OH * OW);
+    I oh_lo, oh_hi, ow_lo, ow_hi;
+    windows<I>(ih, sh, ph, kh, OH, oh_lo, oh_hi);
+    windows<I>(iw, sw, pw, kw, OW, ow_lo, ow_hi);
+    float sum = 0.0f;
+    for (I oh = oh_lo; oh < oh_hi; ++oh) {
+      I lo, hi;
+      const I nh = avg_extent<I>(oh, sh, ph, kh, H, include_pad, lo, hi);
+      for (I ow = ow_lo; ow < ow_hi; ++ow) {
+        const I nw = avg_extent<I>(ow, sw, pw, kw, W, include_pad, lo, hi);
+        // 1 / divisor first, then the product, as the CPU plugin does.
+        const float inv = 1.0f / static_cast<float>(static_cast<int64_t>(nh) * nw);
+        sum += to_accum<T>(dy[out_base + oh * OW + ow]) * inv;
+      }
+    }
+    dx[i] = from_accum<T>(sum);
+  }
+}
+
+// 32-bit indices when n plus one grid stride stays below 2^31.
+bool fits_i32(int64_t n) {
+  const int64_t step = int64_t{grid_for(n)} * kBlock;
+  return n + step <= INT32_MAX;
+}
+
+template <class T>
+class MaxPool2dKernel final : public Kernel {
+ public:
+  explicit MaxPool2dKernel(const NodeInfo& node)
+      : device_(node.device()),
+        g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)) {
+    // The schema limits planes to what i32 indices can name; the kernel relies on it.
+    PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
+  }
+
+  void compute(const KernelCall& c) override {
+    const int64_t total = g_.planes * g_.OH * g_.OW;
+    if (total == 0) return;
+    use_device(device_);
+    const T* x = ptr<T>(c.in(0));           // (N·C, H, W)
+    T* y = ptr<T>(c.out(0));                // (N·C, OH, OW)
+    int32_t* idx = ptr<int32_t>(c.out(1));  // (N·C, OH, OW)
+    const cudaStream_t s = native(c.stream);
+    if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
+      max_pool_kernel<T, int32_t>
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total));
+    else
+      max_pool_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  PoolGeom g_;
+};
+
+template <class T>
+class MaxPool2dBackwardKernel final : public Kernel {
+ public:
+  explicit MaxPool2dBackwardKernel(const NodeInfo& node)
+      : device_(node.device()),
+        g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)) {
+    PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
+                "max_pool2d_backward: an input plane too large for i32 indices");
+  }
+
+  void compute(const KernelCall& c) override {
+    const int64_t total = g_.planes * g_.H * g_.W;
+    if (total == 0) return;
+    use_device(device_);
+    const T* dy = ptr<T>(c.in(0));               // (N·C, OH, OW)
+    const int32_t* idx = ptr<int32_t>(c.in(1));  // (N·C, OH, OW)
+    T* dx = ptr<T>(c.out(0));                    // (N·C, H, W)
+    const cudaStream_t s = native(c.stream);
+    if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
+      max_pool_backward_kernel<T, int32_t>
+          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, static_cast<int32_t>(total));
+    else
+      max_pool_backward_kernel<T, int64_t>
+          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, total);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  PoolGeom g_;
+};
+
+template <class T>
+class AvgPool2dKernel final : public Kernel {
+ public:
+  explicit AvgPool2dKernel(const NodeInfo& node)
+      : device_(node.device()),
+        g_(make_geom(node.input(0).shape, node.output(0).shape, node, false)) {
+    g_.include_pad = node.attr_int("count_include_pad") != 0 ? 1 : 0;
+  }
+
+  void compute(const KernelCall& c) override {
+    const int64_t total = g_.planes * g_.OH * g_.OW;
+    if (total == 0) return;
+    use_device(device_);
+    const T* x = ptr<T>(c.in(0));  // (N·C, H, W)
+    T* y = ptr<T>(c.out(0));       // (N·C, OH, OW)
+    const cudaStream_t s = native(c.stream);
+    if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
+      avg_pool_kernel<T, int32_t>
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, g_, static_cast<int32_t>(total));
+    else
+      avg_pool_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(x, y, g_, total);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  PoolGeom g_;
+};
+
+template <class T>
+class AvgPool2dBackwardKernel final : public Kernel {
+ public:
+  explicit AvgPool2dBackwardKernel(const NodeInfo& node)
+      : device_(node.device()),
+        g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, false)) {
+    g_.include_pad = node.attr_int("count_include_pad") != 0 ? 1 : 0;
+  }
+
+  void compute(const KernelCall& c) override {
+    const int64_t total = g_.planes * g_.H * g_.W;
+    if (total == 0) return;
+    use_device(device_);
+    const T* dy = ptr<T>(c.in(0));  // (N·C, OH, OW)
+    T* dx = ptr<T>(c.out(0));       // (N·C, H, W)
+    const cudaStream_t s = native(c.stream);
+    if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
+      avg_pool_backward_kernel<T, int32_t>
+          <<<grid_for(total), kBlock, 0, s>>>(dy, dx, g_, static_cast<int32_t>(total));
+    else
+      avg_pool_backward_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(dy, dx, g_, total);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  PoolGeom g_;
+};
+
+template <template <class> class K>
+void add_float(KernelRegistry& r, const char* op, uint32_t flags) {
+  r.add<K<float>>(op, PLX_F32, "cuda", flags, PLX_LAYOUT_NCHW);
+  r.add<K<f16>>(op, PLX_F16, "cuda", flags, PLX_LAYOUT_NCHW);
+  r.add<K<bf16>>(op, PLX_BF16, "cuda", flags, PLX_LAYOUT_NCHW);
+}
+
+}  // namespace
+
+void register_pool(KernelRegistry& r) {
+  // Gathers without atomics: bit-identical run to run.
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_float<MaxPool2dKernel>(r, "max_pool2d", f);
+  add_float<MaxPool2dBackwardKernel>(r, "max_pool2d_backward", f);
+  add_float<AvgPool2dKernel>(r, "avg_pool2d", f);
+  add_float<AvgPool2dBackwardKernel>(r, "avg_pool2d_backward", f);
+}
+
 }  // namespace plexus::cuda
