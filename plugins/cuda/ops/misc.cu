@@ -392,10 +392,11 @@ class EmbeddingKernel final : public Kernel {
 //      indices, which are reported), values[i] = i;
 //   2. a stable radix sort of the (key, position) pairs (cub, in the workspace), so each row's
 //      positions form one segment in increasing order;
-//   3. one block per row finds its segment by binary search and sums dy over it in position
-//      order, in f32, rounding once: the same additions in the same order as the CPU kernel.
-// Workspace: keys and positions twice (sort input and output) and cub's scratch, sized at
-// creation for this node's number of indices.
+//   3. each row's segment start by binary search (all rows in parallel), then one block per
+//      row sums dy over its segment in position order, in f32, rounding once: the same
+//      additions in the same order as the CPU kernel.
+// Workspace: keys and positions twice (sort input and output), cub's scratch, sized at creation
+// for this node's number of indices, and the rows + 1 segment starts.
 constexpr uint64_t kAlign = 256;
 inline uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -419,36 +420,37 @@ __global__ void __launch_bounds__(kBlock)
   report_block(bad, err, kErrEmbeddingBackwardIndex, rows);
 }
 
+// starts[v] = the first sorted position whose key is >= v, for v in [0, rows]: row v's segment
+// is [starts[v], starts[v + 1]). One binary search per row, all rows in parallel.
+__global__ void __launch_bounds__(kBlock)
+    segment_starts_kernel(const uint32_t* keys, int64_t n, int64_t rows, int32_t* starts) {
+  PLX_GRID_STRIDE(v, rows + 1) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (static_cast<int64_t>(keys[mid]) < v)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    starts[v] = static_cast<int32_t>(lo);
+  }
+}
+
+// One block per row (grid-stride over rows); its threads split the columns and each sums its
+// column over the row's segment in position order.
 template <class T>
 __global__ void __launch_bounds__(kBlock)
-    embedding_rows_kernel(const T* dy, const uint32_t* keys, const int32_t* positions, int64_t n,
+    embedding_rows_kernel(const T* dy, const int32_t* starts, const int32_t* positions,
                           int64_t rows, int64_t D, T* dw) {
-  __shared__ int64_t seg[2];
-  for (int64_t v = blockIdx.x; v < rows; v += gridDim.x) {  // v is the same for the whole block
-    if (threadIdx.x == 0) {
-      // First position with key >= v, then first with key > v.
-      int64_t lo = 0, hi = n;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (static_cast<int64_t>(keys[mid]) < v) lo = mid + 1; else hi = mid;
-      }
-      seg[0] = lo;
-      hi = n;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (static_cast<int64_t>(keys[mid]) <= v) lo = mid + 1; else hi = mid;
-      }
-      seg[1] = lo;
-    }
-    __syncthreads();
-    const int64_t begin = seg[0], end = seg[1];
+  for (int64_t v = blockIdx.x; v < rows; v += gridDim.x) {
+    const int64_t begin = starts[v], end = starts[v + 1];
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       float acc = 0.f;
       for (int64_t q = begin; q < end; ++q)
         acc = __fadd_rn(acc, to_accum<T>(dy[static_cast<int64_t>(positions[q]) * D + j]));
       dw[v * D + j] = from_accum<T>(acc);
     }
-    __syncthreads();  // seg is rewritten for the next row
   }
 }
 
@@ -463,6 +465,8 @@ class EmbeddingBackwardKernel final : public Kernel {
         rows_(node.attr_int("num_weights")),
         dim_(node.input(0).ndim > 0 ? node.input(0).shape[node.input(0).ndim - 1] : 0),
         padding_(node.attr_int("padding_idx")) {
+    PLX_REQUIRE(rows_ >= 0, "embedding_backward: num_weights must be >= 0, got %lld",
+                static_cast<long long>(rows_));
     // 32-bit keys (rows plus the sentinel) and positions keep the sort to the bits it needs.
     PLX_DECLINE_UNLESS(rows_ < (int64_t{1} << 31) - 1,
                        "embedding_backward: %lld rows, the CUDA kernel sorts 32-bit row indices",
@@ -484,10 +488,9 @@ class EmbeddingBackwardKernel final : public Kernel {
   }
 
   uint64_t workspace_bytes() const override {
-    if (n_ == 0) return 0;
     const uint64_t n = static_cast<uint64_t>(n_);
     return 2 * align_up(n * sizeof(uint32_t)) + 2 * align_up(n * sizeof(int32_t)) +
-           align_up(sort_bytes_);
+           align_up(sort_bytes_) + align_up(static_cast<uint64_t>(rows_ + 1) * sizeof(int32_t));
   }
 
   void compute(const KernelCall& call) override {
@@ -505,30 +508,33 @@ class EmbeddingBackwardKernel final : public Kernel {
     T* dw = ptr<T>(call.out(0));                    // (V, D)
     const int64_t n = n_, V = rows_, D = dim_;
     const cudaStream_t s = native(call.stream);
-    uint32_t* keys = nullptr;
-    int32_t* positions = nullptr;
+    char* ws = static_cast<char*>(call.workspace);
+    const uint64_t nk = align_up(static_cast<uint64_t>(n) * sizeof(uint32_t));
+    const uint64_t np = align_up(static_cast<uint64_t>(n) * sizeof(int32_t));
+    uint32_t* keys_in = reinterpret_cast<uint32_t*>(ws);
+    uint32_t* keys = reinterpret_cast<uint32_t*>(ws + nk);
+    int32_t* pos_in = reinterpret_cast<int32_t*>(ws + 2 * nk);
+    int32_t* positions = reinterpret_cast<int32_t*>(ws + 2 * nk + np);
+    void* scratch = ws + 2 * nk + 2 * np;
+    int32_t* starts = reinterpret_cast<int32_t*>(ws + 2 * nk + 2 * np + align_up(sort_bytes_));
     if (n > 0) {
-      char* ws = static_cast<char*>(call.workspace);
-      const uint64_t nk = align_up(static_cast<uint64_t>(n) * sizeof(uint32_t));
-      const uint64_t np = align_up(static_cast<uint64_t>(n) * sizeof(int32_t));
-      uint32_t* keys_in = reinterpret_cast<uint32_t*>(ws);
-      keys = reinterpret_cast<uint32_t*>(ws + nk);
-      int32_t* pos_in = reinterpret_cast<int32_t*>(ws + 2 * nk);
-      positions = reinterpret_cast<int32_t*>(ws + 2 * nk + np);
-      void* scratch = ws + 2 * nk + 2 * np;
       embedding_keys_kernel<I><<<grid_for(n), kBlock, 0, s>>>(idx, n, V, padding_, keys_in, pos_in, err_);
       PLX_CUDA_LAUNCH_CHECK();
-      if (V * D == 0) return;  // nothing to write; the indices were still checked
+    }
+    if (V * D == 0) return;  // nothing to write; the indices were still checked
+    if (n > 0) {
       size_t bytes = sort_bytes_;
       PLX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch, bytes, keys_in, keys, pos_in,
                                                      positions, static_cast<int>(n), 0, end_bit_,
                                                      s));
     }
-    if (V * D == 0) return;
+    // With no indices every start is 0 and every row sums nothing: dweight is zeroed.
+    segment_starts_kernel<<<grid_for(V + 1), kBlock, 0, s>>>(keys, n, V, starts);
+    PLX_CUDA_LAUNCH_CHECK();
     // Threads per block: D rounded up to whole warps, at most kBlock.
     const int threads = static_cast<int>(std::min<int64_t>(kBlock, (D + 31) / 32 * 32));
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(V, int64_t{1} << 16));
-    embedding_rows_kernel<T><<<grid, threads, 0, s>>>(dy, keys, positions, n, V, D, dw);
+    embedding_rows_kernel<T><<<grid, threads, 0, s>>>(dy, starts, positions, V, D, dw);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
