@@ -1,5 +1,414 @@
-// Placeholder until the family's kernels land (same session).
+// CUDA kernels: optimizer updates (see docs/ops.md; the CPU kernels in plugins/cpu/ops/optim.cpp
+// are the reference), in place, f32 params, and the multi-tensor launchers of optim_fused.hpp.
+//
+// One kernel serves both: a launch updates up to kMultiTensorCapacity tensors, each block one
+// chunk of one tensor; the per-node kernels launch it for their single tensor, so a fused step
+// and a step of separate nodes give the same bits.
+//
+// lr and step are read on the device, by the first thread of each block, which also forms the
+// scalar coefficients in f64 as the CPU plugin (and PyTorch, in Python floats) does and rounds
+// them to f32. The elementwise update is written with the _rn intrinsics so that nvcc cannot
+// contract a multiply and an add into an FMA: the operations and their order are the CPU
+// kernel's (built without contraction), and the results its bits, up to the last bit of the
+// device's pow().
+#include <cmath>
+
 #include "device.cuh"
+#include "ops/optim_fused.hpp"
+
 namespace plexus::cuda {
-void register_optim(KernelRegistry&) {}
+
+namespace {
+
+constexpr int kOptimBlock = 256;
+// Elements per block: a multiple of 4, so every chunk of an aligned tensor starts aligned for
+// 16-byte accesses.
+constexpr int64_t kChunk = 8192;
+constexpr int kCap = kMultiTensorCapacity;
+
+struct alignas(16) F4 {
+  float v[4];
+};
+
+__device__ __forceinline__ double read_scalar(const void* p, int32_t dtype) {
+  return dtype == PLX_F64 ? *static_cast<const double*>(p)
+                          : static_cast<double>(*static_cast<const float*>(p));
+}
+
+// The block's tensor: the last one whose first block is at or before this block (tensors with
+// no elements were left out by the host, so every tensor owns at least one block).
+template <class L>
+__device__ __forceinline__ int block_tensor(const L& launch) {
+  int t = 0;
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  while (t + 1 < launch.count && b >= launch.first_block[t + 1]) ++t;
+  return t;
+}
+
+// ---- SGD ----
+
+struct SgdHyper {
+  double momentum, dampening, weight_decay;
+  const void* lr;
+  int32_t lr_dtype;
+  int32_t nesterov;
+};
+
+struct SgdLaunch {
+  float* param[kCap];
+  const float* grad[kCap];
+  float* buf[kCap];
+  int64_t numel[kCap];
+  int32_t first_block[kCap];
+  int32_t count;
+  SgdHyper h;
+};
+static_assert(sizeof(SgdLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+
+struct SgdCoef {
+  float lr, mom, keep, wd;
+};
+
+__device__ __forceinline__ SgdCoef sgd_coef(const SgdHyper& h) {
+  SgdCoef k;
+  k.lr = static_cast<float>(read_scalar(h.lr, h.lr_dtype));
+  k.mom = static_cast<float>(h.momentum);
+  k.keep = static_cast<float>(__dsub_rn(1.0, h.dampening));  // share of the gradient entering buf
+  k.wd = static_cast<float>(h.weight_decay);
+  return k;
+}
+
+// g ← grad + wd·param; with momentum buf ← mom·buf + (1 − dampening)·g and g ← g + mom·buf
+// (nesterov) or buf; param ← param − lr·g.
+__device__ __forceinline__ void sgd_element(const SgdCoef& k, bool has_buf, bool nesterov,
+                                            float& p, float grad, float& buf) {
+  float g = grad;
+  if (k.wd != 0.f) g = __fadd_rn(g, __fmul_rn(k.wd, p));
+  if (has_buf) {
+    const float m = __fadd_rn(__fmul_rn(k.mom, buf), __fmul_rn(k.keep, g));
+    buf = m;
+    g = nesterov ? __fadd_rn(g, __fmul_rn(k.mom, m)) : m;
+  }
+  p = __fsub_rn(p, __fmul_rn(k.lr, g));
+}
+
+__global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch L) {
+  __shared__ SgdCoef s_coef;
+  if (threadIdx.x == 0) s_coef = sgd_coef(L.h);
+  __syncthreads();
+  const SgdCoef k = s_coef;
+  const int t = block_tensor(L);
+  const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kChunk;
+  const int64_t end = L.numel[t] < begin + kChunk ? L.numel[t] : begin + kChunk;
+  float* p = L.param[t];
+  const float* g = L.grad[t];
+  const bool has_buf = L.h.momentum != 0;  // with momentum 0 a given buffer is left untouched
+  float* buf = has_buf ? L.buf[t] : nullptr;
+  const bool nesterov = L.h.nesterov != 0;
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                         reinterpret_cast<uintptr_t>(buf);
+  int64_t e = begin + threadIdx.x;  // first element left to the scalar loop
+  if (bits % 16 == 0) {
+    const int64_t packs = (end - begin) / 4;
+    for (int64_t j = threadIdx.x; j < packs; j += blockDim.x) {
+      const int64_t o = begin + 4 * j;
+      F4 pp = *reinterpret_cast<const F4*>(p + o);
+      const F4 gg = *reinterpret_cast<const F4*>(g + o);
+      F4 bb{};
+      if (has_buf) bb = *reinterpret_cast<const F4*>(buf + o);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) sgd_element(k, has_buf, nesterov, pp.v[q], gg.v[q], bb.v[q]);
+      *reinterpret_cast<F4*>(p + o) = pp;
+      if (has_buf) *reinterpret_cast<F4*>(buf + o) = bb;
+    }
+    e = begin + packs * 4 + threadIdx.x;  // fewer than 4 elements remain, one per thread
+  }
+  for (; e < end; e += blockDim.x) {
+    float pe = p[e], be = has_buf ? buf[e] : 0.f;
+    sgd_element(k, has_buf, nesterov, pe, g[e], be);
+    p[e] = pe;
+    if (has_buf) buf[e] = be;
+  }
+}
+
+// ---- AdamW ----
+
+struct AdamwHyper {
+  double beta1, beta2, eps, weight_decay;
+  const void* lr;
+  const void* step;
+  int32_t lr_dtype, step_dtype;
+};
+
+struct AdamwLaunch {
+  float* param[kCap];
+  const float* grad[kCap];
+  float* m[kCap];
+  float* v[kCap];
+  int64_t numel[kCap];
+  int32_t first_block[kCap];
+  int32_t count;
+  AdamwHyper h;
+  DeviceErrorRecord* error;
+};
+static_assert(sizeof(AdamwLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+
+struct AdamwCoef {
+  float decay, b1, b2, omb1, omb2, step_size, bc2_sqrt, eps;
+  double step;
+  bool ok;
+};
+
+__device__ __forceinline__ AdamwCoef adamw_coef(const AdamwHyper& h) {
+  AdamwCoef k;
+  const double lr = read_scalar(h.lr, h.lr_dtype);
+  k.step = read_scalar(h.step, h.step_dtype);
+  k.ok = k.step >= 1;  // bias correction divides by 1 − β^step, 0 at step 0 (NaN fails too)
+  k.decay = static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, h.weight_decay)));
+  k.b1 = static_cast<float>(h.beta1);
+  k.b2 = static_cast<float>(h.beta2);
+  k.omb1 = static_cast<float>(__dsub_rn(1.0, h.beta1));
+  k.omb2 = static_cast<float>(__dsub_rn(1.0, h.beta2));
+  k.step_size = static_cast<float>(__ddiv_rn(lr, __dsub_rn(1.0, pow(h.beta1, k.step))));
+  k.bc2_sqrt = static_cast<float>(__dsqrt_rn(__dsub_rn(1.0, pow(h.beta2, k.step))));
+  k.eps = static_cast<float>(h.eps);
+  return k;
+}
+
+// m ← β₁m + (1 − β₁)g; v ← β₂v + (1 − β₂)g²;
+// param ← param·(1 − lr·wd) − step_size·(m / (√v / √(1 − β₂ᵗ) + eps)).
+__device__ __forceinline__ void adamw_element(const AdamwCoef& k, float& p, float g, float& m,
+                                              float& v) {
+  const float mi = __fadd_rn(__fmul_rn(k.b1, m), __fmul_rn(k.omb1, g));
+  const float vi = __fadd_rn(__fmul_rn(k.b2, v), __fmul_rn(__fmul_rn(k.omb2, g), g));
+  m = mi;
+  v = vi;
+  const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
+  p = __fsub_rn(__fmul_rn(p, k.decay), __fmul_rn(k.step_size, __fdiv_rn(mi, den)));
+}
+
+__global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLaunch L) {
+  __shared__ AdamwCoef s_coef;
+  if (threadIdx.x == 0) {
+    s_coef = adamw_coef(L.h);
+    // Reported by one block of the launch; every block then leaves its chunk untouched.
+    if (!s_coef.ok && blockIdx.x == 0 && L.error)
+      report_error(L.error, kErrAdamStep, __double2ll_rn(s_coef.step * 1e6), 0, 0);
+  }
+  __syncthreads();
+  const AdamwCoef k = s_coef;
+  if (!k.ok) return;  // the same for the whole block, and no barrier follows
+  const int t = block_tensor(L);
+  const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kChunk;
+  const int64_t end = L.numel[t] < begin + kChunk ? L.numel[t] : begin + kChunk;
+  float* p = L.param[t];
+  const float* g = L.grad[t];
+  float* m = L.m[t];
+  float* v = L.v[t];
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                         reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v);
+  int64_t e = begin + threadIdx.x;
+  if (bits % 16 == 0) {
+    const int64_t packs = (end - begin) / 4;
+    for (int64_t j = threadIdx.x; j < packs; j += blockDim.x) {
+      const int64_t o = begin + 4 * j;
+      F4 pp = *reinterpret_cast<const F4*>(p + o);
+      const F4 gg = *reinterpret_cast<const F4*>(g + o);
+      F4 mm = *reinterpret_cast<const F4*>(m + o);
+      F4 vv = *reinterpret_cast<const F4*>(v + o);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) adamw_element(k, pp.v[q], gg.v[q], mm.v[q], vv.v[q]);
+      *reinterpret_cast<F4*>(p + o) = pp;
+      *reinterpret_cast<F4*>(m + o) = mm;
+      *reinterpret_cast<F4*>(v + o) = vv;
+    }
+    e = begin + packs * 4 + threadIdx.x;
+  }
+  for (; e < end; e += blockDim.x) adamw_element(k, p[e], g[e], m[e], v[e]);
+}
+
+// ---- launchers ----
+
+void check_scalar_dtype(int32_t dtype, const char* what) {
+  PLX_REQUIRE(dtype == PLX_F32 || dtype == PLX_F64, "%s must be f32 or f64, got %s", what,
+              dtype_name(dtype));
+}
+
+// Packs the tensors with elements into launches of at most kCap tensors; add(slot, i) copies
+// tensor i's pointers into the launch, launch(blocks) enqueues it and empties it.
+template <class Launch, class Add, class Go>
+void pack_launches(Launch& L, int32_t count, const int64_t* numel, Add&& add, Go&& go) {
+  int64_t blocks = 0;
+  L.count = 0;
+  auto flush = [&] {
+    if (L.count == 0) return;
+    go(static_cast<unsigned>(blocks));
+    L.count = 0;
+    blocks = 0;
+  };
+  for (int32_t i = 0; i < count; ++i) {
+    const int64_t n = numel[i];
+    if (n <= 0) continue;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    PLX_REQUIRE(chunks < INT32_MAX, "multi-tensor update: tensor of %lld elements is too large",
+                static_cast<long long>(n));
+    if (L.count == kCap || blocks + chunks > INT32_MAX) flush();
+    L.numel[L.count] = n;
+    L.first_block[L.count] = static_cast<int32_t>(blocks);
+    add(L.count, i);
+    ++L.count;
+    blocks += chunks;
+  }
+  flush();
+}
+
+}  // namespace
+
+void launch_multi_sgd(const MultiSgdArgs& a, cudaStream_t stream) {
+  if (a.count <= 0) return;
+  check_scalar_dtype(a.lr_dtype, "sgd_update: lr");
+  PLX_REQUIRE(a.momentum == 0 || a.momentum_buf != nullptr, "sgd_update: momentum needs momentum_buf");
+  SgdLaunch L{};
+  L.h = SgdHyper{a.momentum, a.dampening, a.weight_decay, a.lr, a.lr_dtype, a.nesterov ? 1 : 0};
+  pack_launches(
+      L, a.count, a.numel,
+      [&](int slot, int32_t i) {
+        L.param[slot] = a.param[i];
+        L.grad[slot] = a.grad[i];
+        L.buf[slot] = a.momentum_buf ? a.momentum_buf[i] : nullptr;
+      },
+      [&](unsigned blocks) {
+        multi_sgd_kernel<<<blocks, kOptimBlock, 0, stream>>>(L);
+        PLX_CUDA_LAUNCH_CHECK();
+      });
+}
+
+void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
+  if (a.count <= 0) return;
+  check_scalar_dtype(a.lr_dtype, "adamw_update: lr");
+  check_scalar_dtype(a.step_dtype, "adamw_update: step");
+  AdamwLaunch L{};
+  L.h = AdamwHyper{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.step, a.lr_dtype, a.step_dtype};
+  L.error = a.error;
+  pack_launches(
+      L, a.count, a.numel,
+      [&](int slot, int32_t i) {
+        L.param[slot] = a.param[i];
+        L.grad[slot] = a.grad[i];
+        L.m[slot] = a.exp_avg[i];
+        L.v[slot] = a.exp_avg_sq[i];
+      },
+      [&](unsigned blocks) {
+        multi_adamw_kernel<<<blocks, kOptimBlock, 0, stream>>>(L);
+        PLX_CUDA_LAUNCH_CHECK();
+      });
+}
+
+namespace {
+
+// The value of a scalar input (shape () or (1), f32 or f64) stays on the device; only its
+// description is checked here.
+void check_scalar_input(const NodeInfo& node, int32_t i, const char* name) {
+  const plx_tensor& t = node.input(i);
+  PLX_REQUIRE(numel(t) == 1, "%s: %s must hold one value, has %lld", node.op(), name,
+              static_cast<long long>(numel(t)));
+  PLX_REQUIRE(t.dtype == PLX_F32 || t.dtype == PLX_F64, "%s: %s must be f32 or f64, got %s",
+              node.op(), name, dtype_name(t.dtype));
+}
+
+// Inputs: param (mutated), grad, momentum_buf (optional, mutated), lr.
+class SgdUpdate final : public Kernel {
+ public:
+  SgdUpdate(const NodeInfo& node, CudaBackend&)
+      : device_(node.device()),
+        momentum_(node.attr_float("momentum")),
+        dampening_(node.attr_float("dampening")),
+        weight_decay_(node.attr_float("weight_decay")),
+        nesterov_(node.attr_int("nesterov") != 0) {
+    // The schema checked this; a kernel built from a hand-made node must not read a null buffer.
+    PLX_REQUIRE(momentum_ == 0 || node.has_input(2), "sgd_update: momentum needs momentum_buf");
+    check_scalar_input(node, 3, "lr");
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    float* param = ptr<float>(c.in(0));                          // (any shape)
+    const float* grad = ptr<float>(c.in(1));                     // (same)
+    float* buf = momentum_ != 0 ? ptr<float>(c.in(2)) : nullptr;  // (same) or unused
+    const int64_t n = numel(c.in(0));
+    MultiSgdArgs a;
+    a.count = 1;
+    a.param = &param;
+    a.grad = &grad;
+    a.momentum_buf = &buf;
+    a.numel = &n;
+    a.momentum = momentum_;
+    a.dampening = dampening_;
+    a.weight_decay = weight_decay_;
+    a.nesterov = nesterov_;
+    a.lr = c.in(3).data;
+    a.lr_dtype = c.in(3).dtype;
+    launch_multi_sgd(a, native(c.stream));
+  }
+
+ private:
+  int32_t device_;
+  double momentum_, dampening_, weight_decay_;
+  bool nesterov_;
+};
+
+// Inputs: param (mutated), grad, exp_avg (mutated), exp_avg_sq (mutated), lr, step.
+class AdamwUpdate final : public Kernel {
+ public:
+  AdamwUpdate(const NodeInfo& node, CudaBackend& backend)
+      : device_(node.device()),
+        err_(backend.context(device_).error_dev),
+        beta1_(node.attr_float("beta1")),
+        beta2_(node.attr_float("beta2")),
+        eps_(node.attr_float("eps")),
+        weight_decay_(node.attr_float("weight_decay")) {
+    check_scalar_input(node, 4, "lr");
+    check_scalar_input(node, 5, "step");
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    float* param = ptr<float>(c.in(0));       // (any shape)
+    const float* grad = ptr<float>(c.in(1));  // (same)
+    float* m = ptr<float>(c.in(2));           // (same) first moment
+    float* v = ptr<float>(c.in(3));           // (same) second moment
+    const int64_t n = numel(c.in(0));
+    MultiAdamwArgs a;
+    a.count = 1;
+    a.param = &param;
+    a.grad = &grad;
+    a.exp_avg = &m;
+    a.exp_avg_sq = &v;
+    a.numel = &n;
+    a.beta1 = beta1_;
+    a.beta2 = beta2_;
+    a.eps = eps_;
+    a.weight_decay = weight_decay_;
+    a.lr = c.in(4).data;
+    a.lr_dtype = c.in(4).dtype;
+    a.step = c.in(5).data;
+    a.step_dtype = c.in(5).dtype;
+    a.error = err_;
+    launch_multi_adamw(a, native(c.stream));
+  }
+
+ private:
+  int32_t device_;
+  DeviceErrorRecord* err_;
+  double beta1_, beta2_, eps_, weight_decay_;
+};
+
+}  // namespace
+
+void register_optim(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  r.add<SgdUpdate, CudaBackend>("sgd_update", PLX_F32, "multi-tensor", f);
+  r.add<AdamwUpdate, CudaBackend>("adamw_update", PLX_F32, "multi-tensor", f);
+}
+
 }  // namespace plexus::cuda

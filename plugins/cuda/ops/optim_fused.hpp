@@ -1,0 +1,63 @@
+// Multi-tensor optimizer updates: many f32 parameter tensors updated by one kernel launch, for
+// the backend's fusion of a training step's sgd_update/adamw_update nodes (implemented in
+// ops/optim.cu, next to the per-node kernels, which launch the same kernel for one tensor: the
+// two paths give the same bits).
+//
+// Tensor pointers and sizes travel by value in the kernel's parameters, up to
+// kMultiTensorCapacity tensors per launch; the launchers split longer lists into several
+// launches. Each block updates one chunk of one tensor. lr and step are read on the device inside
+// the kernel (never copied to the host), so a captured graph replays with new values. Nothing is
+// allocated and the host never waits: the launchers are safe inside a stream capture.
+//
+// The caller makes the tensors' device current (use_device) and launches on that device's
+// stream. The arrays in the argument structs are read during the call only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common.hpp"
+
+namespace plexus::cuda {
+
+// Tensors per kernel launch: the kernel parameters stay well under the 4 KiB limit.
+constexpr int kMultiTensorCapacity = 48;
+
+// SGD with PyTorch's rule (docs/ops.md, sgd_update): f32 param, grad and momentum buffer.
+struct MultiSgdArgs {
+  int32_t count = 0;                      // tensors; those with 0 elements are skipped
+  float* const* param = nullptr;          // [count], updated in place
+  const float* const* grad = nullptr;     // [count]
+  float* const* momentum_buf = nullptr;   // [count], updated in place; unused (may be null)
+                                          // when momentum == 0
+  const int64_t* numel = nullptr;         // [count] elements of each tensor
+  double momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  const void* lr = nullptr;               // device pointer to one value of lr_dtype
+  int32_t lr_dtype = PLX_F32;             // PLX_F32 or PLX_F64
+};
+
+// AdamW (docs/ops.md, adamw_update): f32 param, grad and moments.
+struct MultiAdamwArgs {
+  int32_t count = 0;
+  float* const* param = nullptr;          // [count], updated in place
+  const float* const* grad = nullptr;     // [count]
+  float* const* exp_avg = nullptr;        // [count], updated in place
+  float* const* exp_avg_sq = nullptr;     // [count], updated in place
+  const int64_t* numel = nullptr;         // [count]
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  const void* lr = nullptr;               // device pointer to one value of lr_dtype
+  int32_t lr_dtype = PLX_F32;             // PLX_F32 or PLX_F64
+  const void* step = nullptr;             // device pointer to one value of step_dtype
+  int32_t step_dtype = PLX_F32;           // PLX_F32 or PLX_F64
+  // The device's error record (CudaBackend::context(device).error_dev): a step below 1 is
+  // reported there (kErrAdamStep) and no tensor is updated.
+  DeviceErrorRecord* error = nullptr;
+};
+
+// Enqueue the updates on `stream`; throw BackendError if a launch fails.
+void launch_multi_sgd(const MultiSgdArgs& args, cudaStream_t stream);
+void launch_multi_adamw(const MultiAdamwArgs& args, cudaStream_t stream);
+
+}  // namespace plexus::cuda
