@@ -1,0 +1,388 @@
+// A whole training step of the built-in `convnet` (forward, softmax cross-entropy, backward, SGD
+// with momentum: what the trainer runs) on the CPU and on CUDA, and a captured CUDA step against
+// an uncaptured one.
+//
+// Comparing two whole steps has one trap: the forward makes discrete decisions (which inputs a
+// ReLU passes, which element a max-pool window picks), and two correct backends whose sums differ
+// in their last bits decide differently where a pre-activation is within rounding of zero or two
+// pooled values are within rounding of each other. Each such flip moves a whole term of a weight
+// gradient, far more than rounding (with ~10^5 decisions per sample it happens in a fair share of
+// batches). So the step is checked two ways:
+// - end to end: loss always; gradients, updated weights and momentum buffers when every ReLU mask
+//   and max-pool index agrees. Disagreements are inspected: one where the CPU's values are not a
+//   near-tie is a bug and fails; near-ties only make that batch inconclusive, and another batch is
+//   drawn (a few at most);
+// - node by node: every node of the CUDA step (forward, backward and update) is run again on the
+//   CPU with the CUDA node's own inputs, and its outputs compared. No decision can differ there,
+//   so every gradient and update is checked with f32 tolerances whatever the batch.
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/model.hpp"
+#include "plexus/optimizer.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+using namespace plexus::test::cmp;
+
+namespace {
+
+constexpr double kLr = 0.05;
+// f32 without TF32: sums in another order differ by rounding, ~1e-7 relative; 1e-8 leaves room
+// for cuDNN algorithms (Winograd, FFT) with a few more bits of error.
+constexpr double kNmse = 1e-8;
+
+struct Step {
+  std::unique_ptr<Graph> graph;
+  std::vector<std::string> params;  // parameter names, in graph order
+  // ReLU outputs and max-pool indices of the forward, with the name of each pool's input.
+  std::vector<std::string> relus;
+  struct Pool {
+    std::string indices, input;
+  };
+  std::vector<Pool> pools;
+};
+
+std::string grad_name(const std::string& param) { return "grad:" + param; }
+
+// The trainer's step (trainer.cpp build_step): convnet, mean softmax cross-entropy ignoring label
+// -100, backward, SGD with momentum 0.9. Marks the loss; optionally every parameter gradient, the
+// forward's decisions, or every activation as outputs.
+Step convnet_step(int64_t batch, bool grads, bool decisions, bool everything) {
+  Step s;
+  s.graph = std::make_unique<Graph>(runtime().ops());
+  Graph& g = *s.graph;
+  const ModelSpec spec = builtin_model("convnet");
+  Shape xs = {batch};
+  xs.insert(xs.end(), spec.input_shape.begin(), spec.input_shape.end());
+  const Var x = g.input("x", {PLX_F32, xs});
+  const Var labels = g.input("labels", {PLX_I32, {batch}});
+  const Var logits = build_model(g, spec, x, true);
+  const Var loss = g.add("softmax_cross_entropy", {logits, labels},
+                         {{"reduction", std::string("mean")}, {"ignore_index", int64_t{-100}}}, "loss")
+                       .at(0);
+  const std::vector<Var> params = g.parameters();
+  const std::vector<Var> gs = backward(g, loss, params);
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0.9;
+  add_optimizer(g, params, gs, opt);
+  g.mark_output(loss, "loss_value");
+  std::map<int32_t, std::string> marked;  // value id -> output name
+  auto mark = [&](Var v, const std::string& name) -> std::string {
+    auto it = marked.find(v.id);
+    if (it != marked.end()) return it->second;
+    g.mark_output(v, name);
+    marked[v.id] = name;
+    return name;
+  };
+  marked[loss.id] = "loss_value";
+  for (size_t i = 0; i < params.size(); ++i) {
+    s.params.push_back(g.value(params[i]).name);
+    if (grads) {
+      REQUIRE(gs[i].valid());
+      mark(gs[i], grad_name(s.params.back()));
+    }
+  }
+  if (decisions) {
+    const auto& nodes = g.nodes();
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      const GraphNode& node = nodes[n];
+      if (node.phase != Phase::Forward || !node.schema) continue;
+      if (node.schema->name == "relu") s.relus.push_back(mark(node.outputs[0], "relu:" + std::to_string(n)));
+      if (node.schema->name == "max_pool2d")
+        s.pools.push_back({mark(node.outputs[1], "pool_indices:" + std::to_string(n)),
+                           mark(node.inputs[0], "pool_input:" + std::to_string(n))});
+    }
+    REQUIRE(s.relus.size() == 4);
+    REQUIRE(s.pools.size() == 2);
+  }
+  if (everything) {
+    // Every activation stored in its own memory stays readable after the run.
+    for (int32_t i = 0; i < g.num_values(); ++i) {
+      const Var v{i};
+      if (g.value(v).kind != ValueKind::Activation) continue;
+      if (g.value(g.storage_root(v)).kind != ValueKind::Activation) continue;
+      mark(v, "v" + std::to_string(i));
+    }
+  }
+  return s;
+}
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+};
+
+// Images in [-1, 1), labels in [0, 10) with one row ignored (label -100) when batch > 1.
+Batch make_batch(int64_t batch, uint64_t seed) {
+  Gen g(PLX_F32, seed);
+  Batch b;
+  b.x = g.uniform({batch, 1, 28, 28}).to_vector<float>();
+  b.labels = g.ints({batch}, PLX_I32, 0, 10).to_vector<int32_t>();
+  if (batch > 1) b.labels[1] = -100;
+  return b;
+}
+
+void feed(Executable& e, const Batch& b, double lr) {
+  e.tensor("x").copy_from_host(b.x.data());
+  e.tensor("labels").copy_from_host(b.labels.data());
+  const float f = static_cast<float>(lr);
+  e.tensor(kLearningRateInput).copy_from_host(&f);
+}
+
+double loss_of(const Executable& e) { return e.tensor("loss_value").to_doubles().at(0); }
+
+// A CPU copy of a tensor of any backend (Tensor::to returns the tensor itself on the CPU).
+Tensor host_copy(const Tensor& t) {
+  std::vector<uint8_t> b(static_cast<size_t>(t.nbytes()) + 1);
+  if (t.nbytes()) t.copy_to_host(b.data());
+  return Tensor::from_host(cpu(), b.data(), t.shape(), t.dtype());
+}
+
+Tolerance nmse_only(double limit) { return Tolerance{INFINITY, 0, limit, false}; }
+
+// Discrete decisions of the forward that differ between the CPU (c) and CUDA (g) runs. Returns
+// the disagreements that are not near-ties (bugs); counts the near-ties in *ties.
+std::string decision_mismatches(const Step& s, const Executable& c, const Executable& g, int64_t* ties) {
+  std::string bugs;
+  auto rms = [](const std::vector<double>& v) {
+    double a = 0;
+    for (double x : v) a += x * x;
+    return v.empty() ? 0.0 : std::sqrt(a / static_cast<double>(v.size()));
+  };
+  for (const std::string& name : s.relus) {
+    const std::vector<double> yc = c.tensor(name).to_doubles(), yg = g.tensor(name).to_doubles();
+    const double tau = 1e-4 * std::max(rms(yc), 1e-30);
+    for (size_t i = 0; i < yc.size(); ++i) {
+      if (std::isfinite(yg[i]) && (yc[i] > 0) == (yg[i] > 0)) continue;
+      if (std::isfinite(yg[i]) && std::max(std::fabs(yc[i]), std::fabs(yg[i])) <= tau)
+        ++*ties;
+      else if (bugs.size() < 2000)
+        bugs += "\n  " + name + " element " + std::to_string(i) + ": cpu " + std::to_string(yc[i]) +
+                ", cuda " + std::to_string(yg[i]);
+    }
+  }
+  for (const Step::Pool& p : s.pools) {
+    const Tensor in = c.tensor(p.input);
+    const std::vector<double> xc = in.to_doubles();
+    const std::vector<int32_t> idc = c.tensor(p.indices).to_vector<int32_t>();
+    const std::vector<int32_t> idg = g.tensor(p.indices).to_vector<int32_t>();
+    const Shape os = c.tensor(p.indices).shape();  // (N, C, OH, OW)
+    const int64_t plane_in = in.dim(2) * in.dim(3), plane_out = os[2] * os[3];
+    const double tau = 1e-4 * std::max(rms(xc), 1e-30);
+    for (size_t j = 0; j < idc.size(); ++j) {
+      if (idc[j] == idg[j]) continue;
+      const int64_t base = static_cast<int64_t>(j) / plane_out * plane_in;
+      const bool in_plane = idg[j] >= 0 && idg[j] < plane_in && idc[j] >= 0;
+      if (in_plane && std::fabs(xc[static_cast<size_t>(base + idc[j])] - xc[static_cast<size_t>(base + idg[j])]) <= tau)
+        ++*ties;
+      else if (bugs.size() < 2000)
+        bugs += "\n  " + p.indices + " element " + std::to_string(j) + ": cpu picks " +
+                std::to_string(idc[j]) + ", cuda " + std::to_string(idg[j]);
+    }
+  }
+  return bugs;
+}
+
+// The step on `gpu` (the backend under test) against the step on the CPU.
+void check_step_matches_cpu(Backend& gpu) {
+  const int64_t batch = 2;
+  const Step s = convnet_step(batch, true, true, false);
+  int conclusive = 0, attempts = 0;
+  int64_t ties_seen = 0;
+  for (; attempts < 6 && conclusive == 0; ++attempts) {
+    const uint64_t seed = 100 + static_cast<uint64_t>(attempts);
+    TensorStore cs, gs;
+    ExecutableOptions eo;
+    eo.seed = seed;  // the same initial parameters on both: initialize() is backend-independent
+    Executable ce(cpu(), *s.graph, cs, eo);
+    Executable ge(gpu, *s.graph, gs, eo);
+    for (const auto& [name, t] : cs.all()) REQUIRE(host_copy(gs.get(name)).to_doubles() == t.to_doubles());
+    const Batch b = make_batch(batch, seed);
+    feed(ce, b, kLr);
+    feed(ge, b, kLr);
+    ce.run();
+    ce.sync();
+    ge.run();
+    ge.sync();
+
+    INFO("attempt " << attempts << ", seed " << seed);
+    const double lc = loss_of(ce), lg = loss_of(ge);
+    CHECK(std::isfinite(lg));
+    CHECK(std::fabs(lc - lg) <= 1e-5 * std::fabs(lc) + 1e-6);
+
+    int64_t ties = 0;
+    const std::string bugs = decision_mismatches(s, ce, ge, &ties);
+    INFO("ReLU or max-pool decisions that differ where the CPU's values are no near-tie:" << bugs);
+    CHECK(bugs.empty());
+    if (!bugs.empty()) return;
+    ties_seen += ties;
+    if (ties > 0) continue;  // near-ties decided the other way: gradients differ by whole terms
+    ++conclusive;
+
+    for (const std::string& p : s.params) {
+      INFO("gradient of " << p);
+      CHECK(compare_tensors(ge.tensor(grad_name(p)), ce.tensor(grad_name(p)), nmse_only(kNmse)) == "");
+    }
+    for (const auto& [name, t] : cs.all()) {
+      INFO("after the update: " << name);
+      CHECK(compare_tensors(gs.get(name), t, nmse_only(kNmse)) == "");
+    }
+  }
+  if (conclusive == 0)
+    WARN("every batch tried had ReLU/max-pool near-ties decided differently (" << ties_seen
+         << " in all): gradients were compared node by node only");
+}
+
+// Every node of the step on `gpu` against the CPU op run on that node's inputs.
+void check_nodes_match_cpu(Backend& gpu) {
+  const Step s = convnet_step(3, false, false, true);
+  const Graph& g = *s.graph;
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.seed = 5;
+  Executable ge(gpu, g, store, eo);
+  // Parameters and states before the step (the update overwrites them).
+  std::map<int32_t, Tensor> before;
+  for (int32_t i = 0; i < g.num_values(); ++i) {
+    const ValueKind k = g.value(Var{i}).kind;
+    if (k == ValueKind::Parameter || k == ValueKind::State) before[i] = host_copy(ge.tensor(Var{i}));
+  }
+  feed(ge, make_batch(3, 5), kLr);
+  ge.run();
+  ge.sync();
+
+  // The value a node read: persistent values as they were before the step, others as left.
+  auto input_value = [&](Var v) -> Tensor {
+    const Var root = g.storage_root(v);
+    const ValueKind k = g.value(root).kind;
+    // Fresh copies: the CPU op may write its inputs in place.
+    if (k == ValueKind::Parameter || k == ValueKind::State)
+      return host_copy(before.at(root.id)).reshape(g.value(v).desc.shape);
+    return host_copy(ge.tensor(v));
+  };
+  int checked = 0;
+  const auto& nodes = g.nodes();
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const GraphNode& node = nodes[n];
+    if (!node.schema) continue;  // a reshape: no kernel
+    std::vector<Tensor> ins;
+    for (Var v : node.inputs) ins.push_back(v.valid() ? input_value(v) : Tensor());
+    const std::vector<Tensor> want = call(cpu(), node.schema->name, ins, node.attrs);
+    INFO("node " << n << " '" << node.name << "' (" << node.schema->name << ", "
+                 << phase_name(node.phase) << ")");
+    for (size_t k = 0; k < want.size(); ++k) {
+      INFO("output " << k);
+      const Tolerance tol = dtype_is_float(want[k].dtype()) ? nmse_only(kNmse) : tolerance_for(want[k].dtype(), 1, false);
+      CHECK(compare_tensors(ge.tensor(node.outputs[k]), want[k], tol) == "");
+    }
+    // In-place inputs (the optimizer's param and momentum buffer) against their new values.
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (!(node.schema->inputs[i].flags & PLX_ARG_MUTATED) || !node.inputs[i].valid()) continue;
+      INFO("input " << i << " written in place");
+      CHECK(compare_tensors(ge.tensor(node.inputs[i]), ins[i], nmse_only(kNmse)) == "");
+    }
+    ++checked;
+  }
+  CHECK(checked > 30);
+}
+
+// A step captured on `gpu` against the same step run op by op. `capturable`: the backend must
+// capture (the CPU backend never does, and then both run op by op).
+void check_capture(Backend& gpu, bool capturable) {
+  const int64_t batch = 8;
+  const Step s = convnet_step(batch, false, false, false);
+  TensorStore store_a, store_b;
+  ExecutableOptions ea, eb;
+  ea.seed = eb.seed = 21;
+  ea.capture = true;
+  eb.capture = false;
+  Executable a(gpu, *s.graph, store_a, ea);
+  Executable b(gpu, *s.graph, store_b, eb);
+
+  auto step = [&](const Batch& data, double lr) {
+    for (Executable* e : {&a, &b}) {
+      feed(*e, data, lr);
+      e->run();
+      e->sync();
+    }
+    return std::pair{loss_of(a), loss_of(b)};
+  };
+  for (int i = 0; i < 3; ++i) {
+    const auto [la, lb] = step(make_batch(batch, 300 + static_cast<uint64_t>(i)), kLr);
+    INFO("step " << i << ": captured " << la << ", uncaptured " << lb);
+    CHECK(std::isfinite(la));
+    CHECK(std::fabs(la - lb) <= 1e-5 * std::fabs(lb) + 1e-6);
+  }
+  INFO("kernels:\n" << [&] {
+    std::string k;
+    for (const auto& n : a.kernel_names()) k += n + "\n";
+    return k;
+  }());
+  // The second run recorded the step, the third replayed it.
+  if (capturable) REQUIRE(a.replaying());
+  CHECK_FALSE(b.replaying());
+
+  // lr is a graph input read by the replay, not a value frozen into it: lr 0 leaves every
+  // parameter as it was, and a new lr moves it by exactly lr times the new momentum buffer.
+  std::map<std::string, std::vector<double>> p0;
+  for (const std::string& p : s.params) p0[p] = store_a.get(p).to_doubles();
+  step(make_batch(batch, 310), 0.0);
+  for (const std::string& p : s.params) {
+    INFO("lr 0: " << p);
+    CHECK(store_a.get(p).to_doubles() == p0[p]);
+  }
+  const double lr = 0.2;
+  const auto [la, lb] = step(make_batch(batch, 311), lr);
+  CHECK(std::fabs(la - lb) <= 1e-5 * std::fabs(lb) + 1e-6);
+  for (const std::string& p : s.params) {
+    INFO("lr " << lr << ": " << p);
+    const std::vector<double> now = store_a.get(p).to_doubles();
+    const std::vector<double> buf = store_a.get(p + ".momentum_buffer").to_doubles();
+    const float lr32 = static_cast<float>(lr);
+    size_t bad = 0;
+    bool moved = false;
+    for (size_t i = 0; i < now.size(); ++i) {
+      const double want = p0[p][i] - static_cast<double>(lr32) * buf[i];
+      if (std::fabs(now[i] - want) > 1e-6 * std::fabs(p0[p][i]) + 1e-7) ++bad;
+      moved = moved || now[i] != p0[p][i];
+    }
+    CHECK(bad == 0);
+    CHECK(moved);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a cuda convnet training step matches the cpu step", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  check_step_matches_cpu(gpu);
+}
+
+TEST_CASE("every node of a cuda convnet training step matches the cpu op on its inputs", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  check_nodes_match_cpu(gpu);
+}
+
+TEST_CASE("a captured cuda training step replays like the uncaptured one", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  check_capture(gpu, true);
+}
+
+// The same three checks with the CPU as the backend under test: they run here, so the graph
+// building, the decision inspection and the node-by-node replay are known to work before a GPU
+// machine sees them.
+TEST_CASE("the convnet step comparisons pass with the cpu backend under test", "[cpu][compare]") {
+  SECTION("end to end") { check_step_matches_cpu(cpu()); }
+  SECTION("node by node") { check_nodes_match_cpu(cpu()); }
+  SECTION("captured against uncaptured") { check_capture(cpu(), false); }
+}
