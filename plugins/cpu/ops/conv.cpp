@@ -53,12 +53,16 @@ std::vector<int64_t> shape_of(const plx_tensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
 
-// The geometry of one node and how its work is split, worked out when its kernel is created.
-struct ConvGeom {
-  int64_t N, C, H, W;  // x (N, C, H, W)
-  int64_t O, KH, KW;   // w (O, C/groups, KH, KW)
-  int64_t OH, OW;      // y (N, O, OH, OW)
-  int64_t sh, sw, ph, pw, dh, dw, groups;
+// The sizes of x or w, once both are known to be 4-D.
+const int64_t* four(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                    const NodeInfo& node, const std::vector<int64_t>& which) {
+  PLX_REQUIRE(x.size() == 4 && w.size() == 4, "%s: x and w must be 4-D", node.op());
+  return which.data();
+}
+
+// The geometry of one node and how its work is split, worked out when its kernel is created:
+// the shared geometry (sdk/op_params.hpp) and what im2col needs on top.
+struct ConvGeom : sdk::Conv2dParams {
   int64_t Cg, Og;  // channels per group
   int64_t K;       // rows of a group's column matrix: Cg·KH·KW
   int64_t P;       // columns: OH·OW
@@ -71,24 +75,8 @@ struct ConvGeom {
   int64_t workers;  // OpenMP threads the batch is split over; 1: the calling thread only
 
   ConvGeom(const std::vector<int64_t>& x, const std::vector<int64_t>& w, const NodeInfo& node,
-           size_t elem) {
-    PLX_REQUIRE(x.size() == 4 && w.size() == 4, "%s: x and w must be 4-D", node.op());
-    const auto stride = node.attr_ints("stride"), pad = node.attr_ints("padding"),
-               dil = node.attr_ints("dilation");
-    PLX_REQUIRE(stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                "%s: stride, padding and dilation must have 2 values", node.op());
-    N = x[0], C = x[1], H = x[2], W = x[3];
-    O = w[0], KH = w[2], KW = w[3];
-    sh = stride[0], sw = stride[1], ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1];
-    groups = node.attr_int("groups");
-    PLX_REQUIRE(groups >= 1 && C % groups == 0 && O % groups == 0 && w[1] * groups == C,
-                "%s: channels do not match groups", node.op());
-    PLX_REQUIRE(
-        sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0 && KH >= 1 && KW >= 1,
-        "%s: bad stride, padding, dilation or kernel", node.op());
-    OH = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1;
-    OW = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
-    PLX_REQUIRE(OH >= 1 && OW >= 1, "%s: kernel larger than the padded input", node.op());
+           size_t elem)
+      : sdk::Conv2dParams(four(x, w, node, x), four(x, w, node, w), node) {
     Cg = C / groups, Og = O / groups;
     K = Cg * KH * KW, P = OH * OW, rows = C * KH * KW;
     pointwise = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0;

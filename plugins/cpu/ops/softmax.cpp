@@ -173,27 +173,8 @@ using LogSoftmaxBackward = SoftmaxBackwardKernel<T, true>;
 
 // ---- softmax cross-entropy ----
 
-enum class Reduction { kMean, kSum, kNone };
-
-// Attributes and shapes shared by the forward and backward kernels.
-struct CrossEntropyParams {
-  Reduction reduction = Reduction::kMean;
-  int64_t ignore_index = -100;
-  double smoothing = 0;
-  int64_t n = 0, c = 0;  // logits (N, C)
-
-  CrossEntropyParams(const NodeInfo& node, const plx_tensor& logits) {
-    const std::string r = node.attr_string("reduction");
-    PLX_REQUIRE(r == "mean" || r == "sum" || r == "none",
-                "%s: reduction must be mean, sum or none, got \"%s\"", node.op(), r.c_str());
-    reduction = r == "mean" ? Reduction::kMean : r == "sum" ? Reduction::kSum : Reduction::kNone;
-    ignore_index = node.attr_int("ignore_index");
-    smoothing = node.attr_float("label_smoothing");
-    PLX_REQUIRE(logits.ndim == 2, "%s: expected (N, C) logits", node.op());
-    n = logits.shape[0];
-    c = logits.shape[1];
-  }
-};
+using Reduction = sdk::LossReduction;
+using sdk::CrossEntropyParams;
 
 template <class L>
 int64_t label_at(const void* labels, int64_t i) {

@@ -259,31 +259,7 @@ const char* op_name(Dir d) {
 
 // ---- the geometry (the CPU plugin's checks) ----
 
-struct ConvGeom {
-  int64_t N, C, H, W;  // x (N, C, H, W)
-  int64_t O, KH, KW;   // w (O, C/groups, KH, KW)
-  int64_t OH, OW;      // y (N, O, OH, OW)
-  int64_t sh, sw, ph, pw, dh, dw, groups;
-
-  ConvGeom(const int64_t* x, const int64_t* w, const NodeInfo& node) {
-    const auto stride = node.attr_ints("stride"), pad = node.attr_ints("padding"),
-               dil = node.attr_ints("dilation");
-    PLX_REQUIRE(stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                "%s: stride, padding and dilation must have 2 values", node.op());
-    N = x[0], C = x[1], H = x[2], W = x[3];
-    O = w[0], KH = w[2], KW = w[3];
-    sh = stride[0], sw = stride[1], ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1];
-    groups = node.attr_int("groups");
-    PLX_REQUIRE(groups >= 1 && C % groups == 0 && O % groups == 0 && w[1] * groups == C,
-                "%s: channels do not match groups", node.op());
-    PLX_REQUIRE(
-        sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0 && KH >= 1 && KW >= 1,
-        "%s: bad stride, padding, dilation or kernel", node.op());
-    OH = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1;
-    OW = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
-    PLX_REQUIRE(OH >= 1 && OW >= 1, "%s: kernel larger than the padded input", node.op());
-  }
-};
+using ConvGeom = sdk::Conv2dParams;
 
 std::array<int64_t, 4> shape4(const plx_tensor& t) {
   return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};

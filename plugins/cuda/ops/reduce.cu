@@ -34,11 +34,7 @@ constexpr int64_t kMaxGridX = int64_t{1} << 30;  // kernels loop past this many 
 
 // x's dimensions in groups: kept ones (outer first) and reduced ones (outer first), each group
 // merged into one row-major dimension with the stride of its innermost member.
-struct Groups {
-  int nk = 0, nr = 0;
-  int64_t kept_size[PLX_MAX_DIMS] = {}, kept_stride[PLX_MAX_DIMS] = {};
-  int64_t red_size[PLX_MAX_DIMS] = {}, red_stride[PLX_MAX_DIMS] = {};
-};
+using Groups = sdk::ReducePlan;
 
 // Offset in x of the first element output o reduces.
 __device__ __forceinline__ int64_t kept_offset(const Groups& g, int64_t o) {
@@ -261,32 +257,10 @@ class ReduceEngine {
   // `reduced[i]`: whether x's dimension i is reduced.
   ReduceEngine(const plx_tensor& x, const bool* reduced, int32_t device, int sms)
       : device_(device) {
-    int64_t strides[PLX_MAX_DIMS] = {};
-    for (int64_t i = x.ndim - 1, s = 1; i >= 0; --i) {
-      strides[i] = s;
-      s *= x.shape[i];
-    }
-    Groups& g = g_;
-    int last = -1;  // kind of the previous group: 0 kept, 1 reduced
-    for (int32_t i = 0; i < x.ndim; ++i) {
-      const int64_t n = x.shape[i];
-      if (n == 1) continue;  // contributes nothing to either side
-      const int kind = reduced[i] ? 1 : 0;
-      int& count = kind ? g.nr : g.nk;
-      int64_t* sizes = kind ? g.red_size : g.kept_size;
-      int64_t* strs = kind ? g.red_stride : g.kept_stride;
-      if (kind == last) {  // contiguous with the previous dimension of the group
-        sizes[count - 1] *= n;
-        strs[count - 1] = strides[i];
-      } else {
-        sizes[count] = n;
-        strs[count] = strides[i];
-        ++count;
-      }
-      last = kind;
-    }
-    for (int k = 0; k < g.nk; ++k) outs_ *= g.kept_size[k];
-    for (int k = 0; k < g.nr; ++k) red_ *= g.red_size[k];
+    g_ = sdk::plan_reduction(x, reduced);
+    const Groups& g = g_;
+    outs_ = g.out_numel;
+    red_ = g.red_numel;
 
     const int64_t target = 4 * static_cast<int64_t>(std::max(sms, 1));
     if (outs_ == 0) {
@@ -295,7 +269,7 @@ class ReduceEngine {
       mode_ = Mode::kCopy;
     } else if (red_ == 0) {
       mode_ = Mode::kEmpty;
-    } else if (last == 1) {
+    } else if (!g.columns) {
       mode_ = Mode::kRows;
       team_ = red_ <= 16 ? 1 : red_ < 2048 ? 32 : kBlock;
       blocks_ = ceil_div(outs_, kBlock / team_);

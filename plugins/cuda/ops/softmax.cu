@@ -277,26 +277,14 @@ using LogSoftmaxBackward = SoftmaxBackwardKernel<T, true>;
 
 // ---- softmax cross-entropy ----
 
-enum class Reduction { kMean, kSum, kNone };
+using Reduction = sdk::LossReduction;
 
-// Attributes and shapes shared by the forward and backward kernels (as on the CPU).
-struct CrossEntropyParams {
-  Reduction reduction = Reduction::kMean;
-  long long ignore_index = -100;
-  double smoothing = 0;
-  int64_t n = 0, c = 0;  // logits (N, C)
+// The shared attributes and shapes (sdk/op_params.hpp) plus the labels' dtype.
+struct CrossEntropyParams : sdk::CrossEntropyParams {
   plx_dtype labels = PLX_I64;
 
-  CrossEntropyParams(const NodeInfo& node, const plx_tensor& logits, const plx_tensor& lab) {
-    const std::string r = node.attr_string("reduction");
-    PLX_REQUIRE(r == "mean" || r == "sum" || r == "none",
-                "%s: reduction must be mean, sum or none, got \"%s\"", node.op(), r.c_str());
-    reduction = r == "mean" ? Reduction::kMean : r == "sum" ? Reduction::kSum : Reduction::kNone;
-    ignore_index = node.attr_int("ignore_index");
-    smoothing = node.attr_float("label_smoothing");
-    PLX_REQUIRE(logits.ndim == 2, "%s: expected (N, C) logits", node.op());
-    n = logits.shape[0];
-    c = logits.shape[1];
+  CrossEntropyParams(const NodeInfo& node, const plx_tensor& logits, const plx_tensor& lab)
+      : sdk::CrossEntropyParams(node, logits) {
     PLX_REQUIRE(lab.dtype == PLX_I32 || lab.dtype == PLX_I64, "%s: labels must be i32 or i64, got %s",
                 node.op(), dtype_name(lab.dtype));
     labels = static_cast<plx_dtype>(lab.dtype);

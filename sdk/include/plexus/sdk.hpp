@@ -9,5 +9,7 @@
 #include "plexus/sdk/kernel.hpp"
 #include "plexus/sdk/philox.hpp"
 #include "plexus/sdk/plugin.hpp"
+#include "plexus/sdk/op_params.hpp"
+#include "plexus/sdk/reduce_plan.hpp"
 #include "plexus/sdk/status.hpp"
 #include "plexus/sdk/tensor.hpp"
