@@ -38,11 +38,8 @@ std::unique_ptr<PreparedKernel> prepare(Backend& backend, const OpRegistry& ops,
 
 ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
                            const data::Dataset& ds, int64_t n) {
-  const int64_t d = ds.sample_shape.empty() ? 0 : [&] {
-    int64_t s = 1;
-    for (int64_t x : ds.sample_shape) s *= x;
-    return s;
-  }();
+  int64_t d = 1;  // values per sample
+  for (int64_t x : ds.sample_shape) d *= x;
   std::vector<float> images(static_cast<size_t>((n + 1) * d), 0.0f);
   std::vector<float> labels(static_cast<size_t>(n + 1), static_cast<float>(data::kIgnoreLabel));
   for (int64_t i = 0; i < n; ++i) {

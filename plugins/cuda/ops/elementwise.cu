@@ -458,19 +458,8 @@ class ScaleKernel final : public Kernel {
 
 // ---- expand ----
 
-// y = x broadcast to y's shape: a gather through the plan's cursor. Pure data movement,
-// instantiated per element size, so every dtype (u8 and f64 included) shares four kernels.
-template <class U>
-__global__ void __launch_bounds__(kBlock) gather_kernel(StridedPlan<1> p, const U* x, U* y) {
-  int64_t i = thread_index();
-  Cursor<1> c;
-  c.start(p, i);
-  for (; i < p.n; i += thread_count()) {
-    y[i] = x[c.offset(p, 0)];
-    c.advance(p);
-  }
-}
-
+// y = x broadcast to y's shape: gather_kernel (indexing.cuh) through the broadcast plan, per
+// element size, so every dtype (u8 and f64 included) shares four kernels.
 template <class U>
 class ExpandKernel final : public Kernel {
  public:

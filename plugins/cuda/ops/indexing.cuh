@@ -223,4 +223,17 @@ inline StridedPlan<1> plan_strided(const plx_tensor& x) {
   return p;
 }
 
+// y[i] = x[offset of i]: a row-major output gathered through a one-operand plan (a broadcast
+// for expand, any strides for copy). U is an unsigned type of the element's size.
+template <class U>
+__global__ void __launch_bounds__(kBlock) gather_kernel(StridedPlan<1> p, const U* x, U* y) {
+  int64_t i = thread_index();
+  Cursor<1> c;
+  c.start(p, i);
+  for (; i < p.n; i += thread_count()) {
+    y[i] = x[c.offset(p, 0)];
+    c.advance(p);
+  }
+}
+
 }  // namespace plexus::cuda

@@ -38,18 +38,7 @@ bool visit_device_dtype(int32_t dtype, F&& f) {
 // Any strides in (negative, zero, overlapping; `data` already points at the first element),
 // row-major out. The plan (plan_strided) is made per call on the host, because strides are only
 // known when the data is; a permuted or sliced view becomes the fewest dimensions, and a source
-// already in order is one memcpy.
-template <class U>  // an unsigned type of the element's size
-__global__ void __launch_bounds__(kBlock) strided_copy_kernel(StridedPlan<1> p, const U* x, U* y) {
-  int64_t i = thread_index();
-  Cursor<1> c;
-  c.start(p, i);
-  for (; i < p.n; i += thread_count()) {
-    y[i] = x[c.offset(p, 0)];
-    c.advance(p);
-  }
-}
-
+// already in order is one memcpy; otherwise gather_kernel (indexing.cuh) walks the plan.
 template <class U>
 class CopyKernel final : public Kernel {
  public:
@@ -75,7 +64,7 @@ class CopyKernel final : public Kernel {
     }
     const unsigned grid = grid_for(n);
     p.set_step(static_cast<int64_t>(grid) * kBlock);
-    strided_copy_kernel<U><<<grid, kBlock, 0, s>>>(p, src, dst);
+    gather_kernel<U><<<grid, kBlock, 0, s>>>(p, src, dst);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
