@@ -110,6 +110,9 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.graph_capture", ConfigType::Bool, "true",
         "Record the training step once and replay it (CUDA graphs) where the backend can; "
         "false runs it op by op every step");
+    add("train.fusion", ConfigType::Bool, "true",
+        "Let the backend run groups of nodes as one kernel (a multi-tensor optimizer update, a "
+        "layer with its activation); false runs every node by itself");
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
     add("output.dir", ConfigType::String, "\"runs/{model}\"",

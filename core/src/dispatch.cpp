@@ -9,10 +9,10 @@
 
 namespace plexus {
 
-PreparedKernel::PreparedKernel(Backend& backend, const OpSchema& schema, const plx_kernel* kernel,
+PreparedKernel::PreparedKernel(Backend& backend, std::string label, const plx_kernel* kernel,
                                void* state, uint64_t workspace_bytes)
     : backend_(backend),
-      schema_(schema),
+      label_(std::move(label)),
       kernel_(kernel),
       state_(state),
       workspace_bytes_(workspace_bytes) {}
@@ -24,7 +24,7 @@ void PreparedKernel::run(const plx_tensor* inputs, int32_t num_inputs, const plx
   const plx_status s = kernel_->compute(state_, inputs, num_inputs, outputs, num_outputs, workspace,
                                         workspace_bytes_, stream);
   if (s != PLX_OK)
-    backend_.fail(s, "op '" + schema_.name + "' (" + (kernel_->impl ? kernel_->impl : "?") + ")");
+    backend_.fail(s, label_ + " (" + (kernel_->impl ? kernel_->impl : "?") + ")");
 }
 
 std::string no_kernel_message(const Backend& backend, const OpSchema& schema, plx_dtype dtype,
@@ -69,7 +69,7 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     if (s == PLX_OK) {
       spdlog::trace("op '{}' ({}) on '{}': using {}", schema.name, dtype_name(dtype), backend.name(),
                     impl);
-      r.kernel = std::make_unique<PreparedKernel>(backend, schema, k, state, ws);
+      r.kernel = std::make_unique<PreparedKernel>(backend, "op '" + schema.name + "'", k, state, ws);
       return r;
     }
     if (s != PLX_ERR_UNSUPPORTED)

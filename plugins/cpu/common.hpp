@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -118,6 +119,15 @@ void register_softmax(KernelRegistry& r);
 void register_norm(KernelRegistry& r);
 void register_misc(KernelRegistry& r);
 void register_optim(KernelRegistry& r);
+
+// Fusion (fusion.cpp): what the CPU backend claims in a graph, and its fused kernels.
+void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_user);
+std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& graph,
+                                   const sdk::Boundary& boundary, plx_dtype& dtype,
+                                   uint32_t& flags, std::string& name);
+// The multi-tensor sgd_update / adamw_update kernel for a group of update nodes (ops/optim.cpp).
+std::unique_ptr<Kernel> make_multi_update(const sdk::GraphView& g, const sdk::Boundary& b,
+                                          plx_dtype& dtype);
 
 // The "threads" communicator (comm_threads.cpp): ranks are threads of this process.
 std::unique_ptr<sdk::Communicator> make_threads_communicator();

@@ -122,6 +122,21 @@ class CpuBackend final : public sdk::Backend {
   }
   void event_sync(plx_event) override {}
   bool event_query(plx_event) override { return true; }
+  bool has_fusion() const override { return true; }
+  void get_capability(const plx_graph_view& graph, plx_claim_fn claim, void* user) override {
+    claim_fusions(graph, claim, user);
+  }
+  void create_fused(const plx_graph_view& graph, const int32_t* inputs, int32_t num_inputs,
+                    const int32_t* outputs, int32_t num_outputs, const plx_kernel** kernel,
+                    void** state, uint64_t* workspace_bytes) override {
+    const sdk::Boundary b(inputs, num_inputs, outputs, num_outputs);
+    plx_dtype dtype = PLX_F32;
+    uint32_t flags = 0;
+    std::string name;
+    auto k = make_fused(*this, graph, b, dtype, flags, name);
+    fused_.give(name, dtype, flags, std::move(k), kernel, state, workspace_bytes);
+  }
+
   float event_elapsed_ms(plx_event start, plx_event end) override {
     const auto* a = reinterpret_cast<CpuEvent*>(start);
     const auto* b = reinterpret_cast<CpuEvent*>(end);
@@ -131,6 +146,7 @@ class CpuBackend final : public sdk::Backend {
 
  private:
   static constexpr uint64_t kAlignment = 64;
+  sdk::FusedTables fused_;
   static void check_device(int32_t device) {
     PLX_REQUIRE(device == 0, "the CPU backend has one device (0), not %d", device);
   }

@@ -144,6 +144,13 @@ class CudaBackend final : public sdk::Backend {
   void graph_destroy(void* graph) override;
   void* stream_native(plx_stream s) override { return native(s); }
   void* get_proc_address(const char* name) override;
+  // Fusion (ops/fusion.cpp): the multi-tensor optimizer update, linear+relu on cuBLASLt's
+  // epilogue, and other layer+activation chains.
+  bool has_fusion() const override { return true; }
+  void get_capability(const plx_graph_view& graph, plx_claim_fn claim, void* user) override;
+  void create_fused(const plx_graph_view& graph, const int32_t* inputs, int32_t num_inputs,
+                    const int32_t* outputs, int32_t num_outputs, const plx_kernel** kernel,
+                    void** state, uint64_t* workspace_bytes) override;
 
  private:
   void check_device(int32_t device) const;
@@ -155,6 +162,7 @@ class CudaBackend final : public sdk::Backend {
   std::string unavailable_;
   std::mutex mu_;
   std::vector<std::unique_ptr<DeviceContext>> contexts_;
+  sdk::FusedTables fused_;
 };
 
 // ---- registration of each op family (ops/*) ----
@@ -167,6 +175,10 @@ void register_norm(KernelRegistry& r);         // batch_norm, layer_norm
 void register_pool(KernelRegistry& r);         // max/avg pooling
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)
+
+// The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.
+std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                         const sdk::Boundary& b, uint32_t& flags);
 
 // The registering backend, for kernels whose constructor takes (const NodeInfo&, CudaBackend&).
 // Registration functions add such kernels with r.add<K, CudaBackend>(...).

@@ -113,9 +113,12 @@ TEST_CASE("the plugin descriptor is what the ABI promises", "[cpu][backend]") {
   CHECK(t->struct_size == sizeof(plx_backend));
   CHECK(std::string(t->name) == "cpu");
   CHECK(p.descriptor().get_backend(p.ctx(), 1) == nullptr);
-  // Optional slots the CPU backend does not fill are NULL, as the contract says.
-  CHECK(t->get_capability == nullptr);
+  // It fuses (both fusion slots are filled); optional slots it does not fill are NULL, as the
+  // contract says.
+  CHECK(t->get_capability != nullptr);
+  CHECK(t->create_fused != nullptr);
   CHECK(t->capture_begin == nullptr);
+  CHECK(t->capture_end == nullptr);
 }
 
 TEST_CASE("out-of-range enum values from C are rejected, not cast", "[cpu][backend][comm]") {

@@ -240,7 +240,10 @@ void check_step_matches_cpu(Backend& gpu) {
          << " in all): gradients were compared node by node only");
 }
 
-// Every node of the step on `gpu` against the CPU op run on that node's inputs.
+// Every node of the step on `gpu` against the CPU op run on that node's inputs. Every activation
+// is a graph output here, so no layer is fused with its activation; the optimizer's updates are
+// (one multi-tensor kernel), and each parameter's new value is still checked against the CPU's
+// sgd_update on that node's inputs.
 void check_nodes_match_cpu(Backend& gpu) {
   const Step s = convnet_step(3, false, false, true);
   const Graph& g = *s.graph;
@@ -358,7 +361,64 @@ void check_capture(Backend& gpu, bool capturable) {
   }
 }
 
+// The step with fusion (the backend's multi-tensor SGD update; conv2d+relu and linear+relu as
+// one kernel each) against the same step node by node on the same backend. `bitwise`: the fused
+// kernels run the very same arithmetic (the CPU's do; cuBLASLt's ReLU epilogue may pick another
+// GEMM algorithm, so CUDA is held to f32 tolerances).
+void check_fusion(Backend& gpu, bool bitwise) {
+  const int64_t batch = 8;
+  const Step s = convnet_step(batch, true, false, false);
+  TensorStore store_a, store_b;
+  ExecutableOptions ea, eb;
+  ea.seed = eb.seed = 31;
+  ea.fuse = true;
+  eb.fuse = false;
+  Executable a(gpu, *s.graph, store_a, ea);
+  Executable b(gpu, *s.graph, store_b, eb);
+  INFO("fused kernels:\n" << [&] {
+    std::string k;
+    for (const auto& n : a.kernel_names())
+      if (n.find("fused kernel") != std::string::npos) k += n + "\n";
+    return k;
+  }());
+  // Three conv2d+relu, one linear+relu, one update for all ten parameters.
+  CHECK(a.plan().fused_kernels == 5);
+  CHECK(a.plan().fused_nodes == 3 * 2 + 2 + 10);
+  CHECK(a.plan().internal_values == 4);  // the pre-activations
+  CHECK(a.plan().unplanned_bytes < b.plan().unplanned_bytes);
+  CHECK(b.plan().fused_kernels == 0);
+  for (int i = 0; i < 3; ++i) {
+    const Batch data = make_batch(batch, 400 + static_cast<uint64_t>(i));
+    for (Executable* e : {&a, &b}) {
+      feed(*e, data, kLr);
+      e->run();
+      e->sync();
+    }
+    const double la = loss_of(a), lb = loss_of(b);
+    INFO("step " << i << ": fused " << la << ", node by node " << lb);
+    CHECK(std::isfinite(la));
+    if (bitwise) CHECK(la == lb);
+    else CHECK(std::fabs(la - lb) <= 1e-5 * std::fabs(lb) + 1e-6);
+  }
+  for (const auto& [name, t] : store_b.all()) {
+    INFO("after three steps: " << name);
+    if (bitwise) CHECK(store_a.get(name).to_doubles() == t.to_doubles());
+    else CHECK(compare_tensors(store_a.get(name), t, nmse_only(kNmse)) == "");
+  }
+  for (const std::string& p : s.params) {
+    INFO("gradient of " << p << " in the last step");
+    if (bitwise) CHECK(a.tensor(grad_name(p)).to_doubles() == b.tensor(grad_name(p)).to_doubles());
+    else CHECK(compare_tensors(a.tensor(grad_name(p)), b.tensor(grad_name(p)), nmse_only(kNmse)) == "");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("a fused cuda training step matches the step node by node", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  check_fusion(gpu, false);
+}
 
 TEST_CASE("a cuda convnet training step matches the cpu step", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
@@ -385,4 +445,5 @@ TEST_CASE("the convnet step comparisons pass with the cpu backend under test", "
   SECTION("end to end") { check_step_matches_cpu(cpu()); }
   SECTION("node by node") { check_nodes_match_cpu(cpu()); }
   SECTION("captured against uncaptured") { check_capture(cpu(), false); }
+  SECTION("fused against node by node") { check_fusion(cpu(), true); }
 }

@@ -21,14 +21,14 @@ class Backend;
 
 class PreparedKernel {
  public:
-  PreparedKernel(Backend& backend, const OpSchema& schema, const plx_kernel* kernel, void* state,
+  // `label` names the kernel in errors: "op 'relu'", or "fused kernel 'linear+relu'".
+  PreparedKernel(Backend& backend, std::string label, const plx_kernel* kernel, void* state,
                  uint64_t workspace_bytes);
   ~PreparedKernel();
   PreparedKernel(const PreparedKernel&) = delete;
   PreparedKernel& operator=(const PreparedKernel&) = delete;
 
   Backend& backend() const { return backend_; }
-  const OpSchema& schema() const { return schema_; }
   const plx_kernel& kernel() const { return *kernel_; }
   uint64_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -38,7 +38,7 @@ class PreparedKernel {
 
  private:
   Backend& backend_;
-  const OpSchema& schema_;
+  std::string label_;
   const plx_kernel* kernel_;
   void* state_;
   uint64_t workspace_bytes_;

@@ -12,6 +12,14 @@
 // overlaps no buffer live at the same time (greedy by size). A node whose kernel may write output
 // 0 over input 0 (PLX_KERNEL_INPLACE) does so when input 0 dies at that node and is not also
 // read through another input of it. Kernels share one workspace, sized for the largest.
+//
+// Fusion: before kernels are resolved the graph is offered to the backend (get_capability),
+// which may claim groups of nodes to run as one kernel (a multi-tensor optimizer update, a GEMM
+// with its activation). A claim is accepted when the group can run where its last node runs:
+// nothing outside it between its first and last node reads a value it writes, or writes (in
+// place) a value it reads or writes. The fused kernel runs at the last node's place; a value
+// written and read only inside it gets no memory at all. A group the backend then declines in
+// create_fused runs node by node.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +62,9 @@ struct MemoryPlan {
   uint64_t persistent_bytes = 0;  // inputs, constants, and parameters/states created here
   int32_t activation_buffers = 0; // distinct activation buffers before reuse
   int32_t inplace_nodes = 0;      // nodes that write over their input
+  int32_t fused_kernels = 0;      // kernels the backend fused from several nodes
+  int32_t fused_nodes = 0;        // the nodes they run
+  int32_t internal_values = 0;    // values only a fused kernel reads: never allocated
   std::vector<int64_t> offset;    // per value id: byte offset in the arena, -1 if not in it
   // What this executable adds to the device's memory.
   uint64_t total_bytes() const { return arena_bytes + workspace_bytes + persistent_bytes; }
@@ -64,6 +75,7 @@ struct ExecutableOptions {
   bool reuse = true;    // false: every activation gets its own buffer (for comparison)
   bool inplace = true;  // let in-place kernels write over dying inputs
   bool capture = true;  // capture and replay the step where the backend can
+  bool fuse = true;     // offer the graph to the backend for fusion (get_capability)
   uint64_t seed = 0;    // for parameters and states this executable creates
 };
 
@@ -99,6 +111,8 @@ class Executable {
   std::vector<std::string> kernel_names() const;
 
  private:
+  struct Fused;  // a group of nodes the backend runs as one kernel
+  std::vector<Fused> fuse();
   void run_nodes();
   void plan_memory();
 
@@ -111,6 +125,8 @@ class Executable {
   Tensor arena_, workspace_;
   struct Step;  // a node ready to run: kernel and ABI views
   std::vector<Step> steps_;
+  std::vector<int32_t> pos_;      // per node: where it runs (a fused node at its group's last)
+  std::vector<char> internal_;    // per value: only read inside the fused kernel that writes it
   plx_stream stream_ = nullptr;
   int64_t runs_ = 0;
   bool can_capture_ = false;

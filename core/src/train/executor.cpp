@@ -81,9 +81,19 @@ void initialize(Tensor& t, const InitSpec& init, uint64_t seed, std::string_view
 // ---- the executable ----
 
 struct Executable::Step {
-  int32_t node = -1;
+  int32_t node = -1;           // the node it runs; a fused step: its group's last node
+  std::vector<int32_t> fused;  // a fused step: every node it runs, in graph order
+  std::string label;           // a fused step: for errors
   std::unique_ptr<PreparedKernel> kernel;
+  std::vector<Var> in_vars, out_vars;  // the values bound to in and out (invalid: absent)
   std::vector<plx_tensor> in, out;
+};
+
+struct Executable::Fused {
+  std::vector<int32_t> nodes;  // ascending
+  std::string name;            // the backend's
+  std::vector<Var> in, out;    // the values crossing its boundary, in compute() order
+  std::unique_ptr<PreparedKernel> kernel;
 };
 
 namespace {
@@ -96,15 +106,214 @@ uint64_t desc_bytes(const TensorDesc& d) {
   return static_cast<uint64_t>(d.numel()) * dtype_size(d.dtype);
 }
 
-[[noreturn]] void rethrow_for_node(const std::exception& e, const GraphNode& node) {
-  const std::string msg = "node '" + node.name + "' (" + node.op_name() + "): " + e.what();
+[[noreturn]] void rethrow_with(const std::exception& e, const std::string& where) {
+  const std::string msg = where + ": " + e.what();
   if (dynamic_cast<const OutOfMemoryError*>(&e)) throw OutOfMemoryError(msg);
   if (dynamic_cast<const OpError*>(&e)) throw OpError(msg);
   if (dynamic_cast<const BackendError*>(&e)) throw BackendError(msg);
   throw Error(msg);
 }
 
+std::string node_label(const GraphNode& node) {
+  return "node '" + node.name + "' (" + node.op_name() + ")";
+}
+
+[[noreturn]] void rethrow_for_node(const std::exception& e, const GraphNode& node) {
+  rethrow_with(e, node_label(node));
+}
+
+// What the claim callback checks against: the graph and the claims accepted so far.
+struct ClaimHost {
+  const Graph& graph;
+  std::vector<int32_t> group;                // per node: the claim it is in, or -1
+  std::vector<std::vector<int32_t>> claims;  // accepted, each ascending
+  std::vector<std::string> names;
+  std::vector<int32_t> root;                 // per value: its storage root's id
+
+  // Empty if `nodes` may run as one kernel at the place of the last of them, else why not.
+  std::string check(std::vector<int32_t> nodes) const {
+    const auto& all = graph.nodes();
+    std::sort(nodes.begin(), nodes.end());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const int32_t n = nodes[i];
+      const std::string which = "node " + std::to_string(n);
+      if (n < 0 || n >= static_cast<int32_t>(all.size())) return which + " does not exist";
+      if (i && nodes[i - 1] == n) return which + " is listed twice";
+      if (group[static_cast<size_t>(n)] >= 0) return which + " is in an earlier claim";
+      if (!all[static_cast<size_t>(n)].schema) return which + " is a reshape view";
+    }
+    auto in_group = [&](int32_t n) { return std::binary_search(nodes.begin(), nodes.end(), n); };
+    auto r = [&](Var v) { return root[static_cast<size_t>(v.id)]; };
+    auto mutates = [](const GraphNode& node, size_t k) {
+      return k < node.schema->inputs.size() && (node.schema->inputs[k].flags & PLX_ARG_MUTATED);
+    };
+    std::vector<int32_t> written;  // roots the group writes
+    for (int32_t m : nodes)
+      for (Var o : all[static_cast<size_t>(m)].outputs) written.push_back(r(o));
+    for (int32_t k = nodes.front() + 1; k < nodes.back(); ++k) {
+      if (in_group(k)) continue;
+      const GraphNode& other = all[static_cast<size_t>(k)];
+      if (!other.schema) continue;  // a view runs nothing; the nodes reading it are checked
+      for (size_t i = 0; i < other.inputs.size(); ++i) {
+        if (!other.inputs[i].valid()) continue;
+        const int32_t v = r(other.inputs[i]);
+        if (std::find(written.begin(), written.end(), v) != written.end())
+          return "node '" + other.name + "', between them, reads a value the group writes";
+        // A member before k that shares v with k, one of them writing it in place, would now
+        // run after k.
+        for (int32_t m : nodes) {
+          if (m > k) break;
+          const GraphNode& mn = all[static_cast<size_t>(m)];
+          for (size_t j = 0; j < mn.inputs.size(); ++j)
+            if (mn.inputs[j].valid() && r(mn.inputs[j]) == v && (mutates(mn, j) || mutates(other, i)))
+              return "node '" + other.name + "', between them, and node '" + mn.name +
+                     "' use a value one of them writes in place";
+        }
+      }
+    }
+    return "";
+  }
+};
+
+plx_status on_claim(void* user, const int32_t* nodes, int32_t num_nodes, const char* name) noexcept {
+  try {
+    auto* host = static_cast<ClaimHost*>(user);
+    const std::string label = name && *name ? name : "fused";
+    if (!nodes || num_nodes <= 0) {
+      spdlog::debug("fusion: claim '{}' names no nodes", label);
+      return PLX_ERR_INVALID_ARGUMENT;
+    }
+    std::vector<int32_t> v(nodes, nodes + num_nodes);
+    const std::string why = host->check(v);
+    if (!why.empty()) {
+      spdlog::debug("fusion: claim '{}' of {} node(s) refused: {}", label, num_nodes, why);
+      return PLX_ERR_INVALID_ARGUMENT;
+    }
+    std::sort(v.begin(), v.end());
+    for (int32_t n : v) host->group[static_cast<size_t>(n)] = static_cast<int32_t>(host->claims.size());
+    host->claims.push_back(std::move(v));
+    host->names.push_back(label);
+    return PLX_OK;
+  } catch (...) {
+    return PLX_ERR_INTERNAL;
+  }
+}
+
 }  // namespace
+
+std::vector<Executable::Fused> Executable::fuse() {
+  std::vector<Fused> fused;
+  const plx_backend& t = backend_.table();
+  if (!options_.fuse || !t.get_capability || !t.create_fused) return fused;
+  const auto& nodes = graph_.nodes();
+  const size_t nv = static_cast<size_t>(graph_.num_values());
+  const int32_t dev = options_.device;
+
+  // The whole graph as the ABI's view.
+  std::vector<plx_tensor> values(nv);
+  for (size_t i = 0; i < nv; ++i) values[i] = make_desc(graph_.values()[i].desc, dev);
+  std::vector<std::vector<int32_t>> ins(nodes.size()), outs(nodes.size());
+  std::vector<std::unique_ptr<AttrPack>> packs;
+  std::vector<plx_graph_node> gn(nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const GraphNode& node = nodes[n];
+    for (Var v : node.inputs) ins[n].push_back(v.valid() ? v.id : -1);
+    for (Var v : node.outputs) outs[n].push_back(v.id);
+    packs.push_back(std::make_unique<AttrPack>(node.attrs));
+    plx_graph_node& g = gn[n];
+    g.op = node.schema ? node.schema->name.c_str() : "reshape";
+    g.inputs = ins[n].data();
+    g.outputs = outs[n].data();
+    g.attrs = packs.back()->data();
+    g.num_inputs = static_cast<int32_t>(ins[n].size());
+    g.num_outputs = static_cast<int32_t>(outs[n].size());
+    g.num_attrs = packs.back()->size();
+  }
+  plx_graph_view view{};
+  view.struct_size = sizeof view;
+  view.device = dev;
+  view.values = values.data();
+  view.nodes = gn.data();
+  view.num_values = static_cast<int32_t>(nv);
+  view.num_nodes = static_cast<int32_t>(nodes.size());
+
+  ClaimHost host{graph_, std::vector<int32_t>(nodes.size(), -1), {}, {}, {}};
+  for (size_t i = 0; i < nv; ++i) host.root.push_back(graph_.storage_root(Var{static_cast<int32_t>(i)}).id);
+  backend_.check(t.get_capability(t.ctx, &view, &on_claim, &host), "get_capability");
+
+  // Who reads each value; which values the host reads after the step.
+  std::vector<std::vector<int32_t>> readers(nv);
+  for (size_t n = 0; n < nodes.size(); ++n)
+    for (Var v : nodes[n].inputs)
+      if (v.valid()) readers[static_cast<size_t>(v.id)].push_back(static_cast<int32_t>(n));
+  std::vector<char> is_output(nv, 0);
+  for (const auto& [name, v] : graph_.outputs()) is_output[static_cast<size_t>(v.id)] = 1;
+
+  for (size_t c = 0; c < host.claims.size(); ++c) {
+    Fused f;
+    f.nodes = host.claims[c];
+    f.name = host.names[c];
+    auto member = [&](int32_t n) {
+      return n >= 0 && host.group[static_cast<size_t>(n)] == static_cast<int32_t>(c);
+    };
+    // Boundary: values the group reads from outside (first use first), and values it writes
+    // that are read outside, are graph outputs, or are read by nobody (still written).
+    std::vector<int32_t> in_ids, out_ids;
+    std::vector<plx_graph_node> sub;
+    for (int32_t m : f.nodes) {
+      const GraphNode& node = nodes[static_cast<size_t>(m)];
+      sub.push_back(gn[static_cast<size_t>(m)]);
+      for (Var v : node.inputs) {
+        if (!v.valid() || member(graph_.value(v).producer)) continue;
+        if (std::find(in_ids.begin(), in_ids.end(), v.id) == in_ids.end()) in_ids.push_back(v.id);
+      }
+      for (Var v : node.outputs) {
+        const auto& rd = readers[static_cast<size_t>(v.id)];
+        if (rd.empty() || is_output[static_cast<size_t>(v.id)] ||
+            std::any_of(rd.begin(), rd.end(), [&](int32_t n) { return !member(n); }))
+          out_ids.push_back(v.id);
+      }
+    }
+    plx_graph_view sv = view;
+    sv.nodes = sub.data();
+    sv.num_nodes = static_cast<int32_t>(sub.size());
+    std::string label = "fused kernel '" + f.name + "' (";
+    for (size_t i = 0; i < f.nodes.size(); ++i)
+      label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
+    label += ")";
+    const plx_kernel* kernel = nullptr;
+    void* state = nullptr;
+    uint64_t ws = 0;
+    const plx_status s =
+        t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()),
+                       out_ids.data(), static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
+    if (s == PLX_ERR_UNSUPPORTED) {
+      spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label,
+                    backend_.plugin().last_error());
+      for (int32_t m : f.nodes) host.group[static_cast<size_t>(m)] = -1;
+      continue;
+    }
+    if (s != PLX_OK) backend_.fail(s, "preparing " + label);
+    if (!kernel)
+      throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+    spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(), kernel->impl ? kernel->impl : "?");
+    f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
+    for (int32_t v : in_ids) f.in.push_back(Var{v});
+    for (int32_t v : out_ids) f.out.push_back(Var{v});
+    for (int32_t m : f.nodes) {
+      pos_[static_cast<size_t>(m)] = f.nodes.back();
+      for (Var v : nodes[static_cast<size_t>(m)].outputs)
+        if (std::find(out_ids.begin(), out_ids.end(), v.id) == out_ids.end()) {
+          internal_[static_cast<size_t>(v.id)] = 1;
+          ++plan_.internal_values;
+        }
+    }
+    ++plan_.fused_kernels;
+    plan_.fused_nodes += static_cast<int32_t>(f.nodes.size());
+    fused.push_back(std::move(f));
+  }
+  return fused;
+}
 
 Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
                        ExecutableOptions options)
@@ -152,31 +361,59 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     }
   }
 
-  // Resolve every node's kernel once.
+  // Offer the graph to the backend for fusion; then resolve every other node's kernel once.
   const auto& nodes = graph_.nodes();
+  pos_.resize(nodes.size());
+  std::iota(pos_.begin(), pos_.end(), 0);
+  internal_.assign(nv, 0);
+  std::vector<Fused> fused;
+  try {
+    fused = fuse();
+  } catch (const std::exception& e) {
+    rethrow_with(e, "fusing the graph's nodes on backend '" + backend_.name() + "'");
+  }
+  std::vector<int32_t> group_of(nodes.size(), -1);
+  for (size_t g = 0; g < fused.size(); ++g)
+    for (int32_t m : fused[g].nodes) group_of[static_cast<size_t>(m)] = static_cast<int32_t>(g);
+  auto descs = [&](Step& st) {
+    for (Var in : st.in_vars)
+      st.in.push_back(in.valid() ? make_desc(graph_.value(in).desc, dev) : Tensor().view());
+    for (Var out : st.out_vars) st.out.push_back(make_desc(graph_.value(out).desc, dev));
+  };
   for (size_t n = 0; n < nodes.size(); ++n) {
     const GraphNode& node = nodes[n];
     if (!node.schema) continue;
     Step st;
     st.node = static_cast<int32_t>(n);
-    for (Var in : node.inputs)
-      st.in.push_back(in.valid() ? make_desc(graph_.value(in).desc, dev) : Tensor().view());
-    for (Var out : node.outputs) st.out.push_back(make_desc(graph_.value(out).desc, dev));
-    KernelResolution r;
-    try {
-      r = resolve_kernel(backend_, *node.schema, st.in, st.out, node.attrs, dev);
-    } catch (const std::exception& e) {
-      rethrow_for_node(e, node);
+    if (const int32_t g = group_of[n]; g >= 0) {
+      Fused& f = fused[static_cast<size_t>(g)];
+      if (f.nodes.back() != st.node) continue;  // the group runs at its last node
+      st.fused = f.nodes;
+      st.in_vars = f.in;
+      st.out_vars = f.out;
+      st.kernel = std::move(f.kernel);
+      st.label = "fused kernel '" + f.name + "'";
+      descs(st);
+    } else {
+      st.in_vars = node.inputs;
+      st.out_vars = node.outputs;
+      descs(st);
+      KernelResolution r;
+      try {
+        r = resolve_kernel(backend_, *node.schema, st.in, st.out, node.attrs, dev);
+      } catch (const std::exception& e) {
+        rethrow_for_node(e, node);
+      }
+      if (!r.kernel) {
+        const plx_dtype dt =
+            graph_.value(node.inputs.at(static_cast<size_t>(node.schema->type_input))).desc.dtype;
+        throw OpError("node '" + node.name + "': " +
+                      no_kernel_message(backend_, *node.schema, dt, r.declines) +
+                      " (a graph runs every node on its backend: no fallback)");
+      }
+      st.kernel = std::move(r.kernel);
     }
-    if (!r.kernel) {
-      const plx_dtype dt =
-          graph_.value(node.inputs.at(static_cast<size_t>(node.schema->type_input))).desc.dtype;
-      throw OpError("node '" + node.name + "': " +
-                    no_kernel_message(backend_, *node.schema, dt, r.declines) +
-                    " (a graph runs every node on its backend: no fallback)");
-    }
-    plan_.workspace_bytes = std::max(plan_.workspace_bytes, r.kernel->workspace_bytes());
-    st.kernel = std::move(r.kernel);
+    plan_.workspace_bytes = std::max(plan_.workspace_bytes, st.kernel->workspace_bytes());
     steps_.push_back(std::move(st));
   }
 
@@ -187,7 +424,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     workspace_ = Tensor::empty(backend_, {static_cast<int64_t>(plan_.workspace_bytes)}, PLX_U8, dev);
   for (size_t i = 0; i < nv; ++i) {
     const GraphValue& v = graph_.values()[i];
-    if (v.kind != ValueKind::Activation) continue;
+    if (v.kind != ValueKind::Activation || internal_[i]) continue;
     const Var root = graph_.storage_root(Var{static_cast<int32_t>(i)});
     const GraphValue& r = graph_.value(root);
     if (r.kind != ValueKind::Activation) {  // a view of a persistent tensor
@@ -199,11 +436,10 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       tensors_[i] = arena_.alias(v.desc.dtype, v.desc.shape, static_cast<uint64_t>(off));
   }
   for (Step& st : steps_) {
-    const GraphNode& node = nodes[static_cast<size_t>(st.node)];
-    for (size_t k = 0; k < node.inputs.size(); ++k)
-      if (node.inputs[k].valid()) st.in[k] = tensors_[static_cast<size_t>(node.inputs[k].id)].view();
-    for (size_t k = 0; k < node.outputs.size(); ++k)
-      st.out[k] = tensors_[static_cast<size_t>(node.outputs[k].id)].view();
+    for (size_t k = 0; k < st.in_vars.size(); ++k)
+      if (st.in_vars[k].valid()) st.in[k] = tensors_[static_cast<size_t>(st.in_vars[k].id)].view();
+    for (size_t k = 0; k < st.out_vars.size(); ++k)
+      st.out[k] = tensors_[static_cast<size_t>(st.out_vars[k].id)].view();
   }
 
   // Capture needs the backend's four slots and kernels that promise to behave inside one.
@@ -212,9 +448,11 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
                  t.graph_destroy && (backend_.device(dev).caps & PLX_CAP_GRAPH_CAPTURE);
   for (const Step& st : steps_)
     if (!(st.kernel->kernel().flags & PLX_KERNEL_CAPTURABLE)) can_capture_ = false;
-  spdlog::debug("executable: {} nodes, {} kernels, arena {} (unplanned {}), workspace {}, "
-                "persistent {}, {} in place, capture {}",
-                nodes.size(), steps_.size(), format_bytes(plan_.arena_bytes),
+  spdlog::debug("executable: {} nodes, {} kernels ({} fused from {} nodes, {} values never "
+                "stored), arena {} (unplanned {}), workspace {}, persistent {}, {} in place, "
+                "capture {}",
+                nodes.size(), steps_.size(), plan_.fused_kernels, plan_.fused_nodes,
+                plan_.internal_values, format_bytes(plan_.arena_bytes),
                 format_bytes(plan_.unplanned_bytes), format_bytes(plan_.workspace_bytes),
                 format_bytes(plan_.persistent_bytes), plan_.inplace_nodes, can_capture_);
 }
@@ -240,8 +478,8 @@ void Executable::plan_memory() {
   for (size_t i = 0; i < nv; ++i) {
     root[i] = graph_.storage_root(Var{static_cast<int32_t>(i)});
     const GraphValue& v = graph_.values()[i];
-    if (v.kind == ValueKind::Activation && v.view_of < 0) {
-      first[i] = last[i] = v.producer;
+    if (v.kind == ValueKind::Activation && v.view_of < 0 && !internal_[i]) {
+      first[i] = last[i] = pos_[static_cast<size_t>(v.producer)];
       ++plan_.activation_buffers;
       plan_.unplanned_bytes += align_up(desc_bytes(v.desc), kArenaAlign);
     }
@@ -251,7 +489,7 @@ void Executable::plan_memory() {
     for (Var in : nodes[n].inputs)
       if (in.valid()) {
         const Var r = root[static_cast<size_t>(in.id)];
-        if (is_planned(r)) last[static_cast<size_t>(r.id)] = static_cast<int32_t>(n);
+        if (is_planned(r)) last[static_cast<size_t>(r.id)] = std::max(last[static_cast<size_t>(r.id)], pos_[n]);
       }
   for (const auto& [name, v] : graph_.outputs()) {
     const Var r = root[static_cast<size_t>(v.id)];
@@ -275,7 +513,7 @@ void Executable::plan_memory() {
     }
   if (options_.inplace) {
     for (const Step& st : steps_) {
-      if (!(st.kernel->kernel().flags & PLX_KERNEL_INPLACE)) continue;
+      if (!st.fused.empty() || !(st.kernel->kernel().flags & PLX_KERNEL_INPLACE)) continue;
       const GraphNode& node = nodes[static_cast<size_t>(st.node)];
       if (node.inputs.empty() || !node.inputs[0].valid() || node.outputs.empty()) continue;
       const Var in_root = root[static_cast<size_t>(node.inputs[0].id)];
@@ -359,6 +597,7 @@ void Executable::run_nodes() {
       st.kernel->run(st.in.data(), static_cast<int32_t>(st.in.size()), st.out.data(),
                      static_cast<int32_t>(st.out.size()), ws, stream_);
     } catch (const std::exception& e) {
+      if (!st.fused.empty()) throw;  // the kernel's label names the fused kernel and its nodes
       rethrow_for_node(e, nodes[static_cast<size_t>(st.node)]);
     }
   }
@@ -393,8 +632,14 @@ std::vector<std::string> Executable::kernel_names() const {
   for (const Step& st : steps_) {
     const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
     const char* impl = st.kernel->kernel().impl;
-    out.push_back(node.name + " " + node.schema->name + ": " + backend_.name() + "/" +
-                  (impl ? impl : "?"));
+    std::string what = node.name + " " + node.schema->name;
+    if (!st.fused.empty()) {
+      what = st.label + " [";
+      for (size_t i = 0; i < st.fused.size(); ++i)
+        what += (i ? ", " : "") + graph_.nodes()[static_cast<size_t>(st.fused[i])].name;
+      what += "]";
+    }
+    out.push_back(what + ": " + backend_.name() + "/" + (impl ? impl : "?"));
   }
   return out;
 }

@@ -72,7 +72,7 @@ bool must_match_on_resume(const std::string& key) {
   // Keys that change how steps are run, not what they compute.
   static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
                                              "data.prefetch", "data.resident",
-                                             "train.graph_capture"};
+                                             "train.graph_capture", "train.fusion"};
   if (free.count(key)) return false;
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
 }
@@ -274,6 +274,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   eo.device = device;
   eo.seed = seed;
   eo.capture = cfg.get_bool("train.graph_capture");
+  eo.fuse = cfg.get_bool("train.fusion");
   // The steps' memory is measured from here: the peak in use above what was in use before.
   backend.sync(device);
   backend.allocator(device).reset_peaks();

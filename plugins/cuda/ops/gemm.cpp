@@ -115,6 +115,7 @@ struct GemmSpec {
   int32_t batch = 1;                   // > 1: a strided batch
   int64_t stride_a = 0, stride_b = 0;  // elements between a batch's operands; 0: shared
   bool bias = false;
+  bool relu = false;  // y = max(y, 0) after the bias, in the epilogue where the algorithm allows
   float alpha = 1.0f;
 };
 
@@ -150,8 +151,10 @@ class GemmPlan {
     return std::max(fast_ok_ ? fast_.workspace : 0, safe_ok_ ? safe_.workspace : 0);
   }
 
-  // Enqueues the GEMM(s) of one call. bias is null when the spec has none.
-  void run(const void* a, const void* b, void* y, const void* bias, void* ws, uint64_t ws_bytes,
+  // Enqueues the GEMM(s) of one call. bias is null when the spec has none. Returns whether the
+  // spec's ReLU was applied (only the fast algorithm has it in its epilogue; otherwise the caller
+  // applies it).
+  bool run(const void* a, const void* b, void* y, const void* bias, void* ws, uint64_t ws_bytes,
            cudaStream_t stream) {
     const bool fast = fast_ok_ && aligned(a, kFastAlign) && aligned(b, kFastAlign) &&
                       aligned(y, kFastAlign) && (!bias || aligned(bias, kFastAlign));
@@ -172,6 +175,7 @@ class GemmPlan {
     PLX_CUBLAS_CHECK(cublasLtMatmul(lt_, g.desc.d, &alpha, b, a_.d, a, b_.d, &beta, y, y_.d, y,
                                     y_.d, &g.algo, g.workspace ? ws : nullptr,
                                     g.workspace ? ws_bytes : 0, stream));
+    return fast && s_.relu;
   }
 
  private:
@@ -182,8 +186,9 @@ class GemmPlan {
   };
 
   // Builds the matmul descriptor and asks the heuristic for its best algorithm for pointers
-  // aligned to `align` bytes. The fast variant adds the bias in the epilogue; the other is a
-  // plain GEMM (the bias, if any, is preloaded into y and added with beta = 1).
+  // aligned to `align` bytes. The fast variant adds the bias (and applies the ReLU) in the
+  // epilogue; the other is a plain GEMM (the bias, if any, is preloaded into y and added with
+  // beta = 1, and the caller applies the ReLU).
   bool choose(Algo& g, bool fast, uint32_t align) {
     const bool f32 = s_.dtype == PLX_F32;
     const cublasComputeType_t compute =
@@ -193,8 +198,12 @@ class GemmPlan {
     const int32_t op_b = s_.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is a
     g.desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
     g.desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+    if (fast && s_.relu && !s_.bias) {
+      const uint32_t epilogue = CUBLASLT_EPILOGUE_RELU;
+      g.desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    }
     if (s_.bias && fast) {
-      const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const uint32_t epilogue = s_.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
       g.desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
       const int32_t bias_type = lt_type(s_.dtype);
       g.desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
@@ -354,10 +363,12 @@ class MatmulKernel final : public Kernel {
   std::unique_ptr<GemmPlan> plan_;
 };
 
-// y (..., out) = x (..., in) wᵀ + b: one GEMM over all rows of x.
+// y (..., out) = x (..., in) wᵀ + b: one GEMM over all rows of x. With `relu` (the fused
+// linear+relu), the fast algorithm applies max(y, 0) in its epilogue and run() says whether it
+// did.
 class LinearKernel final : public Kernel {
  public:
-  LinearKernel(const NodeInfo& node, CudaBackend& backend)
+  LinearKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false)
       : device_(node.device()), has_bias_(node.has_input(2)) {
     const plx_tensor& x = node.input(0);  // (..., in)
     const plx_tensor& w = node.input(1);  // (out, in)
@@ -375,27 +386,31 @@ class LinearKernel final : public Kernel {
     s.ta = false, s.tb = true;
     s.M = rows_, s.N = out_, s.K = in_;
     s.bias = has_bias_;
+    s.relu = relu;
     use_device(device_);
     plan_ = std::make_unique<GemmPlan>(backend.context(device_).lt, s, "linear");
   }
 
   uint64_t workspace_bytes() const override { return plan_ ? plan_->workspace_bytes() : 0; }
 
-  void compute(const KernelCall& c) override {
+  void compute(const KernelCall& c) override { run(c); }
+
+  // Enqueues the node; true if the ReLU asked for at creation was applied.
+  bool run(const KernelCall& c) {
     use_device(device_);
     const cudaStream_t stream = native(c.stream);
     void* y = c.out(0).data;
     const void* bias = has_bias_ ? c.in(2).data : nullptr;
-    if (rows_ == 0 || out_ == 0) return;
+    if (rows_ == 0 || out_ == 0) return true;  // nothing to apply it to
     if (in_ == 0) {
       // An empty sum: y is the bias, or 0.
       if (bias)
         fill_bias(dtype_, y, bias, rows_, out_, 1, stream);
       else
         PLX_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(rows_ * out_) * elem_, stream));
-      return;
+      return false;
     }
-    plan_->run(c.in(0).data, c.in(1).data, y, bias, c.workspace, c.workspace_bytes, stream);
+    return plan_->run(c.in(0).data, c.in(1).data, y, bias, c.workspace, c.workspace_bytes, stream);
   }
 
  private:
@@ -407,7 +422,68 @@ class LinearKernel final : public Kernel {
   std::unique_ptr<GemmPlan> plan_;
 };
 
+// The fused linear -> relu: one cuBLASLt call with the RELU_BIAS (or RELU) epilogue, writing
+// the activation straight into relu's output; the pre-activation is never stored. Where only
+// the unaligned algorithm applies, relu's own kernel runs over the output in place.
+class LinearRelu final : public Kernel {
+ public:
+  LinearRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b) {
+    PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu"),
+                       "not a linear -> relu pair");
+    const plx_graph_node& lin = g.node(0);
+    const plx_graph_node& act = g.node(1);
+    PLX_DECLINE_UNLESS(act.inputs[0] == lin.outputs[0] && b.output(lin.outputs[0]) < 0,
+                       "linear's output is needed outside the pair");
+    out_ = b.output(act.outputs[0]);
+    PLX_DECLINE_UNLESS(out_ >= 0, "relu's output is not among the fused outputs");
+    for (int32_t k = 0; k < lin.num_inputs; ++k) {
+      const int32_t v = lin.inputs[k];
+      in_.push_back(g.valid(v) ? b.input(v) : -1);
+      PLX_DECLINE_UNLESS(!g.valid(v) || in_.back() >= 0, "linear's input %d is not an input", k);
+    }
+    const sdk::OwnedNodeInfo li(g, 0), ri(g, 1);
+    linear_ = std::make_unique<LinearKernel>(NodeInfo(&li.get()), backend, /*relu=*/true);
+    relu_ = std::make_unique<sdk::NodeKernel>(backend, ri.get());
+    PLX_DECLINE_UNLESS(relu_->table().flags & PLX_KERNEL_INPLACE, "relu's kernel is not in place");
+    flags_ = relu_->table().flags & (PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE);
+  }
+
+  uint32_t flags() const { return flags_; }
+  uint64_t workspace_bytes() const override {
+    return std::max(linear_->workspace_bytes(), relu_->workspace_bytes());
+  }
+
+  void compute(const KernelCall& c) override {
+    args_.clear();
+    for (int32_t k : in_) {
+      plx_tensor t{};
+      if (k >= 0) t = c.in(k);
+      else t.dtype = PLX_DTYPE_NONE;
+      args_.push_back(t);
+    }
+    y_.assign(1, c.out(out_));
+    const KernelCall lc{args_.data(), static_cast<int32_t>(args_.size()), y_.data(), 1,
+                        c.workspace, c.workspace_bytes, c.stream};
+    if (!linear_->run(lc)) relu_->compute(y_, y_, c.workspace, c.workspace_bytes, c.stream);
+  }
+
+ private:
+  std::vector<int32_t> in_;  // linear's inputs among the fused inputs (-1: absent bias)
+  int32_t out_ = 0;
+  std::unique_ptr<LinearKernel> linear_;
+  std::unique_ptr<sdk::NodeKernel> relu_;
+  uint32_t flags_ = 0;
+  std::vector<plx_tensor> args_, y_;  // per call
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                         const sdk::Boundary& b, uint32_t& flags) {
+  auto k = std::make_unique<LinearRelu>(backend, g, b);
+  flags = k->flags();
+  return k;
+}
 
 void register_gemm(KernelRegistry& r) {
   // cuBLASLt gives bit-identical results run to run for a fixed algorithm, which is chosen once

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "plexus/abi/ops.h"
 #include "plexus/sdk/status.hpp"
@@ -69,6 +71,13 @@ class KernelRegistry {
   }
 
   int32_t size() const { return static_cast<int32_t>(entries_.size()); }
+  // The tables registered for (op, dtype), in order of preference.
+  std::vector<const plx_kernel*> find(std::string_view op, int32_t dtype) const {
+    std::vector<const plx_kernel*> out;
+    for (const Entry& e : entries_)
+      if (e.table.dtype == dtype && e.op == op) out.push_back(&e.table);
+    return out;
+  }
   const plx_kernel* get(int32_t i) const {
     return i >= 0 && i < size() ? &entries_[static_cast<size_t>(i)].table : nullptr;
   }

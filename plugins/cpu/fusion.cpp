@@ -1,0 +1,56 @@
+// The CPU backend's fusion (the contract is in sdk/fusion.hpp and abi/backend.h).
+//
+// It claims two things:
+//  - the optimizer's per-parameter updates (every sgd_update, or every adamw_update, sharing
+//    attributes and learning rate), run as one multi-tensor kernel: one parallel loop over all
+//    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
+//  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm or
+//    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
+//    the activation runs there in place, so the pre-activation tensor is never allocated.
+// Both run the same element loops as the per-node kernels: fused and unfused steps agree to the
+// bit (tests/core/test_fusion.cpp).
+#include "common.hpp"
+
+namespace plexus::cpu {
+
+namespace {
+
+const std::vector<std::string_view> kProducers = {"linear",     "conv2d",    "matmul", "add",
+                                                  "batch_norm", "layer_norm"};
+const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
+
+}  // namespace
+
+void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_user) {
+  const sdk::GraphView g(graph);
+  // A refused claim (the core explains why in its debug log) leaves the nodes to run alone.
+  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
+    claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
+  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
+    claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
+    std::string name;
+    for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
+    claim(host_user, chain.data(), static_cast<int32_t>(chain.size()), name.c_str());
+  }
+}
+
+std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& graph,
+                                   const sdk::Boundary& boundary, plx_dtype& dtype,
+                                   uint32_t& flags, std::string& name) {
+  const sdk::GraphView g(graph);
+  PLX_REQUIRE(g.num_nodes() >= 1, "create_fused: no nodes");
+  if (g.is(0, "sgd_update") || g.is(0, "adamw_update")) {
+    name = g.is(0, "sgd_update") ? "multi_tensor_sgd" : "multi_tensor_adamw";
+    flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+    return make_multi_update(g, boundary, dtype);
+  }
+  auto chain = std::make_unique<sdk::EpilogueChain>(backend, g, boundary);
+  dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
+  flags = chain->flags();
+  name.clear();
+  for (int32_t n = 0; n < g.num_nodes(); ++n) name += (n ? "+" : "") + std::string(g.node(n).op);
+  return chain;
+}
+
+}  // namespace plexus::cpu

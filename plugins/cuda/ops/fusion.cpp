@@ -1,0 +1,181 @@
+// The CUDA backend's fusion (the contract is in sdk/fusion.hpp and abi/backend.h).
+//
+// It claims:
+//  - the optimizer's per-parameter updates (every f32 sgd_update, or every f32 adamw_update,
+//    sharing attributes and learning rate): one multi-tensor kernel (optim_fused.hpp) updates
+//    all parameters, up to kMultiTensorCapacity tensors per launch, instead of one launch per
+//    parameter;
+//  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
+//    (ops/gemm.cpp);
+//  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm or
+//    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
+//    the activation runs there in place (sdk::EpilogueChain), so the pre-activation tensor is
+//    never allocated.
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "ops/optim_fused.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+const std::vector<std::string_view> kProducers = {"linear",     "conv2d",    "matmul", "add",
+                                                  "batch_norm", "layer_norm"};
+const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
+
+bool is_f32_group(const sdk::GraphView& g, const std::vector<int32_t>& grp) {
+  return g.value(g.node(grp[0]).inputs[0]).dtype == PLX_F32;
+}
+
+// Every sgd_update of a group in one launch per kMultiTensorCapacity tensors.
+class MultiSgd final : public Kernel {
+ public:
+  MultiSgd(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
+      : in_(g, b), device_(device) {
+    const sdk::OwnedNodeInfo info(g, 0);
+    const NodeInfo node(&info.get());
+    args_.momentum = node.attr_float("momentum");
+    args_.dampening = node.attr_float("dampening");
+    args_.weight_decay = node.attr_float("weight_decay");
+    args_.nesterov = node.attr_int("nesterov") != 0;
+    for (int32_t n = 0; n < in_.nodes(); ++n) {
+      PLX_REQUIRE(args_.momentum == 0 || in_.has(n, 2), "sgd_update: momentum needs momentum_buf");
+      numel_.push_back(in_.numel(n));
+    }
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    param_.clear(), grad_.clear(), buf_.clear();
+    for (int32_t n = 0; n < in_.nodes(); ++n) {
+      param_.push_back(sdk::data<float>(in_.get(c, n, 0)));
+      grad_.push_back(sdk::data<float>(in_.get(c, n, 1)));
+      buf_.push_back(args_.momentum != 0 ? sdk::data<float>(in_.get(c, n, 2)) : nullptr);
+    }
+    const plx_tensor lr = in_.get(c, 0, 3);
+    MultiSgdArgs a = args_;
+    a.count = in_.nodes();
+    a.param = param_.data();
+    a.grad = grad_.data();
+    a.momentum_buf = buf_.data();
+    a.numel = numel_.data();
+    a.lr = lr.data;
+    a.lr_dtype = lr.dtype;
+    launch_multi_sgd(a, native(c.stream));
+  }
+
+ private:
+  sdk::GroupInputs in_;
+  int32_t device_;
+  MultiSgdArgs args_;
+  std::vector<int64_t> numel_;
+  std::vector<float*> param_, buf_;
+  std::vector<const float*> grad_;
+};
+
+class MultiAdamw final : public Kernel {
+ public:
+  MultiAdamw(const sdk::GraphView& g, const sdk::Boundary& b, CudaBackend& backend, int32_t device)
+      : in_(g, b), device_(device) {
+    const sdk::OwnedNodeInfo info(g, 0);
+    const NodeInfo node(&info.get());
+    args_.beta1 = node.attr_float("beta1");
+    args_.beta2 = node.attr_float("beta2");
+    args_.eps = node.attr_float("eps");
+    args_.weight_decay = node.attr_float("weight_decay");
+    args_.error = backend.context(device).error_dev;
+    for (int32_t n = 0; n < in_.nodes(); ++n) numel_.push_back(in_.numel(n));
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    param_.clear(), grad_.clear(), m_.clear(), v_.clear();
+    for (int32_t n = 0; n < in_.nodes(); ++n) {
+      param_.push_back(sdk::data<float>(in_.get(c, n, 0)));
+      grad_.push_back(sdk::data<float>(in_.get(c, n, 1)));
+      m_.push_back(sdk::data<float>(in_.get(c, n, 2)));
+      v_.push_back(sdk::data<float>(in_.get(c, n, 3)));
+    }
+    const plx_tensor lr = in_.get(c, 0, 4);
+    const plx_tensor step = in_.get(c, 0, 5);
+    MultiAdamwArgs a = args_;
+    a.count = in_.nodes();
+    a.param = param_.data();
+    a.grad = grad_.data();
+    a.exp_avg = m_.data();
+    a.exp_avg_sq = v_.data();
+    a.numel = numel_.data();
+    a.lr = lr.data;
+    a.lr_dtype = lr.dtype;
+    a.step = step.data;
+    a.step_dtype = step.dtype;
+    launch_multi_adamw(a, native(c.stream));
+  }
+
+ private:
+  sdk::GroupInputs in_;
+  int32_t device_;
+  MultiAdamwArgs args_;
+  std::vector<int64_t> numel_;
+  std::vector<float*> param_, m_, v_;
+  std::vector<const float*> grad_;
+};
+
+}  // namespace
+
+void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim, void* user) {
+  const sdk::GraphView g(graph);
+  // A refused claim (the core's debug log says why) leaves the nodes to run alone.
+  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
+    if (is_f32_group(g, grp))
+      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
+  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
+    if (is_f32_group(g, grp))
+      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
+    std::string name;
+    for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
+    claim(user, chain.data(), static_cast<int32_t>(chain.size()), name.c_str());
+  }
+}
+
+void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* inputs,
+                               int32_t num_inputs, const int32_t* outputs, int32_t num_outputs,
+                               const plx_kernel** kernel, void** state,
+                               uint64_t* workspace_bytes) {
+  const sdk::GraphView g(graph);
+  const sdk::Boundary b(inputs, num_inputs, outputs, num_outputs);
+  PLX_REQUIRE(g.num_nodes() >= 1, "create_fused: no nodes");
+  check_device(graph.device);
+  const plx_dtype dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
+  const uint32_t optim_flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  if (g.is(0, "sgd_update")) {
+    PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor sgd_update: f32 only, got %s", dtype_name(dtype));
+    fused_.give("multi_tensor_sgd", dtype, optim_flags,
+                std::make_unique<MultiSgd>(g, b, graph.device), kernel, state, workspace_bytes);
+    return;
+  }
+  if (g.is(0, "adamw_update")) {
+    PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor adamw_update: f32 only, got %s", dtype_name(dtype));
+    fused_.give("multi_tensor_adamw", dtype, optim_flags,
+                std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
+                workspace_bytes);
+    return;
+  }
+  std::string name;
+  for (int32_t n = 0; n < g.num_nodes(); ++n) name += (n ? "+" : "") + std::string(g.node(n).op);
+  if (g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu")) {
+    uint32_t flags = 0;
+    auto k = make_linear_relu(*this, g, b, flags);
+    fused_.give("linear+relu:cublaslt-epilogue", dtype, flags, std::move(k), kernel, state,
+                workspace_bytes);
+    return;
+  }
+  auto chain = std::make_unique<sdk::EpilogueChain>(*this, g, b);
+  const uint32_t flags = chain->flags();
+  fused_.give(name, dtype, flags, std::move(chain), kernel, state, workspace_bytes);
+}
+
+}  // namespace plexus::cuda
