@@ -52,8 +52,9 @@ struct TrainResult {
   double seconds = 0;                // wall time of this call's training and evaluation
   double images_per_s = 0;           // training images per second of step time, this call
   // Memory on the device: what the plans of the training and evaluation steps predict (arenas,
-  // workspaces, inputs, and the parameters, states and optimizer moments they create), and the
-  // caching allocator's peak in use over the run (size classes round each block up).
+  // workspaces, inputs, and the parameters, states and optimizer moments they create) plus the
+  // step pipelines' staging buffers and any data set resident on the device, and the caching
+  // allocator's peak in use over the run (size classes round each block up).
   uint64_t planned_bytes = 0;
   uint64_t parameter_bytes = 0;  // of which the store: parameters, states, optimizer moments
   uint64_t peak_bytes = 0;

@@ -121,6 +121,14 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
 
 StepPipeline::~StepPipeline() { release(); }
 
+uint64_t StepPipeline::device_bytes() const {
+  uint64_t n = gathered_labels_.defined() ? gathered_labels_.nbytes() : 0;
+  if (workspace_.defined()) n += workspace_.nbytes();
+  for (const Slot& s : slots_)
+    if (s.staging.defined()) n += s.staging.nbytes();
+  return n;
+}
+
 void StepPipeline::release() noexcept {
   try {
     if (copy_) backend_.sync_stream(copy_);

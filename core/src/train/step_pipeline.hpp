@@ -35,6 +35,7 @@ struct ResidentData {
   Tensor images;  // (n + 1, C*H*W) f32
   Tensor labels;  // (n + 1, 1) f32 (exact integers; gathered, then cast to i32)
   int64_t rows = 0;  // n
+  uint64_t bytes() const { return images.nbytes() + labels.nbytes(); }
 };
 
 // Uploads `loader`'s samples [0, n) normalised as its batches are.
@@ -63,6 +64,9 @@ class StepPipeline {
   // Enqueues a step on `b`. Both slots in flight: collect() first (launch throws otherwise).
   void launch(const data::Batch& b, double lr, double step);
   int in_flight() const { return in_flight_; }
+  // Device memory the pipeline holds (staging buffers, gathered labels, workspace): what the
+  // memory report adds to the executables' plans.
+  uint64_t device_bytes() const;
   bool full() const { return in_flight_ == kSlots; }
   // Waits for the oldest step in flight and returns its results. Raises the backend's errors
   // (a kernel's data error surfaces here).

@@ -522,7 +522,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   result.steps = step;
   result.seconds = seconds_since(t_begin);
   result.images_per_s = step_seconds > 0 ? static_cast<double>(step_images) / step_seconds : 0;
-  result.planned_bytes = train_exe.plan().total_bytes() + (eval_exe ? eval_exe->plan().total_bytes() : 0);
+  // The steps' plans, and what the pipelines and the resident data sets hold on the device.
+  result.planned_bytes = train_exe.plan().total_bytes() + (eval_exe ? eval_exe->plan().total_bytes() : 0) +
+                         train_pipe.device_bytes() + (eval_pipe ? eval_pipe->device_bytes() : 0) +
+                         (train_resident ? train_resident->bytes() : 0) +
+                         (test_resident ? test_resident->bytes() : 0);
   for (const auto& [name, t] : store.all()) result.parameter_bytes += t.nbytes();
   result.peak_bytes = backend.allocator(device).stats().peak_in_use - mem0;
 
