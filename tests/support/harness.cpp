@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -69,6 +70,19 @@ Tensor from_doubles(const std::vector<double>& v, const Shape& shape, plx_dtype 
   });
   if (!known) FAIL("from_doubles: bad dtype " << d);
   return t;
+}
+
+void fill(Tensor t, const std::vector<double>& v) {
+  REQUIRE(static_cast<int64_t>(v.size()) == t.numel());
+  std::vector<uint8_t> bytes(t.nbytes());
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const T x = convert<T>(v[i]);
+      std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
+    }
+  });
+  t.copy_from_host(bytes.data());
 }
 
 Tensor random_tensor(const Shape& shape, plx_dtype d, uint64_t seed, double lo, double hi) {

@@ -35,6 +35,8 @@ std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1.0, do
 std::vector<double> round_to(const std::vector<double>& v, plx_dtype d);
 // A tensor on the CPU backend holding `v` converted to `d`.
 Tensor from_doubles(const std::vector<double>& v, const Shape& shape, plx_dtype d);
+// Writes `v` (converted to t's dtype) into `t`, on any backend.
+void fill(Tensor t, const std::vector<double>& v);
 // A random tensor on the CPU backend.
 Tensor random_tensor(const Shape& shape, plx_dtype d, uint64_t seed, double lo = -1.0,
                      double hi = 1.0);

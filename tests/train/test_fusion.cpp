@@ -16,19 +16,6 @@ using namespace plexus::test;
 
 namespace {
 
-void fill(Tensor t, const std::vector<double>& v) {
-  REQUIRE(static_cast<int64_t>(v.size()) == t.numel());
-  std::vector<uint8_t> bytes(t.nbytes());
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (size_t i = 0; i < v.size(); ++i) {
-      const T x = convert<T>(v[i]);
-      std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
-    }
-  });
-  t.copy_from_host(bytes.data());
-}
-
 // conv -> batch norm -> relu, conv -> tanh, a skip connection, pool, linear -> relu, linear,
 // cross-entropy: the CPU backend fuses bn+relu, conv2d+tanh and linear+relu, and the optimizer's
 // updates into one multi-tensor kernel.

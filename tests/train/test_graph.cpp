@@ -14,19 +14,6 @@ using namespace plexus::test;
 
 namespace {
 
-void fill(Tensor t, const std::vector<double>& v) {
-  REQUIRE(static_cast<int64_t>(v.size()) == t.numel());
-  std::vector<uint8_t> bytes(t.nbytes());
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for (size_t i = 0; i < v.size(); ++i) {
-      const T x = convert<T>(v[i]);
-      std::memcpy(bytes.data() + i * sizeof(T), &x, sizeof(T));
-    }
-  });
-  t.copy_from_host(bytes.data());
-}
-
 double scalar_of(const Tensor& t) { return t.to_doubles().at(0); }
 
 Attrs ints_attr(const std::string& k, std::vector<int64_t> v) {
