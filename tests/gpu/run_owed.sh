@@ -37,6 +37,15 @@ if has tests; then
   $B/bin/plexus_tests "[cuda]" -s > "$OUT/cuda-tests-verbose.log" 2>&1
   $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests.log" 2>&1
   tail -40 "$OUT/cuda-tests.log" | tee -a "$OUT/summary.txt"
+  stamp "nccl conformance (one GPU, id bootstrapped over mpi)"
+  if command -v mpirun > /dev/null; then
+    timeout 300 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus_comm_conformance \
+      --comm nccl --backend cuda --bootstrap mpi > "$OUT/nccl-conformance.log" 2>&1
+    echo "exit $?" >> "$OUT/nccl-conformance.log"
+    tail -25 "$OUT/nccl-conformance.log" | tee -a "$OUT/summary.txt"
+  else
+    echo "no mpirun on this machine: nccl conformance not run" | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 if has sanitize; then
