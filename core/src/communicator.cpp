@@ -77,7 +77,7 @@ CommGroup::~CommGroup() {
 
 int32_t CommGroup::rank() const { return comm_.table().rank(h_); }
 int32_t CommGroup::size() const { return comm_.table().size(h_); }
-plx_stream CommGroup::stream() const { return backend_.stream(device_); }
+plx_stream CommGroup::stream() const { return stream_ ? stream_ : backend_.stream(device_); }
 
 namespace {
 void same_place(const CommGroup& g, const Tensor& t, const char* what) {

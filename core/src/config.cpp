@@ -115,6 +115,22 @@ const std::vector<ConfigKey>& Config::keys() {
         "layer with its activation); false runs every node by itself");
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
+    // ---- parallel training (docs/parallel.md) ----
+    auto& pc = add("parallel.comm", ConfigType::String, "\"auto\"",
+                   "Communicator between the ranks of a launch (mpirun, srun): auto (nccl for "
+                   "the cuda backend, mpi otherwise), mpi or nccl; a single process uses none");
+    pc.choices = {"auto", "mpi", "nccl"};
+    add("parallel.bucket_size", ConfigType::Bytes, "\"25MiB\"",
+        "Data parallelism: gradients are all-reduced in buckets of about this size, each "
+        "started as soon as its last gradient is written (PyTorch DDP's bucket_cap_mb)")
+        .min = 1;
+    add("parallel.overlap", ConfigType::Bool, "true",
+        "Start each gradient bucket during backward; false: all of them after it (to measure "
+        "how much communication the overlap hides)");
+    add("parallel.timeout_s", ConfigType::Float, "300",
+        "A rank waiting longer than this for its peers in one operation fails the run (a hung "
+        "or dead peer)")
+        .fmin = 0.001;
     add("output.dir", ConfigType::String, "\"runs/{model}\"",
         "Where a run writes metrics.jsonl, manifest.json and its checkpoint ({model} is the "
         "model's name); an existing run there is never overwritten: a new run takes dir-2, "

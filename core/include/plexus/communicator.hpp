@@ -72,6 +72,9 @@ class CommGroup {
   void abort();
   // Throws if the plugin saw an asynchronous failure (a dead peer).
   void check_async_error();
+  // Operations from now on go on `s`, a stream of the group's backend (data parallelism runs
+  // gradient all-reduces on a stream of their own); nullptr: the backend's default stream.
+  void set_stream(plx_stream s) { stream_ = s; }
 
  private:
   plx_stream stream() const;
@@ -79,6 +82,7 @@ class CommGroup {
   Backend& backend_;
   int32_t device_;
   plx_comm_handle h_;
+  plx_stream stream_ = nullptr;
 };
 
 }  // namespace plexus

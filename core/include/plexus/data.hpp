@@ -115,6 +115,12 @@ struct LoaderOptions {
   int64_t limit = 0;             // use only the first `limit` samples; 0: all
   bool images = true;            // false: batches carry labels and samples only (the images are
                                  // resident on the device and gathered there)
+  // Data parallelism: batch_size is the global batch, split into `shards` equal slices by row;
+  // this loader hands out slice `shard` of each global batch (rows shard*B/S .. (shard+1)*B/S),
+  // so the shards of one epoch together are exactly the batches of an unsharded loader.
+  // batch_size must divide by shards.
+  int shards = 1;
+  int shard = 0;
 };
 
 // One batch. Buffers are reused: next() swaps them with the loader's, so a consumer that keeps
@@ -123,8 +129,9 @@ struct Batch {
   std::vector<float> images;     // (rows, C, H, W), normalised; padding rows are zero
   std::vector<int32_t> labels;   // (rows); padding rows kIgnoreLabel
   std::vector<int64_t> samples;  // (rows) dataset index of each row; padding rows -1
-  int64_t rows = 0;              // always batch_size
+  int64_t rows = 0;              // always batch_size / shards
   int64_t real = 0;              // rows holding samples (< rows only in a padded last batch)
+  int64_t global_real = 0;       // rows holding samples in the whole global batch (all shards)
   int64_t epoch = 0;
   int64_t index = 0;  // batch index within the epoch
 };

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -110,6 +111,26 @@ class Executable {
   // "conv2d: cpu/im2col_gemm" per node, for reports.
   std::vector<std::string> kernel_names() const;
 
+  // ---- host hooks (data parallelism starts a gradient bucket's all-reduce after the kernel
+  // that produces its last gradient, and waits for it before the first update that reads one) ----
+  enum class HookPoint : uint8_t { Before, After };
+  // `fn` runs on the host in every run(), just before (Before) or just after (After) kernel
+  // `kernel` (0 .. num_kernels()-1, in run order) is enqueued. A hook that only enqueues work on
+  // streams may be recorded with the step (capturable); any other hook turns capture off. Add
+  // hooks before the first run(). Throws Error for an index out of range.
+  void add_hook(int32_t kernel, HookPoint when, std::function<void()> fn, bool capturable = false);
+  int32_t num_kernels() const;
+  // The position of the kernel that runs `node` in the run order (a fused node: its group's);
+  // -1 for a reshape, which runs no kernel.
+  int32_t kernel_index(int32_t node) const;
+  // The index of the kernel that writes `v` (following reshape views to their source); -1 for a
+  // value no kernel writes (an input, parameter, state or constant).
+  int32_t producer_kernel(Var v) const;
+  // The smallest index among the kernels that read `v` or a view of it; -1 if none does.
+  int32_t first_reader_kernel(Var v) const;
+  // The stream the step runs on.
+  plx_stream stream() const { return stream_; }
+
  private:
   struct Fused;  // a group of nodes the backend runs as one kernel
   std::vector<Fused> fuse();
@@ -127,6 +148,11 @@ class Executable {
   std::vector<Step> steps_;
   std::vector<int32_t> pos_;      // per node: where it runs (a fused node at its group's last)
   std::vector<char> internal_;    // per value: only read inside the fused kernel that writes it
+  struct Hook {
+    HookPoint when;
+    std::function<void()> fn;
+  };
+  std::vector<std::vector<Hook>> hooks_;  // per kernel, in the order added
   plx_stream stream_ = nullptr;
   int64_t runs_ = 0;
   bool can_capture_ = false;

@@ -58,6 +58,11 @@ struct TrainResult {
   uint64_t planned_bytes = 0;
   uint64_t parameter_bytes = 0;  // of which the store: parameters, states, optimizer moments
   uint64_t peak_bytes = 0;
+  // Data parallelism (1 rank: none): the gradient all-reduce's time on this rank's communication
+  // thread, and the part of it the steps waited for (not hidden behind backward). On a backend
+  // with asynchronous streams both are 0 (the streams are not timed).
+  int32_t ranks = 1;
+  double comm_seconds = 0, comm_wait_seconds = 0;
 };
 
 // Runs a training as the config says. Throws ConfigError for a bad config or model,

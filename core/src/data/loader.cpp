@@ -60,13 +60,16 @@ struct Loader::State {
 
 void Loader::State::assemble(const std::vector<int64_t>& order, int64_t ep, int64_t index,
                              Batch& b) const {
-  const int64_t rows = opt.batch_size, begin = index * rows;
-  const int64_t real = std::min(rows, n - begin);
+  const int64_t rows = opt.batch_size / opt.shards;
+  const int64_t global_begin = index * opt.batch_size;
+  const int64_t begin = global_begin + opt.shard * rows;
+  const int64_t real = std::clamp<int64_t>(n - begin, 0, rows);
   b.images.resize(opt.images ? static_cast<size_t>(rows * size) : 0);  // (rows, C, H, W)
   b.labels.resize(static_cast<size_t>(rows));
   b.samples.resize(static_cast<size_t>(rows));
   b.rows = rows;
   b.real = real;
+  b.global_real = std::min(opt.batch_size, n - global_begin);
   b.epoch = ep;
   b.index = index;
   for (int64_t r = 0; r < real; ++r) {
@@ -156,6 +159,12 @@ Loader::Loader(const Dataset& ds, LoaderOptions opt)
     throw DataError(who + ": batch_size must be >= 1, got " + std::to_string(o.batch_size));
   if (o.prefetch < 1)
     throw DataError(who + ": prefetch must be >= 1, got " + std::to_string(o.prefetch));
+  if (o.shards < 1 || o.shard < 0 || o.shard >= o.shards)
+    throw DataError(who + ": shard " + std::to_string(o.shard) + " of " + std::to_string(o.shards) +
+                    " is not a valid shard (expected 0 <= shard < shards)");
+  if (o.batch_size % o.shards != 0)
+    throw DataError(who + ": batch_size " + std::to_string(o.batch_size) +
+                    " does not divide into " + std::to_string(o.shards) + " equal shards");
   if (o.limit < 0) throw DataError(who + ": limit must be >= 0, got " + std::to_string(o.limit));
   if (ds.sample_shape.empty())
     throw DataError(who + ": the dataset has no sample shape, expected (C, H, W)");

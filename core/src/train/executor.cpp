@@ -592,7 +592,12 @@ Tensor Executable::tensor(std::string_view name) const {
 void Executable::run_nodes() {
   const auto& nodes = graph_.nodes();
   void* ws = workspace_.defined() ? workspace_.data() : nullptr;
-  for (const Step& st : steps_) {
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const Step& st = steps_[k];
+    const std::vector<Hook>* hooks = hooks_.empty() ? nullptr : &hooks_[k];
+    if (hooks)
+      for (const Hook& h : *hooks)
+        if (h.when == HookPoint::Before) h.fn();
     try {
       st.kernel->run(st.in.data(), static_cast<int32_t>(st.in.size()), st.out.data(),
                      static_cast<int32_t>(st.out.size()), ws, stream_);
@@ -600,7 +605,52 @@ void Executable::run_nodes() {
       if (!st.fused.empty()) throw;  // the kernel's label names the fused kernel and its nodes
       rethrow_for_node(e, nodes[static_cast<size_t>(st.node)]);
     }
+    if (hooks)
+      for (const Hook& h : *hooks)
+        if (h.when == HookPoint::After) h.fn();
   }
+}
+
+int32_t Executable::num_kernels() const { return static_cast<int32_t>(steps_.size()); }
+
+int32_t Executable::kernel_index(int32_t node) const {
+  if (node < 0 || node >= static_cast<int32_t>(pos_.size()))
+    throw Error("Executable::kernel_index: no node " + std::to_string(node));
+  const int32_t at = pos_[static_cast<size_t>(node)];
+  for (size_t k = 0; k < steps_.size(); ++k)
+    if (steps_[k].node == at) return static_cast<int32_t>(k);
+  return -1;
+}
+
+int32_t Executable::producer_kernel(Var v) const {
+  const Var root = graph_.storage_root(v);
+  const GraphValue& r = graph_.value(root);
+  return r.producer < 0 ? -1 : kernel_index(r.producer);
+}
+
+int32_t Executable::first_reader_kernel(Var v) const {
+  const Var root = graph_.storage_root(v);
+  int32_t first = -1;
+  const auto& nodes = graph_.nodes();
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (!nodes[n].schema) continue;  // a reshape reads nothing; its readers are found below
+    for (Var in : nodes[n].inputs) {
+      if (!in.valid() || graph_.storage_root(in).id != root.id) continue;
+      const int32_t k = kernel_index(static_cast<int32_t>(n));
+      if (k >= 0 && (first < 0 || k < first)) first = k;
+    }
+  }
+  return first;
+}
+
+void Executable::add_hook(int32_t k, HookPoint when, std::function<void()> fn, bool capturable) {
+  if (runs_ > 0) throw Error("Executable::add_hook: hooks must be added before the first run");
+  if (k < 0 || k >= num_kernels())
+    throw Error("Executable::add_hook: kernel " + std::to_string(k) + " is outside [0, " +
+                std::to_string(num_kernels()) + ")");
+  if (hooks_.empty()) hooks_.resize(steps_.size());
+  hooks_[static_cast<size_t>(k)].push_back(Hook{when, std::move(fn)});
+  if (!capturable) can_capture_ = false;
 }
 
 void Executable::run() {

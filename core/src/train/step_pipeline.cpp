@@ -61,18 +61,19 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
   labels_ = exe.tensor("labels");
   if (g.find(kLearningRateInput).valid()) lr_ = exe.tensor(kLearningRateInput);
   if (g.find(kStepInput).valid()) step_ = exe.tensor(kStepInput);
+  if (g.find(kLossScaleInput).valid()) scale_ = exe.tensor(kLossScaleInput);
   loss_ = exe.tensor("loss_value");
   pred_ = exe.tensor("predictions");
   if (x_.dtype() != PLX_F32 || labels_.dtype() != PLX_I32 || loss_.dtype() != PLX_F32 ||
       pred_.dtype() != PLX_I64 || (lr_.defined() && lr_.dtype() != PLX_F32) ||
-      (step_.defined() && step_.dtype() != PLX_F32))
+      (step_.defined() && step_.dtype() != PLX_F32) || (scale_.defined() && scale_.dtype() != PLX_F32))
     throw Error("step pipeline: the step's inputs and outputs have unexpected dtypes");
   rows_ = labels_.numel();
   x_bytes_ = x_.nbytes();
   labels_bytes_ = labels_.nbytes();
-  // Slot input layout: x (or the sample indices) | labels | lr | step, each 8-byte aligned.
+  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale, 8-byte aligned.
   const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_ + labels_bytes_;
-  in_bytes_ = (head + 7) / 8 * 8 + 2 * sizeof(float);
+  in_bytes_ = (head + 7) / 8 * 8 + 3 * sizeof(float);
   out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
   compute_ = backend.stream(device);
   copy_ = backend.create_stream(device);
@@ -177,7 +178,8 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     off = x_bytes_ + labels_bytes_;
   }
   off = (off + 7) / 8 * 8;
-  const float scalars[2] = {static_cast<float>(lr), static_cast<float>(step)};
+  const float scalars[3] = {static_cast<float>(lr), static_cast<float>(step),
+                            b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f};
   std::memcpy(s.in + off, scalars, sizeof scalars);
   s.labels.assign(b.labels.begin(), b.labels.end());
   s.real = b.real;
@@ -208,6 +210,8 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   if (lr_.defined()) backend_.copy(device_, lr_.data(), stage + off, sizeof(float), PLX_COPY_D2D, compute_);
   if (step_.defined())
     backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
+  if (scale_.defined())
+    backend_.copy(device_, scale_.data(), stage + off + 2 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
   backend_.record(s.consumed, compute_);
 
   exe_.run();

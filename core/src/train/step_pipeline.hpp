@@ -51,10 +51,15 @@ struct StepOutcome {
   double seconds = 0;    // since the previous step's results were in (or its launch)
 };
 
+// A training step's 0-d f32 input that scales its summed loss under data parallelism: one over
+// the rows holding samples in the whole global batch (every rank's slice), written per step.
+inline constexpr const char* kLossScaleInput = "loss_scale";
+
 class StepPipeline {
  public:
   // `resident` may be null (batches come from the host). The executable's graph has inputs "x"
-  // and "labels", optionally "lr" and "step", and outputs "loss_value" and "predictions".
+  // and "labels", optionally "lr", "step" and "loss_scale", and outputs "loss_value" and
+  // "predictions".
   StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
                const ResidentData* resident);
   ~StepPipeline();
@@ -94,7 +99,7 @@ class StepPipeline {
   Executable& exe_;
   const ResidentData* resident_;
   plx_stream compute_ = nullptr, copy_ = nullptr;
-  Tensor x_, labels_, lr_, step_, loss_, pred_;
+  Tensor x_, labels_, lr_, step_, scale_, loss_, pred_;
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.

@@ -13,12 +13,14 @@
 
 #include "plexus/backend.hpp"
 #include "plexus/checkpoint.hpp"
+#include "plexus/communicator.hpp"
 #include "plexus/data.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/json.hpp"
 #include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
+#include "plexus/parallel.hpp"
 #include "plexus/plugin.hpp"
 #include "plexus/progress.hpp"
 #include "plexus/run_output.hpp"
@@ -155,14 +157,18 @@ int64_t meta_int(const Checkpoint& c, const std::string& key, const std::string&
 struct Model {
   Graph graph;
   Var loss, pred;
+  std::vector<Var> params, grads;  // the training step's
   explicit Model(const OpRegistry& ops) : graph(ops) {}
 };
 
 // The training step: forward, loss (mean over rows not ignored), backward, update.
 // The evaluation step: forward in eval mode, summed loss, predictions.
+// Under data parallelism (`scaled`) the training loss is the sum over the rank's rows times the
+// input loss_scale (one over the global batch's real rows), so the ranks' gradients add up to the
+// gradient of the global batch's mean loss, however the padding rows fall among them.
 std::unique_ptr<Model> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                   const std::vector<int64_t>& sample, bool training,
-                                  const OptimizerOptions& opt) {
+                                  const OptimizerOptions& opt, bool scaled = false) {
   auto m = std::make_unique<Model>(ops);
   Graph& g = m->graph;
   Shape xs = {batch};
@@ -171,19 +177,97 @@ std::unique_ptr<Model> build_step(const OpRegistry& ops, const ModelSpec& spec, 
   const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
   const Var logits = build_model(g, spec, x, training);
   Attrs la;
-  la.set("reduction", std::string(training ? "mean" : "sum"));
+  la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
   m->loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
+  if (training && scaled)
+    m->loss = g.add1("mul", {m->loss, g.input(kLossScaleInput, TensorDesc{PLX_F32, {}})}, {},
+                     "loss.scale");
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
   m->pred = g.add1("argmax", {logits}, aa, "pred");
   if (training) {
-    const std::vector<Var> params = g.parameters();
-    add_optimizer(g, params, backward(g, m->loss, params), opt);
+    m->params = g.parameters();
+    m->grads = backward(g, m->loss, m->params);
+    add_optimizer(g, m->params, m->grads, opt);
   }
   g.mark_output(m->loss, "loss_value");
   g.mark_output(m->pred, "predictions");
   return m;
+}
+
+// The ranks of a launch and their groups; inactive (size 1) in a single process.
+struct Parallel {
+  LaunchInfo launch;
+  Backend* cpu = nullptr;
+  std::unique_ptr<CommGroup> host;  // control values (metrics, positions): cpu buffers, over mpi
+  std::unique_ptr<CommGroup> data;  // parameters and gradients, on the training backend
+  std::string comm;                 // the data group's communicator
+  bool active() const { return launch.size > 1; }
+  int32_t rank() const { return launch.rank; }
+  int32_t size() const { return launch.size; }
+  bool lead() const { return launch.rank == 0; }
+  // Sums `v` over the ranks (exact for integers below 2^53).
+  void sum(std::vector<double>& v) const {
+    if (!active() || v.empty()) return;
+    Tensor t = Tensor::from_host(*cpu, v.data(), {static_cast<int64_t>(v.size())}, PLX_F64, 0);
+    host->all_reduce(t, PLX_REDUCE_SUM);
+    t.copy_to_host(v.data());
+  }
+  // Rank 0's `v` on every rank.
+  void share(std::vector<double>& v) const {
+    if (!active() || v.empty()) return;
+    Tensor t = Tensor::from_host(*cpu, v.data(), {static_cast<int64_t>(v.size())}, PLX_F64, 0);
+    host->broadcast(t, t, 0);
+    t.copy_to_host(v.data());
+  }
+};
+
+// Joins the launch's groups: a control group over MPI, and the data group over parallel.comm
+// (NCCL's unique id travels over the control group).
+void join_launch(Parallel& par, Runtime& rt, const Config& cfg, Backend& backend, int32_t device) {
+  const std::string where = "launched as rank " + std::to_string(par.rank()) + " of " +
+                            std::to_string(par.size()) + " (" + par.launch.source + ")";
+  const auto timeout_ms =
+      static_cast<int32_t>(std::clamp(cfg.get_float("parallel.timeout_s") * 1000.0, 1.0, 2.0e9));
+  auto find = [&](const std::string& name) -> Communicator& {
+    try {
+      return rt.communicator(name);
+    } catch (const std::exception& e) {
+      throw PluginError(where + ": parallel training needs the '" + name +
+                        "' communicator plugin: " + e.what());
+    }
+  };
+  par.comm = cfg.get_string("parallel.comm");
+  if (par.comm == "auto") par.comm = backend.name() == "cuda" ? "nccl" : "mpi";
+  Communicator& mpi = find("mpi");
+  Communicator& comm = find(par.comm);
+  par.cpu = &rt.backend("cpu");
+  par.host = mpi.join(*par.cpu, 0, -1, -1, plx_comm_id{}, timeout_ms);
+  if (par.host->rank() != par.rank() || par.host->size() != par.size())
+    throw Error(where + ", but MPI says rank " + std::to_string(par.host->rank()) + " of " +
+                std::to_string(par.host->size()));
+  if (par.comm == "mpi") {
+    par.data = mpi.join(backend, device, -1, -1, plx_comm_id{}, timeout_ms);
+    return;
+  }
+  plx_comm_id id{};
+  if (par.lead()) id = comm.unique_id();
+  Tensor t = Tensor::from_host(*par.cpu, id.bytes, {static_cast<int64_t>(sizeof id.bytes)}, PLX_U8, 0);
+  par.host->broadcast(t, t, 0);
+  t.copy_to_host(id.bytes);
+  par.data = comm.join(backend, device, par.rank(), par.size(), id, timeout_ms);
+}
+
+// The states a forward reads (batch-norm statistics), as opposed to the optimizer's moments.
+std::vector<std::string> forward_states(const Graph& g) {
+  std::set<std::string> names;
+  for (const GraphNode& n : g.nodes()) {
+    if (n.phase != Phase::Forward) continue;
+    for (Var v : n.inputs)
+      if (v.valid() && g.value(v).kind == ValueKind::State) names.insert(g.value(v).name);
+  }
+  return {names.begin(), names.end()};
 }
 
 }  // namespace
@@ -233,9 +317,22 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                       " classes, dataset " + train_set.name + " has " +
                       std::to_string(train_set.num_classes));
 
-  const int64_t batch = cfg.get_int("train.batch_size");
+  const int64_t batch = cfg.get_int("train.batch_size");  // the global batch
   Backend& backend = rt.select_backend(cfg.get_string("backend.name"));
-  const int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
+  // Under a launcher every rank trains on its slice of each batch (data parallelism) and, unless
+  // backend.device says otherwise, on the device of its local rank.
+  Parallel par;
+  par.launch = launch_info();
+  int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
+  if (par.active() && cfg.origin("backend.device") == "default" && backend.device_count() > 0)
+    device = par.launch.local_rank % backend.device_count();
+  if (batch % par.size() != 0)
+    throw ConfigError("train.batch_size = " + std::to_string(batch) + " does not divide among the " +
+                      std::to_string(par.size()) + " data-parallel ranks of this launch (" +
+                      par.launch.source + "=" + std::to_string(par.size()) + ")");
+  const int64_t local_batch = batch / par.size();
+  if (par.active() && cfg.get_bytes("parallel.bucket_size") == 0)
+    throw ConfigError("parallel.bucket_size: expected a size in bytes (\"25MiB\"), got a fraction");
   const bool resident = use_resident(cfg, backend, device, train_set, do_eval ? &test_set : nullptr);
   data::LoaderOptions lo;
   lo.images = !resident;
@@ -249,6 +346,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   lo.std = train_set.std;
   lo.prefetch = static_cast<int>(cfg.get_int("data.prefetch"));
   lo.limit = cfg.get_int("data.limit");
+  lo.shards = par.size();
+  lo.shard = par.rank();
   data::Loader train_loader(train_set, lo);
   std::unique_ptr<data::Loader> test_loader;
   if (do_eval) {
@@ -268,7 +367,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   opt.beta1 = cfg.get_float("train.beta1");
   opt.beta2 = cfg.get_float("train.beta2");
   opt.eps = cfg.get_float("train.eps");
-  auto train_model = build_step(rt.ops(), spec, batch, train_set.sample_shape, true, opt);
+  if (par.active()) join_launch(par, rt, cfg, backend, device);
+  auto train_model =
+      build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt, par.active());
   TensorStore store;
   ExecutableOptions eo;
   eo.device = device;
@@ -283,8 +384,21 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   std::unique_ptr<Model> eval_model;
   std::unique_ptr<Executable> eval_exe;
   if (do_eval) {
-    eval_model = build_step(rt.ops(), spec, batch, train_set.sample_shape, false, opt);
+    eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt);
     eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
+  }
+  // Data parallelism: gradients all-reduced in buckets during backward; running statistics are
+  // rank 0's (broadcast before each evaluation and checkpoint, as DDP's broadcast_buffers).
+  std::unique_ptr<GradientSync> grad_sync;
+  std::vector<std::string> running_states;
+  if (par.active()) {
+    GradSyncOptions gso;
+    gso.bucket_bytes = cfg.get_bytes("parallel.bucket_size");
+    gso.overlap = cfg.get_bool("parallel.overlap");
+    std::vector<std::string> names;
+    for (Var p : train_model->params) names.push_back(train_model->graph.value(p).name);
+    grad_sync = std::make_unique<GradientSync>(*par.data, train_exe, train_model->grads, names, gso);
+    running_states = forward_states(train_model->graph);
   }
 
   // Inputs flow through pinned staging on a copy stream, or are gathered from the data set
@@ -320,49 +434,80 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   int64_t epoch = 0, first_batch = 0, step = 0;
   std::string run_dir;
   std::string last_good;  // the checkpoint a failure leaves behind, "" if none yet
-  if (!req.resume_dir.empty()) {
-    run_dir = req.resume_dir;
-    const std::string path = (fs::path(run_dir) / kCheckpointFile).string();
-    if (!fs::exists(path))
-      throw Error("--resume " + run_dir + ": no checkpoint there (expected " + path + ")");
-    const Checkpoint ck = read_checkpoint(path);
-    if (ck.meta.count("format") == 0 || ck.meta.at("format") != kCheckpointFormat)
-      throw Error(path + ": not a training checkpoint of this version (format '" +
-                  (ck.meta.count("format") ? ck.meta.at("format") : "") + "', expected '" +
-                  kCheckpointFormat + "')");
-    const Config before = Config::parse(ck.meta.count("config") ? ck.meta.at("config") : "",
-                                        path + " (its config)");
-    std::string diffs;
-    for (const ConfigKey& k : Config::keys()) {
-      if (!must_match_on_resume(k.path)) continue;
-      const std::string a = value_text(before, k), b = value_text(cfg, k);
-      if (a != b) diffs += "\n  " + k.path + ": the run has " + a + ", now " + b;
+  // Rank 0 reads the checkpoint and makes the run directory; the others get the position from it
+  // and the tensors by broadcast below.
+  auto open_run = [&] {
+    if (!req.resume_dir.empty()) {
+      run_dir = req.resume_dir;
+      const std::string path = (fs::path(run_dir) / kCheckpointFile).string();
+      if (!fs::exists(path))
+        throw Error("--resume " + run_dir + ": no checkpoint there (expected " + path + ")");
+      const Checkpoint ck = read_checkpoint(path);
+      if (ck.meta.count("format") == 0 || ck.meta.at("format") != kCheckpointFormat)
+        throw Error(path + ": not a training checkpoint of this version (format '" +
+                    (ck.meta.count("format") ? ck.meta.at("format") : "") + "', expected '" +
+                    kCheckpointFormat + "')");
+      const Config before = Config::parse(ck.meta.count("config") ? ck.meta.at("config") : "",
+                                          path + " (its config)");
+      std::string diffs;
+      for (const ConfigKey& k : Config::keys()) {
+        if (!must_match_on_resume(k.path)) continue;
+        const std::string a = value_text(before, k), b = value_text(cfg, k);
+        if (a != b) diffs += "\n  " + k.path + ": the run has " + a + ", now " + b;
+      }
+      if (!diffs.empty())
+        throw ConfigError("--resume " + run_dir +
+                          ": the config differs from the run's in keys that change what a step "
+                          "computes:" + diffs);
+      restore(store, ck, path);
+      epoch = meta_int(ck, "epoch", path);
+      first_batch = meta_int(ck, "batch", path);
+      step = meta_int(ck, "step", path);
+      if (first_batch < 0 || first_batch > per_epoch || epoch < 0)
+        throw Error(path + ": loader position epoch " + std::to_string(epoch) + " batch " +
+                    std::to_string(first_batch) + " does not fit " + std::to_string(per_epoch) +
+                    " batches per epoch");
+      last_good = path;
+    } else {
+      run_dir = new_run_dir(cfg.get_string("output.dir"), spec.name);
+      std::error_code ec;
+      fs::create_directories(run_dir, ec);
+      if (ec) throw Error("output.dir: cannot create " + run_dir + ": " + ec.message());
     }
-    if (!diffs.empty())
-      throw ConfigError("--resume " + run_dir +
-                        ": the config differs from the run's in keys that change what a step "
-                        "computes:" + diffs);
-    restore(store, ck, path);
-    epoch = meta_int(ck, "epoch", path);
-    first_batch = meta_int(ck, "batch", path);
-    step = meta_int(ck, "step", path);
-    if (first_batch < 0 || first_batch > per_epoch || epoch < 0)
-      throw Error(path + ": loader position epoch " + std::to_string(epoch) + " batch " +
-                  std::to_string(first_batch) + " does not fit " + std::to_string(per_epoch) +
-                  " batches per epoch");
-    last_good = path;
+  };
+  if (par.lead()) {
+    std::vector<double> pos = {0, 0, 0, 0};  // ok, epoch, first batch, step
+    try {
+      open_run();
+      pos = {1, static_cast<double>(epoch), static_cast<double>(first_batch), static_cast<double>(step)};
+    } catch (...) {
+      par.share(pos);  // tells the others to stop
+      throw;
+    }
+    par.share(pos);
   } else {
-    run_dir = new_run_dir(cfg.get_string("output.dir"), spec.name);
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec) throw Error("output.dir: cannot create " + run_dir + ": " + ec.message());
+    std::vector<double> pos(4, 0);
+    par.share(pos);
+    if (pos[0] != 1)
+      throw Error("rank 0 could not " + std::string(req.resume_dir.empty() ? "start" : "resume") +
+                  " the run; its error says why");
+    epoch = static_cast<int64_t>(pos[1]);
+    first_batch = static_cast<int64_t>(pos[2]);
+    step = static_cast<int64_t>(pos[3]);
+    if (!req.resume_dir.empty()) last_good = (fs::path(req.resume_dir) / kCheckpointFile).string();
   }
+  if (par.active()) broadcast_store(*par.data, store, 0);
   result.run_dir = run_dir;
   const std::string ckpt_path = (fs::path(run_dir) / kCheckpointFile).string();
-  MetricsWriter metrics((fs::path(run_dir) / kMetricsFile).string());
+  // Only rank 0 writes the run's files.
+  std::unique_ptr<MetricsWriter> metrics;
+  if (par.lead()) metrics = std::make_unique<MetricsWriter>((fs::path(run_dir) / kMetricsFile).string());
+  auto emit = [&](const JsonObject& line) {
+    if (metrics) metrics->write(line);
+  };
 
   // ---- the manifest ----
-  {
+  if (par.lead()) {
     JsonObject m;
     m.add("plexus", PLEXUS_VERSION_STRING);
     m.add("git_revision", git_revision());
@@ -380,11 +525,27 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("batches_per_epoch", per_epoch);
     m.add("memory_plan_bytes", static_cast<int64_t>(train_exe.plan().total_bytes()));
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
+    if (par.active())
+      m.add("parallel", JsonObject().add("ranks", static_cast<int64_t>(par.size()))
+                            .add("data_parallel", static_cast<int64_t>(par.size()))
+                            .add("communicator", par.comm)
+                            .add("launcher", par.launch.source)
+                            .add("batch_per_rank", local_batch)
+                            .add("gradient_buckets", static_cast<int64_t>(grad_sync->buckets().size())));
     m.add("config", cfg.dump());
     write_manifest((fs::path(run_dir) / kManifestFile).string(), m);
   }
 
+  // Rank 0's running statistics on every rank (a collective: every rank calls it).
+  auto share_running = [&] {
+    if (par.active() && !running_states.empty()) {
+      train_exe.sync();
+      broadcast_store(*par.data, store, 0, running_states);
+    }
+  };
   auto save = [&](int64_t next_epoch, int64_t next_batch) {
+    share_running();
+    if (!par.lead()) return;
     train_exe.sync();
     Checkpoint ck = snapshot(store);
     ck.meta["format"] = kCheckpointFormat;
@@ -401,7 +562,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     last_good = ckpt_path;
   };
 
-  Progress progress(out, progress_mode(cfg.get_string("logging.progress")));
+  Progress progress(out, par.lead() ? progress_mode(cfg.get_string("logging.progress"))
+                                    : ProgressMode::None);
   if (!req.resume_dir.empty())
     progress.note("resuming " + run_dir + " at epoch " + std::to_string(epoch + 1) + ", batch " +
                   std::to_string(first_batch) + " (step " + std::to_string(step) + ")");
@@ -410,6 +572,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                   " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
                   train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
                   std::to_string(batch) + "; writing " + run_dir);
+  if (par.active())
+    progress.note("data parallel over " + std::to_string(par.size()) + " ranks (" + par.comm +
+                  ", launched by " + par.launch.source + "): " + std::to_string(local_batch) +
+                  " samples per rank per step, " + std::to_string(grad_sync->buckets().size()) +
+                  " gradient buckets of up to " + format_bytes(cfg.get_bytes("parallel.bucket_size")));
 
   const int64_t max_steps = cfg.get_int("train.max_steps");
   const int64_t ckpt_every = cfg.get_int("output.checkpoint_steps");
@@ -428,10 +595,17 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     // Steps are launched one ahead of their results: `launched` counts launches, `step` the
     // steps whose results were read. A checkpoint drains the pipeline first, so it never holds a
     // step whose loss was not seen.
-    auto handle = [&](const StepOutcome& o) {
+    auto handle = [&](StepOutcome o) {
+      if (par.active()) {  // the global batch's loss and counts
+        std::vector<double> v = {o.loss, static_cast<double>(o.hits), static_cast<double>(o.real)};
+        par.sum(v);
+        o.loss = v[0];
+        o.hits = static_cast<int64_t>(v[1]);
+        o.real = static_cast<int64_t>(v[2]);
+      }
       ++step;
       if (!std::isfinite(o.loss)) {
-        metrics.write(JsonObject().add("type", "stop").add("reason", "non-finite loss")
+        emit(JsonObject().add("type", "stop").add("reason", "non-finite loss")
                           .add("step", step).add("epoch", epoch + 1).add("batch", o.index));
         throw DivergedError(
             "step " + std::to_string(step) + " (epoch " + std::to_string(epoch + 1) + ", batch " +
@@ -447,7 +621,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       epoch_images += o.real;
       epoch_step_seconds += o.seconds;
       if (req.keep_losses) result.losses.push_back(o.loss);
-      metrics.write(JsonObject().add("type", "step").add("step", step).add("epoch", epoch + 1)
+      emit(JsonObject().add("type", "step").add("step", step).add("epoch", epoch + 1)
                         .add("batch", o.index).add("loss", o.loss)
                         .add("accuracy", static_cast<double>(o.hits) / static_cast<double>(o.real))
                         .add("lr", o.lr)
@@ -484,6 +658,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     em.train_accuracy = rows ? static_cast<double>(hits) / static_cast<double>(rows) : 0;
     em.images_per_s = epoch_step_seconds > 0 ? static_cast<double>(epoch_images) / epoch_step_seconds : 0;
     if (do_eval && !stop) {
+      share_running();
       test_loader->start(0, 0);
       double tl = 0;
       int64_t tn = 0, th = 0;
@@ -497,6 +672,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
         eval_pipe->launch(b, 0, 0);
       }
       while (eval_pipe->in_flight() > 0) take(eval_pipe->collect());
+      if (par.active()) {
+        std::vector<double> v = {tl, static_cast<double>(th), static_cast<double>(tn)};
+        par.sum(v);
+        tl = v[0];
+        th = static_cast<int64_t>(v[1]);
+        tn = static_cast<int64_t>(v[2]);
+      }
       em.test_loss = tl / static_cast<double>(tn);
       em.test_accuracy = static_cast<double>(th) / static_cast<double>(tn);
     }
@@ -506,7 +688,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
         .add("train_loss", em.train_loss).add("train_accuracy", em.train_accuracy)
         .add("seconds", em.seconds).add("images_per_s", em.images_per_s);
     if (em.test_loss) line.add("test_loss", *em.test_loss).add("test_accuracy", *em.test_accuracy);
-    metrics.write(line);
+    emit(line);
     EpochResult er;
     er.train_loss = em.train_loss;
     er.train_accuracy = em.train_accuracy;
@@ -526,7 +708,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   result.planned_bytes = train_exe.plan().total_bytes() + (eval_exe ? eval_exe->plan().total_bytes() : 0) +
                          train_pipe.device_bytes() + (eval_pipe ? eval_pipe->device_bytes() : 0) +
                          (train_resident ? train_resident->bytes() : 0) +
-                         (test_resident ? test_resident->bytes() : 0);
+                         (test_resident ? test_resident->bytes() : 0) +
+                         (grad_sync ? grad_sync->bytes() : 0);
   for (const auto& [name, t] : store.all()) result.parameter_bytes += t.nbytes();
   result.peak_bytes = backend.allocator(device).stats().peak_in_use - mem0;
 
@@ -547,11 +730,30 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                 " in use, the plans predict " + format_bytes(result.planned_bytes) +
                 "; the loader kept the step waiting " + std::to_string(ls.waits) + " times (" +
                 std::to_string(static_cast<int64_t>(ls.wait_seconds * 1000)) + " ms)");
-  metrics.write(JsonObject().add("type", "summary").add("steps", step)
-                    .add("loader_waits", ls.waits).add("loader_wait_seconds", ls.wait_seconds)
-                    .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
-                    .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
-                    .add("peak_bytes", static_cast<int64_t>(result.peak_bytes)));
+  JsonObject summary;
+  summary.add("type", "summary").add("steps", step)
+      .add("loader_waits", ls.waits).add("loader_wait_seconds", ls.wait_seconds)
+      .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
+      .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
+      .add("peak_bytes", static_cast<int64_t>(result.peak_bytes));
+  result.ranks = par.size();
+  if (grad_sync) {
+    // Rank 0's view; the ranks wait for one another, so theirs are alike.
+    const GradSyncStats gs = grad_sync->stats();
+    result.comm_seconds = gs.comm_seconds;
+    result.comm_wait_seconds = gs.wait_seconds;
+    summary.add("ranks", static_cast<int64_t>(par.size()))
+        .add("comm_seconds", gs.comm_seconds)
+        .add("comm_wait_seconds", gs.wait_seconds);
+    if (gs.comm_seconds > 0)
+      progress.note("gradient all-reduce: " + std::to_string(static_cast<int64_t>(gs.comm_seconds * 1000)) +
+                    " ms over " + std::to_string(gs.steps) + " steps, of which the steps waited " +
+                    std::to_string(static_cast<int64_t>(gs.wait_seconds * 1000)) + " ms (" +
+                    std::to_string(static_cast<int>(std::lround(
+                        100.0 * std::max(0.0, 1.0 - gs.wait_seconds / gs.comm_seconds)))) +
+                    "% hidden behind backward)");
+  }
+  emit(summary);
   return result;
 }
 

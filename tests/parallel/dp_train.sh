@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Data parallelism against one process (ctest runs it; see tests/CMakeLists.txt):
+#   dp_train.sh PLEXUS COMPARE MPIEXEC RANKS WORKDIR [MODE] [--set k=v ...]
+# trains the MLP on the first 1000 Fashion-MNIST images once in one process and once on RANKS
+# ranks under MPI with the same global batch and seed, and holds the two runs' losses and final
+# checkpoints to each other (f32 sums in another order: rtol 1e-4). The batch of 60 leaves a
+# padded last batch of 40 samples, so with 4 ranks one rank's slice is all padding.
+# MODE "resume": the parallel run stops after 7 steps and is resumed on the same ranks.
+set -euo pipefail
+plexus=$1 compare=$2 mpiexec=$3 ranks=$4 work=$5
+shift 5
+mode=plain
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then mode=$1; shift; fi
+rm -rf "$work"
+mkdir -p "$work"
+cat > "$work/dp.toml" <<TOML
+[backend]
+name = "cpu"
+[plugins.options.cpu]
+threads = 1
+[model]
+name = "mlp"
+[data]
+dataset = "fashion-mnist"
+limit = 1000
+partial_batch = "pad"
+[train]
+epochs = 2
+batch_size = 60
+lr = 0.05
+seed = 7
+[parallel]
+bucket_size = "256KiB"
+timeout_s = 120
+[logging]
+progress = "plain"
+TOML
+launch=("$mpiexec" -np "$ranks" --oversubscribe --allow-run-as-root)
+echo "== one process"
+"$plexus" train "$work/dp.toml" --set "output.dir=\"$work/one\"" "$@"
+echo "== $ranks ranks ($mode)"
+if [ "$mode" = resume ]; then
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" --set train.max_steps=7 "$@"
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --resume "$work/dp" --set train.max_steps=0 "$@"
+else
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" "$@"
+fi
+tr -d ' \n' < "$work/dp/manifest.json" | grep -q '"parallel":{"ranks":'"$ranks" ||
+  { echo "manifest.json does not record $ranks ranks" >&2; exit 1; }
+echo "== compare"
+# COMPARE_TOL: AdamW divides by the root of the second moment, so a weight whose gradient is
+# near 0 moves by up to lr on last-bit differences; its test widens atol.
+read -r -a tol <<< "${COMPARE_TOL:---rtol 1e-4 --atol 1e-6}"
+"$compare" "$work/one" "$work/dp" "${tol[@]}"

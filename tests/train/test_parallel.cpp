@@ -1,0 +1,288 @@
+// Data parallelism's pieces in one process: reading the launcher's environment, the
+// communication thread, and gradient buckets hooked into a step. Ranks are threads joined by the
+// CPU plugin's "threads" communicator; each runs its own executable on its slice of the batch,
+// and after a few steps every rank's parameters must match one executable trained on the whole
+// batch. Whole trainings under mpirun are checked by tests/parallel/ (ctest).
+//
+// Catch2's assertions are not thread-safe: rank threads record, the main thread asserts.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "plexus/backend.hpp"
+#include "plexus/communicator.hpp"
+#include "plexus/error.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/optimizer.hpp"
+#include "plexus/parallel.hpp"
+#include "plexus/plugin.hpp"
+#include "support/harness.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kIn = 6, kHidden = 12, kClasses = 4;
+
+// x -> linear -> relu -> linear -> relu -> linear -> cross-entropy summed, times loss_scale
+// (one over the global batch), SGD with momentum: what the trainer builds under data parallelism.
+struct Step {
+  Graph g;
+  std::vector<Var> params, grads;
+  explicit Step(int64_t rows) : g(runtime().ops()) {
+    const Var x = g.input("x", {PLX_F32, {rows, kIn}});
+    const Var labels = g.input("labels", {PLX_I32, {rows}});
+    const Var scale = g.input("loss_scale", {PLX_F32, {}});
+    auto layer = [&](Var h, const std::string& name, int64_t in, int64_t out) {
+      const Var w = g.parameter(name + ".weight", {PLX_F32, {out, in}}, init::kaiming_uniform(in));
+      const Var b = g.parameter(name + ".bias", {PLX_F32, {out}}, init::uniform(-0.1, 0.1));
+      return g.add1("linear", {h, w, b}, {}, name);
+    };
+    Var h = g.add1("relu", {layer(x, "fc1", kIn, kHidden)}, {}, "relu1");
+    h = g.add1("relu", {layer(h, "fc2", kHidden, kHidden)}, {}, "relu2");
+    const Var logits = layer(h, "out", kHidden, kClasses);
+    Attrs la;
+    la.set("reduction", std::string("sum"));
+    Var loss = g.add1("softmax_cross_entropy", {logits, labels}, la, "loss");
+    loss = g.add1("mul", {loss, scale}, {}, "loss.scale");
+    params = g.parameters();
+    grads = backward(g, loss, params);
+    OptimizerOptions o;
+    o.momentum = 0.9;
+    add_optimizer(g, params, grads, o);
+    g.mark_output(loss, "loss_value");
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (Var p : params) n.push_back(g.value(p).name);
+    return n;
+  }
+};
+
+std::vector<double> batch_x(int64_t step) { return random_doubles(kBatch * kIn, 100 + step); }
+std::vector<int32_t> batch_labels(int64_t step) {
+  std::vector<int32_t> l(kBatch);
+  for (int64_t i = 0; i < kBatch; ++i) l[i] = static_cast<int32_t>((i * 7 + step * 3) % kClasses);
+  return l;
+}
+
+// Runs `steps` SGD steps on rows [first, first + rows) of each global batch; returns every
+// parameter after them, by name.
+using Params = std::map<std::string, std::vector<float>>;
+Params train_slice(int64_t first, int64_t rows, int steps, CommGroup* group,
+                   GradSyncOptions gso, std::string* buckets_out = nullptr) {
+  Step s(rows);
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.seed = 5;
+  Executable exe(cpu(), s.g, store, eo);
+  std::unique_ptr<GradientSync> sync;
+  if (group) {
+    broadcast_store(*group, store, 0);
+    sync = std::make_unique<GradientSync>(*group, exe, s.grads, s.names(), gso);
+    if (buckets_out) *buckets_out = sync->describe();
+  }
+  fill(exe.tensor("lr"), {0.1});
+  fill(exe.tensor("loss_scale"), {1.0 / kBatch});
+  for (int k = 0; k < steps; ++k) {
+    const std::vector<double> x = batch_x(k);
+    const std::vector<int32_t> l = batch_labels(k);
+    fill(exe.tensor("x"), std::vector<double>(x.begin() + first * kIn, x.begin() + (first + rows) * kIn));
+    exe.tensor("labels").copy_from_host(l.data() + first);
+    exe.run();
+    exe.sync();
+  }
+  Params out;
+  for (Var p : s.params) {
+    const Tensor t = exe.tensor(p);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    t.copy_to_host(v.data());
+    out[s.g.value(p).name] = v;
+  }
+  return out;
+}
+
+Communicator& threads_comm() { return runtime().communicator("threads"); }
+
+}  // namespace
+
+TEST_CASE("launch_info reads OpenMPI, PMI and Slurm environments", "[cpu][parallel]") {
+  std::map<std::string, std::string> env;
+  auto get = [&](const char* n) -> const char* {
+    auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  SECTION("no launcher: one process") {
+    const LaunchInfo li = launch_info(get);
+    CHECK_FALSE(li.launched());
+    CHECK(li.rank == 0);
+    CHECK(li.size == 1);
+  }
+  SECTION("OpenMPI") {
+    env = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+    const LaunchInfo li = launch_info(get);
+    CHECK(li.launched());
+    CHECK(li.rank == 3);
+    CHECK(li.size == 4);
+    CHECK(li.local_rank == 1);
+    CHECK(li.local_size == 2);
+    CHECK(li.source == "OMPI_COMM_WORLD_SIZE");
+  }
+  SECTION("MPICH's PMI") {
+    env = {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}};
+    const LaunchInfo li = launch_info(get);
+    CHECK(li.rank == 1);
+    CHECK(li.size == 2);
+    CHECK(li.local_rank == 1);
+    CHECK(li.source == "PMI_SIZE");
+  }
+  SECTION("Slurm") {
+    env = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}};
+    const LaunchInfo li = launch_info(get);
+    CHECK(li.rank == 5);
+    CHECK(li.size == 8);
+    CHECK(li.local_rank == 1);
+  }
+  SECTION("a value that is not a number is an error naming the variable") {
+    env = {{"OMPI_COMM_WORLD_RANK", "x1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    CHECK_THROWS_WITH(launch_info(get), PLX_CONTAINS("OMPI_COMM_WORLD_RANK='x1'"));
+  }
+  SECTION("a rank outside the world is an error") {
+    env = {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    CHECK_THROWS_WITH(launch_info(get), PLX_CONTAINS("outside a world of 2"));
+  }
+  SECTION("a size without a rank is an error") {
+    env = {{"PMI_SIZE", "2"}};
+    CHECK_THROWS_WITH(launch_info(get), PLX_CONTAINS("PMI_RANK is not"));
+  }
+}
+
+TEST_CASE("CommWorker runs jobs in order and reports the first failure", "[cpu][parallel]") {
+  CommWorker w;
+  std::vector<int> seen;
+  const auto a = w.submit([&] { seen.push_back(1); });
+  const auto b = w.submit([&] { seen.push_back(2); });
+  w.wait(b);
+  w.wait(a);  // already done
+  CHECK(seen == std::vector<int>{1, 2});
+  const auto bad = w.submit([] { throw std::runtime_error("peer went away"); });
+  const auto after = w.submit([&] { seen.push_back(3); });
+  CHECK_THROWS_WITH(w.wait(bad), PLX_CONTAINS("peer went away"));
+  CHECK_THROWS_WITH(w.wait(after), PLX_CONTAINS("an earlier communication failed") &&
+                                       PLX_CONTAINS("peer went away"));
+  CHECK(seen == std::vector<int>{1, 2});  // the job after the failure never ran
+}
+
+TEST_CASE("gradient buckets follow the order gradients are written", "[cpu][parallel]") {
+  const plx_comm_id id = threads_comm().unique_id();
+  std::unique_ptr<CommGroup> g = threads_comm().join(cpu(), 0, 0, 1, id, 20000);
+  Step s(kBatch);
+  TensorStore store;
+  Executable exe(cpu(), s.g, store, {});
+  SECTION("small buckets: one gradient each, started as written, each before its update") {
+    GradSyncOptions o;
+    o.bucket_bytes = 4;  // smaller than any gradient
+    GradientSync sync(*g, exe, s.grads, s.names(), o);
+    REQUIRE(sync.buckets().size() == s.params.size());
+    for (size_t i = 0; i < sync.buckets().size(); ++i) {
+      const auto& b = sync.buckets()[i];
+      CHECK(b.grads.size() == 1);
+      CHECK(b.ready < b.need);
+      if (i) CHECK(sync.buckets()[i - 1].ready <= b.ready);
+    }
+    // The output layer's gradients are written first.
+    CHECK(sync.buckets().front().names.front().rfind("out.", 0) == 0);
+    CHECK(sync.buckets().back().names.front().rfind("fc1.", 0) == 0);
+  }
+  SECTION("a large bucket holds every gradient") {
+    GradientSync sync(*g, exe, s.grads, s.names(), {});
+    REQUIRE(sync.buckets().size() == 1);
+    CHECK(sync.buckets()[0].grads.size() == s.params.size());
+    uint64_t bytes = 0;
+    for (Var p : s.params) bytes += static_cast<uint64_t>(s.g.value(p).desc.numel()) * 4;
+    CHECK(sync.bytes() == bytes);
+  }
+  SECTION("without overlap every bucket starts after the last gradient") {
+    GradSyncOptions o;
+    o.bucket_bytes = 4;
+    o.overlap = false;
+    GradientSync sync(*g, exe, s.grads, s.names(), o);
+    for (const auto& b : sync.buckets()) CHECK(b.ready == sync.buckets().back().ready);
+  }
+}
+
+TEST_CASE("data-parallel ranks reach the parameters of one process on the whole batch",
+          "[cpu][parallel]") {
+  const int steps = 4;
+  const Params whole = train_slice(0, kBatch, steps, nullptr, {});
+  for (int n : {2, 4}) {
+    for (uint64_t bucket : {uint64_t{4}, uint64_t{600}, uint64_t{25} << 20}) {
+      for (bool overlap : {true, false}) {
+        DYNAMIC_SECTION(n << " ranks, buckets of " << bucket << " bytes, overlap " << overlap) {
+          const plx_comm_id id = threads_comm().unique_id();
+          std::vector<Params> got(static_cast<size_t>(n));
+          std::vector<std::string> err(static_cast<size_t>(n));
+          std::string buckets;
+          std::vector<std::thread> threads;
+          for (int r = 0; r < n; ++r)
+            threads.emplace_back([&, r] {
+              try {
+                auto g = threads_comm().join(cpu(), 0, r, n, id, 20000);
+                GradSyncOptions o;
+                o.bucket_bytes = bucket;
+                o.overlap = overlap;
+                got[static_cast<size_t>(r)] =
+                    train_slice(r * (kBatch / n), kBatch / n, steps, g.get(), o, r ? nullptr : &buckets);
+              } catch (const std::exception& e) {
+                err[static_cast<size_t>(r)] = e.what();
+              }
+            });
+          for (auto& t : threads) t.join();
+          INFO(buckets);
+          for (int r = 0; r < n; ++r) {
+            INFO("rank " << r);
+            REQUIRE(err[static_cast<size_t>(r)].empty());
+            for (const auto& [name, want] : whole) {
+              INFO(name);
+              const std::vector<float>& v = got[static_cast<size_t>(r)].at(name);
+              REQUIRE(v.size() == want.size());
+              double worst = 0;
+              for (size_t i = 0; i < v.size(); ++i)
+                worst = std::max(worst, std::abs(static_cast<double>(v[i]) - want[i]) /
+                                            (1e-3 + std::abs(static_cast<double>(want[i]))));
+              CHECK(worst < 1e-4);  // f32 sums in another order
+              // Every rank holds the same bits.
+              CHECK(std::memcmp(v.data(), got[0].at(name).data(), v.size() * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a rank whose peer never joins the all-reduce fails with a timeout, not a hang",
+          "[cpu][parallel]") {
+  const plx_comm_id id = threads_comm().unique_id();
+  std::string err0;
+  std::thread other([&] {
+    // Rank 1 joins, then leaves without stepping.
+    try {
+      auto g = threads_comm().join(cpu(), 0, 1, 2, id, 500);
+    } catch (const std::exception&) {
+    }
+  });
+  try {
+    auto g = threads_comm().join(cpu(), 0, 0, 2, id, 500);
+    (void)train_slice(0, kBatch / 2, 1, g.get(), {});
+  } catch (const std::exception& e) {
+    err0 = e.what();
+  }
+  other.join();
+  CHECK_THAT(err0, PLX_CONTAINS("broadcast") || PLX_CONTAINS("all_reduce"));
+}
