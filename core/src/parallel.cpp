@@ -330,7 +330,7 @@ void GradientSync::start(size_t i) {
     gather(exe_.stream());  // a synchronous backend: done when it returns
     CommGroup& group = group_;
     const std::string what = "gradient all-reduce of bucket " + std::to_string(i) + " (" +
-                             std::to_string(b.grads.size()) + " gradients, " + format_bytes(b.bytes) +
+                             std::to_string(b.grads.size()) + (b.grads.size() == 1 ? " gradient, " : " gradients, ") + format_bytes(b.bytes) +
                              ", from '" + b.names.front() + "')";
     tickets_[i] = worker_->submit([&group, flat, op, scatter, what] {
       try {
