@@ -127,6 +127,17 @@ const std::vector<ConfigKey>& Config::keys() {
     add("parallel.overlap", ConfigType::Bool, "true",
         "Start each gradient bucket during backward; false: all of them after it (to measure "
         "how much communication the overlap hides)");
+    add("parallel.pipeline_stages", ConfigType::Int, "1",
+        "Pipeline parallelism: the model's layers are cut into this many stages, one per rank; "
+        "the ranks of a launch form (ranks / stages) data-parallel pipelines")
+        .min = 1;
+    add("parallel.pipeline_split", ConfigType::StringList, "[]",
+        "Names of the layers that start stages 2, 3, ...; empty: cuts that balance the "
+        "parameters");
+    add("parallel.micro_batches", ConfigType::Int, "0",
+        "Micro-batches each pipeline splits its share of a batch into (1F1B schedule); 0: a "
+        "divisor of that share from 2 to 4 times the stages (else the largest below)")
+        .min = 0;
     add("parallel.timeout_s", ConfigType::Float, "300",
         "A rank waiting longer than this for its peers in one operation fails the run (a hung "
         "or dead peer)")

@@ -6,6 +6,8 @@
 # checkpoints to each other (f32 sums in another order: rtol 1e-4). The batch of 60 leaves a
 # padded last batch of 40 samples, so with 4 ranks one rank's slice is all padding.
 # MODE "resume": the parallel run stops after 7 steps and is resumed on the same ranks.
+# PARALLEL_ARGS (environment): more arguments for the parallel runs only, e.g.
+# "--set parallel.pipeline_stages=2".
 set -euo pipefail
 plexus=$1 compare=$2 mpiexec=$3 ranks=$4 work=$5
 shift 5
@@ -36,14 +38,15 @@ timeout_s = 120
 progress = "plain"
 TOML
 launch=("$mpiexec" -np "$ranks" --oversubscribe --allow-run-as-root)
+read -r -a par <<< "${PARALLEL_ARGS:-}"
 echo "== one process"
 "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/one\"" "$@"
 echo "== $ranks ranks ($mode)"
 if [ "$mode" = resume ]; then
-  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" --set train.max_steps=7 "$@"
-  "${launch[@]}" "$plexus" train "$work/dp.toml" --resume "$work/dp" --set train.max_steps=0 "$@"
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" --set train.max_steps=7 "${par[@]}" "$@"
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --resume "$work/dp" --set train.max_steps=0 "${par[@]}" "$@"
 else
-  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" "$@"
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" "${par[@]}" "$@"
 fi
 tr -d ' \n' < "$work/dp/manifest.json" | grep -q '"parallel":{"ranks":'"$ranks" ||
   { echo "manifest.json does not record $ranks ranks" >&2; exit 1; }

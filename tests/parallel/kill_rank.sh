@@ -4,7 +4,8 @@
 #   kill_rank.sh PLEXUS COMPARE MPIEXEC WORKDIR kill|stop
 # Starts 2 ranks, waits until some steps are logged, then SIGKILLs or SIGSTOPs rank 1. The job
 # must end by itself with a non-zero status (a stopped peer: rank 0 times out after
-# parallel.timeout_s, naming the all-reduce) and leave the last checkpoint readable.
+# parallel.timeout_s, naming the operation) and leave the last checkpoint readable.
+# PARALLEL_ARGS (environment): more arguments for the run, e.g. "--set parallel.pipeline_stages=2".
 set -uo pipefail
 plexus=$1 compare=$2 mpiexec=$3 work=$4 how=$5
 rm -rf "$work"
@@ -31,7 +32,8 @@ checkpoint_steps = 5
 [logging]
 progress = "plain"
 TOML
-"$mpiexec" -np 2 --oversubscribe --allow-run-as-root "$plexus" train "$work/kill.toml" \
+read -r -a par <<< "${PARALLEL_ARGS:-}"
+"$mpiexec" -np 2 --oversubscribe --allow-run-as-root "$plexus" train "$work/kill.toml" "${par[@]}" \
   > "$work/log" 2>&1 &
 job=$!
 # Wait for 12 logged steps (two checkpoints).

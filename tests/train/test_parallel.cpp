@@ -16,10 +16,12 @@
 #include "plexus/error.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
+#include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
 #include "plexus/parallel.hpp"
 #include "plexus/plugin.hpp"
 #include "support/harness.hpp"
+#include "train/pipeline.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -285,4 +287,88 @@ TEST_CASE("a rank whose peer never joins the all-reduce fails with a timeout, no
   }
   other.join();
   CHECK_THAT(err0, PLX_CONTAINS("broadcast") || PLX_CONTAINS("all_reduce"));
+}
+
+TEST_CASE("pipeline cuts balance parameters and respect residual connections", "[cpu][parallel]") {
+  auto summary_of = [](const ModelSpec& spec) {
+    Graph g(runtime().ops());
+    Shape xs = {2};
+    xs.insert(xs.end(), spec.input_shape.begin(), spec.input_shape.end());
+    std::vector<LayerSummary> summary;
+    build_model(g, spec, g.input("x", {PLX_F32, xs}), true, &summary);
+    return summary;
+  };
+  const ModelSpec mlp = builtin_model("mlp");  // flatten, linear 401920, relu, linear 131328, relu, linear 2570
+  const auto ms = summary_of(mlp);
+  SECTION("balanced by parameters") {
+    CHECK(pipeline_cuts(mlp, 1, {}, ms) == std::vector<int>{0, 6});
+    CHECK(pipeline_cuts(mlp, 2, {}, ms) == std::vector<int>{0, 2, 6});  // after the first linear
+    const std::vector<int> four = pipeline_cuts(mlp, 4, {}, ms);
+    REQUIRE(four.size() == 5);
+    for (size_t i = 1; i < four.size(); ++i) CHECK(four[i] > four[i - 1]);  // no empty stage
+  }
+  SECTION("named cuts") {
+    CHECK(pipeline_cuts(mlp, 3, {"linear_2", "linear_3"}, ms) == std::vector<int>{0, 3, 5, 6});
+    CHECK_THROWS_WITH(pipeline_cuts(mlp, 3, {"linear_2"}, ms), PLX_CONTAINS("names 1 layers; 3 stages need 2"));
+    CHECK_THROWS_WITH(pipeline_cuts(mlp, 2, {"nope"}, ms), PLX_CONTAINS("has no layer 'nope'"));
+    CHECK_THROWS_WITH(pipeline_cuts(mlp, 3, {"linear_3", "linear_2"}, ms),
+                      PLX_CONTAINS("does not come after"));
+    CHECK_THROWS_WITH(pipeline_cuts(mlp, 7, {}, ms), PLX_CONTAINS("has only 6 layers"));
+  }
+  SECTION("a residual connection is never cut") {
+    const ModelSpec resnet = builtin_model("resnet");
+    const auto rs = summary_of(resnet);
+    std::map<std::string, int> index;
+    for (size_t i = 0; i < resnet.layers.size(); ++i) index[resnet.layers[i].name] = static_cast<int>(i);
+    for (int stages : {2, 3, 4}) {
+      const std::vector<int> cuts = pipeline_cuts(resnet, stages, {}, rs);
+      for (size_t k = 1; k + 1 < cuts.size(); ++k)
+        for (int i = cuts[k]; i < static_cast<int>(resnet.layers.size()); ++i)
+          for (const std::string& in : resnet.layers[static_cast<size_t>(i)].inputs)
+            CHECK((in != "input" && index.at(in) >= cuts[k] - 1));
+    }
+    // b1_bn2 is read by the residual add after b1_relu's block: no stage may start between.
+    CHECK_THROWS_WITH(pipeline_cuts(resnet, 2, {"b1_conv2"}, rs), PLX_CONTAINS("residual connection"));
+  }
+}
+
+TEST_CASE("a part of a model builds from the layer before it", "[cpu][parallel]") {
+  const ModelSpec mlp = builtin_model("mlp");
+  Graph g(runtime().ops());
+  BuildRange r;
+  r.first = 3;  // linear_2 reads relu_1's (2, 512)
+  std::vector<LayerSummary> summary;
+  const Var y = build_model(g, mlp, g.input("act_in", {PLX_F32, {2, 512}}), true, &summary, r);
+  CHECK(g.desc(y).shape == Shape{2, 10});
+  CHECK(summary.size() == 3);
+  CHECK(g.find("linear_2.weight").valid());
+  CHECK_FALSE(g.find("linear_1.weight").valid());
+  BuildRange bad;
+  bad.first = 4;
+  bad.last = 2;
+  Graph h(runtime().ops());
+  CHECK_THROWS_WITH(build_model(h, mlp, h.input("a", {PLX_F32, {2, 256}}), true, nullptr, bad),
+                    PLX_CONTAINS("are not a range"));
+}
+
+TEST_CASE("tensors packed for the wire unpack to the same tensors", "[cpu][parallel]") {
+  std::vector<CheckpointTensor> in(2);
+  in[0].name = "a.weight";
+  in[0].dtype = PLX_F32;
+  in[0].shape = {2, 3};
+  in[0].data.assign(24, 7);
+  in[1].name = "b";
+  in[1].dtype = PLX_I64;
+  in[1].shape = {};
+  in[1].data.assign(8, 1);
+  const std::string packed = pack_tensors(in);
+  const std::vector<CheckpointTensor> out = unpack_tensors(packed);
+  REQUIRE(out.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(out[i].name == in[i].name);
+    CHECK(out[i].dtype == in[i].dtype);
+    CHECK(out[i].shape == in[i].shape);
+    CHECK(out[i].data == in[i].data);
+  }
+  CHECK_THROWS_WITH(unpack_tensors(packed.substr(0, packed.size() - 3)), PLX_CONTAINS("truncated"));
 }

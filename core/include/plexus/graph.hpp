@@ -156,5 +156,8 @@ class Graph : public Emitter {
 // loss does not depend on it. Throws OpError naming the node whose op has no gradient formula
 // when a gradient must flow through it.
 std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt);
+// The same from a given gradient of `loss` (a value of loss's dtype and shape, e.g. an input
+// holding what the next pipeline stage sent back) instead of ones.
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad);
 
 }  // namespace plexus

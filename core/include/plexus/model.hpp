@@ -113,8 +113,19 @@ struct LayerSummary {
 // Returns the output, (N, classes) when spec.classes is set. ConfigError naming the layer and
 // where it is written when the spec is invalid or a layer does not fit its input. Fills
 // `summary` (one entry per layer) if given.
+//
+// `range` builds part of the model, a pipeline stage: layers [first, last) (last -1: to the end)
+// reading `x` as the output of layer first-1 (the model's input when first is 0). A layer of the
+// range may read only layers of the range and layer first-1 (ConfigError naming it otherwise).
+// `state_prefix` goes before the batch-norm states' names (a stage's forward recomputed in
+// backward updates statistics of its own, not the model's).
+struct BuildRange {
+  int first = 0;
+  int last = -1;
+  std::string state_prefix;
+};
 Var build_model(Graph& g, const ModelSpec& spec, Var x, bool training,
-                std::vector<LayerSummary>* summary = nullptr);
+                std::vector<LayerSummary>* summary = nullptr, const BuildRange& range = {});
 
 // Total elements of the graph's parameters (states not included).
 int64_t count_parameters(const Graph& g);

@@ -336,7 +336,15 @@ std::string Graph::to_string() const {
 // ---- reverse mode ----
 
 std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt) {
+  return backward(g, loss, wrt, Var{});
+}
+
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad) {
   const TensorDesc loss_desc = g.desc(loss);
+  if (seed_grad.valid() && (g.desc(seed_grad).dtype != loss_desc.dtype ||
+                            g.desc(seed_grad).shape != loss_desc.shape))
+    throw OpError("backward: the seed gradient is " + desc_string(g.desc(seed_grad)) + ", the value " +
+                  desc_string(loss_desc));
   const size_t forward_nodes = g.nodes().size();
   const size_t nvalues = static_cast<size_t>(g.num_values());
 
@@ -379,7 +387,9 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt) {
     }
   };
 
-  if (dep[static_cast<size_t>(loss.id)]) {
+  if (dep[static_cast<size_t>(loss.id)] && seed_grad.valid()) {
+    grad_of(loss) = seed_grad;
+  } else if (dep[static_cast<size_t>(loss.id)]) {
     g.set_scope(g.value(loss).name + ".seed");
     Var seed = g.scalar(1.0, loss_desc.dtype);
     if (!loss_desc.shape.empty()) {

@@ -36,8 +36,10 @@ InitSpec bias_init(const std::string& rule, int64_t fan_in) {
 
 class LayerBuilder {
  public:
-  LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype, bool training)
-      : g_(g), spec_(spec), l_(l), dtype_(dtype), training_(training) {}
+  LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype, bool training,
+               std::string state_prefix = "")
+      : g_(g), spec_(spec), l_(l), dtype_(dtype), training_(training),
+        state_prefix_(std::move(state_prefix)) {}
 
   [[noreturn]] void fail(const std::string& msg) const {
     throw ConfigError(prefix(spec_, l_) + msg);
@@ -163,8 +165,8 @@ class LayerBuilder {
     const bool affine = int_attr("affine", 1) != 0;
     const Var gamma = affine ? param("weight", {C}, init::ones()) : Var{};
     const Var beta = affine ? param("bias", {C}, init::zeros()) : Var{};
-    const Var rm = g_.state(l_.name + ".running_mean", {dtype_, {C}}, init::zeros());
-    const Var rv = g_.state(l_.name + ".running_var", {dtype_, {C}}, init::ones());
+    const Var rm = g_.state(state_prefix_ + l_.name + ".running_mean", {dtype_, {C}}, init::zeros());
+    const Var rv = g_.state(state_prefix_ + l_.name + ".running_var", {dtype_, {C}}, init::ones());
     return g_
         .add("batch_norm", {x, gamma, beta, rm, rv},
              {{"training", int64_t{training_ ? 1 : 0}},
@@ -196,13 +198,14 @@ class LayerBuilder {
   const LayerSpec& l_;
   plx_dtype dtype_;
   bool training_;
+  std::string state_prefix_;
   int64_t params_ = 0;
 };
 
 }  // namespace
 
 Var build_model(Graph& g, const ModelSpec& spec_in, Var x, bool training,
-                std::vector<LayerSummary>* summary) {
+                std::vector<LayerSummary>* summary, const BuildRange& range) {
   ModelSpec spec = spec_in;
   validate_model(spec);
   const std::string model_at = spec.source.empty() ? "" : spec.source + ": ";
@@ -211,14 +214,30 @@ Var build_model(Graph& g, const ModelSpec& spec_in, Var x, bool training,
     throw ConfigError(model_at + "model '" + spec.name +
                       "': the input must be a float tensor (N, ...), got " + desc_string(xd));
 
-  std::map<std::string, Var> outputs{{"input", x}};
+  const int n_layers = static_cast<int>(spec.layers.size());
+  const int first = range.first, last = range.last < 0 ? n_layers : range.last;
+  if (first < 0 || first >= last || last > n_layers)
+    throw ConfigError(model_at + "model '" + spec.name + "': layers [" + std::to_string(first) +
+                      ", " + std::to_string(last) + ") are not a range of its " +
+                      std::to_string(n_layers) + " layers");
+  // x stands for the input (first 0) or for layer first-1's output.
+  const std::string x_name = first == 0 ? "input" : spec.layers[static_cast<size_t>(first - 1)].name;
+  std::map<std::string, Var> outputs{{x_name, x}};
   Var prev = x;
   if (summary) summary->clear();
-  for (const LayerSpec& l : spec.layers) {
+  for (int li = first; li < last; ++li) {
+    const LayerSpec& l = spec.layers[static_cast<size_t>(li)];
     std::vector<Var> in;
     if (l.inputs.empty()) in.push_back(prev);
-    for (const auto& name : l.inputs) in.push_back(outputs.at(name));
-    LayerBuilder b(g, spec, l, xd.dtype, training);
+    for (const auto& name : l.inputs) {
+      auto it = outputs.find(name);
+      if (it == outputs.end())
+        throw ConfigError(LayerBuilder::prefix(spec, l) + "reads '" + name +
+                          "', which is in an earlier pipeline stage than layer '" + x_name +
+                          "' (a stage may read only its own layers and the one before its first)");
+      in.push_back(it->second);
+    }
+    LayerBuilder b(g, spec, l, xd.dtype, training, range.state_prefix);
     Var y;
     try {
       y = b.build(in);
@@ -234,7 +253,7 @@ Var build_model(Graph& g, const ModelSpec& spec_in, Var x, bool training,
   }
 
   const TensorDesc yd = g.desc(prev);
-  if (spec.classes > 0 && (yd.ndim() != 2 || yd.shape[1] != spec.classes)) {
+  if (last == n_layers && spec.classes > 0 && (yd.ndim() != 2 || yd.shape[1] != spec.classes)) {
     const LayerSpec& last = spec.layers.back();
     std::string msg = LayerBuilder::prefix(spec, last) + "the model's output is " +
                       desc_string(yd) + ", expected (" + std::to_string(xd.shape[0]) +

@@ -16,9 +16,12 @@ plx_tensor desc_of(const Tensor& t) {
   return v;
 }
 
-std::unique_ptr<PreparedKernel> prepare(Backend& backend, const OpRegistry& ops, const char* op,
-                                        const Attrs& given, const std::vector<Tensor>& in,
-                                        const std::vector<Tensor>& out, int32_t device) {
+}  // namespace
+
+std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistry& ops, const char* op,
+                                               const Attrs& given, const std::vector<Tensor>& in,
+                                               const std::vector<Tensor>& out, int32_t device,
+                                               const std::string& what) {
   const OpSchema* schema = ops.find(op);
   if (!schema) throw OpError(std::string("no op '") + op + "' registered");
   std::vector<plx_tensor> i, o;
@@ -28,13 +31,10 @@ std::unique_ptr<PreparedKernel> prepare(Backend& backend, const OpRegistry& ops,
   if (!r.kernel) {
     std::string why;
     for (const auto& d : r.declines) why += "; " + d;
-    throw OpError("data resident on " + backend.name() + ": no kernel for '" + op + "'" + why +
-                  " (set data.resident = \"off\")");
+    throw OpError(what + " on " + backend.name() + ": no kernel for '" + op + "'" + why);
   }
   return std::move(r.kernel);
 }
-
-}  // namespace
 
 ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
                            const data::Dataset& ds, int64_t n) {
@@ -99,6 +99,11 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
       s.done = backend.create_event(device);
     }
     if (resident_) {
+      auto prepare = [&](Backend& be, const OpRegistry& reg, const char* op, const Attrs& a,
+                         const std::vector<Tensor>& in, const std::vector<Tensor>& out, int32_t dev) {
+        return prepare_kernel(be, reg, op, a, in, out, dev,
+                              "data resident (set data.resident = \"off\" to gather on the host)");
+      };
       const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
       const Tensor idx = slots_[0].staging.alias(PLX_I32, {rows_}, 0);
       gather_images_ = prepare(backend, ops, "embedding", {}, {resident_->images, idx},

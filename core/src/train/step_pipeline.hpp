@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "plexus/allocator.hpp"
@@ -55,7 +56,29 @@ struct StepOutcome {
 // the rows holding samples in the whole global batch (every rank's slice), written per step.
 inline constexpr const char* kLossScaleInput = "loss_scale";
 
-class StepPipeline {
+// What the trainer drives, a step at a time: StepPipeline feeds one executable; a pipeline
+// stage (pipeline.hpp) runs its part of a micro-batched step.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // Enqueues (or runs) a step on `b`. With every slot in flight, collect() first.
+  virtual void launch(const data::Batch& b, double lr, double step) = 0;
+  // Waits for the oldest step in flight and returns its results.
+  virtual StepOutcome collect() = 0;
+  virtual int in_flight() const = 0;
+  virtual bool full() const = 0;
+  // Device memory held beside the executables' plans.
+  virtual uint64_t device_bytes() const = 0;
+};
+
+// A kernel for `op` on these tensors, resolved once (the step's helpers: gathers, casts, adds).
+// OpError naming `what` and the backend's reasons when it has none.
+std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistry& ops, const char* op,
+                                               const Attrs& attrs, const std::vector<Tensor>& in,
+                                               const std::vector<Tensor>& out, int32_t device,
+                                               const std::string& what);
+
+class StepPipeline : public StepRunner {
  public:
   // `resident` may be null (batches come from the host). The executable's graph has inputs "x"
   // and "labels", optionally "lr", "step" and "loss_scale", and outputs "loss_value" and
@@ -67,15 +90,15 @@ class StepPipeline {
   StepPipeline& operator=(const StepPipeline&) = delete;
 
   // Enqueues a step on `b`. Both slots in flight: collect() first (launch throws otherwise).
-  void launch(const data::Batch& b, double lr, double step);
-  int in_flight() const { return in_flight_; }
+  void launch(const data::Batch& b, double lr, double step) override;
+  int in_flight() const override { return in_flight_; }
   // Device memory the pipeline holds (staging buffers, gathered labels, workspace): what the
   // memory report adds to the executables' plans.
-  uint64_t device_bytes() const;
-  bool full() const { return in_flight_ == kSlots; }
+  uint64_t device_bytes() const override;
+  bool full() const override { return in_flight_ == kSlots; }
   // Waits for the oldest step in flight and returns its results. Raises the backend's errors
   // (a kernel's data error surfaces here).
-  StepOutcome collect();
+  StepOutcome collect() override;
 
  private:
   static constexpr int kSlots = 2;

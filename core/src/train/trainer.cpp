@@ -26,6 +26,7 @@
 #include "plexus/run_output.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/version.hpp"
+#include "pipeline.hpp"
 #include "step_pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -114,6 +115,7 @@ bool holds_run(const fs::path& dir) {
 Checkpoint snapshot(const TensorStore& store) {
   Checkpoint c;
   for (const auto& [name, t] : store.all()) {
+    if (name.rfind(kRecomputePrefix, 0) == 0) continue;  // a stage's scratch statistics
     CheckpointTensor ct;
     ct.name = name;
     ct.dtype = t.dtype();
@@ -125,8 +127,11 @@ Checkpoint snapshot(const TensorStore& store) {
   return c;
 }
 
-void restore(TensorStore& store, const Checkpoint& c, const std::string& path) {
+// `partial`: the store holds part of the model (a pipeline stage), so the checkpoint may hold
+// tensors it does not.
+void restore(TensorStore& store, const Checkpoint& c, const std::string& path, bool partial = false) {
   for (const auto& [name, t] : store.all()) {
+    if (name.rfind(kRecomputePrefix, 0) == 0) continue;  // a stage's scratch statistics
     const CheckpointTensor* ct = c.find(name);
     if (!ct) throw Error(path + ": has no tensor '" + name + "', which the model needs");
     if (ct->dtype != t.dtype() || ct->shape != t.shape())
@@ -136,7 +141,8 @@ void restore(TensorStore& store, const Checkpoint& c, const std::string& path) {
     Tensor dst = t;
     dst.copy_from_host(ct->data.data());
   }
-  for (const CheckpointTensor& ct : c.tensors)
+  if (!partial)
+   for (const CheckpointTensor& ct : c.tensors)
     if (!store.contains(ct.name))
       throw Error(path + ": tensor '" + ct.name + "' belongs to no parameter or state of the model");
 }
@@ -201,8 +207,14 @@ struct Parallel {
   LaunchInfo launch;
   Backend* cpu = nullptr;
   std::unique_ptr<CommGroup> host;  // control values (metrics, positions): cpu buffers, over mpi
-  std::unique_ptr<CommGroup> data;  // parameters and gradients, on the training backend
-  std::string comm;                 // the data group's communicator
+  std::unique_ptr<CommGroup> data;  // parameters and gradients, on the training backend (null
+                                    // when no other rank holds the same parameters)
+  std::unique_ptr<CommGroup> pipe;  // the stages of this rank's pipeline (pipeline parallelism)
+  std::string comm;                 // the data and pipeline groups' communicator
+  int32_t stages = 1;               // pipeline stages; ranks = stages x data-parallel width
+  int32_t width() const { return launch.size / stages; }  // data-parallel ranks per stage
+  int32_t stage() const { return launch.rank / width(); }
+  int32_t replica() const { return launch.rank % width(); }  // index among the stage's ranks
   bool active() const { return launch.size > 1; }
   int32_t rank() const { return launch.rank; }
   int32_t size() const { return launch.size; }
@@ -213,6 +225,35 @@ struct Parallel {
     Tensor t = Tensor::from_host(*cpu, v.data(), {static_cast<int64_t>(v.size())}, PLX_F64, 0);
     host->all_reduce(t, PLX_REDUCE_SUM);
     t.copy_to_host(v.data());
+  }
+  // Bytes between two ranks of the control group (a pipeline stage's tensors for a checkpoint).
+  void send_bytes(const std::string& b, int32_t peer) const {
+    double n = static_cast<double>(b.size());
+    host->send(Tensor::from_host(*cpu, &n, {1}, PLX_F64, 0), peer);
+    if (!b.empty()) host->send(Tensor::from_host(*cpu, b.data(), {static_cast<int64_t>(b.size())}, PLX_U8, 0), peer);
+  }
+  std::string recv_bytes(int32_t peer) const {
+    Tensor n = Tensor::empty(*cpu, {1}, PLX_F64, 0);
+    host->recv(n, peer);
+    double len = 0;
+    n.copy_to_host(&len);
+    std::string b(static_cast<size_t>(len), '\0');
+    if (!b.empty()) {
+      Tensor t = Tensor::empty(*cpu, {static_cast<int64_t>(b.size())}, PLX_U8, 0);
+      host->recv(t, peer);
+      t.copy_to_host(b.data());
+    }
+    return b;
+  }
+  // Rank 0's bytes on every rank.
+  void share_bytes(std::string& b) const {
+    std::vector<double> n = {static_cast<double>(b.size())};
+    share(n);
+    b.resize(static_cast<size_t>(n[0]));
+    if (b.empty()) return;
+    Tensor t = Tensor::from_host(*cpu, b.data(), {static_cast<int64_t>(b.size())}, PLX_U8, 0);
+    host->broadcast(t, t, 0);
+    t.copy_to_host(b.data());
   }
   // Rank 0's `v` on every rank.
   void share(std::vector<double>& v) const {
@@ -247,16 +288,30 @@ void join_launch(Parallel& par, Runtime& rt, const Config& cfg, Backend& backend
   if (par.host->rank() != par.rank() || par.host->size() != par.size())
     throw Error(where + ", but MPI says rank " + std::to_string(par.host->rank()) + " of " +
                 std::to_string(par.host->size()));
-  if (par.comm == "mpi") {
+  if (par.stages == 1 && par.comm == "mpi") {
     par.data = mpi.join(backend, device, -1, -1, plx_comm_id{}, timeout_ms);
     return;
   }
-  plx_comm_id id{};
-  if (par.lead()) id = comm.unique_id();
-  Tensor t = Tensor::from_host(*par.cpu, id.bytes, {static_cast<int64_t>(sizeof id.bytes)}, PLX_U8, 0);
+  // Rank 0 makes an id per group: one pipeline per data-parallel index, one data group per stage
+  // (a single group of the whole launch without pipelines); every rank joins its groups in the
+  // same order (MPI sub-groups are made collectively).
+  const int32_t W = par.width(), P = par.stages;
+  const int32_t n_ids = P > 1 ? W + P : 1;
+  std::vector<plx_comm_id> ids(static_cast<size_t>(n_ids));
+  if (par.lead())
+    for (auto& id : ids) id = comm.unique_id();
+  Tensor t = Tensor::from_host(*par.cpu, ids.data(),
+                               {static_cast<int64_t>(ids.size() * sizeof(plx_comm_id))}, PLX_U8, 0);
   par.host->broadcast(t, t, 0);
-  t.copy_to_host(id.bytes);
-  par.data = comm.join(backend, device, par.rank(), par.size(), id, timeout_ms);
+  t.copy_to_host(ids.data());
+  if (P == 1) {
+    par.data = comm.join(backend, device, par.rank(), par.size(), ids[0], timeout_ms);
+    return;
+  }
+  par.pipe = comm.join(backend, device, par.stage(), P, ids[static_cast<size_t>(par.replica())], timeout_ms);
+  if (W > 1)
+    par.data = comm.join(backend, device, par.replica(), W,
+                         ids[static_cast<size_t>(W + par.stage())], timeout_ms);
 }
 
 // The states a forward reads (batch-norm statistics), as opposed to the optimizer's moments.
@@ -326,16 +381,27 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   int32_t device = static_cast<int32_t>(cfg.get_int("backend.device"));
   if (par.active() && cfg.origin("backend.device") == "default" && backend.device_count() > 0)
     device = par.launch.local_rank % backend.device_count();
-  if (batch % par.size() != 0)
+  par.stages = static_cast<int32_t>(cfg.get_int("parallel.pipeline_stages"));
+  const bool pipelined = par.stages > 1;
+  if (pipelined && par.size() % par.stages != 0)
+    throw ConfigError("parallel.pipeline_stages = " + std::to_string(par.stages) + " needs a " +
+                      "multiple of " + std::to_string(par.stages) + " ranks (one per stage and " +
+                      "pipeline); this launch has " + std::to_string(par.size()) +
+                      (par.active() ? " (" + par.launch.source + ")"
+                                    : ": start it with mpirun -np " + std::to_string(par.stages)));
+  if (batch % par.width() != 0)
     throw ConfigError("train.batch_size = " + std::to_string(batch) + " does not divide among the " +
-                      std::to_string(par.size()) + " data-parallel ranks of this launch (" +
-                      par.launch.source + "=" + std::to_string(par.size()) + ")");
-  const int64_t local_batch = batch / par.size();
+                      std::to_string(par.width()) + " data-parallel ranks of this launch (" +
+                      par.launch.source + "=" + std::to_string(par.size()) +
+                      (pipelined ? ", " + std::to_string(par.stages) + " pipeline stages" : "") + ")");
+  const int64_t local_batch = batch / par.width();
   if (par.active() && cfg.get_bytes("parallel.bucket_size") == 0)
     throw ConfigError("parallel.bucket_size: expected a size in bytes (\"25MiB\"), got a fraction");
-  const bool resident = use_resident(cfg, backend, device, train_set, do_eval ? &test_set : nullptr);
+  // A pipeline's first stage reads the batch's images from the host; the others only labels.
+  const bool resident = !pipelined &&
+                        use_resident(cfg, backend, device, train_set, do_eval ? &test_set : nullptr);
   data::LoaderOptions lo;
-  lo.images = !resident;
+  lo.images = !resident && (!pipelined || par.stage() == 0);
   lo.batch_size = batch;
   lo.shuffle = cfg.get_bool("data.shuffle");
   lo.seed = seed;
@@ -346,8 +412,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   lo.std = train_set.std;
   lo.prefetch = static_cast<int>(cfg.get_int("data.prefetch"));
   lo.limit = cfg.get_int("data.limit");
-  lo.shards = par.size();
-  lo.shard = par.rank();
+  lo.shards = par.width();
+  lo.shard = par.replica();
   data::Loader train_loader(train_set, lo);
   std::unique_ptr<data::Loader> test_loader;
   if (do_eval) {
@@ -368,8 +434,6 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   opt.beta2 = cfg.get_float("train.beta2");
   opt.eps = cfg.get_float("train.eps");
   if (par.active()) join_launch(par, rt, cfg, backend, device);
-  auto train_model =
-      build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt, par.active());
   TensorStore store;
   ExecutableOptions eo;
   eo.device = device;
@@ -380,25 +444,79 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   backend.sync(device);
   backend.allocator(device).reset_peaks();
   const uint64_t mem0 = backend.allocator(device).stats().in_use;
-  Executable train_exe(backend, train_model->graph, store, eo);
-  std::unique_ptr<Model> eval_model;
-  std::unique_ptr<Executable> eval_exe;
-  if (do_eval) {
-    eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt);
-    eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
-  }
-  // Data parallelism: gradients all-reduced in buckets during backward; running statistics are
-  // rank 0's (broadcast before each evaluation and checkpoint, as DDP's broadcast_buffers).
+
+  // One process or data parallelism: one executable per step, fed by a StepPipeline.
+  std::unique_ptr<Model> train_model, eval_model;
+  std::unique_ptr<Executable> train_exe, eval_exe;
   std::unique_ptr<GradientSync> grad_sync;
+  // Pipeline parallelism: this rank's stage runs its part of each step.
+  PipelinePlace place;
+  std::unique_ptr<PipelineStage> train_stage, eval_stage;
+  // Running statistics are rank 0's (per stage): broadcast before each evaluation and checkpoint,
+  // as DDP's broadcast_buffers.
   std::vector<std::string> running_states;
-  if (par.active()) {
-    GradSyncOptions gso;
-    gso.bucket_bytes = cfg.get_bytes("parallel.bucket_size");
-    gso.overlap = cfg.get_bool("parallel.overlap");
-    std::vector<std::string> names;
-    for (Var p : train_model->params) names.push_back(train_model->graph.value(p).name);
-    grad_sync = std::make_unique<GradientSync>(*par.data, train_exe, train_model->grads, names, gso);
-    running_states = forward_states(train_model->graph);
+  int64_t n_params = 0;
+  uint64_t train_plan_bytes = 0;
+  std::string stages_text;
+  if (!pipelined) {
+    train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt, par.active());
+    train_exe = std::make_unique<Executable>(backend, train_model->graph, store, eo);
+    if (do_eval) {
+      eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt);
+      eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
+    }
+    // Data parallelism: gradients all-reduced in buckets during backward.
+    if (par.active()) {
+      GradSyncOptions gso;
+      gso.bucket_bytes = cfg.get_bytes("parallel.bucket_size");
+      gso.overlap = cfg.get_bool("parallel.overlap");
+      std::vector<std::string> names;
+      for (Var p : train_model->params) names.push_back(train_model->graph.value(p).name);
+      grad_sync = std::make_unique<GradientSync>(*par.data, *train_exe, train_model->grads, names, gso);
+      running_states = forward_states(train_model->graph);
+    }
+    n_params = count_parameters(train_model->graph);
+    train_plan_bytes = train_exe->plan().total_bytes();
+  } else {
+    std::vector<LayerSummary> summary;
+    {
+      Graph probe(rt.ops());
+      Shape xs = {local_batch};
+      xs.insert(xs.end(), train_set.sample_shape.begin(), train_set.sample_shape.end());
+      build_model(probe, spec, probe.input("x", TensorDesc{PLX_F32, xs}), true, &summary);
+      n_params = count_parameters(probe);
+    }
+    place.stages = par.stages;
+    place.stage = par.stage();
+    const int64_t mb = cfg.get_int("parallel.micro_batches");
+    // Auto: a divisor of the rows from 2P to 4P (the schedule's bubble is (P-1)/(M+P-1)), else
+    // the largest below 2P.
+    int auto_mb = 1;
+    for (int k = 2 * par.stages; k >= 1 && auto_mb == 1; --k)
+      if (local_batch % k == 0) auto_mb = k;
+    for (int k = 2 * par.stages; k <= 4 * par.stages; ++k)
+      if (local_batch % k == 0) {
+        auto_mb = k;
+        break;
+      }
+    place.micro_batches = static_cast<int>(mb > 0 ? mb : auto_mb);
+    place.cuts = pipeline_cuts(spec, par.stages, cfg.get_strings("parallel.pipeline_split"), summary);
+    for (int st = 0; st < par.stages; ++st) {
+      const auto& a = spec.layers[static_cast<size_t>(place.cuts[static_cast<size_t>(st)])];
+      const auto& z = spec.layers[static_cast<size_t>(place.cuts[static_cast<size_t>(st + 1)] - 1)];
+      stages_text += (st ? ", " : "") + ("[" + a.name + (a.name == z.name ? "" : " .. " + z.name) + "]");
+    }
+    train_stage = std::make_unique<PipelineStage>(backend, device, rt.ops(), spec, train_set.sample_shape,
+                                                  local_batch, place, &opt, *par.pipe, par.data.get(),
+                                                  store, eo);
+    if (do_eval)
+      eval_stage = std::make_unique<PipelineStage>(backend, device, rt.ops(), spec, train_set.sample_shape,
+                                                   local_batch, place, nullptr, *par.pipe, nullptr,
+                                                   store, eo);
+    if (par.data)
+      for (const std::string& n : forward_states(train_stage->model_graph()))
+        running_states.push_back(n.rfind(kRecomputePrefix, 0) == 0 ? n.substr(std::string(kRecomputePrefix).size()) : n);
+    train_plan_bytes = train_stage->planned_bytes();
   }
 
   // Inputs flow through pinned staging on a copy stream, or are gathered from the data set
@@ -411,10 +529,22 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       test_resident = std::make_unique<ResidentData>(
           make_resident(backend, device, *test_loader, test_set, test_loader->samples()));
   }
-  StepPipeline train_pipe(backend, device, train_exe, rt.ops(), train_resident.get());
-  std::unique_ptr<StepPipeline> eval_pipe;
-  if (eval_exe)
-    eval_pipe = std::make_unique<StepPipeline>(backend, device, *eval_exe, rt.ops(), test_resident.get());
+  std::unique_ptr<StepPipeline> train_feed, eval_feed;
+  StepRunner* train_pipe_p = train_stage.get();
+  StepRunner* eval_pipe = eval_stage.get();
+  if (train_exe) {
+    train_feed = std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get());
+    train_pipe_p = train_feed.get();
+  }
+  if (eval_exe) {
+    eval_feed = std::make_unique<StepPipeline>(backend, device, *eval_exe, rt.ops(), test_resident.get());
+    eval_pipe = eval_feed.get();
+  }
+  StepRunner& train_pipe = *train_pipe_p;
+  auto sync_steps = [&] {
+    if (train_exe) train_exe->sync();
+    if (train_stage) train_stage->sync();
+  };
 
   const int64_t epochs = cfg.get_int("train.epochs");
   const int64_t per_epoch = train_loader.batches_per_epoch();
@@ -436,6 +566,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   std::string last_good;  // the checkpoint a failure leaves behind, "" if none yet
   // Rank 0 reads the checkpoint and makes the run directory; the others get the position from it
   // and the tensors by broadcast below.
+  std::string resume_tensors;  // pipelines: the checkpoint's tensors, for the other stages
   auto open_run = [&] {
     if (!req.resume_dir.empty()) {
       run_dir = req.resume_dir;
@@ -459,7 +590,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
         throw ConfigError("--resume " + run_dir +
                           ": the config differs from the run's in keys that change what a step "
                           "computes:" + diffs);
-      restore(store, ck, path);
+      restore(store, ck, path, pipelined);
+      if (pipelined) resume_tensors = pack_tensors(ck.tensors);
       epoch = meta_int(ck, "epoch", path);
       first_batch = meta_int(ck, "batch", path);
       step = meta_int(ck, "step", path);
@@ -496,7 +628,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     step = static_cast<int64_t>(pos[3]);
     if (!req.resume_dir.empty()) last_good = (fs::path(req.resume_dir) / kCheckpointFile).string();
   }
-  if (par.active()) broadcast_store(*par.data, store, 0);
+  if (pipelined && !req.resume_dir.empty()) {  // each stage takes its tensors from rank 0's read
+    par.share_bytes(resume_tensors);
+    if (!par.lead()) {
+      Checkpoint ck;
+      ck.tensors = unpack_tensors(resume_tensors);
+      restore(store, ck, "rank 0's checkpoint " + last_good, true);
+    }
+    resume_tensors.clear();
+  }
+  if (par.data) broadcast_store(*par.data, store, 0);
   result.run_dir = run_dir;
   const std::string ckpt_path = (fs::path(run_dir) / kCheckpointFile).string();
   // Only rank 0 writes the run's files.
@@ -512,7 +653,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("plexus", PLEXUS_VERSION_STRING);
     m.add("git_revision", git_revision());
     m.add("model", spec.name);
-    m.add("parameters", count_parameters(train_model->graph));
+    m.add("parameters", n_params);
     m.add("seed", static_cast<int64_t>(seed));
     m.add("backend", backend.name());
     m.add("device", backend.device(device).name);
@@ -523,31 +664,47 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("dataset", train_set.name);
     m.add("train_samples", train_loader.samples());
     m.add("batches_per_epoch", per_epoch);
-    m.add("memory_plan_bytes", static_cast<int64_t>(train_exe.plan().total_bytes()));
+    m.add("memory_plan_bytes", static_cast<int64_t>(train_plan_bytes));
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
-    if (par.active())
-      m.add("parallel", JsonObject().add("ranks", static_cast<int64_t>(par.size()))
-                            .add("data_parallel", static_cast<int64_t>(par.size()))
-                            .add("communicator", par.comm)
-                            .add("launcher", par.launch.source)
-                            .add("batch_per_rank", local_batch)
-                            .add("gradient_buckets", static_cast<int64_t>(grad_sync->buckets().size())));
+    if (par.active()) {
+      JsonObject pj;
+      pj.add("ranks", static_cast<int64_t>(par.size()))
+          .add("data_parallel", static_cast<int64_t>(par.width()))
+          .add("pipeline_stages", static_cast<int64_t>(par.stages))
+          .add("communicator", par.comm)
+          .add("launcher", par.launch.source)
+          .add("batch_per_replica", local_batch);
+      if (grad_sync) pj.add("gradient_buckets", static_cast<int64_t>(grad_sync->buckets().size()));
+      if (pipelined)
+        pj.add("micro_batches", static_cast<int64_t>(place.micro_batches)).add("stages", stages_text);
+      m.add("parallel", pj);
+    }
     m.add("config", cfg.dump());
     write_manifest((fs::path(run_dir) / kManifestFile).string(), m);
   }
 
   // Rank 0's running statistics on every rank (a collective: every rank calls it).
   auto share_running = [&] {
-    if (par.active() && !running_states.empty()) {
-      train_exe.sync();
+    if (par.data && !running_states.empty()) {
+      sync_steps();
       broadcast_store(*par.data, store, 0, running_states);
     }
   };
   auto save = [&](int64_t next_epoch, int64_t next_batch) {
     share_running();
+    sync_steps();
+    // A pipeline's stages send their tensors to rank 0, which writes one checkpoint of the whole
+    // model (the same as one process's).
+    if (pipelined && par.replica() == 0 && par.stage() > 0) par.send_bytes(pack_tensors(snapshot(store).tensors), 0);
     if (!par.lead()) return;
-    train_exe.sync();
     Checkpoint ck = snapshot(store);
+    if (pipelined) {
+      for (int32_t st = 1; st < par.stages; ++st)
+        for (CheckpointTensor& t : unpack_tensors(par.recv_bytes(st * par.width())))
+          ck.tensors.push_back(std::move(t));
+      std::sort(ck.tensors.begin(), ck.tensors.end(),
+                [](const CheckpointTensor& a, const CheckpointTensor& b) { return a.name < b.name; });
+    }
     ck.meta["format"] = kCheckpointFormat;
     ck.meta["epoch"] = std::to_string(next_epoch);
     ck.meta["batch"] = std::to_string(next_batch);
@@ -568,15 +725,20 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     progress.note("resuming " + run_dir + " at epoch " + std::to_string(epoch + 1) + ", batch " +
                   std::to_string(first_batch) + " (step " + std::to_string(step) + ")");
   else
-    progress.note("training " + spec.name + " (" + std::to_string(count_parameters(train_model->graph)) +
+    progress.note("training " + spec.name + " (" + std::to_string(n_params) +
                   " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
                   train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
                   std::to_string(batch) + "; writing " + run_dir);
-  if (par.active())
+  if (grad_sync)
     progress.note("data parallel over " + std::to_string(par.size()) + " ranks (" + par.comm +
                   ", launched by " + par.launch.source + "): " + std::to_string(local_batch) +
                   " samples per rank per step, " + std::to_string(grad_sync->buckets().size()) +
                   " gradient buckets of up to " + format_bytes(cfg.get_bytes("parallel.bucket_size")));
+  if (pipelined)
+    progress.note("pipeline of " + std::to_string(par.stages) + " stages " + stages_text + " x " +
+                  std::to_string(par.width()) + " data-parallel (" + par.comm + ", launched by " +
+                  par.launch.source + "): " + std::to_string(local_batch) + " samples per pipeline per " +
+                  "step in " + std::to_string(place.micro_batches) + " micro-batches (1F1B)");
 
   const int64_t max_steps = cfg.get_int("train.max_steps");
   const int64_t ckpt_every = cfg.get_int("output.checkpoint_steps");
@@ -700,12 +862,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     result.epochs.push_back(em);
     if (!stop) save(epoch + 1, 0);
   }
-  train_exe.sync();
+  sync_steps();
   result.steps = step;
   result.seconds = seconds_since(t_begin);
   result.images_per_s = step_seconds > 0 ? static_cast<double>(step_images) / step_seconds : 0;
   // The steps' plans, and what the pipelines and the resident data sets hold on the device.
-  result.planned_bytes = train_exe.plan().total_bytes() + (eval_exe ? eval_exe->plan().total_bytes() : 0) +
+  result.planned_bytes = train_plan_bytes + (eval_exe ? eval_exe->plan().total_bytes() : 0) +
+                         (eval_stage ? eval_stage->planned_bytes() : 0) +
                          train_pipe.device_bytes() + (eval_pipe ? eval_pipe->device_bytes() : 0) +
                          (train_resident ? train_resident->bytes() : 0) +
                          (test_resident ? test_resident->bytes() : 0) +
