@@ -77,7 +77,7 @@ TEST_CASE("unknown keys and sections are errors naming what is known", "[config]
                                    "[backend]: name, device, fallback)"));
   REQUIRE_THROWS_WITH(Config::parse("[modle]\nx = 1\n", "run.toml"),
                       PLX_CONTAINS("unknown key 'modle' (known sections: plugins, backend, "
-                                   "memory, logging, model, data, train, output)"));
+                                   "memory, logging, model, data, train, parallel, output)"));
   REQUIRE_THROWS_WITH(Config::parse("backend = 3\n", "run.toml"),
                       PLX_CONTAINS("backend: expected a table"));
 }
