@@ -810,3 +810,60 @@ TEST_CASE("batch buffers are recycled and the loader counts batches and waits", 
   CHECK(l.wait_seconds() == st.wait_seconds);
   CHECK(st.assemble_seconds >= 0.0);
 }
+
+TEST_CASE("sharded loaders split each global batch by rows with its padding", "[cpu][data]") {
+  const Dataset ds = small_dataset(11, {1, 2, 3}, 3);
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.seed = 5;
+  o.partial = PartialBatch::Pad;
+  Loader whole(ds, o);
+  const std::vector<Batch> want = epoch_batches(whole, 1);  // 2 batches: 8 real, then 3 real
+  REQUIRE(want.size() == 2);
+  for (int shards : {2, 4}) {
+    std::vector<std::vector<Batch>> got;
+    for (int r = 0; r < shards; ++r) {
+      LoaderOptions so = o;
+      so.shards = shards;
+      so.shard = r;
+      Loader l(ds, so);
+      CHECK(l.batches_per_epoch() == whole.batches_per_epoch());
+      got.push_back(epoch_batches(l, 1));
+    }
+    for (size_t bi = 0; bi < want.size(); ++bi) {
+      INFO(shards << " shards, batch " << bi);
+      std::vector<int64_t> samples;
+      std::vector<int32_t> labels;
+      std::vector<float> images;
+      int64_t real = 0;
+      for (int r = 0; r < shards; ++r) {
+        const Batch& b = got[static_cast<size_t>(r)][bi];
+        CHECK(b.rows == 8 / shards);
+        CHECK(b.global_real == want[bi].real);
+        real += b.real;
+        samples.insert(samples.end(), b.samples.begin(), b.samples.end());
+        labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+        images.insert(images.end(), b.images.begin(), b.images.end());
+      }
+      CHECK(real == want[bi].real);
+      CHECK(samples == want[bi].samples);
+      CHECK(labels == want[bi].labels);
+      CHECK(images == want[bi].images);
+    }
+  }
+  // With 4 shards of 2 rows, the last batch's 3 samples leave shard 3 all padding.
+  LoaderOptions so = o;
+  so.shards = 4;
+  so.shard = 3;
+  Loader l(ds, so);
+  const std::vector<Batch> last = epoch_batches(l, 1);
+  CHECK(last[1].real == 0);
+  CHECK(last[1].labels == std::vector<int32_t>{kIgnoreLabel, kIgnoreLabel});
+
+  LoaderOptions bad = o;
+  bad.shards = 3;
+  CHECK_THROWS_WITH(Loader(ds, bad), PLX_CONTAINS("batch_size 8 does not divide into 3 equal shards"));
+  bad.shards = 2;
+  bad.shard = 2;
+  CHECK_THROWS_WITH(Loader(ds, bad), PLX_CONTAINS("shard 2 of 2 is not a valid shard"));
+}
