@@ -248,35 +248,30 @@ uint64_t PipelineStage::device_bytes() const {
 
 void PipelineStage::sync() { backend_.sync(device_); }
 
-// Micro-batch k's rows of the batch into `exe`'s input "x".
-static void write_x(Executable& exe, const data::Batch& b, int64_t first_row) {
-  Tensor x = exe.tensor("x");
-  if (b.images.size() < static_cast<size_t>((first_row + x.shape()[0]) * (x.numel() / x.shape()[0])))
-    throw Error("pipeline: the batch has no images for the first stage");
-  x.copy_from_host(b.images.data() + first_row * (x.numel() / x.shape()[0]));
+// Micro-batch k's input into `exe`: its rows of the batch (the first stage) or the activation
+// received for it.
+void PipelineStage::load_input(Executable& exe, int k, const data::Batch& b) {
+  if (place_.first()) {
+    Tensor x = exe.tensor("x");
+    const int64_t per_row = x.numel() / x.shape()[0], first_row = k * micro_rows_;
+    if (b.images.size() < static_cast<size_t>((first_row + x.shape()[0]) * per_row))
+      throw Error("pipeline: the batch has no images for the first stage");
+    x.copy_from_host(b.images.data() + first_row * per_row);
+    return;
+  }
+  const Tensor in = exe.tensor("act_in");
+  const Tensor& from = stash_[static_cast<size_t>(training_ ? k : 0)];
+  backend_.copy(device_, in.data(), from.data(), in.nbytes(), PLX_COPY_D2D, exe.stream());
 }
 
 void PipelineStage::forward(int k, const data::Batch& b) {
-  Executable& f = *fwd_;
-  if (place_.first()) {
-    write_x(f, b, k * micro_rows_);
-  } else {
-    const Tensor in = f.tensor("act_in");
-    backend_.copy(device_, in.data(), stash_[static_cast<size_t>(k)].data(), in.nbytes(),
-                  PLX_COPY_D2D, f.stream());
-  }
-  f.run();
+  load_input(*fwd_, k, b);
+  fwd_->run();
 }
 
 void PipelineStage::backward(int k, const data::Batch& b) {
   Executable& g = *bwd_;
-  if (place_.first()) {
-    write_x(g, b, k * micro_rows_);
-  } else {
-    const Tensor in = g.tensor("act_in");
-    backend_.copy(device_, in.data(), stash_[static_cast<size_t>(k)].data(), in.nbytes(),
-                  PLX_COPY_D2D, g.stream());
-  }
+  load_input(g, k, b);
   if (place_.last()) {
     g.tensor("labels").copy_from_host(b.labels.data() + k * micro_rows_);
     const float scale = b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f;
@@ -316,13 +311,8 @@ void PipelineStage::accumulate(int k) {
 void PipelineStage::run_eval(const data::Batch& b) {
   Executable& f = *fwd_;
   const int prev = place_.stage - 1, next = place_.stage + 1;
-  if (place_.first()) {
-    write_x(f, b, 0);
-  } else {
-    pipe_.recv(stash_[0], prev);
-    const Tensor in = f.tensor("act_in");
-    backend_.copy(device_, in.data(), stash_[0].data(), in.nbytes(), PLX_COPY_D2D, f.stream());
-  }
+  if (!place_.first()) pipe_.recv(stash_[0], prev);
+  load_input(f, 0, b);
   if (place_.last()) f.tensor("labels").copy_from_host(b.labels.data());
   f.run();
   if (!place_.last()) {

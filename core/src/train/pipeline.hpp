@@ -79,6 +79,7 @@ class PipelineStage : public StepRunner {
   void sync();
 
  private:
+  void load_input(Executable& exe, int k, const data::Batch& b);
   void forward(int k, const data::Batch& b);
   void backward(int k, const data::Batch& b);
   void accumulate(int k);
