@@ -322,6 +322,34 @@ class MpiRank final : public sdk::CommRank {
 
   void abort() override { aborted_ = true; }
 
+  // The baseline of `plexus bench comm`: the collective as the blocking MPI call a program
+  // would make itself, on this group's communicator, timed with MPI_Wtime after MPI_Barrier.
+  // No polling and no timeout (a blocking call cannot be bounded): measurement only.
+  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters,
+                      void* buf_a, void* buf_b, plx_stream) override {
+    const std::string what = describe("bench_native", count, dtype) + " " + plx_collective_string(c);
+    start(what);
+    const int n = to_int(count, what);
+    to_int(count * static_cast<uint64_t>(size_), what);
+    const MPI_Datatype t = World::type(dtype);
+    const MPI_Op sum = World::get().op(dtype, PLX_REDUCE_SUM);
+    check(MPI_Barrier(comm_), what);
+    const double t0 = MPI_Wtime();
+    for (int32_t i = 0; i < iters && n > 0; ++i) {
+      int rc = MPI_SUCCESS;
+      switch (c) {
+        case PLX_COLL_ALL_REDUCE: rc = MPI_Allreduce(buf_a, buf_b, n, t, sum, comm_); break;
+        case PLX_COLL_BROADCAST: rc = MPI_Bcast(buf_b, n, t, 0, comm_); break;
+        case PLX_COLL_ALL_GATHER: rc = MPI_Allgather(buf_a, n, t, buf_b, n, t, comm_); break;
+        case PLX_COLL_REDUCE_SCATTER:
+          rc = MPI_Reduce_scatter_block(buf_a, buf_b, n, t, sum, comm_);
+          break;
+      }
+      check(rc, what);
+    }
+    return MPI_Wtime() - t0;
+  }
+
   void check_async_error() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) throw sdk::Error(failure_status_, failure_);
@@ -459,6 +487,7 @@ class MpiRank final : public sdk::CommRank {
 class MpiCommunicator final : public sdk::Communicator {
  public:
   MpiCommunicator() : sdk::Communicator("mpi", "cpu") {}
+  bool has_bench_native() const override { return true; }
 
   plx_comm_id unique_id() override {
     World::get().ensure();
