@@ -304,3 +304,13 @@ TEST_CASE("plexus bench comm in one process prints the table and writes JSON", "
   CHECK(rows[15].at("bytes").integer == 1024);
   CHECK(rows[15].at("wrong").integer == 0);
 }
+
+TEST_CASE("plexus bench comm over a communicator without a native baseline says so", "[cpu][cli][bench]") {
+  // threads (ranks as threads of one process) has no library under it: a group of one here.
+  const Run r = run_plexus("bench comm --comm threads --ops all_reduce --max-bytes 64 --iters 2 --rounds 1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("# native: none (communicator 'threads' has no bench_native)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("# max overhead at >= 1 MiB: n/a (communicator 'threads' has no native baseline)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
+}
