@@ -445,7 +445,7 @@ class MpiRank final : public sdk::CommRank {
       if (aborted_)
         fail(PLX_ERR_ABORTED, "mpi: " + what + " on rank " + std::to_string(rank_) +
                                   ": the communicator was aborted while it waited");
-      if (sleeping || polls % 256 == 0) {
+      if (sleeping || yield || polls % 256 == 0) {  // a yield can last a time slice
         const auto now = Clock::now();
         if (now > deadline)
           fail(PLX_ERR_TIMEOUT, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
