@@ -428,10 +428,9 @@ class MpiRank final : public sdk::CommRank {
   // does: back to back, yielding between polls when the node has more ranks than CPUs (OpenMPI
   // then does the same, mpi_yield_when_idle). Only a wait that has lasted kSleepAfter sleeps
   // between polls, to leave the CPU to others while a peer is slow or hung: a sleep lasts far
-  // longer than asked (50 us took 194 us on the 2-core VM) and delays a running operation by as
-  // much, so sleeping from the first milliseconds on made 1-10 ms collectives several percent
-  // slower than MPI's blocking calls, and yielding under load let another process take the CPU
-  // for a whole time slice.
+  // longer than asked (50 us took 194 us on the 2-core VM) and can delay a running operation by
+  // as much, several percent of a 1-10 ms collective; and a yield on a busy machine can hand
+  // the CPU to another process for a whole time slice.
   void wait(MPI_Request& req, const std::string& what, MPI_Status* status = nullptr) {
     const auto begin = Clock::now();
     const auto deadline = begin + std::chrono::milliseconds(timeout_ms_);
