@@ -118,8 +118,9 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--comm", bca.comm, "Communicator (default: mpi for cpu, nccl for cuda)");
   bench_comm->add_option("--backend", bca.backend, "Backend whose buffers are exchanged")
       ->capture_default_str();
-  bench_comm->add_option("--bootstrap", bca.bootstrap,
-                         "Communicator that carries the id of one without a launcher (NCCL)")
+  bench_comm
+      ->add_option("--bootstrap", bca.bootstrap,
+                   "Communicator that carries the id of one without a launcher (NCCL)")
       ->capture_default_str();
   bench_comm->add_option("--min-bytes", bca.min_bytes, "Smallest size (K, M, G: powers of 1024)")
       ->capture_default_str();
@@ -130,15 +131,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_option("--warmup", bca.warmup, "Untimed calls before each size")
       ->capture_default_str();
-  bench_comm->add_option("--rounds", bca.rounds,
-                         "Timed runs of ours and of native per size, interleaved (medians kept)")
+  bench_comm
+      ->add_option("--rounds", bca.rounds,
+                   "Timed runs of ours and of native per size, interleaved (medians kept)")
       ->capture_default_str();
-  bench_comm->add_option("--target-ms", bca.target_ms,
-                         "What a timed run should last when --iters is 0")
+  bench_comm
+      ->add_option("--target-ms", bca.target_ms, "What a timed run should last when --iters is 0")
       ->capture_default_str();
-  bench_comm->add_option("--ops", bca.ops,
-                         "all, or a comma-separated list of all_reduce, broadcast, all_gather, "
-                         "reduce_scatter")
+  bench_comm
+      ->add_option("--ops", bca.ops,
+                   "all, or a comma-separated list of all_reduce, broadcast, all_gather, "
+                   "reduce_scatter")
       ->capture_default_str();
   bench_comm->add_option("--dtype", bca.dtype, "f32, f16, bf16, f64, i32, i64 or u8")
       ->capture_default_str();
@@ -190,8 +193,9 @@ int main(int argc, char** argv) {
       }
       if (r.wrong > 0) {
         if (r.rank == 0)
-          std::fprintf(stderr, "plexus bench comm: %llu wrong element(s) in the results: the "
-                               "communicator moved wrong data\n",
+          std::fprintf(stderr,
+                       "plexus bench comm: %llu wrong element(s) in the results: the "
+                       "communicator moved wrong data\n",
                        static_cast<unsigned long long>(r.wrong));
         return 1;
       }

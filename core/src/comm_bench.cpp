@@ -1,8 +1,8 @@
 #include "plexus/comm_bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -23,7 +23,8 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr plx_collective kAllCollectives[] = {PLX_COLL_ALL_REDUCE, PLX_COLL_BROADCAST,
                                               PLX_COLL_ALL_GATHER, PLX_COLL_REDUCE_SCATTER};
 
-[[noreturn]] void bad_option(std::string_view option, std::string_view text, const std::string& why) {
+[[noreturn]] void bad_option(std::string_view option, std::string_view text,
+                             const std::string& why) {
   throw ConfigError(std::string(option) + ": '" + std::string(text) + "' " + why);
 }
 
@@ -38,24 +39,32 @@ std::string lower(std::string_view s) {
 // ---- the pure parts ----
 
 uint64_t parse_bytes(std::string_view option, std::string_view text) {
-  const std::string why = "is not a size in bytes (digits with an optional K, M or G: 8, 64K, 256M, 1G)";
+  const std::string why =
+      "is not a size in bytes (digits with an optional K, M or G: 8, 64K, 256M, 1G)";
   size_t i = 0;
   uint64_t v = 0;
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
     const uint64_t d = static_cast<uint64_t>(text[i] - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) bad_option(option, text, "is too large");
+    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10)
+      bad_option(option, text, "is too large");
     v = v * 10 + d;
     ++i;
   }
   if (i == 0) bad_option(option, text, why);
   const std::string unit = lower(text.substr(i));
   int shift = 0;
-  if (unit.empty() || unit == "b") shift = 0;
-  else if (unit == "k" || unit == "kb" || unit == "kib") shift = 10;
-  else if (unit == "m" || unit == "mb" || unit == "mib") shift = 20;
-  else if (unit == "g" || unit == "gb" || unit == "gib") shift = 30;
-  else bad_option(option, text, why);
-  if (shift && v > (std::numeric_limits<uint64_t>::max() >> shift)) bad_option(option, text, "is too large");
+  if (unit.empty() || unit == "b")
+    shift = 0;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    shift = 10;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    shift = 20;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    shift = 30;
+  else
+    bad_option(option, text, why);
+  if (shift && v > (std::numeric_limits<uint64_t>::max() >> shift))
+    bad_option(option, text, "is too large");
   v <<= shift;
   if (v == 0) bad_option(option, text, "must be at least 1 byte");
   return v;
@@ -105,7 +114,8 @@ std::vector<uint64_t> bench_sizes(uint64_t min_bytes, uint64_t max_bytes, uint64
   return sizes;
 }
 
-BenchShape bench_shape(plx_collective c, uint64_t nominal_bytes, uint64_t elem_size, int32_t ranks) {
+BenchShape bench_shape(plx_collective c, uint64_t nominal_bytes, uint64_t elem_size,
+                       int32_t ranks) {
   BenchShape s;
   const uint64_t n = static_cast<uint64_t>(std::max(ranks, 1));
   const uint64_t elems = nominal_bytes / elem_size;
@@ -135,10 +145,13 @@ double busbw_factor(plx_collective c, int32_t ranks) {
   const double n = ranks;
   if (ranks < 1) return 0;
   switch (c) {
-    case PLX_COLL_ALL_REDUCE: return 2 * (n - 1) / n;
+    case PLX_COLL_ALL_REDUCE:
+      return 2 * (n - 1) / n;
     case PLX_COLL_ALL_GATHER:
-    case PLX_COLL_REDUCE_SCATTER: return (n - 1) / n;
-    case PLX_COLL_BROADCAST: return 1;
+    case PLX_COLL_REDUCE_SCATTER:
+      return (n - 1) / n;
+    case PLX_COLL_BROADCAST:
+      return 1;
   }
   return 0;
 }
@@ -176,7 +189,8 @@ std::string not_available(const Runtime& rt, const std::string& what, const std:
   std::string comms, plugins, skipped;
   for (const Communicator* c : rt.communicators()) comms += (comms.empty() ? "" : ", ") + c->name();
   for (const auto& p : rt.plugins()) plugins += (plugins.empty() ? "" : ", ") + p->name();
-  for (const auto& s : rt.skipped()) skipped += (skipped.empty() ? "" : "; ") + s.path + ": " + s.reason;
+  for (const auto& s : rt.skipped())
+    skipped += (skipped.empty() ? "" : "; ") + s.path + ": " + s.reason;
   std::string msg = what + " '" + name + "' is not available: no loaded plugin provides it (";
   msg += "communicators: " + (comms.empty() ? std::string("none") : comms);
   msg += "; plugins loaded: " + (plugins.empty() ? std::string("none") : plugins);
@@ -187,7 +201,9 @@ std::string not_available(const Runtime& rt, const std::string& what, const std:
 }
 
 // The value rank r contributes at element i: small integers, so every sum is exact.
-double value(int32_t r, uint64_t i) { return static_cast<double>((static_cast<uint64_t>(r) + i) % 3); }
+double value(int32_t r, uint64_t i) {
+  return static_cast<double>((static_cast<uint64_t>(r) + i) % 3);
+}
 
 // What recv[i] must hold after collective c on `rank` of `n` with per-call `count`.
 double expected(plx_collective c, plx_dtype dtype, int32_t rank, int32_t n, uint64_t count,
@@ -197,8 +213,12 @@ double expected(plx_collective c, plx_dtype dtype, int32_t rank, int32_t n, uint
     case PLX_COLL_ALL_REDUCE:
       for (int32_t q = 0; q < n; ++q) x += value(q, i);
       break;
-    case PLX_COLL_BROADCAST: x = value(0, i); break;
-    case PLX_COLL_ALL_GATHER: x = value(static_cast<int32_t>(i / count), i % count); break;
+    case PLX_COLL_BROADCAST:
+      x = value(0, i);
+      break;
+    case PLX_COLL_ALL_GATHER:
+      x = value(static_cast<int32_t>(i / count), i % count);
+      break;
     case PLX_COLL_REDUCE_SCATTER:
       for (int32_t q = 0; q < n; ++q) x += value(q, static_cast<uint64_t>(rank) * count + i);
       break;
@@ -209,7 +229,13 @@ double expected(plx_collective c, plx_dtype dtype, int32_t rank, int32_t n, uint
 class Bench {
  public:
   Bench(CommGroup& g, const CommBenchOptions& o, std::ostream* out)
-      : g_(g), be_(g.backend()), dev_(g.device()), o_(o), out_(out), rank_(g.rank()), n_(g.size()) {}
+      : g_(g),
+        be_(g.backend()),
+        dev_(g.device()),
+        o_(o),
+        out_(out),
+        rank_(g.rank()),
+        n_(g.size()) {}
 
   CommBenchReport run(const std::string& comm_name) {
     CommBenchReport r;
@@ -268,10 +294,18 @@ class Bench {
   // Our layer: the CommGroup call a trainer would make.
   void ours(plx_collective c, const Tensor& send, const Tensor& recv) {
     switch (c) {
-      case PLX_COLL_ALL_REDUCE: g_.all_reduce(send, recv, PLX_REDUCE_SUM); break;
-      case PLX_COLL_BROADCAST: g_.broadcast(recv, recv, 0); break;  // in place, as native
-      case PLX_COLL_ALL_GATHER: g_.all_gather(send, recv); break;
-      case PLX_COLL_REDUCE_SCATTER: g_.reduce_scatter(send, recv, PLX_REDUCE_SUM); break;
+      case PLX_COLL_ALL_REDUCE:
+        g_.all_reduce(send, recv, PLX_REDUCE_SUM);
+        break;
+      case PLX_COLL_BROADCAST:
+        g_.broadcast(recv, recv, 0);
+        break;  // in place, as native
+      case PLX_COLL_ALL_GATHER:
+        g_.all_gather(send, recv);
+        break;
+      case PLX_COLL_REDUCE_SCATTER:
+        g_.reduce_scatter(send, recv, PLX_REDUCE_SUM);
+        break;
     }
   }
 
@@ -319,8 +353,10 @@ class Bench {
     const plx_dtype t = (be_.device(dev_).caps & PLX_CAP_F64) ? PLX_F64 : PLX_F32;
     std::vector<uint8_t> host(v.size() * dtype_size(t));
     for (size_t i = 0; i < v.size(); ++i) {
-      if (t == PLX_F64) reinterpret_cast<double*>(host.data())[i] = v[i];
-      else reinterpret_cast<float*>(host.data())[i] = static_cast<float>(v[i]);
+      if (t == PLX_F64)
+        reinterpret_cast<double*>(host.data())[i] = v[i];
+      else
+        reinterpret_cast<float*>(host.data())[i] = static_cast<float>(v[i]);
     }
     const Tensor x = Tensor::from_host(be_, host.data(), {static_cast<int64_t>(v.size())}, t, dev_);
     g_.all_reduce(x, PLX_REDUCE_MAX);
@@ -380,7 +416,8 @@ class Bench {
       // median: steadier on a shared machine than the ratio of the two medians.
       std::vector<double> ratios;
       for (size_t k = 0; k < rounds; ++k)
-        ratios.push_back((row.ours_rounds_us[k] - row.native_rounds_us[k]) / row.native_rounds_us[k] * 100);
+        ratios.push_back((row.ours_rounds_us[k] - row.native_rounds_us[k]) /
+                         row.native_rounds_us[k] * 100);
       row.overhead_pct = median(ratios);
     }
     row.wrong = static_cast<uint64_t>(worst[2 * rounds]);
@@ -411,7 +448,8 @@ void check_comm_bench_options(const CommBenchOptions& o) {
   if (o.max_bytes < dtype_size(o.dtype))
     throw ConfigError("--max-bytes " + std::to_string(o.max_bytes) + " is smaller than one " +
                       dtype_name(o.dtype) + " element");
-  if (o.timeout_ms < 0) throw ConfigError("--timeout-ms: must be >= 0, got " + std::to_string(o.timeout_ms));
+  if (o.timeout_ms < 0)
+    throw ConfigError("--timeout-ms: must be >= 0, got " + std::to_string(o.timeout_ms));
 }
 
 CommBenchReport run_comm_bench(Runtime& rt, const CommBenchOptions& o, std::ostream* out) {
@@ -433,8 +471,8 @@ CommBenchReport run_comm_bench(Runtime& rt, const CommBenchOptions& o, std::ostr
     throw PluginError("backend '" + o.backend + "' has no device" +
                       (be->unavailable_reason().empty() ? "" : ": " + be->unavailable_reason()));
   const int32_t dev = launch_local_rank() % be->device_count();
-  LaunchGroup lg = join_launch(rt, *comm, *be, dev, o.bootstrap == name ? "" : o.bootstrap,
-                               o.timeout_ms);
+  LaunchGroup lg =
+      join_launch(rt, *comm, *be, dev, o.bootstrap == name ? "" : o.bootstrap, o.timeout_ms);
   Bench bench(*lg.group, o, lg.group->rank() == 0 ? out : nullptr);
   return bench.run(name);
 }
@@ -470,8 +508,9 @@ std::string comm_bench_header(const CommBenchReport& r) {
        "\n";
   s += "# time: median over rounds of the slowest rank's time per call; busbw as nccl-tests\n";
   if (r.has_native)
-    s += "# native: the same calls made directly on the library (bench_native), interleaved;\n"
-         "# overhead: median over rounds of (ours - native) / native, each round against its pair\n";
+    s +=
+        "# native: the same calls made directly on the library (bench_native), interleaved;\n"
+        "# overhead: median over rounds of (ours - native) / native, each round against its pair\n";
   else
     s += "# native: none (communicator '" + r.comm + "' has no bench_native)\n";
   char buf[256];
@@ -549,10 +588,14 @@ std::string comm_bench_json(const CommBenchReport& r) {
         .add("time_us", row.time_us)
         .add("algbw_gbs", row.algbw_gbs)
         .add("busbw_gbs", row.busbw_gbs);
-    if (row.native_us) j.add("native_time_us", *row.native_us);
-    else j.add_null("native_time_us");
-    if (row.overhead_pct) j.add("overhead_pct", *row.overhead_pct);
-    else j.add_null("overhead_pct");
+    if (row.native_us)
+      j.add("native_time_us", *row.native_us);
+    else
+      j.add_null("native_time_us");
+    if (row.overhead_pct)
+      j.add("overhead_pct", *row.overhead_pct);
+    else
+      j.add_null("overhead_pct");
     j.add("wrong", row.wrong).add("rounds_us", ours).add("native_rounds_us", native);
     rows.push(j);
   }
@@ -565,8 +608,10 @@ std::string comm_bench_json(const CommBenchReport& r) {
       .add("native", r.has_native)
       .add("options", opts)
       .add("rows", rows);
-  if (r.max_overhead_pct_1mib) root.add("max_overhead_pct_at_1mib_and_above", *r.max_overhead_pct_1mib);
-  else root.add_null("max_overhead_pct_at_1mib_and_above");
+  if (r.max_overhead_pct_1mib)
+    root.add("max_overhead_pct_at_1mib_and_above", *r.max_overhead_pct_1mib);
+  else
+    root.add_null("max_overhead_pct_at_1mib_and_above");
   root.add("wrong", r.wrong);
   return root.str();
 }

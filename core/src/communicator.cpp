@@ -204,11 +204,12 @@ std::optional<double> CommGroup::bench_native(plx_collective collective, const T
   }
   if (collective != PLX_COLL_BROADCAST && send.numel() != want_send)
     throw OpError(std::string("bench_native ") + what + ": send has " +
-                  std::to_string(send.numel()) + " elements, expected " + std::to_string(want_send));
+                  std::to_string(send.numel()) + " elements, expected " +
+                  std::to_string(want_send));
   void* a = collective == PLX_COLL_BROADCAST ? recv.data() : send.data();
   double seconds = 0;
-  comm_.check(comm_.table().bench_native(h_, collective, static_cast<uint64_t>(count),
-                                         recv.dtype(), iters, a, recv.data(), stream(), &seconds),
+  comm_.check(comm_.table().bench_native(h_, collective, static_cast<uint64_t>(count), recv.dtype(),
+                                         iters, a, recv.data(), stream(), &seconds),
               std::string("bench_native ") + what);
   return seconds;
 }
@@ -247,7 +248,8 @@ LaunchGroup join_launch(Runtime& rt, const Communicator& comm, Backend& backend,
   g.bootstrap = bc.join(bb, 0, -1, -1, plx_comm_id{}, timeout_ms);
   plx_comm_id id{};
   if (g.bootstrap->rank() == 0) id = comm.unique_id();
-  const Tensor idt = Tensor::from_host(bb, id.bytes, {static_cast<int64_t>(sizeof id.bytes)}, PLX_U8, 0);
+  const Tensor idt =
+      Tensor::from_host(bb, id.bytes, {static_cast<int64_t>(sizeof id.bytes)}, PLX_U8, 0);
   g.bootstrap->broadcast(idt, idt, 0);
   bb.sync(0);
   std::memcpy(id.bytes, idt.to_vector<uint8_t>().data(), sizeof id.bytes);

@@ -343,9 +343,10 @@ class MpiRank final : public sdk::CommRank {
   // The baseline of `plexus bench comm`: the collective as the blocking MPI call a program
   // would make itself, on this group's communicator, timed with MPI_Wtime after MPI_Barrier.
   // No polling and no timeout (a blocking call cannot be bounded): measurement only.
-  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters,
-                      void* buf_a, void* buf_b, plx_stream) override {
-    const std::string what = describe("bench_native", count, dtype) + " " + plx_collective_string(c);
+  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters, void* buf_a,
+                      void* buf_b, plx_stream) override {
+    const std::string what =
+        describe("bench_native", count, dtype) + " " + plx_collective_string(c);
     start(what);
     const int n = to_int(count, what);
     to_int(count * static_cast<uint64_t>(size_), what);
@@ -356,9 +357,15 @@ class MpiRank final : public sdk::CommRank {
     for (int32_t i = 0; i < iters && n > 0; ++i) {
       int rc = MPI_SUCCESS;
       switch (c) {
-        case PLX_COLL_ALL_REDUCE: rc = MPI_Allreduce(buf_a, buf_b, n, t, sum, comm_); break;
-        case PLX_COLL_BROADCAST: rc = MPI_Bcast(buf_b, n, t, 0, comm_); break;
-        case PLX_COLL_ALL_GATHER: rc = MPI_Allgather(buf_a, n, t, buf_b, n, t, comm_); break;
+        case PLX_COLL_ALL_REDUCE:
+          rc = MPI_Allreduce(buf_a, buf_b, n, t, sum, comm_);
+          break;
+        case PLX_COLL_BROADCAST:
+          rc = MPI_Bcast(buf_b, n, t, 0, comm_);
+          break;
+        case PLX_COLL_ALL_GATHER:
+          rc = MPI_Allgather(buf_a, n, t, buf_b, n, t, comm_);
+          break;
         case PLX_COLL_REDUCE_SCATTER:
           rc = MPI_Reduce_scatter_block(buf_a, buf_b, n, t, sum, comm_);
           break;
@@ -453,8 +460,10 @@ class MpiRank final : public sdk::CommRank {
                                     " ms: a peer is hung, dead or not making the same call");
         sleeping = now - begin > kSleepAfter;
       }
-      if (sleeping) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else if (yield) std::this_thread::yield();
+      if (sleeping)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (yield)
+        std::this_thread::yield();
     }
   }
 

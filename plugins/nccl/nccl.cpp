@@ -481,8 +481,8 @@ class NcclRank final : public sdk::CommRank {
   // NCCL barrier (a one-int all-reduce, synchronised). No argument checks, events or watchdog;
   // only what NCCL itself asks of a non-blocking communicator (waiting out ncclInProgress).
   // The stream synchronisation is not bounded by the timeout: measurement only.
-  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters,
-                      void* buf_a, void* buf_b, plx_stream s) override {
+  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters, void* buf_a,
+                      void* buf_b, plx_stream s) override {
     OpDesc d{"bench_native", count, dtype, -1, -1, -1};
     d.kind = plx_collective_string(c);
     throw_if_failed(d);
@@ -505,9 +505,12 @@ class NcclRank final : public sdk::CommRank {
     for (int32_t i = 0; i < iters && count > 0; ++i)
       run([&](ncclComm_t comm) {
         switch (c) {
-          case PLX_COLL_ALL_REDUCE: return ncclAllReduce(buf_a, buf_b, count, t, ncclSum, comm, cs);
-          case PLX_COLL_BROADCAST: return ncclBroadcast(buf_b, buf_b, count, t, 0, comm, cs);
-          case PLX_COLL_ALL_GATHER: return ncclAllGather(buf_a, buf_b, count, t, comm, cs);
+          case PLX_COLL_ALL_REDUCE:
+            return ncclAllReduce(buf_a, buf_b, count, t, ncclSum, comm, cs);
+          case PLX_COLL_BROADCAST:
+            return ncclBroadcast(buf_b, buf_b, count, t, 0, comm, cs);
+          case PLX_COLL_ALL_GATHER:
+            return ncclAllGather(buf_a, buf_b, count, t, comm, cs);
           case PLX_COLL_REDUCE_SCATTER:
             return ncclReduceScatter(buf_a, buf_b, count, t, ncclSum, comm, cs);
         }

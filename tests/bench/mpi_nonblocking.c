@@ -53,8 +53,12 @@ static void call(int c, int way, float* a, float* b, int count, int n) {
   const int block = count / n;
   if (way == BLOCKING) {
     switch (c) {
-      case ALL_REDUCE: MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-      case BROADCAST: MPI_Bcast(b, count, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+      case ALL_REDUCE:
+        MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case BROADCAST:
+        MPI_Bcast(b, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        break;
       case ALL_GATHER:
         MPI_Allgather(a, block, MPI_FLOAT, b, block, MPI_FLOAT, MPI_COMM_WORLD);
         break;
@@ -65,8 +69,12 @@ static void call(int c, int way, float* a, float* b, int count, int n) {
     return;
   }
   switch (c) {
-    case ALL_REDUCE: MPI_Iallreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req); break;
-    case BROADCAST: MPI_Ibcast(b, count, MPI_FLOAT, 0, MPI_COMM_WORLD, &req); break;
+    case ALL_REDUCE:
+      MPI_Iallreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+      break;
+    case BROADCAST:
+      MPI_Ibcast(b, count, MPI_FLOAT, 0, MPI_COMM_WORLD, &req);
+      break;
     case ALL_GATHER:
       MPI_Iallgather(a, block, MPI_FLOAT, b, block, MPI_FLOAT, MPI_COMM_WORLD, &req);
       break;
@@ -99,19 +107,20 @@ int main(int argc, char** argv) {
   const long long bytes = atoll(argv[2]);
   const int iters = atoi(argv[3]), rounds = atoi(argv[4]);
   if (c < 0 || bytes < 4 * n || iters < 1 || rounds < 1 || rounds > 1000) {
-    if (rank == 0) fprintf(stderr, "bad arguments: %s %s %s %s\n", argv[1], argv[2], argv[3], argv[4]);
+    if (rank == 0)
+      fprintf(stderr, "bad arguments: %s %s %s %s\n", argv[1], argv[2], argv[3], argv[4]);
     MPI_Finalize();
     return 2;
   }
-  const int count = (int)(bytes / 4 / n * n);  /* divisible by n for the block collectives */
+  const int count = (int)(bytes / 4 / n * n); /* divisible by n for the block collectives */
   float* a = malloc((size_t)count * sizeof(float));
   float* b = malloc((size_t)count * sizeof(float));
   for (int i = 0; i < count; ++i) a[i] = b[i] = (float)((rank + i) % 3);
   double* t = malloc(sizeof(double) * WAYS * (size_t)rounds);
-  for (int way = 0; way < WAYS; ++way) call(c, way, a, b, count, n);  /* warm-up */
+  for (int way = 0; way < WAYS; ++way) call(c, way, a, b, count, n); /* warm-up */
   for (int r = 0; r < rounds; ++r)
     for (int k = 0; k < WAYS; ++k) {
-      const int way = (k + r) % WAYS;  /* rotate which way goes first */
+      const int way = (k + r) % WAYS; /* rotate which way goes first */
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       for (int i = 0; i < iters; ++i) call(c, way, a, b, count, n);

@@ -249,7 +249,8 @@ TEST_CASE("plexus bench comm names a bad option and its value, exit 2", "[cpu][c
   const Case cases[] = {
       {"--max-bytes 12Q", "plexus bench comm: --max-bytes: '12Q' is not a size in bytes"},
       {"--min-bytes 1M --max-bytes 8", "--min-bytes 1048576 is larger than --max-bytes 8"},
-      {"--ops all_reduce,alltoall", "--ops: unknown collective 'alltoall' in 'all_reduce,alltoall'"},
+      {"--ops all_reduce,alltoall",
+       "--ops: unknown collective 'alltoall' in 'all_reduce,alltoall'"},
       {"--dtype f8", "--dtype: 'f8' is not a dtype"},
       {"--factor 1", "--factor: must be at least 2, got 1"},
       {"--rounds 0", "--rounds: must be >= 1, got 0"},
@@ -263,7 +264,8 @@ TEST_CASE("plexus bench comm names a bad option and its value, exit 2", "[cpu][c
   }
 }
 
-TEST_CASE("plexus bench comm names a communicator it cannot find and what it found", "[cpu][cli][bench]") {
+TEST_CASE("plexus bench comm names a communicator it cannot find and what it found",
+          "[cpu][cli][bench]") {
   const Run r = run_plexus("bench comm --comm carrier-pigeon --max-bytes 1K");
   INFO(r.output);
   CHECK(r.status == 1);
@@ -271,19 +273,23 @@ TEST_CASE("plexus bench comm names a communicator it cannot find and what it fou
                            PLX_CONTAINS("plugins loaded: cpu"));
 }
 
-TEST_CASE("plexus bench comm in one process prints the table and writes JSON", "[cpu][cli][bench][mpi]") {
+TEST_CASE("plexus bench comm in one process prints the table and writes JSON",
+          "[cpu][cli][bench][mpi]") {
   if (!fs::exists(fs::path(plugin_dir()) / "libplexus-mpi.so"))
     PLX_SKIP("the mpi plugin was not built (no MPI found at configure time)");
   const TempDir tmp("cli-bench");
   const std::string json = tmp / "comm.json";
   // One process without a launcher: MPI starts as a singleton, a group of one.
-  const Run r = run_plexus("bench comm --ops all_reduce,all_gather --max-bytes 1K --iters 2 "
-                           "--warmup 1 --rounds 1 --json " + json);
+  const Run r = run_plexus(
+      "bench comm --ops all_reduce,all_gather --max-bytes 1K --iters 2 "
+      "--warmup 1 --rounds 1 --json " +
+      json);
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK_THAT(r.output, PLX_CONTAINS("# plexus bench comm: mpi on cpu, 1 rank, f32"));
   CHECK_THAT(r.output, PLX_CONTAINS("busbw(GB/s)") && PLX_CONTAINS("native(us)"));
-  CHECK_THAT(r.output, PLX_CONTAINS("# max overhead at >= 1 MiB: n/a (no size of 1 MiB or more was run)"));
+  CHECK_THAT(r.output,
+             PLX_CONTAINS("# max overhead at >= 1 MiB: n/a (no size of 1 MiB or more was run)"));
   CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
   std::ifstream in(json);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -305,12 +311,17 @@ TEST_CASE("plexus bench comm in one process prints the table and writes JSON", "
   CHECK(rows[15].at("wrong").integer == 0);
 }
 
-TEST_CASE("plexus bench comm over a communicator without a native baseline says so", "[cpu][cli][bench]") {
+TEST_CASE("plexus bench comm over a communicator without a native baseline says so",
+          "[cpu][cli][bench]") {
   // threads (ranks as threads of one process) has no library under it: a group of one here.
-  const Run r = run_plexus("bench comm --comm threads --ops all_reduce --max-bytes 64 --iters 2 --rounds 1");
+  const Run r =
+      run_plexus("bench comm --comm threads --ops all_reduce --max-bytes 64 --iters 2 --rounds 1");
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK_THAT(r.output, PLX_CONTAINS("# native: none (communicator 'threads' has no bench_native)"));
-  CHECK_THAT(r.output, PLX_CONTAINS("# max overhead at >= 1 MiB: n/a (communicator 'threads' has no native baseline)"));
+  CHECK_THAT(
+      r.output,
+      PLX_CONTAINS(
+          "# max overhead at >= 1 MiB: n/a (communicator 'threads' has no native baseline)"));
   CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
 }

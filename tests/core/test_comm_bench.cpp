@@ -25,7 +25,8 @@ TEST_CASE("comm bench sizes parse with K, M and G as powers of 1024", "[cpu][com
 }
 
 TEST_CASE("comm bench size errors name the option and the value", "[cpu][comm][bench]") {
-  CHECK_THROWS_WITH(parse_bytes("--max-bytes", "12Q"), PLX_CONTAINS("--max-bytes: '12Q' is not a size"));
+  CHECK_THROWS_WITH(parse_bytes("--max-bytes", "12Q"),
+                    PLX_CONTAINS("--max-bytes: '12Q' is not a size"));
   CHECK_THROWS_WITH(parse_bytes("--min-bytes", ""), PLX_CONTAINS("--min-bytes: '' is not a size"));
   CHECK_THROWS_WITH(parse_bytes("--min-bytes", "-8"), PLX_CONTAINS("--min-bytes: '-8'"));
   CHECK_THROWS_WITH(parse_bytes("--min-bytes", "1.5M"), PLX_CONTAINS("--min-bytes: '1.5M'"));
@@ -45,7 +46,8 @@ TEST_CASE("comm bench sizes double from min to max", "[cpu][comm][bench]") {
   CHECK(bench_sizes(3, 100, 4) == std::vector<uint64_t>{3, 12, 48});
   // No overflow near the top of uint64.
   CHECK(bench_sizes(uint64_t{1} << 62, ~uint64_t{0}, 2).size() == 2);
-  CHECK_THROWS_WITH(bench_sizes(1024, 8, 2), PLX_CONTAINS("--min-bytes 1024 is larger than --max-bytes 8"));
+  CHECK_THROWS_WITH(bench_sizes(1024, 8, 2),
+                    PLX_CONTAINS("--min-bytes 1024 is larger than --max-bytes 8"));
   CHECK_THROWS_WITH(bench_sizes(8, 1024, 1), PLX_CONTAINS("--factor: must be at least 2, got 1"));
 }
 
@@ -53,7 +55,8 @@ TEST_CASE("comm bench collectives and dtypes parse, unknown ones are named", "[c
   CHECK(parse_collectives("--ops", "all").size() == 4);
   CHECK(parse_collectives("--ops", "all_gather,all_reduce") ==
         std::vector<plx_collective>{PLX_COLL_ALL_GATHER, PLX_COLL_ALL_REDUCE});
-  CHECK(parse_collectives("--ops", "broadcast,broadcast") == std::vector<plx_collective>{PLX_COLL_BROADCAST});
+  CHECK(parse_collectives("--ops", "broadcast,broadcast") ==
+        std::vector<plx_collective>{PLX_COLL_BROADCAST});
   CHECK_THROWS_WITH(parse_collectives("--ops", "all_reduce,alltoall"),
                     PLX_CONTAINS("--ops: unknown collective 'alltoall' in 'all_reduce,alltoall'"));
   CHECK_THROWS_WITH(parse_collectives("--ops", ""), PLX_CONTAINS("--ops: unknown collective ''"));
@@ -95,9 +98,9 @@ TEST_CASE("comm bench shapes count bytes as nccl-tests does", "[cpu][comm][bench
 
 TEST_CASE("comm bench iterations fill the target time within bounds", "[cpu][comm][bench]") {
   CHECK(choose_iters(1e-3, 0.02) == 20);
-  CHECK(choose_iters(0.5, 0.02) == 5);         // slow calls: at least min_iters
-  CHECK(choose_iters(1e-9, 0.02) == 100000);   // fast ones: at most max_iters
-  CHECK(choose_iters(0.0, 0.02) == 100000);    // a zero estimate: as many as allowed
+  CHECK(choose_iters(0.5, 0.02) == 5);        // slow calls: at least min_iters
+  CHECK(choose_iters(1e-9, 0.02) == 100000);  // fast ones: at most max_iters
+  CHECK(choose_iters(0.0, 0.02) == 100000);   // a zero estimate: as many as allowed
   CHECK(choose_iters(3e-6, 0.02, 5, 1000) == 1000);
   CHECK(choose_iters(1e-4, 0.02, 1, 1000) == 200);
   CHECK(median({3, 1, 2}) == 2);
@@ -116,22 +119,26 @@ TEST_CASE("comm bench options out of range are named", "[cpu][comm][bench]") {
   o = CommBenchOptions{};
   o.max_bytes = 2;
   o.min_bytes = 1;
-  CHECK_THROWS_WITH(check_comm_bench_options(o), PLX_CONTAINS("--max-bytes 2 is smaller than one f32 element"));
+  CHECK_THROWS_WITH(check_comm_bench_options(o),
+                    PLX_CONTAINS("--max-bytes 2 is smaller than one f32 element"));
   o = CommBenchOptions{};
   o.backend = "vulkan";
-  CHECK_THROWS_WITH(comm_bench_comm_name(o), PLX_CONTAINS("--comm: no default communicator for backend 'vulkan'"));
+  CHECK_THROWS_WITH(comm_bench_comm_name(o),
+                    PLX_CONTAINS("--comm: no default communicator for backend 'vulkan'"));
   o.backend = "cuda";
   CHECK(comm_bench_comm_name(o) == "nccl");
   o.comm = "mpi";
   CHECK(comm_bench_comm_name(o) == "mpi");
 }
 
-TEST_CASE("comm bench names a communicator that is not there and what was found", "[cpu][comm][bench]") {
+TEST_CASE("comm bench names a communicator that is not there and what was found",
+          "[cpu][comm][bench]") {
   CommBenchOptions o;
   o.comm = "no-such-comm";
   CHECK_THROWS_WITH(run_comm_bench(runtime(), o, nullptr),
                     PLX_CONTAINS("communicator 'no-such-comm' is not available") &&
-                        PLX_CONTAINS("communicators: threads") && PLX_CONTAINS("plugins loaded: cpu"));
+                        PLX_CONTAINS("communicators: threads") &&
+                        PLX_CONTAINS("plugins loaded: cpu"));
 }
 
 namespace {
@@ -177,5 +184,6 @@ TEST_CASE("bench_native is read only from tables of ABI 1.1 that hold it", "[cpu
   const Tensor small = Tensor::zeros(cpu(), {3}, PLX_F32);
   CHECK_THROWS_WITH(g_now->bench_native(PLX_COLL_ALL_REDUCE, small, t, 1),
                     PLX_CONTAINS("all_reduce: send has 3 elements, expected 4"));
-  CHECK_THROWS_WITH(g_now->bench_native(PLX_COLL_ALL_REDUCE, t, t, 0), PLX_CONTAINS("iters must be >= 1"));
+  CHECK_THROWS_WITH(g_now->bench_native(PLX_COLL_ALL_REDUCE, t, t, 0),
+                    PLX_CONTAINS("iters must be >= 1"));
 }

@@ -246,12 +246,13 @@ TEST_CASE("nccl single rank: bench_native runs each collective, with the right r
   REQUIRE(g->has_bench_native());
   const int64_t n = 1000;
   const std::vector<double> x = values(PLX_F32, n);
-  for (plx_collective coll : {PLX_COLL_ALL_REDUCE, PLX_COLL_BROADCAST, PLX_COLL_ALL_GATHER,
-                              PLX_COLL_REDUCE_SCATTER}) {
+  for (plx_collective coll :
+       {PLX_COLL_ALL_REDUCE, PLX_COLL_BROADCAST, PLX_COLL_ALL_GATHER, PLX_COLL_REDUCE_SCATTER}) {
     INFO(plx_collective_string(coll));
     const Tensor send = on_gpu(gpu, x, PLX_F32);
     // Broadcast is in place in recv (root 0), so recv starts as the data there.
-    const Tensor recv = on_gpu(gpu, coll == PLX_COLL_BROADCAST ? x : values(PLX_F32, n, 5), PLX_F32);
+    const Tensor recv =
+        on_gpu(gpu, coll == PLX_COLL_BROADCAST ? x : values(PLX_F32, n, 5), PLX_F32);
     const auto seconds = g->bench_native(coll, send, recv, 3);
     REQUIRE(seconds.has_value());
     CHECK(*seconds > 0);

@@ -19,20 +19,20 @@ class CommGroup;
 class Runtime;
 
 struct CommBenchOptions {
-  std::string comm;               // "": "mpi" for backend cpu, "nccl" for cuda
+  std::string comm;  // "": "mpi" for backend cpu, "nccl" for cuda
   std::string backend = "cpu";
   std::string bootstrap = "mpi";  // carries the id of a communicator without a launcher (NCCL)
   uint64_t min_bytes = 8;
   uint64_t max_bytes = uint64_t{256} << 20;
-  uint64_t factor = 2;            // each size is the previous times this
-  int32_t iters = 0;              // calls per timed run; 0: chosen per size (choose_iters)
-  int32_t warmup = 5;             // untimed calls before a size's timed runs
-  int32_t rounds = 5;             // timed runs of ours and of native, interleaved; medians kept
-  double target_seconds = 0.02;   // what a timed run should last when iters is 0
+  uint64_t factor = 2;           // each size is the previous times this
+  int32_t iters = 0;             // calls per timed run; 0: chosen per size (choose_iters)
+  int32_t warmup = 5;            // untimed calls before a size's timed runs
+  int32_t rounds = 5;            // timed runs of ours and of native, interleaved; medians kept
+  double target_seconds = 0.02;  // what a timed run should last when iters is 0
   std::vector<plx_collective> collectives = {PLX_COLL_ALL_REDUCE, PLX_COLL_BROADCAST,
                                              PLX_COLL_ALL_GATHER, PLX_COLL_REDUCE_SCATTER};
   plx_dtype dtype = PLX_F32;
-  int32_t timeout_ms = 0;         // the group's timeout; 0: the plugin's default
+  int32_t timeout_ms = 0;  // the group's timeout; 0: the plugin's default
 };
 
 // ---- the pure parts (tests/core/test_comm_bench.cpp) ----
@@ -79,8 +79,8 @@ struct CommBenchRow {
   uint64_t bytes = 0, count = 0;
   plx_dtype dtype = PLX_F32;
   int32_t iters = 0;
-  double time_us = 0;      // median over rounds of the slowest rank's time per call
-  double algbw_gbs = 0;    // bytes / time, 1e9 bytes per GB
+  double time_us = 0;    // median over rounds of the slowest rank's time per call
+  double algbw_gbs = 0;  // bytes / time, 1e9 bytes per GB
   double busbw_gbs = 0;
   std::optional<double> native_us;     // the same for the native calls
   std::optional<double> overhead_pct;  // median over rounds of (ours - native) / native * 100

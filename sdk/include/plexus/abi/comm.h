@@ -141,9 +141,10 @@ typedef struct plx_comm {
    * after the barrier. Buffers of cfg.backend, as the collective's slot takes them: buf_a is
    * send, buf_b recv; all_reduce `count` elements each, all_gather send count and recv
    * size * count, reduce_scatter send size * count and recv count; broadcast is in place in
-   * buf_b (count elements, root 0; buf_a is not used). Reductions are sums. For measurement only: unlike the other slots it need not honour the timeout or
-   * abort() (a blocking MPI call cannot be bounded), so a peer that never calls it can hang it.
-   * iters >= 1. NULL (or a table of ABI 1.0): the communicator has no such baseline. */
+   * buf_b (count elements, root 0; buf_a is not used). Reductions are sums. For measurement
+   * only: unlike the other slots it need not honour the timeout or abort() (a blocking MPI call
+   * cannot be bounded), so a peer that never calls it can hang it. iters >= 1. NULL (or a table
+   * of ABI 1.0): the communicator has no such baseline. */
   plx_status (*bench_native)(plx_comm_handle comm, int32_t collective, uint64_t count,
                              int32_t dtype, int32_t iters, void* buf_a, void* buf_b,
                              plx_stream stream, double* seconds);

@@ -157,7 +157,8 @@ class Communicator {
                       "bench_native: invalid collective %d", c);
           PLX_REQUIRE(iters >= 1, "bench_native: iters must be >= 1, got %d", iters);
           PLX_REQUIRE(seconds != nullptr, "bench_native: seconds is null");
-          *seconds = r(h)->bench_native(static_cast<plx_collective>(c), n, dt(dtype), iters, a, b, st);
+          *seconds =
+              r(h)->bench_native(static_cast<plx_collective>(c), n, dt(dtype), iters, a, b, st);
         });
       };
   }
