@@ -2,9 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
 #include "plexus/backend.hpp"
 #include "plexus/error.hpp"
 #include "plexus/plugin.hpp"
+#include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
 
 namespace plexus {
@@ -162,6 +167,75 @@ void CommGroup::abort() { comm_.check(comm_.table().abort(h_), "abort"); }
 void CommGroup::check_async_error() {
   if (comm_.table().get_async_error)
     comm_.check(comm_.table().get_async_error(h_), "asynchronous error");
+}
+
+bool CommGroup::has_bench_native() const {
+  const plx_comm& t = comm_.table();
+  // A table of ABI 1.0 ends before the slot: reading it would read past the plugin's struct.
+  return t.struct_size >= offsetof(plx_comm, bench_native) + sizeof(t.bench_native) &&
+         t.bench_native != nullptr;
+}
+
+std::optional<double> CommGroup::bench_native(plx_collective collective, const Tensor& send,
+                                              const Tensor& recv, int32_t iters) {
+  if (!has_bench_native()) return std::nullopt;
+  const char* what = plx_collective_string(collective);
+  same_place(*this, recv, what);
+  if (collective != PLX_COLL_BROADCAST) {
+    same_place(*this, send, what);
+    if (send.dtype() != recv.dtype())
+      throw OpError(std::string("bench_native ") + what + ": send is " + dtype_name(send.dtype()) +
+                    ", recv " + dtype_name(recv.dtype()));
+  }
+  if (iters < 1) throw OpError("bench_native: iters must be >= 1, got " + std::to_string(iters));
+  const int64_t n = size();
+  int64_t count = recv.numel();
+  int64_t want_send = count;
+  if (collective == PLX_COLL_ALL_GATHER) {
+    count = send.numel();
+    want_send = count;
+    if (recv.numel() != count * n)
+      throw OpError("bench_native all_gather: recv has " + std::to_string(recv.numel()) +
+                    " elements, expected " + std::to_string(count * n));
+  } else if (collective == PLX_COLL_REDUCE_SCATTER) {
+    want_send = count * n;
+  } else if (collective != PLX_COLL_ALL_REDUCE && collective != PLX_COLL_BROADCAST) {
+    throw OpError("bench_native: invalid collective " + std::to_string(collective));
+  }
+  if (collective != PLX_COLL_BROADCAST && send.numel() != want_send)
+    throw OpError(std::string("bench_native ") + what + ": send has " +
+                  std::to_string(send.numel()) + " elements, expected " +
+                  std::to_string(want_send));
+  void* a = collective == PLX_COLL_BROADCAST ? recv.data() : send.data();
+  double seconds = 0;
+  comm_.check(comm_.table().bench_native(h_, collective, static_cast<uint64_t>(count), recv.dtype(),
+                                         iters, a, recv.data(), stream(), &seconds),
+              std::string("bench_native ") + what);
+  return seconds;
+}
+
+LaunchGroup join_launch(Runtime& rt, const Communicator& comm, Backend& backend, int32_t device,
+                        const std::string& bootstrap, int32_t timeout_ms) {
+  LaunchGroup g;
+  if (bootstrap.empty() || bootstrap == comm.name()) {
+    g.group = comm.join(backend, device, -1, -1, plx_comm_id{}, timeout_ms);
+    return g;
+  }
+  const Communicator& bc = rt.communicator(bootstrap);
+  if (bc.backends().empty())
+    throw PluginError("communicator '" + bootstrap + "' names no backend, so it cannot carry " +
+                      "the id of communicator '" + comm.name() + "'");
+  Backend& bb = rt.backend(bc.backends().front());
+  g.bootstrap = bc.join(bb, 0, -1, -1, plx_comm_id{}, timeout_ms);
+  plx_comm_id id{};
+  if (g.bootstrap->rank() == 0) id = comm.unique_id();
+  const Tensor idt =
+      Tensor::from_host(bb, id.bytes, {static_cast<int64_t>(sizeof id.bytes)}, PLX_U8, 0);
+  g.bootstrap->broadcast(idt, idt, 0);
+  bb.sync(0);
+  std::memcpy(id.bytes, idt.to_vector<uint8_t>().data(), sizeof id.bytes);
+  g.group = comm.join(backend, device, g.bootstrap->rank(), g.bootstrap->size(), id, timeout_ms);
+  return g;
 }
 
 }  // namespace plexus

@@ -114,8 +114,11 @@ std::string validate_provided(const plx_plugin& d, void* ctx) {
   for (int32_t i = 0; i < nc; ++i) {
     const plx_comm* c = d.get_comm(ctx, i);
     if (!c) return "communicator " + std::to_string(i) + " is NULL";
-    if (c->struct_size < sizeof(plx_comm))
-      return "communicator " + std::to_string(i) + " table is too small";
+    // A table of ABI 1.0 ends before bench_native (1.1) and stays valid: CommGroup reads the
+    // slots past it only when struct_size reaches them.
+    if (c->struct_size < PLX_COMM_SIZE_1_0)
+      return "communicator " + std::to_string(i) + " table is " + std::to_string(c->struct_size) +
+             " bytes, ABI 1.0 needs " + std::to_string(PLX_COMM_SIZE_1_0);
     if (!c->name || !*c->name) return "communicator " + std::to_string(i) + " has no name";
     const std::string slot = missing_comm_slot(*c);
     if (!slot.empty())

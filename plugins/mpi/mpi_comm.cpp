@@ -28,11 +28,13 @@
 // group_end.
 #include <dlfcn.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -49,6 +51,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int32_t kDefaultTimeoutMs = 60000;
+// A wait sleeps between polls only once it has lasted this long (where a sleep's delay is a
+// small part of the operation).
+constexpr std::chrono::milliseconds kSleepAfter{100};
 // Ids this communicator made start with this tag; anything else is refused.
 constexpr char kIdTag[16] = "plexus.mpi.id1";
 
@@ -130,6 +135,14 @@ class World {
       PLX_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     }
     if (ops_ready_) return;
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      const char* v = std::getenv(name);
+      const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+      if (v && *v && cpus > 0) {
+        oversubscribed_ = std::atol(v) > cpus;
+        break;
+      }
+    }
     create(f16_ops_, apply<plexus::half, float, Rop::Sum>, apply<plexus::half, float, Rop::Max>,
            apply<plexus::half, float, Rop::Min>);
     create(bf16_ops_, apply<plexus::bfloat16, float, Rop::Sum>, apply<plexus::bfloat16, float, Rop::Max>,
@@ -143,6 +156,10 @@ class World {
 
   // A communicator failed: finalising could wait for a dead peer.
   void poison() { poisoned_ = true; }
+
+  // More ranks of the launch on this node than CPUs (the launcher's local size, OpenMPI's or
+  // MPICH's variable): a waiting rank then yields its CPU between polls.
+  bool oversubscribed() const { return oversubscribed_; }
 
   void finalize() noexcept {
     std::lock_guard<std::mutex> lock(mu_);
@@ -200,6 +217,7 @@ class World {
   std::mutex mu_;
   bool we_initialized_ = false, ops_ready_ = false;
   std::atomic<bool> poisoned_{false};
+  bool oversubscribed_ = false;
   MPI_Op f16_ops_[3]{}, bf16_ops_[3]{}, f32_max_{}, f32_min_{}, f64_max_{}, f64_min_{};
 };
 
@@ -322,6 +340,41 @@ class MpiRank final : public sdk::CommRank {
 
   void abort() override { aborted_ = true; }
 
+  // The baseline of `plexus bench comm`: the collective as the blocking MPI call a program
+  // would make itself, on this group's communicator, timed with MPI_Wtime after MPI_Barrier.
+  // No polling and no timeout (a blocking call cannot be bounded): measurement only.
+  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters, void* buf_a,
+                      void* buf_b, plx_stream) override {
+    const std::string what =
+        describe("bench_native", count, dtype) + " " + plx_collective_string(c);
+    start(what);
+    const int n = to_int(count, what);
+    to_int(count * static_cast<uint64_t>(size_), what);
+    const MPI_Datatype t = World::type(dtype);
+    const MPI_Op sum = World::get().op(dtype, PLX_REDUCE_SUM);
+    check(MPI_Barrier(comm_), what);
+    const double t0 = MPI_Wtime();
+    for (int32_t i = 0; i < iters && n > 0; ++i) {
+      int rc = MPI_SUCCESS;
+      switch (c) {
+        case PLX_COLL_ALL_REDUCE:
+          rc = MPI_Allreduce(buf_a, buf_b, n, t, sum, comm_);
+          break;
+        case PLX_COLL_BROADCAST:
+          rc = MPI_Bcast(buf_b, n, t, 0, comm_);
+          break;
+        case PLX_COLL_ALL_GATHER:
+          rc = MPI_Allgather(buf_a, n, t, buf_b, n, t, comm_);
+          break;
+        case PLX_COLL_REDUCE_SCATTER:
+          rc = MPI_Reduce_scatter_block(buf_a, buf_b, n, t, sum, comm_);
+          break;
+      }
+      check(rc, what);
+    }
+    return MPI_Wtime() - t0;
+  }
+
   void check_async_error() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) throw sdk::Error(failure_status_, failure_);
@@ -377,25 +430,40 @@ class MpiRank final : public sdk::CommRank {
     throw sdk::Error(status, msg);
   }
 
-  // Polls `req` to completion, or fails on timeout or abort. Spins briefly (MPI_Test drives the
-  // transfer), then yields, then sleeps in short steps.
+  // Polls `req` to completion, or fails on timeout or abort. MPI_Test drives the transfer (a
+  // non-blocking collective advances only inside it), so the loop polls as a blocking MPI call
+  // does: back to back, yielding between polls when the node has more ranks than CPUs (OpenMPI
+  // then does the same, mpi_yield_when_idle). Only a wait that has lasted kSleepAfter sleeps
+  // between polls, to leave the CPU to others while a peer is slow or hung: a sleep lasts far
+  // longer than asked (50 us took 194 us on the 2-core VM) and can delay a running operation by
+  // as much, several percent of a 1-10 ms collective; and a yield on a busy machine can hand
+  // the CPU to another process for a whole time slice.
   void wait(MPI_Request& req, const std::string& what, MPI_Status* status = nullptr) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+    const auto begin = Clock::now();
+    const auto deadline = begin + std::chrono::milliseconds(timeout_ms_);
+    const bool yield = World::get().oversubscribed();
     MPI_Status local;
-    for (uint64_t spins = 0;; ++spins) {
+    bool sleeping = false;
+    for (uint64_t polls = 1;; ++polls) {
       int done = 0;
       check(MPI_Test(&req, &done, status ? status : &local), what);
       if (done) return;
       if (aborted_)
         fail(PLX_ERR_ABORTED, "mpi: " + what + " on rank " + std::to_string(rank_) +
                                   ": the communicator was aborted while it waited");
-      if ((spins & 255) == 0 && Clock::now() > deadline)
-        fail(PLX_ERR_TIMEOUT, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
-                                  std::to_string(size_) + " did not complete within " +
-                                  std::to_string(timeout_ms_) +
-                                  " ms: a peer is hung, dead or not making the same call");
-      if (spins > 20000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else if (spins > 2000) std::this_thread::yield();
+      if (sleeping || yield || polls % 256 == 0) {  // a yield can last a time slice
+        const auto now = Clock::now();
+        if (now > deadline)
+          fail(PLX_ERR_TIMEOUT, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
+                                    std::to_string(size_) + " did not complete within " +
+                                    std::to_string(timeout_ms_) +
+                                    " ms: a peer is hung, dead or not making the same call");
+        sleeping = now - begin > kSleepAfter;
+      }
+      if (sleeping)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (yield)
+        std::this_thread::yield();
     }
   }
 
@@ -459,6 +527,7 @@ class MpiRank final : public sdk::CommRank {
 class MpiCommunicator final : public sdk::Communicator {
  public:
   MpiCommunicator() : sdk::Communicator("mpi", "cpu") {}
+  bool has_bench_native() const override { return true; }
 
   plx_comm_id unique_id() override {
     World::get().ensure();

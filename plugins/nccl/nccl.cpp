@@ -476,6 +476,50 @@ class NcclRank final : public sdk::CommRank {
     for (GroupStream& g : streams) watch(g.start, g.stream, g.first, g.ops);
   }
 
+  // The baseline of `plexus bench comm`: `iters` NCCL calls issued straight on the
+  // communicator and stream, then one stream synchronisation, timed on the host clock after an
+  // NCCL barrier (a one-int all-reduce, synchronised). No argument checks, events or watchdog;
+  // only what NCCL itself asks of a non-blocking communicator (waiting out ncclInProgress).
+  // The stream synchronisation is not bounded by the timeout: measurement only.
+  double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters, void* buf_a,
+                      void* buf_b, plx_stream s) override {
+    OpDesc d{"bench_native", count, dtype, -1, -1, -1};
+    d.kind = plx_collective_string(c);
+    throw_if_failed(d);
+    check_count(d);
+    const ncclDataType_t t = nccl_type(dtype);
+    const cudaStream_t cs = native_stream(s);
+    DeviceGuard guard(device_);
+    auto run = [&](auto&& issue) {
+      std::unique_lock<std::timed_mutex> lk(comm_mu_);
+      if (!comm_.load()) throw_failed(d);
+      const ncclResult_t r = issue(comm_.load());
+      if (r != ncclSuccess && r != ncclInProgress) raise(lk, r, d);
+      if (r == ncclInProgress) wait_ready(lk, d);
+    };
+    run([&](ncclComm_t comm) {
+      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm, cs);
+    });
+    NCCL_PLX_CUDA_CHECK(cudaStreamSynchronize(cs));
+    const auto t0 = Clock::now();
+    for (int32_t i = 0; i < iters && count > 0; ++i)
+      run([&](ncclComm_t comm) {
+        switch (c) {
+          case PLX_COLL_ALL_REDUCE:
+            return ncclAllReduce(buf_a, buf_b, count, t, ncclSum, comm, cs);
+          case PLX_COLL_BROADCAST:
+            return ncclBroadcast(buf_b, buf_b, count, t, 0, comm, cs);
+          case PLX_COLL_ALL_GATHER:
+            return ncclAllGather(buf_a, buf_b, count, t, comm, cs);
+          case PLX_COLL_REDUCE_SCATTER:
+            return ncclReduceScatter(buf_a, buf_b, count, t, ncclSum, comm, cs);
+        }
+        return ncclInvalidArgument;
+      });
+    NCCL_PLX_CUDA_CHECK(cudaStreamSynchronize(cs));
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
   void abort() override {
     fail(PLX_ERR_ABORTED, sdk::format("abort() was called on rank %d", rank_));
     abort_comm(/*wait_for_lock=*/true);
@@ -1022,6 +1066,7 @@ class NcclRank final : public sdk::CommRank {
 class NcclCommunicator final : public sdk::Communicator {
  public:
   explicit NcclCommunicator(Options o) : sdk::Communicator("nccl", "cuda"), options_(o) {}
+  bool has_bench_native() const override { return true; }
 
   plx_comm_id unique_id() override {
     ncclUniqueId uid;

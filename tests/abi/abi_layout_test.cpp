@@ -1,9 +1,12 @@
-// Pins the layout of every struct of plugin ABI 1.0 (x86-64 / LP64).
+// Pins the layout of every struct of plugin ABI 1.1 (x86-64 / LP64).
 //
 // Once released an ABI header is frozen: a field may only be appended (with the minor version
 // bumped), never inserted, resized or reordered, or plugins built earlier would read the wrong
-// slots. If one of these assertions fails, the change broke ABI 1.0: undo it, or append the
+// slots. If one of these assertions fails, the change broke the ABI: undo it, or append the
 // field at the end, bump PLX_ABI_MINOR and add the new size here as a new line.
+//
+// History: 1.1 appended plx_comm.bench_native (plx_comm 160 -> 168 bytes; a 1.0 table of 160
+// bytes stays valid, PLX_COMM_SIZE_1_0).
 //
 // The static_asserts fail the build; the test case repeats them at run time so the suite lists
 // the check and reports each struct.
@@ -166,7 +169,7 @@ PLX_PIN_FIELD(plx_comm_config, backend, 16)
 PLX_PIN_FIELD(plx_comm_config, id, 24)
 PLX_PIN_FIELD(plx_comm_config, timeout_ms, 152)
 PLX_PIN_FIELD(plx_comm_config, reserved0, 156)
-PLX_PIN_SIZE(plx_comm, 160, 8)
+PLX_PIN_SIZE(plx_comm, 168, 8)
 PLX_PIN_FIELD(plx_comm, struct_size, 0)
 PLX_PIN_FIELD(plx_comm, reserved0, 4)
 PLX_PIN_FIELD(plx_comm, name, 8)
@@ -188,6 +191,8 @@ PLX_PIN_FIELD(plx_comm, barrier, 128)
 PLX_PIN_FIELD(plx_comm, group_begin, 136)
 PLX_PIN_FIELD(plx_comm, group_end, 144)
 PLX_PIN_FIELD(plx_comm, get_async_error, 152)
+static_assert(PLX_COMM_SIZE_1_0 == 160, "plx_comm of ABI 1.0 was 160 bytes");
+PLX_PIN_FIELD(plx_comm, bench_native, 160)  // 1.1
 PLX_PIN_SIZE(plx_option, 16, 8)
 PLX_PIN_FIELD(plx_option, key, 0)
 PLX_PIN_FIELD(plx_option, value, 8)
@@ -226,7 +231,7 @@ struct Pin {
 
 }  // namespace
 
-TEST_CASE("ABI 1.0 struct sizes are pinned", "[abi]") {
+TEST_CASE("ABI 1.1 struct sizes are pinned", "[abi]") {
   const Pin pins[] = {
       {"plx_tensor", sizeof(plx_tensor), 152},
       {"plx_attr", sizeof(plx_attr), 56},
@@ -242,7 +247,8 @@ TEST_CASE("ABI 1.0 struct sizes are pinned", "[abi]") {
       {"plx_backend", sizeof(plx_backend), 240},
       {"plx_comm_id", sizeof(plx_comm_id), 128},
       {"plx_comm_config", sizeof(plx_comm_config), 160},
-      {"plx_comm", sizeof(plx_comm), 160},
+      {"plx_comm", sizeof(plx_comm), 168},
+      {"plx_comm of ABI 1.0", PLX_COMM_SIZE_1_0, 160},
       {"plx_option", sizeof(plx_option), 16},
       {"plx_host", sizeof(plx_host), 40},
       {"plx_plugin", sizeof(plx_plugin), 104},
@@ -253,8 +259,9 @@ TEST_CASE("ABI 1.0 struct sizes are pinned", "[abi]") {
   }
 }
 
-TEST_CASE("ABI 1.0 enumerations keep their values", "[abi]") {
+TEST_CASE("ABI 1.1 enumerations keep their values", "[abi]") {
   CHECK(PLX_ABI_MAJOR == 1);
+  CHECK(PLX_ABI_MINOR == 1);
   CHECK(PLX_MAX_DIMS == 8);
   CHECK(PLX_OK == 0);
   CHECK(PLX_ERR_INVALID_ARGUMENT == 1);
@@ -287,6 +294,12 @@ TEST_CASE("ABI 1.0 enumerations keep their values", "[abi]") {
   CHECK(PLX_REDUCE_AVG == 1);
   CHECK(PLX_REDUCE_MAX == 2);
   CHECK(PLX_REDUCE_MIN == 3);
+  CHECK(PLX_COLL_ALL_REDUCE == 0);
+  CHECK(PLX_COLL_BROADCAST == 1);
+  CHECK(PLX_COLL_ALL_GATHER == 2);
+  CHECK(PLX_COLL_REDUCE_SCATTER == 3);
+  CHECK(std::string(plx_collective_string(PLX_COLL_REDUCE_SCATTER)) == "reduce_scatter");
+  CHECK(std::string(plx_collective_string(4)) == "invalid");
   CHECK(PLX_LOG_TRACE == 0);
   CHECK(PLX_LOG_OFF == 5);
 }

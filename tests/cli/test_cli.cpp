@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "plexus/json.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus::test;
@@ -53,7 +55,8 @@ TEST_CASE("plexus info lists the CPU plugin, its device and its ops", "[cpu][cli
   REQUIRE(r.status == 0);
   // The build tree's plugins: cpu, and cuda where the toolkit was found.
   CHECK_THAT(r.output, PLX_CONTAINS(expected_plugins_line()));
-  CHECK_THAT(r.output, PLX_CONTAINS("cpu 0.1.0  ABI 1.0"));
+  CHECK_THAT(r.output, PLX_CONTAINS("cpu 0.1.0  ABI " + std::to_string(PLX_ABI_MAJOR) + "." +
+                                    std::to_string(PLX_ABI_MINOR)));
   CHECK_THAT(r.output, PLX_CONTAINS("libplexus-cpu.so"));
   CHECK_THAT(r.output, PLX_CONTAINS("[0] CPU: "));
   CHECK_THAT(r.output, PLX_CONTAINS("relu"));
@@ -95,7 +98,7 @@ TEST_CASE("broken plugins in PLEXUS_PLUGIN_PATH are reported and skipped", "[cpu
   CHECK_THAT(r.output, PLX_CONTAINS(expected_plugins_line()));
   CHECK_THAT(r.output, PLX_CONTAINS("Plugins skipped (6):"));
   CHECK_THAT(r.output, PLX_CONTAINS("libplexus-badabi.so"));
-  CHECK_THAT(r.output, PLX_CONTAINS("built for plugin ABI 99.0"));
+  CHECK_THAT(r.output, PLX_CONTAINS("built for plugin ABI 99." + std::to_string(PLX_ABI_MINOR)));
   CHECK_THAT(r.output, PLX_CONTAINS("init failed (backend error): simulated failure"));
   CHECK_THAT(r.output, PLX_CONTAINS("not a loadable shared library"));
   CHECK_THAT(r.output, PLX_CONTAINS("[warning] skipped plugin"));
@@ -236,4 +239,89 @@ TEST_CASE("a killed run leaves a checkpoint that reads and resumes", "[cpu][cli]
   // max_steps already passed or reached at once: either way the checkpoint was read whole.
   CHECK(resumed.status == 0);
   CHECK_THAT(resumed.output, PLX_CONTAINS("resuming"));
+}
+
+TEST_CASE("plexus bench comm names a bad option and its value, exit 2", "[cpu][cli][bench]") {
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"--max-bytes 12Q", "plexus bench comm: --max-bytes: '12Q' is not a size in bytes"},
+      {"--min-bytes 1M --max-bytes 8", "--min-bytes 1048576 is larger than --max-bytes 8"},
+      {"--ops all_reduce,alltoall",
+       "--ops: unknown collective 'alltoall' in 'all_reduce,alltoall'"},
+      {"--dtype f8", "--dtype: 'f8' is not a dtype"},
+      {"--factor 1", "--factor: must be at least 2, got 1"},
+      {"--rounds 0", "--rounds: must be >= 1, got 0"},
+      {"--backend vulkan", "--comm: no default communicator for backend 'vulkan'"},
+  };
+  for (const Case& c : cases) {
+    const Run r = run_plexus(std::string("bench comm ") + c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, PLX_CONTAINS(c.says));
+  }
+}
+
+TEST_CASE("plexus bench comm names a communicator it cannot find and what it found",
+          "[cpu][cli][bench]") {
+  const Run r = run_plexus("bench comm --comm carrier-pigeon --max-bytes 1K");
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, PLX_CONTAINS("communicator 'carrier-pigeon' is not available") &&
+                           PLX_CONTAINS("plugins loaded: cpu"));
+}
+
+TEST_CASE("plexus bench comm in one process prints the table and writes JSON",
+          "[cpu][cli][bench][mpi]") {
+  if (!fs::exists(fs::path(plugin_dir()) / "libplexus-mpi.so"))
+    PLX_SKIP("the mpi plugin was not built (no MPI found at configure time)");
+  const TempDir tmp("cli-bench");
+  const std::string json = tmp / "comm.json";
+  // One process without a launcher: MPI starts as a singleton, a group of one.
+  const Run r = run_plexus(
+      "bench comm --ops all_reduce,all_gather --max-bytes 1K --iters 2 "
+      "--warmup 1 --rounds 1 --json " +
+      json);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("# plexus bench comm: mpi on cpu, 1 rank, f32"));
+  CHECK_THAT(r.output, PLX_CONTAINS("busbw(GB/s)") && PLX_CONTAINS("native(us)"));
+  CHECK_THAT(r.output,
+             PLX_CONTAINS("# max overhead at >= 1 MiB: n/a (no size of 1 MiB or more was run)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const plexus::JsonValue v = plexus::parse_json(text, json);
+  CHECK(v.at("comm").string == "mpi");
+  CHECK(v.at("ranks").integer == 1);
+  CHECK(v.at("native").boolean);
+  const auto& rows = v.at("rows").items;
+  REQUIRE(rows.size() == 16);  // 8 B .. 1 KiB: 8 sizes, twice
+  CHECK(rows[0].at("collective").string == "all_reduce");
+  CHECK(rows[0].at("bytes").integer == 8);
+  CHECK(rows[0].at("count").integer == 2);
+  CHECK(rows[0].at("iters").integer == 2);
+  CHECK(rows[0].at("time_us").number > 0);
+  CHECK(rows[0].at("busbw_gbs").number == 0);  // one rank: nothing crosses a bus
+  CHECK(rows[0].at("native_time_us").kind == plexus::JsonValue::Kind::Number);
+  CHECK(rows[15].at("collective").string == "all_gather");
+  CHECK(rows[15].at("bytes").integer == 1024);
+  CHECK(rows[15].at("wrong").integer == 0);
+}
+
+TEST_CASE("plexus bench comm over a communicator without a native baseline says so",
+          "[cpu][cli][bench]") {
+  // threads (ranks as threads of one process) has no library under it: a group of one here.
+  const Run r =
+      run_plexus("bench comm --comm threads --ops all_reduce --max-bytes 64 --iters 2 --rounds 1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("# native: none (communicator 'threads' has no bench_native)"));
+  CHECK_THAT(
+      r.output,
+      PLX_CONTAINS(
+          "# max overhead at >= 1 MiB: n/a (communicator 'threads' has no native baseline)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
 }

@@ -33,6 +33,7 @@
 
 #include "plexus/backend.hpp"
 #include "plexus/communicator.hpp"
+#include "plexus/parallel.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
 
@@ -226,11 +227,6 @@ void run_suite(CommGroup& g, Failures& f) {
   f.expect(true, "");
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -282,8 +278,7 @@ int main(int argc, char** argv) {
   int rank = -1, size = -1;
   try {
     std::unique_ptr<CommGroup> boot, group;
-    const int local = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", 0));
-    const int32_t dev = local % be->device_count();
+    const int32_t dev = launch_info().local_rank % be->device_count();
     if (!scenario.empty()) {
       if (timeout_ms <= 0) timeout_ms = 1000;
       group = comm->join(*be, dev, -1, -1, plx_comm_id{}, timeout_ms);
@@ -307,18 +302,11 @@ int main(int argc, char** argv) {
         group.reset();
         _exit(0);  // MPI cannot be finalised with a peer missing; the launcher sees the exit
       }
-    } else if (bootstrap.empty()) {
-      group = comm->join(*be, dev, -1, -1, plx_comm_id{});
     } else {
-      Communicator& bc = rt.communicator(bootstrap);
-      boot = bc.join(rt.backend(bc.backends().at(0)), 0, -1, -1, plx_comm_id{});
-      plx_comm_id id{};
-      if (boot->rank() == 0) id = comm->unique_id();
-      const Tensor idt = Tensor::from_host(boot->backend(), id.bytes, {128}, PLX_U8, 0);
-      boot->broadcast(idt, idt, 0);
-      boot->backend().sync(0);
-      std::memcpy(id.bytes, idt.to_vector<uint8_t>().data(), 128);
-      group = comm->join(*be, dev, boot->rank(), boot->size(), id);
+      // Directly from the launcher, or (--bootstrap) with the id broadcast over its group.
+      LaunchGroup lg = join_launch(rt, *comm, *be, dev, bootstrap);
+      boot = std::move(lg.bootstrap);
+      group = std::move(lg.group);
     }
     rank = group->rank();
     size = group->size();

@@ -23,6 +23,7 @@ TEST_CASE("the mpi communicator takes cpu buffers and refuses half-given ranks",
   if (!c) PLX_SKIP("the mpi plugin was not built (no MPI found at configure time)");
   CHECK(c->backends() == std::vector<std::string>{"cpu"});
   CHECK(c->plugin().name() == "mpi");
+  CHECK(c->table().bench_native != nullptr);  // plexus bench comm's native baseline
   CHECK_THROWS_WITH(c->join(cpu(), 0, 0, -1, plx_comm_id{}),
                     PLX_CONTAINS("rank and size are both -1 (from the launcher) or both given"));
   CHECK_THROWS_WITH(c->join(cpu(), 0, -1, -1, plx_comm_id{}, -5),

@@ -59,11 +59,12 @@ TEST_CASE("broken plugins are skipped with their reason while the good ones load
 
   const struct {
     const char* file;
-    const char* reason;
+    std::string reason;
   } expected[] = {
       {"libplexus-notalib.so", "not a loadable shared library"},
       {"libplexus-noentry.so", "no entry point 'plexus_plugin_entry'"},
-      {"libplexus-badabi.so", "built for plugin ABI 99.0, this host speaks 1.0"},
+      {"libplexus-badabi.so", "built for plugin ABI 99." + std::to_string(PLX_ABI_MINOR) +
+                                  ", this host speaks 1." + std::to_string(PLX_ABI_MINOR)},
       {"libplexus-smalldesc.so", "descriptor is 16 bytes"},
       {"libplexus-initfail.so", "init failed (backend error): simulated failure: no device found"},
       {"libplexus-noslot.so", "backend 'noslot' lacks required slot"},
@@ -229,4 +230,18 @@ TEST_CASE("asking for a backend that is not loaded names the loaded ones", "[cpu
 TEST_CASE("with no plugins at all the error says where it looked", "[cpu][loader]") {
   Runtime rt(only({"/nonexistent/dir"}));
   REQUIRE_THROWS_WITH(rt.backend("cpu"), PLX_CONTAINS("searched: /nonexistent/dir"));
+}
+
+// Appending a slot (ABI 1.1: plx_comm.bench_native) must not strand plugins built against 1.0:
+// their shorter table loads; one shorter than 1.0's is refused, naming both sizes.
+TEST_CASE("a communicator table of ABI 1.0 still loads, a shorter one is refused",
+          "[cpu][loader][comm]") {
+  Runtime rt(only({fixture_dir() + "/abi10", plugin_dir()}));
+  CHECK(loaded(rt, "abi10"));
+  bool listed = false;
+  for (const Communicator* c : rt.communicators()) listed = listed || c->name() == "abi10";
+  CHECK(listed);
+  const SkippedPlugin* s = skipped_file(rt, "libplexus-commsmall.so");
+  REQUIRE(s != nullptr);
+  CHECK_THAT(s->reason, PLX_CONTAINS("communicator 0 table is 152 bytes, ABI 1.0 needs 160"));
 }

@@ -8,6 +8,7 @@
 // As in test_comm_threads.cpp, rank threads only record what they saw; the main thread asserts.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -141,6 +142,8 @@ TEST_CASE("nccl communicator is listed and accepts cuda buffers only", "[cpu][co
   CHECK(t.group_begin != nullptr);
   CHECK(t.group_end != nullptr);
   CHECK(t.get_async_error != nullptr);
+  CHECK(t.struct_size >= offsetof(plx_comm, bench_native) + sizeof(void*));
+  CHECK(t.bench_native != nullptr);  // plexus bench comm's native baseline
 
   // The core refuses other backends before calling the plugin ...
   REQUIRE_THROWS_WITH(c.join(cpu(), 0, 0, 1, plx_comm_id{}),
@@ -231,6 +234,30 @@ TEST_CASE("nccl single rank: every collective, op and dtype, exact", "[cuda][com
   }
   g->barrier();
   gpu.sync(0);
+  g->check_async_error();
+}
+
+// plexus bench comm's baseline: NCCL called directly moves the same data as the plugin's slots.
+TEST_CASE("nccl single rank: bench_native runs each collective, with the right results",
+          "[cuda][comm][bench]") {
+  PLX_REQUIRE_CUDA(gpu);
+  PLX_REQUIRE_NCCL(c);
+  std::unique_ptr<CommGroup> g = c.join(gpu, 0, 0, 1, c.unique_id(), kTimeoutMs);
+  REQUIRE(g->has_bench_native());
+  const int64_t n = 1000;
+  const std::vector<double> x = values(PLX_F32, n);
+  for (plx_collective coll :
+       {PLX_COLL_ALL_REDUCE, PLX_COLL_BROADCAST, PLX_COLL_ALL_GATHER, PLX_COLL_REDUCE_SCATTER}) {
+    INFO(plx_collective_string(coll));
+    const Tensor send = on_gpu(gpu, x, PLX_F32);
+    // Broadcast is in place in recv (root 0), so recv starts as the data there.
+    const Tensor recv =
+        on_gpu(gpu, coll == PLX_COLL_BROADCAST ? x : values(PLX_F32, n, 5), PLX_F32);
+    const auto seconds = g->bench_native(coll, send, recv, 3);
+    REQUIRE(seconds.has_value());
+    CHECK(*seconds > 0);
+    CHECK_ALLCLOSE(recv.to_doubles(), x, kExact);  // one rank: every collective copies
+  }
   g->check_async_error();
 }
 

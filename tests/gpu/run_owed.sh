@@ -43,6 +43,11 @@ if has tests; then
       --comm nccl --backend cuda --bootstrap mpi > "$OUT/nccl-conformance.log" 2>&1
     echo "exit $?" >> "$OUT/nccl-conformance.log"
     tail -25 "$OUT/nccl-conformance.log" | tee -a "$OUT/summary.txt"
+    stamp "plexus bench comm over nccl (one GPU: one rank, so busbw is 0; time and overhead count)"
+    timeout 500 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus bench comm \
+      --backend cuda --json "$OUT/bench-comm-nccl.json" > "$OUT/bench-comm-nccl.log" 2>&1
+    echo "exit $?" >> "$OUT/bench-comm-nccl.log"
+    grep -E '^#|exit' "$OUT/bench-comm-nccl.log" | tail -8 | tee -a "$OUT/summary.txt"
   else
     echo "no mpirun on this machine: nccl conformance not run" | tee -a "$OUT/summary.txt"
   fi

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@ namespace plexus {
 
 class Backend;
 class LoadedPlugin;
+class Runtime;
 class Tensor;
 
 class CommGroup;
@@ -76,6 +78,15 @@ class CommGroup {
   // gradient all-reduces on a stream of their own); nullptr: the backend's default stream.
   void set_stream(plx_stream s) { stream_ = s; }
 
+  // Whether the plugin gives a native baseline (plx_comm.bench_native, ABI 1.1).
+  bool has_bench_native() const;
+  // The native baseline: `iters` calls of `collective` made straight on the plugin's library
+  // (MPI, NCCL), nothing of Plexus between, for measuring our layer's overhead. Tensors as the
+  // collective's method takes them (sums; broadcast in place in `recv` from root 0, `send`
+  // unused). Collective and blocking; the seconds, or nullopt when the plugin has no baseline.
+  std::optional<double> bench_native(plx_collective collective, const Tensor& send,
+                                     const Tensor& recv, int32_t iters);
+
  private:
   plx_stream stream() const;
   const Communicator& comm_;
@@ -84,5 +95,22 @@ class CommGroup {
   plx_comm_handle h_;
   plx_stream stream_ = nullptr;
 };
+
+// ---- launching: one rank per process under a launcher (mpirun) ----
+
+// Where a process sits in the launch (rank, local rank): launch_info() in parallel.hpp.
+
+// A group of every process of the launch. `group` is destroyed before `bootstrap`.
+struct LaunchGroup {
+  std::unique_ptr<CommGroup> bootstrap;  // the launcher's group that carried the id, if used
+  std::unique_ptr<CommGroup> group;
+};
+// Joins `comm` on (backend, device) with every process of the launch. With `bootstrap` empty
+// or naming `comm` itself, `comm` takes rank and size from the launcher (rank and size -1, as
+// "mpi" does). Otherwise (NCCL, which has no launcher of its own) the communicator `bootstrap`
+// joins that way first, on its first backend's device 0; rank 0 makes `comm`'s id and
+// broadcasts it over that group, and every process joins `comm` with the group's rank and size.
+LaunchGroup join_launch(Runtime& rt, const Communicator& comm, Backend& backend, int32_t device,
+                        const std::string& bootstrap, int32_t timeout_ms = 0);
 
 }  // namespace plexus

@@ -266,7 +266,7 @@ struct Parallel {
 
 // Joins the launch's groups: a control group over MPI, and the data group over parallel.comm
 // (NCCL's unique id travels over the control group).
-void join_launch(Parallel& par, Runtime& rt, const Config& cfg, Backend& backend, int32_t device) {
+void join_groups(Parallel& par, Runtime& rt, const Config& cfg, Backend& backend, int32_t device) {
   const std::string where = "launched as rank " + std::to_string(par.rank()) + " of " +
                             std::to_string(par.size()) + " (" + par.launch.source + ")";
   const auto timeout_ms =
@@ -433,7 +433,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   opt.beta1 = cfg.get_float("train.beta1");
   opt.beta2 = cfg.get_float("train.beta2");
   opt.eps = cfg.get_float("train.eps");
-  if (par.active()) join_launch(par, rt, cfg, backend, device);
+  if (par.active()) join_groups(par, rt, cfg, backend, device);
   TensorStore store;
   ExecutableOptions eo;
   eo.device = device;

@@ -32,6 +32,25 @@ static inline const char* plx_reduce_op_string(int32_t op) {
   return "invalid";
 }
 
+/* The collectives bench_native can time (ABI 1.1). */
+typedef enum plx_collective {
+  PLX_COLL_ALL_REDUCE = 0,
+  PLX_COLL_BROADCAST = 1,
+  PLX_COLL_ALL_GATHER = 2,
+  PLX_COLL_REDUCE_SCATTER = 3
+} plx_collective;
+
+/* A short, static name of a collective ("all_reduce"); "invalid" for any other value. */
+static inline const char* plx_collective_string(int32_t c) {
+  switch (c) {
+    case PLX_COLL_ALL_REDUCE: return "all_reduce";
+    case PLX_COLL_BROADCAST: return "broadcast";
+    case PLX_COLL_ALL_GATHER: return "all_gather";
+    case PLX_COLL_REDUCE_SCATTER: return "reduce_scatter";
+  }
+  return "invalid";
+}
+
 /* An opaque identifier that lets ranks find one another. Rank 0 makes it with get_unique_id;
  * the host carries it to the other ranks (through the launcher, a file or a store). */
 typedef struct plx_comm_id {
@@ -109,7 +128,31 @@ typedef struct plx_comm {
   /* Optional: an error that happened asynchronously (a peer died mid-operation), or PLX_OK.
    * Never blocks. NULL: errors are only reported by the operations themselves. */
   plx_status (*get_async_error)(plx_comm_handle comm);
+
+  /* ---- ABI 1.1: read only when struct_size >= offsetof(plx_comm, bench_native) + 8 ---- */
+
+  /* Optional: the baseline `plexus bench comm` measures this table's overhead against. Times
+   * `iters` back-to-back calls of `collective` made directly on the underlying library
+   * (MPI_Allreduce on the group's MPI communicator, ncclAllReduce on its NCCL communicator...),
+   * with nothing of Plexus in between, and writes the elapsed wall-clock seconds to *seconds.
+   * Collective over the group: every rank calls it with the same arguments. Blocking: it starts
+   * with a barrier of the library (so that the ranks start together) and returns when this
+   * rank's last call has completed (for a device, `stream` synchronised); the timed span starts
+   * after the barrier. Buffers of cfg.backend, as the collective's slot takes them: buf_a is
+   * send, buf_b recv; all_reduce `count` elements each, all_gather send count and recv
+   * size * count, reduce_scatter send size * count and recv count; broadcast is in place in
+   * buf_b (count elements, root 0; buf_a is not used). Reductions are sums. For measurement
+   * only: unlike the other slots it need not honour the timeout or abort() (a blocking MPI call
+   * cannot be bounded), so a peer that never calls it can hang it. iters >= 1. NULL (or a table
+   * of ABI 1.0): the communicator has no such baseline. */
+  plx_status (*bench_native)(plx_comm_handle comm, int32_t collective, uint64_t count,
+                             int32_t dtype, int32_t iters, void* buf_a, void* buf_b,
+                             plx_stream stream, double* seconds);
 } plx_comm;
+
+/* The size of a plx_comm of ABI 1.0, which ends at get_async_error: a host accepts tables this
+ * large and reads no slot past it in them. */
+#define PLX_COMM_SIZE_1_0 ((uint32_t)offsetof(plx_comm, bench_native))
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -18,7 +18,7 @@ extern "C" {
  * newer minor is accepted, and the host only reads the fields its own minor knows (struct_size
  * tells it how far the plugin's tables reach). */
 #define PLX_ABI_MAJOR 1
-#define PLX_ABI_MINOR 0
+#define PLX_ABI_MINOR 1
 
 /* Up to this many dimensions in a tensor view. */
 #define PLX_MAX_DIMS 8

@@ -40,6 +40,14 @@ class CommRank {
   // A failure seen asynchronously (a dead peer), thrown as an Error; nothing if none. A failed
   // communicator does not recover, so it keeps reporting the failure.
   virtual void check_async_error() {}
+  // The bench_native slot (plexus/abi/comm.h has the contract): times `iters` calls of `c` made
+  // directly on the underlying library and returns the seconds. Called only when the
+  // Communicator's has_bench_native() says so.
+  virtual double bench_native(plx_collective c, uint64_t count, plx_dtype dtype, int32_t iters,
+                              void* buf_a, void* buf_b, plx_stream s) {
+    (void)c, (void)count, (void)dtype, (void)iters, (void)buf_a, (void)buf_b, (void)s;
+    throw Unsupported("bench_native: this communicator has no native baseline");
+  }
 };
 
 class Communicator {
@@ -52,6 +60,8 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   const std::string& name() const { return name_; }
+  // Whether its ranks implement bench_native (the table's slot is NULL otherwise).
+  virtual bool has_bench_native() const { return false; }
   virtual plx_comm_id unique_id() = 0;
   virtual std::unique_ptr<CommRank> init_rank(const plx_comm_config& cfg) = 0;
 
@@ -139,6 +149,18 @@ class Communicator {
     t.get_async_error = [](plx_comm_handle h) {
       return detail::guard([&] { r(h)->check_async_error(); });
     };
+    if (has_bench_native())
+      t.bench_native = [](plx_comm_handle h, int32_t c, uint64_t n, int32_t dtype, int32_t iters,
+                          void* a, void* b, plx_stream st, double* seconds) {
+        return detail::guard([&] {
+          PLX_REQUIRE(c >= PLX_COLL_ALL_REDUCE && c <= PLX_COLL_REDUCE_SCATTER,
+                      "bench_native: invalid collective %d", c);
+          PLX_REQUIRE(iters >= 1, "bench_native: iters must be >= 1, got %d", iters);
+          PLX_REQUIRE(seconds != nullptr, "bench_native: seconds is null");
+          *seconds =
+              r(h)->bench_native(static_cast<plx_collective>(c), n, dt(dtype), iters, a, b, st);
+        });
+      };
   }
 
   std::string name_, backends_;
