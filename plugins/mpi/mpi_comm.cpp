@@ -22,6 +22,13 @@
 // rank is seen everywhere) use our MPI_Op functions. avg is the sum divided by the group size
 // (integers truncated toward zero). Integer sums wrap as C's do.
 //
+// Option `blocking = true` ([plugins.options.mpi]): the collectives call MPI's blocking functions
+// (MPI_Allreduce, ...), which OpenMPI runs with faster algorithms than the non-blocking ones
+// (docs/benchmarks.md). A blocking call cannot be abandoned, so the timeout is kept by a
+// watchdog thread that ends the whole job (MPI_Abort, after printing the operation, rank and
+// limit) when a call outlives it: no hang either way, but no recoverable PLX_ERR_TIMEOUT.
+// Point to point stays non-blocking (group_begin/group_end needs it).
+//
 // Point to point is matched by (peer, order of issue), MPI's non-overtaking rule. A send and
 // its matching recv issued in opposite orders on two ranks (a ring exchange) must sit between
 // group_begin and group_end, as with NCCL: the requests are then completed together at
@@ -32,6 +39,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <thread>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -221,13 +232,71 @@ class World {
   MPI_Op f16_ops_[3]{}, bf16_ops_[3]{}, f32_max_{}, f32_min_{}, f64_max_{}, f64_min_{};
 };
 
+// Blocking mode's timeout: ends the job when an armed call outlives its deadline.
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static Watchdog& get() {
+    static Watchdog w;
+    return w;
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // `message` is printed if the deadline passes first.
+  uint64_t arm(std::string message, Clock::time_point deadline) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    const uint64_t id = ++next_;
+    armed_.emplace(id, Armed{deadline, std::move(message)});
+    return id;
+  }
+  void disarm(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    armed_.erase(id);
+  }
+
+ private:
+  struct Armed {
+    Clock::time_point deadline;
+    std::string message;
+  };
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(20));
+      const auto now = Clock::now();
+      for (const auto& [id, a] : armed_)
+        if (now > a.deadline) {
+          std::fprintf(stderr, "plexus: %s; ending the job (the mpi communicator's blocking mode "
+                               "cannot abandon an MPI call)\n", a.message.c_str());
+          std::fflush(stderr);
+          World::get().poison();
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Armed> armed_;
+  uint64_t next_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 size_t elem_size(plx_dtype d) { return plexus::dtype_size(d); }
 
 // ---- one rank ----
 
 class MpiRank final : public sdk::CommRank {
  public:
-  MpiRank(MPI_Comm comm, int32_t timeout_ms) : comm_(comm), timeout_ms_(timeout_ms) {
+  MpiRank(MPI_Comm comm, int32_t timeout_ms, bool blocking)
+      : comm_(comm), timeout_ms_(timeout_ms), blocking_(blocking) {
     PLX_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     PLX_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
@@ -244,11 +313,12 @@ class MpiRank final : public sdk::CommRank {
     start(what);
     const int n = to_int(count, what);
     if (n == 0) return;
-    MPI_Request req;
-    check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, World::type(dtype),
-                         World::get().op(dtype, op), comm_, &req),
-          what);
-    wait(req, what);
+    const void* in = send == recv ? MPI_IN_PLACE : send;
+    const MPI_Datatype t = World::type(dtype);
+    const MPI_Op o = World::get().op(dtype, op);
+    collective(
+        what, [&] { return MPI_Allreduce(in, recv, n, t, o, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, t, o, comm_, r); });
     if (op == PLX_REDUCE_AVG) divide(recv, count, dtype);
   }
 
@@ -260,9 +330,10 @@ class MpiRank final : public sdk::CommRank {
     const int n = to_int(count, what);
     if (n == 0) return;
     if (rank_ == root && send != recv) std::memmove(recv, send, count * elem_size(dtype));
-    MPI_Request req;
-    check(MPI_Ibcast(recv, n, World::type(dtype), root, comm_, &req), what);
-    wait(req, what);
+    const MPI_Datatype t = World::type(dtype);
+    collective(
+        what, [&] { return MPI_Bcast(recv, n, t, root, comm_); },
+        [&](MPI_Request* r) { return MPI_Ibcast(recv, n, t, root, comm_, r); });
   }
 
   void all_gather(const void* send, void* recv, uint64_t count, plx_dtype dtype,
@@ -274,9 +345,10 @@ class MpiRank final : public sdk::CommRank {
     if (n == 0) return;
     const auto* mine = static_cast<const unsigned char*>(recv) + count * elem_size(dtype) * static_cast<uint64_t>(rank_);
     const MPI_Datatype t = World::type(dtype);
-    MPI_Request req;
-    check(MPI_Iallgather(send == mine ? MPI_IN_PLACE : send, n, t, recv, n, t, comm_, &req), what);
-    wait(req, what);
+    const void* in = send == mine ? MPI_IN_PLACE : send;
+    collective(
+        what, [&] { return MPI_Allgather(in, n, t, recv, n, t, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallgather(in, n, t, recv, n, t, comm_, r); });
   }
 
   void reduce_scatter(const void* send, void* recv, uint64_t count, plx_dtype dtype,
@@ -286,11 +358,11 @@ class MpiRank final : public sdk::CommRank {
     const int n = to_int(count, what);
     to_int(count * static_cast<uint64_t>(size_), what);
     if (n == 0) return;
-    MPI_Request req;
-    check(MPI_Ireduce_scatter_block(send, recv, n, World::type(dtype), World::get().op(dtype, op),
-                                    comm_, &req),
-          what);
-    wait(req, what);
+    const MPI_Datatype t = World::type(dtype);
+    const MPI_Op o = World::get().op(dtype, op);
+    collective(
+        what, [&] { return MPI_Reduce_scatter_block(send, recv, n, t, o, comm_); },
+        [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, n, t, o, comm_, r); });
     if (op == PLX_REDUCE_AVG) divide(recv, count, dtype);
   }
 
@@ -316,9 +388,8 @@ class MpiRank final : public sdk::CommRank {
   void barrier(plx_stream) override {
     const std::string what = "barrier";
     start(what);
-    MPI_Request req;
-    check(MPI_Ibarrier(comm_, &req), what);
-    wait(req, what);
+    collective(
+        what, [&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
   bool has_group() const override { return true; }
@@ -467,6 +538,27 @@ class MpiRank final : public sdk::CommRank {
     }
   }
 
+  // A collective: the blocking call under the watchdog (blocking mode), or the non-blocking one
+  // polled against the timeout.
+  template <class Blocking, class Start>
+  void collective(const std::string& what, Blocking blocking_call, Start start_call) {
+    if (blocking_) {
+      Watchdog& w = Watchdog::get();
+      const uint64_t id = w.arm("mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
+                                    std::to_string(size_) + " did not complete within " +
+                                    std::to_string(timeout_ms_) +
+                                    " ms: a peer is hung, dead or not making the same call",
+                                Clock::now() + std::chrono::milliseconds(timeout_ms_));
+      const int rc = blocking_call();
+      w.disarm(id);
+      check(rc, what);
+      return;
+    }
+    MPI_Request req;
+    check(start_call(&req), what);
+    wait(req, what);
+  }
+
   // A send or recv: completed now, or at group_end inside a group.
   void finish(MPI_Request& req, const std::string& what, int64_t expect_recv, plx_dtype dtype) {
     Pending p{req, what, expect_recv, dtype};
@@ -515,6 +607,7 @@ class MpiRank final : public sdk::CommRank {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   int32_t timeout_ms_;
+  bool blocking_;
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
   bool failed_ = false;
@@ -526,7 +619,7 @@ class MpiRank final : public sdk::CommRank {
 
 class MpiCommunicator final : public sdk::Communicator {
  public:
-  MpiCommunicator() : sdk::Communicator("mpi", "cpu") {}
+  explicit MpiCommunicator(bool blocking) : sdk::Communicator("mpi", "cpu"), blocking_(blocking) {}
   bool has_bench_native() const override { return true; }
 
   plx_comm_id unique_id() override {
@@ -569,7 +662,7 @@ class MpiCommunicator final : public sdk::Communicator {
       PLX_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, cfg.rank, &comm));
     }
     PLX_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-    auto r = std::make_unique<MpiRank>(comm, timeout);
+    auto r = std::make_unique<MpiRank>(comm, timeout, blocking_);
     if (cfg.rank != -1 && (r->size() != cfg.size || r->rank() != cfg.rank)) {
       const int got = r->size();
       throw sdk::InvalidArgument(sdk::format(
@@ -579,13 +672,16 @@ class MpiCommunicator final : public sdk::Communicator {
     }
     return r;
   }
+
+ private:
+  bool blocking_;
 };
 
 class MpiPlugin final : public sdk::Plugin {
  public:
   explicit MpiPlugin(const sdk::HostContext& host) {
-    host.check_options({});
-    add_comm(std::make_unique<MpiCommunicator>());
+    host.check_options({"blocking"});
+    add_comm(std::make_unique<MpiCommunicator>(host.option_bool("blocking", false)));
   }
   ~MpiPlugin() override { World::get().finalize(); }
 };

@@ -1134,15 +1134,6 @@ class NcclCommunicator final : public sdk::Communicator {
   Options options_;
 };
 
-bool option_bool(const sdk::HostContext& host, const char* key, bool fallback) {
-  const auto v = host.option(key);
-  if (!v) return fallback;
-  if (*v == "true") return true;
-  if (*v == "false") return false;
-  throw sdk::InvalidArgument(
-      sdk::format("option '%s': expected true or false, got '%s'", key, v->c_str()));
-}
-
 class NcclPlugin final : public sdk::Plugin {
  public:
   explicit NcclPlugin(const sdk::HostContext& host) {
@@ -1152,7 +1143,7 @@ class NcclPlugin final : public sdk::Plugin {
     PLX_REQUIRE(t >= 1 && t <= INT32_MAX, "option 'timeout_ms': expected 1 to %d, got %lld",
                 INT32_MAX, static_cast<long long>(t));
     o.timeout_ms = static_cast<int32_t>(t);
-    o.watchdog = option_bool(host, "watchdog", true);
+    o.watchdog = host.option_bool("watchdog", true);
     add_comm(std::make_unique<NcclCommunicator>(o));
     // Loading touches no GPU: a machine without one loads the plugin, and init_rank says why
     // it cannot join.

@@ -26,6 +26,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -232,6 +233,7 @@ void run_suite(CommGroup& g, Failures& f) {
 int main(int argc, char** argv) {
   std::string comm_name, backend_name, bootstrap, scenario;
   int32_t timeout_ms = 0;
+  std::map<std::string, std::map<std::string, std::string>> options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -246,9 +248,18 @@ int main(int argc, char** argv) {
     else if (a == "--bootstrap") bootstrap = next();
     else if (a == "--scenario") scenario = next();
     else if (a == "--timeout-ms") timeout_ms = std::atoi(next().c_str());
+    else if (a == "--option") {  // plugin.key=value, as [plugins.options.plugin] key = value
+      const std::string o = next();
+      const size_t dot = o.find('.'), eq = o.find('=');
+      if (dot == std::string::npos || eq == std::string::npos || eq < dot) {
+        std::cerr << "conformance: --option " << o << ": expected plugin.key=value\n";
+        return 2;
+      }
+      options[o.substr(0, dot)][o.substr(dot + 1, eq - dot - 1)] = o.substr(eq + 1);
+    }
     else {
       std::cerr << "conformance: unknown argument '" << a
-                << "' (expected --comm, --backend, --bootstrap, --scenario, --timeout-ms)\n";
+                << "' (expected --comm, --backend, --bootstrap, --scenario, --timeout-ms, --option)\n";
       return 2;
     }
   }
@@ -260,6 +271,7 @@ int main(int argc, char** argv) {
   o.plugins.paths = {PLEXUS_PLUGIN_DIR};
   o.plugins.use_env = false;
   o.plugins.use_default_dir = false;
+  o.plugins.options = options;
   Runtime rt(o);
   Communicator* comm = nullptr;
   for (Communicator* c : rt.communicators())

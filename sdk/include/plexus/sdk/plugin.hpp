@@ -66,6 +66,14 @@ class HostContext {
                 static_cast<int>(key.size()), key.data(), v->c_str());
     return x;
   }
+  bool option_bool(std::string_view key, bool fallback) const {
+    const auto v = option(key);
+    if (!v) return fallback;
+    if (*v == "true") return true;
+    if (*v == "false") return false;
+    throw InvalidArgument(format("option '%.*s': expected true or false, got '%s'",
+                                 static_cast<int>(key.size()), key.data(), v->c_str()));
+  }
   // Rejects options the plugin does not know, naming them and the known ones.
   void check_options(const std::vector<std::string>& known) const {
     for (int32_t i = 0; i < host_->num_options; ++i) {
