@@ -220,6 +220,29 @@ TEST_CASE("plexus train exits 2 for a bad config and 3 for a diverged run", "[cp
   CHECK_THAT(nan.output, PLX_CONTAINS("training diverged: step"));
 }
 
+TEST_CASE("plexus train names a parallel launch that cannot work and exits 2", "[cpu][cli][train]") {
+  const TempDir tmp("cli-parallel");
+  // Pipeline stages need ranks: one process cannot hold two stages.
+  const Run one = run_plexus("train " + train_config(tmp, "pp.toml") + " --set parallel.pipeline_stages=2");
+  INFO(one.output);
+  CHECK(one.status == 2);
+  CHECK_THAT(one.output, PLX_CONTAINS("parallel.pipeline_stages = 2 needs a multiple of 2 ranks") &&
+                             PLX_CONTAINS("mpirun -np 2"));
+  // The launcher's environment is read before any group is joined.
+  const Run bad_env = run_plexus("train " + train_config(tmp, "env.toml"),
+                                 "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=x");
+  INFO(bad_env.output);
+  CHECK(bad_env.status == 2);
+  CHECK_THAT(bad_env.output, PLX_CONTAINS("OMPI_COMM_WORLD_RANK='x' is not a non-negative integer"));
+  // A global batch the ranks cannot share.
+  const Run odd = run_plexus("train " + train_config(tmp, "odd.toml") + " --set train.batch_size=64",
+                             "OMPI_COMM_WORLD_SIZE=3 OMPI_COMM_WORLD_RANK=0");
+  INFO(odd.output);
+  CHECK(odd.status == 2);
+  CHECK_THAT(odd.output, PLX_CONTAINS("train.batch_size = 64 does not divide among the 3 data-parallel "
+                                      "ranks of this launch (OMPI_COMM_WORLD_SIZE=3)"));
+}
+
 TEST_CASE("a killed run leaves a checkpoint that reads and resumes", "[cpu][cli][train]") {
   const TempDir tmp("cli-train");
   const fs::path out = tmp / "run";
