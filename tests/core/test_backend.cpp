@@ -92,7 +92,7 @@ TEST_CASE("a failing slot returns a status and the plugin's message", "[cpu][bac
   CHECK_THAT(b.plugin().last_error(), PLX_CONTAINS("one device (0), not 7"));
   REQUIRE_THROWS_AS(b.check(PLX_ERR_INVALID_ARGUMENT, "stream_create"), OpError);
   REQUIRE_THROWS_WITH(b.check(PLX_ERR_INVALID_ARGUMENT, "stream_create"),
-                      PLX_CONTAINS("backend 'cpu': stream_create: invalid argument: the CPU "
+                      PLX_CONTAINS("backend 'cpu': stream_create: invalid argument: the 'cpu' "
                                    "backend has one device (0), not 7"));
   void* p = nullptr;
   CHECK(t.mem_alloc(t.ctx, 0, PLX_MEM_DEVICE, uint64_t{1} << 62, nullptr, &p) ==
