@@ -16,7 +16,7 @@ function(plexus_add_plugin name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
   set(target plexus_plugin_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
-  target_link_libraries(${target} PRIVATE plexus::sdk ${ARG_LIBRARIES})
+  target_link_libraries(${target} PRIVATE Plexus::sdk ${ARG_LIBRARIES})
   set_target_properties(${target} PROPERTIES
     PREFIX "lib"
     OUTPUT_NAME "plexus-${name}"

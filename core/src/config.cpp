@@ -32,8 +32,8 @@ const std::vector<ConfigKey>& Config::keys() {
     add("plugins.options", ConfigType::Options, "{}",
         "Options per plugin, one table each: [plugins.options.cpu] threads = 2");
     add("backend.name", ConfigType::String, "\"auto\"",
-        "Backend to run on: auto (the first non-CPU backend with a device, else cpu) or the "
-        "name of a loaded backend");
+        "Backend to run on: auto (the first backend with a device of its own, not host "
+        "memory, else cpu) or the name of a loaded backend");
     add("backend.device", ConfigType::Int, "0", "Device index on that backend").min = 0;
     add("backend.fallback", ConfigType::String, "\"\"",
         "Backend that runs ops the chosen backend has no kernel for, each fallback logged and "

@@ -121,8 +121,11 @@ Backend& Runtime::select_backend(std::string_view name) {
                         b.unavailable_reason());
     return b;
   }
+  // An accelerator: a backend with a device of its own (not the host's memory, as the CPU
+  // plugin and third parties' host backends have), else the CPU.
   for (const auto& b : backends_)
-    if (b->name() != "cpu" && b->device_count() > 0) return *b;
+    if (b->name() != "cpu" && b->device_count() > 0 && !(b->device(0).caps & PLX_CAP_UNIFIED_HOST))
+      return *b;
   return backend("cpu");
 }
 

@@ -209,6 +209,13 @@ TEST_CASE("a plugin's own ops get schemas, kernels and gradients", "[cpu][loader
   REQUIRE_THROWS_WITH(call(dev, "testgood.scale", {xd}), PLX_CONTAINS("expected one of f32"));
 }
 
+TEST_CASE("auto picks an accelerator and never a host backend over the cpu", "[cpu][loader]") {
+  // testdev keeps its tensors in host memory (PLX_CAP_UNIFIED_HOST), as the cpu does.
+  Runtime rt(only({fixture_dir() + "/good", (fs::path(plugin_dir()) / "libplexus-cpu.so").string()}));
+  REQUIRE(rt.find_backend("testdev") != nullptr);
+  CHECK(&rt.select_backend("auto") == &rt.backend("cpu"));
+}
+
 TEST_CASE("kernels for ops no schema describes are reported, not used", "[cpu][loader]") {
   Runtime rt(only({fixture_dir() + "/good"}));
   const auto& orphans = rt.backend("testdev").orphan_kernels();

@@ -49,7 +49,8 @@ class Runtime {
   Backend* find_backend(std::string_view name) const;
   // Throws PluginError "unknown backend 'x' (loaded backends: cpu; skipped plugins: ...)".
   Backend& backend(std::string_view name) const;
-  // "auto": the first backend other than cpu that has a device, else cpu.
+  // "auto": the first backend other than cpu with a device of its own (not host memory, so a
+  // host backend such as sdk/examples/backend is never picked over the cpu), else cpu.
   Backend& select_backend(std::string_view name);
 
   std::vector<Communicator*> communicators() const;
