@@ -4,7 +4,8 @@
 # installs this build into a fresh prefix, builds sdk/examples/backend out of tree against the
 # installed package only (find_package(Plexus)), and loads the example through the installed
 # `plexus info`: the installed CPU plugin is found in the prefix, the example through
-# PLEXUS_PLUGIN_PATH, with its four kernels, and it links no part of Plexus.
+# PLEXUS_PLUGIN_PATH, with its four kernels, and it links no part of Plexus; and a program that
+# links the installed core library (Plexus::core) trains a step.
 set -euo pipefail
 build=$1 src=$2 work=$3
 rm -rf "$work"
@@ -37,4 +38,10 @@ for op in relu add mul linear; do
   tr -d ' \n' < "$work/info.json" | grep -q "\"$op\":\[\"f32\"\]" ||
     { echo "plexus info --json lacks op $op in f32"; exit 1; }
 done
+echo "== a program embedding the installed runtime (Plexus::core)"
+cmake -S "$src/tests/sdk/embed" -B "$work/embed" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" > "$work/embed-configure.log"
+cmake --build "$work/embed" > "$work/embed-build.log" || { cat "$work/embed-build.log"; exit 1; }
+PLEXUS_PLUGIN_PATH="$prefix/lib/plexus/plugins" "$work/embed/embed" | tee "$work/embed.txt"
+grep -q "embedded runtime trained" "$work/embed.txt" || { echo "the embedded runtime failed"; exit 1; }
 echo "the installed SDK built and loaded the example backend"
