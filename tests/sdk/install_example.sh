@@ -4,7 +4,8 @@
 # installs this build into a fresh prefix, builds sdk/examples/backend out of tree against the
 # installed package only (find_package(Plexus)), and loads the example through the installed
 # `plexus info`: the installed CPU plugin is found in the prefix, the example through
-# PLEXUS_PLUGIN_PATH, with its four kernels, and it links no part of Plexus; and a program that
+# PLEXUS_PLUGIN_PATH, with its four kernels, and it links no part of Plexus; sdk/examples/comm
+# built the same way carries plexus bench comm with correct results; and a program that
 # links the installed core library (Plexus::core) trains a step.
 set -euo pipefail
 build=$1 src=$2 work=$3
@@ -38,6 +39,16 @@ for op in relu add mul linear; do
   tr -d ' \n' < "$work/info.json" | grep -q "\"$op\":\[\"f32\"\]" ||
     { echo "plexus info --json lacks op $op in f32"; exit 1; }
 done
+echo "== the example communicator, out of tree, through plexus bench comm"
+cmake -S "$src/sdk/examples/comm" -B "$work/comm" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" > "$work/comm-configure.log"
+cmake --build "$work/comm" > "$work/comm-build.log" || { cat "$work/comm-build.log"; exit 1; }
+PLEXUS_PLUGIN_PATH="$work/comm" "$prefix/bin/plexus" bench comm --comm solo --bootstrap solo \
+  --max-bytes 64K --iters 3 > "$work/bench.txt" 2>&1 || { cat "$work/bench.txt"; exit 1; }
+tail -n 4 "$work/bench.txt"
+grep -q "results checked: all correct" "$work/bench.txt" ||
+  { echo "plexus bench comm over the example communicator did not check out"; cat "$work/bench.txt"; exit 1; }
+
 echo "== a program embedding the installed runtime (Plexus::core)"
 cmake -S "$src/tests/sdk/embed" -B "$work/embed" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" > "$work/embed-configure.log"
