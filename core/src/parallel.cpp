@@ -211,6 +211,14 @@ GradientSync::GradientSync(CommGroup& group, Executable& exe, const std::vector<
       b.ready = last_grad;
     }
 
+  for (const Bucket& b : buckets_) {
+    std::vector<Tensor> ts;
+    for (Var v : b.grads) ts.push_back(exe.tensor(v));
+    grad_tensors_.push_back(std::move(ts));
+    labels_.push_back("gradient all-reduce of bucket " + std::to_string(labels_.size()) + " (" +
+                      std::to_string(b.grads.size()) + (b.grads.size() == 1 ? " gradient, " : " gradients, ") +
+                      format_bytes(b.bytes) + ", from '" + b.names.front() + "')");
+  }
   async_ = backend.device(dev).caps & PLX_CAP_ASYNC;
   try {
     for (Bucket& b : buckets_)
@@ -296,21 +304,19 @@ std::string GradientSync::describe() const {
 // from the kernel that writes it to the update that reads it, so nothing else touches it while
 // the bucket is in flight.
 void GradientSync::start(size_t i) {
-  Bucket& b = buckets_[i];
+  const Bucket& b = buckets_[i];
   Backend& backend = group_.backend();
   const int32_t dev = group_.device();
   const Tensor flat = b.flat;
-  std::vector<Tensor> grads;
-  grads.reserve(b.grads.size());
-  for (Var v : b.grads) grads.push_back(exe_.tensor(v));
-  auto gather = [&backend, dev, flat, grads](plx_stream s) {
+  const std::vector<Tensor>& grads = grad_tensors_[i];
+  auto gather = [&backend, dev, flat, &grads](plx_stream s) {
     auto* dst = static_cast<unsigned char*>(flat.data());
     for (const Tensor& t : grads) {
       backend.copy(dev, dst, t.data(), t.nbytes(), PLX_COPY_D2D, s);
       dst += t.nbytes();
     }
   };
-  auto scatter = [&backend, dev, flat, grads](plx_stream s) {
+  auto scatter = [&backend, dev, flat, &grads](plx_stream s) {
     const auto* src = static_cast<const unsigned char*>(flat.data());
     for (const Tensor& t : grads) {
       backend.copy(dev, t.data(), src, t.nbytes(), PLX_COPY_D2D, s);
@@ -329,10 +335,8 @@ void GradientSync::start(size_t i) {
   } else {
     gather(exe_.stream());  // a synchronous backend: done when it returns
     CommGroup& group = group_;
-    const std::string what = "gradient all-reduce of bucket " + std::to_string(i) + " (" +
-                             std::to_string(b.grads.size()) + (b.grads.size() == 1 ? " gradient, " : " gradients, ") + format_bytes(b.bytes) +
-                             ", from '" + b.names.front() + "')";
-    tickets_[i] = worker_->submit([&group, flat, op, scatter, what] {
+    const std::string& what = labels_[i];
+    tickets_[i] = worker_->submit([&group, flat, op, scatter, &what] {
       try {
         group.all_reduce(flat, op);
       } catch (const std::exception& e) {

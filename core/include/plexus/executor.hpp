@@ -147,6 +147,7 @@ class Executable {
   struct Step;  // a node ready to run: kernel and ABI views
   std::vector<Step> steps_;
   std::vector<int32_t> pos_;      // per node: where it runs (a fused node at its group's last)
+  std::vector<int32_t> kernel_of_;  // per node: index of the kernel that runs it, -1 for none
   std::vector<char> internal_;    // per value: only read inside the fused kernel that writes it
   struct Hook {
     HookPoint when;

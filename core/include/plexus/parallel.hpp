@@ -126,6 +126,10 @@ class GradientSync {
   Executable& exe_;
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;
+  // Per bucket, fixed at construction (the executable's addresses never move): its gradients'
+  // tensors and the name its errors carry.
+  std::vector<std::vector<Tensor>> grad_tensors_;
+  std::vector<std::string> labels_;
   bool async_ = false;  // the backend's streams run asynchronously: stream transport
   // Stream transport.
   plx_stream comm_stream_ = nullptr;

@@ -417,6 +417,12 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     steps_.push_back(std::move(st));
   }
 
+  // Where each node runs in the kernel order (hooks and gradient buckets ask by node).
+  std::vector<int32_t> step_at(nodes.size(), -1);
+  for (size_t k = 0; k < steps_.size(); ++k) step_at[static_cast<size_t>(steps_[k].node)] = static_cast<int32_t>(k);
+  kernel_of_.resize(nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n) kernel_of_[n] = step_at[static_cast<size_t>(pos_[n])];
+
   plan_memory();
 
   if (plan_.arena_bytes) arena_ = Tensor::empty(backend_, {static_cast<int64_t>(plan_.arena_bytes)}, PLX_U8, dev);
@@ -614,12 +620,9 @@ void Executable::run_nodes() {
 int32_t Executable::num_kernels() const { return static_cast<int32_t>(steps_.size()); }
 
 int32_t Executable::kernel_index(int32_t node) const {
-  if (node < 0 || node >= static_cast<int32_t>(pos_.size()))
+  if (node < 0 || node >= static_cast<int32_t>(kernel_of_.size()))
     throw Error("Executable::kernel_index: no node " + std::to_string(node));
-  const int32_t at = pos_[static_cast<size_t>(node)];
-  for (size_t k = 0; k < steps_.size(); ++k)
-    if (steps_[k].node == at) return static_cast<int32_t>(k);
-  return -1;
+  return kernel_of_[static_cast<size_t>(node)];
 }
 
 int32_t Executable::producer_kernel(Var v) const {
