@@ -3,14 +3,22 @@
 # file (or this script) changes; a new or removed file re-runs the configure step through the
 # CONFIGURE_DEPENDS glob.
 #
-# Use: include(EmbedModels) then plexus_embed_models(<target> <directory of .toml files>).
-# The generated source defines plexus::detail::kEmbeddedModels / kEmbeddedModelCount, which
-# core/src/train/model_spec.cpp declares.
+# Use: include(EmbedModels) then plexus_embed_models(<target> <directory of .toml files>
+# [<table name>]). The generated source defines plexus::detail::<table> and <table>Count (default
+# kEmbeddedModels / kEmbeddedModelCount, which core/src/train/model_spec.cpp declares; the compare
+# suites are kEmbeddedSuites, declared in core/src/compare/suite.cpp).
 #
-# This file is also the generator: run with cmake -P and -DMODELS_DIR, -DOUTPUT.
+# This file is also the generator: run with cmake -P and -DMODELS_DIR, -DOUTPUT, -DTABLE.
 
 if(CMAKE_SCRIPT_MODE_FILE)
   # ---- generator (build time) ----
+  if(NOT TABLE)
+    set(TABLE kEmbeddedModels)
+  endif()
+  set(COUNT ${TABLE}Count)
+  if(TABLE STREQUAL "kEmbeddedModels")
+    set(COUNT kEmbeddedModelCount)
+  endif()
   file(GLOB model_files "${MODELS_DIR}/*.toml")
   list(SORT model_files)
   set(body "")
@@ -50,9 +58,9 @@ struct EmbeddedModel {
 namespace {
 ${body}}  // namespace
 
-extern const EmbeddedModel kEmbeddedModels[] = {
+extern const EmbeddedModel ${TABLE}[] = {
 ${table}};
-extern const size_t kEmbeddedModelCount = ${count};
+extern const size_t ${COUNT} = ${count};
 
 }  // namespace plexus::detail
 ")
@@ -64,16 +72,20 @@ endif()
 set(PLEXUS_EMBED_MODELS_SCRIPT "${CMAKE_CURRENT_LIST_FILE}")
 
 function(plexus_embed_models target models_dir)
+  set(table kEmbeddedModels)
+  if(ARGC GREATER 2)
+    set(table ${ARGV2})
+  endif()
   file(GLOB model_files CONFIGURE_DEPENDS "${models_dir}/*.toml")
-  set(output "${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_models.cpp")
+  set(output "${CMAKE_CURRENT_BINARY_DIR}/generated/${table}.cpp")
   # The list of files, rewritten only when it changes: a removed model then regenerates the
   # source too (a shorter DEPENDS list alone would not make the output out of date).
-  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_models.list")
+  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/generated/${table}.list")
   string(REPLACE ";" "\n" listed "${model_files}")
   file(CONFIGURE OUTPUT "${list_file}" CONTENT "${listed}\n")
   add_custom_command(
     OUTPUT "${output}"
-    COMMAND ${CMAKE_COMMAND} -DMODELS_DIR=${models_dir} -DOUTPUT=${output}
+    COMMAND ${CMAKE_COMMAND} -DMODELS_DIR=${models_dir} -DOUTPUT=${output} -DTABLE=${table}
             -P ${PLEXUS_EMBED_MODELS_SCRIPT}
     DEPENDS ${model_files} ${list_file} ${PLEXUS_EMBED_MODELS_SCRIPT}
     COMMENT "Embedding built-in models from ${models_dir}"

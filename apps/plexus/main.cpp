@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "plexus/comm_bench.hpp"
+#include "plexus/compare.hpp"
 #include "plexus/communicator.hpp"
 #include "plexus/parallel.hpp"
 #include "plexus/config.hpp"
@@ -83,6 +84,78 @@ plexus::CommBenchOptions bench_comm_options(const BenchCommArgs& a) {
   (void)plexus::comm_bench_comm_name(o);
   plexus::check_comm_bench_options(o);
   return o;
+}
+
+// `plexus compare` as typed; lists are checked here, the rest by the core.
+struct CompareArgs {
+  std::string config, a = "cpu", b, only = "ops,step,train", suite, ops, dtypes, json, csv, plot;
+  std::vector<std::string> nmse;
+  int repeats = 10, warmup = 2;
+  int64_t steps = 50;
+  uint64_t seed = 1;
+  double curve_rtol = 0.05;
+  int32_t device_a = 0, device_b = 0;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s + ",") {
+    if (c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (c != ' ') {
+      cur += c;
+    }
+  }
+  return out;
+}
+
+plexus::CompareOptions compare_options(const CompareArgs& a) {
+  plexus::CompareOptions o;
+  o.a = a.a;
+  o.b = a.b;
+  o.ops = o.step = o.train = false;
+  for (const std::string& s : split_list(a.only)) {
+    if (s == "ops") o.ops = true;
+    else if (s == "step") o.step = true;
+    else if (s == "train") o.train = true;
+    else throw plexus::ConfigError("--only: unknown section '" + s + "' (expected ops, step, train)");
+  }
+  if (!o.ops && !o.step && !o.train) throw plexus::ConfigError("--only: name at least one of ops, step, train");
+  o.suite_file = a.suite;
+  o.only_ops = split_list(a.ops);
+  for (const std::string& d : split_list(a.dtypes)) o.dtypes.push_back(plexus::parse_dtype("--dtypes", d));
+  for (const std::string& t : a.nmse) {
+    const size_t eq = t.find('=');
+    if (eq == std::string::npos)
+      throw plexus::ConfigError("--nmse: expected DTYPE=VALUE such as f32=1e-7, got '" + t + "'");
+    const plx_dtype d = plexus::parse_dtype("--nmse", t.substr(0, eq));
+    char* end = nullptr;
+    const std::string v = t.substr(eq + 1);
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(x >= 0))
+      throw plexus::ConfigError("--nmse: expected a tolerance >= 0 after '=', got '" + v + "'");
+    o.nmse[d] = x;
+  }
+  o.repeats = a.repeats;
+  o.warmup = a.warmup;
+  o.steps = a.steps;
+  o.seed = a.seed;
+  o.curve_rtol = a.curve_rtol;
+  o.device_a = a.device_a;
+  o.device_b = a.device_b;
+  return o;
+}
+
+// Writes `text` to `path`; false (with the reason printed) if it cannot.
+bool write_file(const char* option, const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  f.close();
+  if (f) return true;
+  std::fprintf(stderr, "plexus compare: %s: cannot write '%s': %s\n", option, path.c_str(), std::strerror(errno));
+  return false;
 }
 
 void add_common(CLI::App& app, Common& c) {
@@ -160,6 +233,44 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_option("--json", bca.json, "Also write the rows as JSON to this file (rank 0)");
 
+  CLI::App* compare = app.add_subcommand(
+      "compare",
+      "The same work on two backends side by side: every op of a suite (forward and backward), "
+      "a training step, N training steps; errors, pass/fail, times and speed-ups. Exit 1 when "
+      "anything fails its tolerance");
+  CompareArgs cma;
+  compare->add_option("CONFIG", cma.config,
+                      "Training config for the step and train sections (same as -c; default: "
+                      "the built-in defaults)")
+      ->check(CLI::ExistingFile);
+  compare->add_option("--a", cma.a, "Reference backend")->capture_default_str();
+  compare->add_option("--b", cma.b, "Backend under comparison (default: the best other one present)");
+  compare->add_option("--only", cma.only, "Sections: ops, step, train (comma-separated)")
+      ->capture_default_str();
+  compare->add_option("--suite", cma.suite, "Ops suite TOML file (default: the built-in suite)")
+      ->check(CLI::ExistingFile);
+  compare->add_option("--ops", cma.ops, "Only the suite's items of these ops (comma-separated)");
+  compare->add_option("--dtypes", cma.dtypes, "Only these dtypes in the ops section (f32,bf16,...)");
+  compare->add_option("--repeats", cma.repeats, "Timed runs per row (the median is kept)")
+      ->capture_default_str();
+  compare->add_option("--warmup", cma.warmup, "Untimed runs before them")->capture_default_str();
+  compare->add_option("--steps", cma.steps, "Training steps per backend in the train section")
+      ->capture_default_str();
+  compare->add_option("--seed", cma.seed, "Seed of the ops section's inputs")->capture_default_str();
+  compare->add_option("--nmse", cma.nmse, "Tolerance override: --nmse f32=1e-7 (repeatable)")
+      ->allow_extra_args(false);
+  compare
+      ->add_option("--curve-rtol", cma.curve_rtol,
+                   "train: how far apart the last tenth's mean losses may be (a fraction)")
+      ->capture_default_str();
+  compare->add_option("--device-a", cma.device_a, "Device of backend a")->capture_default_str();
+  compare->add_option("--device-b", cma.device_b, "Device of backend b")->capture_default_str();
+  compare->add_option("--json", cma.json, "Also write the report as JSON to this file");
+  compare->add_option("--csv", cma.csv,
+                      "Also write the rows as CSV to this file (loss curves: beside it, "
+                      "<name>.curves.csv)");
+  compare->add_option("--plot", cma.plot, "Also draw the speed-ups and loss curves into this PNG (gnuplot)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -173,6 +284,24 @@ int main(int argc, char** argv) {
       return 2;
     }
     common.config_file = train_config;
+  }
+
+  if (compare->parsed() && !cma.config.empty()) {
+    if (!common.config_file.empty() && common.config_file != cma.config) {
+      std::fprintf(stderr, "plexus compare: two configs given (%s and -c %s)\n", cma.config.c_str(),
+                   common.config_file.c_str());
+      return 2;
+    }
+    common.config_file = cma.config;
+  }
+  plexus::CompareOptions compare_opts;
+  if (compare->parsed()) {
+    try {
+      compare_opts = compare_options(cma);
+    } catch (const plexus::ConfigError& e) {
+      std::fprintf(stderr, "plexus compare: %s\n", e.what());
+      return 2;
+    }
   }
 
   plexus::CommBenchOptions bench_options;
@@ -211,6 +340,32 @@ int main(int argc, char** argv) {
         return 1;
       }
       return 0;
+    }
+    if (compare->parsed()) {
+      plexus::Runtime rt(plexus::runtime_options(cfg));
+      const plexus::CompareReport r = plexus::run_compare(rt, cfg, compare_opts, &std::cout);
+      std::cout.flush();
+      // Every file is written even when one fails, so nothing measured is lost.
+      bool written = true;
+      if (!cma.json.empty()) written = write_file("--json", cma.json, plexus::compare_json(r) + "\n") && written;
+      if (!cma.csv.empty()) {
+        written = write_file("--csv", cma.csv, plexus::compare_csv(r)) && written;
+        const std::string curves = plexus::compare_curves_csv(r);
+        if (!curves.empty()) {
+          std::string stem = cma.csv;
+          if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, ".csv") == 0) stem.resize(stem.size() - 4);
+          written = write_file("--csv", stem + ".curves.csv", curves) && written;
+        }
+      }
+      if (!cma.plot.empty()) {
+        try {
+          plexus::write_compare_plot(r, cma.plot);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "plexus compare: %s\n", e.what());
+          written = false;
+        }
+      }
+      return r.ok() && written ? 0 : 1;
     }
     if (info->parsed()) {
       if (dump_config) {

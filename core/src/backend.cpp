@@ -155,6 +155,11 @@ void Backend::destroy_event(plx_event e) noexcept {
 void Backend::record(plx_event e, plx_stream s) { check(t_->event_record(t_->ctx, e, s), "event_record"); }
 void Backend::wait(plx_stream s, plx_event e) { check(t_->stream_wait_event(t_->ctx, s, e), "stream_wait_event"); }
 void Backend::sync_event(plx_event e) { check(t_->event_sync(t_->ctx, e), "event_sync"); }
+double Backend::elapsed_ms(plx_event start, plx_event end) {
+  float ms = 0;
+  check(t_->event_elapsed_ms(t_->ctx, start, end, &ms), "event_elapsed_ms");
+  return ms;
+}
 
 std::span<const plx_kernel* const> Backend::kernels(int32_t op_id, int32_t dtype) const {
   if (op_id < 0 || dtype < 0 || dtype >= PLX_DTYPE_COUNT) return {};

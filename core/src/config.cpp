@@ -9,6 +9,8 @@
 #include <sstream>
 #include <variant>
 
+#include "toml_util.hpp"
+
 namespace plexus {
 
 // ---- the keys ----
@@ -188,24 +190,8 @@ bool is_section(std::string_view path) {
   return false;
 }
 
-std::string where(const toml::source_region& r, const std::string& fallback) {
-  std::ostringstream os;
-  os << (r.path ? *r.path : fallback);
-  if (r.begin.line) os << ':' << r.begin.line << ':' << r.begin.column;
-  return os.str();
-}
-
-const char* node_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    default: return "a date or time";
-  }
-}
+using toml_util::where;
+const char* node_type_name(const toml::node& n) { return toml_util::type_name(n); }
 
 std::string known_in(std::string_view section) {
   std::string list;

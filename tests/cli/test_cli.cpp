@@ -7,31 +7,13 @@
 #include <iterator>
 
 #include "plexus/json.hpp"
+#include "support/cli.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Run {
-  int status;
-  std::string output;  // stdout and stderr together
-};
-
-// Runs build/bin/plexus with `args` in a clean environment plus `env` ("NAME=value ...").
-Run run_plexus(const std::string& args, const std::string& env = "") {
-  const std::string cmd = "env -u PLEXUS_PLUGIN_PATH -u PLEXUS_LOG_LEVEL " + env + " " +
-                          std::string(PLEXUS_BINARY_DIR) + "/bin/plexus " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / ("plexus-cli-" + std::to_string(getpid()) + "-" + name);

@@ -74,6 +74,8 @@ class Backend {
   void record(plx_event e, plx_stream s);      // e completes when s reaches this point
   void wait(plx_stream s, plx_event e);        // later work on s waits for e; the host does not
   void sync_event(plx_event e);                // the host waits for e
+  // Milliseconds from `start` to `end`, two completed events of one device.
+  double elapsed_ms(plx_event start, plx_event end);
 
   // ---- kernels ----
   // Kernels for (op, dtype), in the backend's order of preference; empty if none.

@@ -27,6 +27,7 @@
 #include "plexus/runtime.hpp"
 #include "plexus/version.hpp"
 #include "pipeline.hpp"
+#include "step_graph.hpp"
 #include "step_pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -43,12 +44,6 @@ constexpr const char* kCheckpointFormat = "plexus-train/1";
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// A path from the config, taken relative to the config file's directory.
-std::string config_relative(const Config& cfg, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute() || cfg.source().empty()) return p;
-  return (fs::path(cfg.source()).parent_path() / p).lexically_normal().string();
 }
 
 // A key's value as text, for comparing two configs.
@@ -158,48 +153,6 @@ int64_t meta_int(const Checkpoint& c, const std::string& key, const std::string&
   } catch (const std::exception&) {
     throw Error(path + ": checkpoint entry '" + key + "' is '" + it->second + "', not an integer");
   }
-}
-
-struct Model {
-  Graph graph;
-  Var loss, pred;
-  std::vector<Var> params, grads;  // the training step's
-  explicit Model(const OpRegistry& ops) : graph(ops) {}
-};
-
-// The training step: forward, loss (mean over rows not ignored), backward, update.
-// The evaluation step: forward in eval mode, summed loss, predictions.
-// Under data parallelism (`scaled`) the training loss is the sum over the rank's rows times the
-// input loss_scale (one over the global batch's real rows), so the ranks' gradients add up to the
-// gradient of the global batch's mean loss, however the padding rows fall among them.
-std::unique_ptr<Model> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
-                                  const std::vector<int64_t>& sample, bool training,
-                                  const OptimizerOptions& opt, bool scaled = false) {
-  auto m = std::make_unique<Model>(ops);
-  Graph& g = m->graph;
-  Shape xs = {batch};
-  xs.insert(xs.end(), sample.begin(), sample.end());
-  const Var x = g.input("x", TensorDesc{PLX_F32, xs});
-  const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
-  const Var logits = build_model(g, spec, x, training);
-  Attrs la;
-  la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
-  la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
-  m->loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
-  if (training && scaled)
-    m->loss = g.add1("mul", {m->loss, g.input(kLossScaleInput, TensorDesc{PLX_F32, {}})}, {},
-                     "loss.scale");
-  Attrs aa;
-  aa.set("axis", static_cast<int64_t>(1));
-  m->pred = g.add1("argmax", {logits}, aa, "pred");
-  if (training) {
-    m->params = g.parameters();
-    m->grads = backward(g, m->loss, m->params);
-    add_optimizer(g, m->params, m->grads, opt);
-  }
-  g.mark_output(m->loss, "loss_value");
-  g.mark_output(m->pred, "predictions");
-  return m;
 }
 
 // The ranks of a launch and their groups; inactive (size 1) in a single process.
@@ -343,34 +296,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   std::ostream& out = req.out ? *req.out : std::cout;
   const auto t_begin = Clock::now();
 
-  // ---- the model ----
-  const std::string model_file = cfg.get_string("model.file");
-  ModelSpec spec = model_file.empty() ? builtin_model(cfg.get_string("model.name"))
-                                      : load_model(config_relative(cfg, model_file));
-
-  // ---- the data ----
-  const std::string kind = cfg.get_string("data.dataset");
-  std::string dir = cfg.get_string("data.path");
-  dir = dir.empty() ? data::default_dir(kind) : config_relative(cfg, dir);
+  // ---- the model and the data ----
+  ModelSpec spec = model_of(cfg);
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
-  data::SyntheticOptions synth;
-  synth.train_count = cfg.get_int("data.synthetic_samples");
-  synth.test_count = std::max<int64_t>(1, synth.train_count / 4);
-  synth.seed = seed;
-  if (!spec.input_shape.empty()) synth.shape = spec.input_shape;
-  if (spec.classes > 0) synth.classes = static_cast<int32_t>(spec.classes);
-  const data::Dataset train_set = data::load_dataset(kind, dir, "train", synth);
   const bool do_eval = cfg.get_bool("train.eval");
-  data::Dataset test_set;
-  if (do_eval) test_set = data::load_dataset(kind, dir, "test", synth);
-  if (!spec.input_shape.empty() && spec.input_shape != train_set.sample_shape)
-    throw ConfigError("model '" + spec.name + "' expects samples of shape " +
-                      shape_string(spec.input_shape) + ", dataset " + train_set.name + " has " +
-                      shape_string(train_set.sample_shape));
-  if (spec.classes > 0 && spec.classes != train_set.num_classes)
-    throw ConfigError("model '" + spec.name + "' has " + std::to_string(spec.classes) +
-                      " classes, dataset " + train_set.name + " has " +
-                      std::to_string(train_set.num_classes));
+  DataSets sets = load_data(cfg, spec, do_eval);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
 
   const int64_t batch = cfg.get_int("train.batch_size");  // the global batch
   Backend& backend = rt.select_backend(cfg.get_string("backend.name"));
@@ -425,14 +357,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   }
 
   // ---- the steps ----
-  OptimizerOptions opt;
-  opt.kind = cfg.get_string("train.optimizer");
-  opt.momentum = opt.kind == "sgd" ? cfg.get_float("train.momentum") : 0;
-  opt.nesterov = cfg.get_bool("train.nesterov");
-  opt.weight_decay = cfg.get_float("train.weight_decay");
-  opt.beta1 = cfg.get_float("train.beta1");
-  opt.beta2 = cfg.get_float("train.beta2");
-  opt.eps = cfg.get_float("train.eps");
+  const OptimizerOptions opt = optimizer_options(cfg);
   if (par.active()) join_groups(par, rt, cfg, backend, device);
   TensorStore store;
   ExecutableOptions eo;
@@ -446,7 +371,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   const uint64_t mem0 = backend.allocator(device).stats().in_use;
 
   // One process or data parallelism: one executable per step, fed by a StepPipeline.
-  std::unique_ptr<Model> train_model, eval_model;
+  std::unique_ptr<StepGraph> train_model, eval_model;
   std::unique_ptr<Executable> train_exe, eval_exe;
   std::unique_ptr<GradientSync> grad_sync;
   // Pipeline parallelism: this rank's stage runs its part of each step.

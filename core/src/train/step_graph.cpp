@@ -1,0 +1,92 @@
+#include "step_graph.hpp"
+
+#include <filesystem>
+
+#include "plexus/error.hpp"
+#include "step_pipeline.hpp"
+
+namespace fs = std::filesystem;
+
+namespace plexus {
+
+std::string config_relative(const Config& cfg, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute() || cfg.source().empty()) return p;
+  return (fs::path(cfg.source()).parent_path() / p).lexically_normal().string();
+}
+
+ModelSpec model_of(const Config& cfg) {
+  const std::string model_file = cfg.get_string("model.file");
+  return model_file.empty() ? builtin_model(cfg.get_string("model.name"))
+                            : load_model(config_relative(cfg, model_file));
+}
+
+DataSets load_data(const Config& cfg, const ModelSpec& spec, bool with_test) {
+  const std::string kind = cfg.get_string("data.dataset");
+  std::string dir = cfg.get_string("data.path");
+  dir = dir.empty() ? data::default_dir(kind) : config_relative(cfg, dir);
+  data::SyntheticOptions synth;
+  synth.train_count = cfg.get_int("data.synthetic_samples");
+  synth.test_count = std::max<int64_t>(1, synth.train_count / 4);
+  synth.seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+  if (!spec.input_shape.empty()) synth.shape = spec.input_shape;
+  if (spec.classes > 0) synth.classes = static_cast<int32_t>(spec.classes);
+  DataSets d;
+  d.train = data::load_dataset(kind, dir, "train", synth);
+  if (with_test) {
+    d.test = data::load_dataset(kind, dir, "test", synth);
+    d.has_test = true;
+  }
+  if (!spec.input_shape.empty() && spec.input_shape != d.train.sample_shape)
+    throw ConfigError("model '" + spec.name + "' expects samples of shape " +
+                      shape_string(spec.input_shape) + ", dataset " + d.train.name + " has " +
+                      shape_string(d.train.sample_shape));
+  if (spec.classes > 0 && spec.classes != d.train.num_classes)
+    throw ConfigError("model '" + spec.name + "' has " + std::to_string(spec.classes) +
+                      " classes, dataset " + d.train.name + " has " +
+                      std::to_string(d.train.num_classes));
+  return d;
+}
+
+OptimizerOptions optimizer_options(const Config& cfg) {
+  OptimizerOptions opt;
+  opt.kind = cfg.get_string("train.optimizer");
+  opt.momentum = opt.kind == "sgd" ? cfg.get_float("train.momentum") : 0;
+  opt.nesterov = cfg.get_bool("train.nesterov");
+  opt.weight_decay = cfg.get_float("train.weight_decay");
+  opt.beta1 = cfg.get_float("train.beta1");
+  opt.beta2 = cfg.get_float("train.beta2");
+  opt.eps = cfg.get_float("train.eps");
+  return opt;
+}
+
+std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
+                                      const std::vector<int64_t>& sample, bool training,
+                                      const OptimizerOptions& opt, bool scaled) {
+  auto m = std::make_unique<StepGraph>(ops);
+  Graph& g = m->graph;
+  Shape xs = {batch};
+  xs.insert(xs.end(), sample.begin(), sample.end());
+  const Var x = g.input("x", TensorDesc{PLX_F32, xs});
+  const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
+  const Var logits = build_model(g, spec, x, training);
+  Attrs la;
+  la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
+  la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
+  m->loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
+  if (training && scaled)
+    m->loss = g.add1("mul", {m->loss, g.input(kLossScaleInput, TensorDesc{PLX_F32, {}})}, {},
+                     "loss.scale");
+  Attrs aa;
+  aa.set("axis", static_cast<int64_t>(1));
+  m->pred = g.add1("argmax", {logits}, aa, "pred");
+  if (training) {
+    m->params = g.parameters();
+    m->grads = backward(g, m->loss, m->params);
+    add_optimizer(g, m->params, m->grads, opt);
+  }
+  g.mark_output(m->loss, "loss_value");
+  g.mark_output(m->pred, "predictions");
+  return m;
+}
+
+}  // namespace plexus
