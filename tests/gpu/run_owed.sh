@@ -5,12 +5,12 @@
 # (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
-#   PHASES="build tests sanitize train torch" (default: all)   EPOCHS=3 (benchmarks)
+#   PHASES="build tests sanitize compare train torch" (default: all)   EPOCHS=3 (benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-PHASES=${PHASES:-"build tests sanitize train torch"}
+PHASES=${PHASES:-"build tests sanitize compare train torch"}
 EPOCHS=${EPOCHS:-3}
 DATA=$PWD/.deps/fashion-mnist
 B=build-gpu
@@ -61,6 +61,18 @@ if has sanitize; then
     echo "exit $?" | tee -a "$OUT/summary.txt"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard' "$OUT/sanitizer-$tool.log" | head -20 | tee -a "$OUT/summary.txt"
   done
+fi
+
+if has compare; then
+  # cuda against the cpu: every op of the built-in suite (forward and backward), a convnet step
+  # and 200 training steps; the table, JSON, CSV and chart come back.
+  stamp "plexus compare cpu vs cuda"
+  timeout 500 $B/bin/plexus compare configs/convnet.toml --b cuda --steps 200 \
+    --set plugins.options.cuda.tf32=false \
+    --set data.path=\"$DATA\" --json "$OUT/compare.json" --csv "$OUT/compare.csv" \
+    --plot "$OUT/compare.png" > "$OUT/compare.log" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  grep -vE ' pass ' "$OUT/compare.log" | tail -40 | tee -a "$OUT/summary.txt"
 fi
 
 if has train; then

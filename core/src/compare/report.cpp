@@ -47,9 +47,8 @@ bool compared(const CompareRow& r) {
 }
 
 std::string label(const CompareRow& r) {
-  std::string s = r.name;
-  if (r.section == "ops") s += " " + r.dtype + (r.pass == "backward" ? " bwd" : "");
-  return s;
+  if (r.section == "ops") return r.name + " " + r.dtype + (r.pass == "backward" ? " bwd" : "");
+  return r.section + " " + r.name;
 }
 
 }  // namespace
@@ -290,7 +289,7 @@ void write_compare_plot(const CompareReport& r, const std::string& png_path) {
     gp << "set title " << gp_string("training loss per step, " + r.model) << "\n"
        << "set xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n"
        << "plot " << gp_string((dir / "curves.dat").string()) << " using 1:2 with lines lw 2 title "
-       << gp_string(r.a) << ", '' using 1:3 with lines lw 2 dt 2 title " << gp_string(r.b) << "\n";
+       << gp_string("a: " + r.a) << ", '' using 1:3 with lines lw 2 dt 2 title " << gp_string("b: " + r.b) << "\n";
   }
   if (panels == 2) gp << "unset multiplot\n";
   {
