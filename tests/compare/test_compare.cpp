@@ -48,6 +48,19 @@ Runtime& runtime_with_wrong() {
   return rt;
 }
 
+// relu (wrong on wrongdev), sigmoid (right there), mul (no kernel there).
+const char* const kSmallSuite = R"(
+[[item]]
+op = "relu"
+inputs = [{ shape = [64, 33], range = [-2, 2] }]
+[[item]]
+op = "sigmoid"
+inputs = [{ shape = [257], range = [-6, 6] }]
+[[item]]
+op = "mul"
+inputs = [{ shape = [8] }, { shape = [8] }]
+)";
+
 CompareOptions quick(const std::string& b) {
   CompareOptions o;
   o.b = b;
@@ -173,17 +186,7 @@ TEST_CASE("the built-in compare suite runs every op and dtype the cpu registers"
 
 TEST_CASE("compare lists ops a backend cannot run and fails the ones it gets wrong", "[cpu][compare]") {
   TempDir dir("compare");
-  const std::string suite = write(dir.path / "suite.toml", R"(
-[[item]]
-op = "relu"
-inputs = [{ shape = [64, 33], range = [-2, 2] }]
-[[item]]
-op = "sigmoid"
-inputs = [{ shape = [257], range = [-6, 6] }]
-[[item]]
-op = "mul"
-inputs = [{ shape = [8] }, { shape = [8] }]
-)");
+  const std::string suite = write(dir.path / "suite.toml", kSmallSuite);
   CompareOptions o = quick("wrongdev");
   o.suite_file = suite;
   o.dtypes = {PLX_F32, PLX_F64};
@@ -278,14 +281,7 @@ TEST_CASE("compare runs a training step and training curves on two backends", "[
 
 TEST_CASE("plexus compare writes its outputs and exits 1 when a row fails", "[cpu][compare][cli]") {
   TempDir dir("compare-cli");
-  const std::string suite = write(dir.path / "suite.toml", R"(
-[[item]]
-op = "relu"
-inputs = [{ shape = [64, 33], range = [-2, 2] }]
-[[item]]
-op = "sigmoid"
-inputs = [{ shape = [257], range = [-6, 6] }]
-)");
+  const std::string suite = write(dir.path / "suite.toml", kSmallSuite);
   const fs::path json = dir.path / "out.json", csv = dir.path / "out.csv", png = dir.path / "out.png";
   const std::string files = " --json " + json.string() + " --csv " + csv.string() + " --plot " + png.string();
   // The cpu against itself: everything passes.
@@ -303,9 +299,9 @@ inputs = [{ shape = [257], range = [-6, 6] }]
     CHECK_THAT(ok.output, PLX_CONTAINS("gnuplot is not on the PATH"));
   }
   CHECK_THAT(ok.output, PLX_CONTAINS("a = cpu"));
-  CHECK_THAT(ok.output, PLX_CONTAINS("4 rows: 4 passed, 0 failed"));
+  CHECK_THAT(ok.output, PLX_CONTAINS("6 rows: 6 passed, 0 failed"));
   const JsonValue j = parse_json(read(json));
-  CHECK(j.at("rows").items.size() == 4);
+  CHECK(j.at("rows").items.size() == 6);
   CHECK_THAT(read(csv), PLX_CONTAINS("section,item,pass,dtype"));
 
   // A backend that gets relu wrong: exit 1, the failure named.
