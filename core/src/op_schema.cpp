@@ -213,7 +213,8 @@ const OpSchema& OpRegistry::get(std::string_view name) const {
   throw OpError("unknown op '" + std::string(name) + "' (see docs/ops.md or `plexus info`)");
 }
 
-const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std::string& plugin) {
+const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std::string& plugin,
+                                              const char* (*last_error)(void)) {
   const std::string name = p.name ? p.name : "";
   const std::string prefix = plugin + ".";
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size())
@@ -241,7 +242,7 @@ const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std:
     }
     s.attrs.push_back(std::move(d));
   }
-  s.infer = [&p](InferContext& ctx) {
+  s.infer = [&p, last_error](InferContext& ctx) {
     std::vector<plx_tensor> in;
     for (int i = 0; i < ctx.num_inputs(); ++i) in.push_back(make_desc(ctx.in(i), 0));
     AttrPack pack(ctx.attrs());
@@ -256,7 +257,11 @@ const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std:
     std::vector<plx_tensor> out(static_cast<size_t>(p.num_outputs));
     for (auto& o : out) o.dtype = PLX_DTYPE_NONE;
     const plx_status st = p.infer(p.user, &node, out.data());
-    if (st != PLX_OK) ctx.fail(std::string("shape inference failed: ") + plx_status_string(st));
+    if (st != PLX_OK) {
+      const char* why = last_error ? last_error() : nullptr;
+      ctx.fail(std::string("shape inference failed: ") + plx_status_string(st) +
+               (why && *why ? std::string(": ") + why : std::string()));
+    }
     for (int32_t i = 0; i < p.num_outputs; ++i) {
       const plx_tensor& o = out[static_cast<size_t>(i)];
       if (!dtype_is_valid(o.dtype) || o.ndim < 0 || o.ndim > PLX_MAX_DIMS)

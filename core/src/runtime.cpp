@@ -45,7 +45,8 @@ void Runtime::add_plugin(std::unique_ptr<LoadedPlugin> plugin) {
   // Op schemas first: a schema that clashes makes the whole plugin unusable.
   try {
     const int32_t ns = d.op_schema_count(ctx);
-    for (int32_t i = 0; i < ns; ++i) ops_.add_plugin_schema(*d.get_op_schema(ctx, i), plugin->name());
+    for (int32_t i = 0; i < ns; ++i)
+      ops_.add_plugin_schema(*d.get_op_schema(ctx, i), plugin->name(), d.last_error);
   } catch (const Error& e) {
     spdlog::warn("skipped plugin {}: {}", plugin->path(), e.what());
     skipped_.push_back({plugin->path(), e.what()});

@@ -172,8 +172,10 @@ class OpRegistry {
 
   // Adds a schema; throws OpError if the name is taken. Returns it with its id set.
   const OpSchema& add(OpSchema schema);
-  // Adds a plugin's schema through the ABI (infer and grad_op wired to the plugin).
-  const OpSchema& add_plugin_schema(const plx_op_schema& s, const std::string& plugin);
+  // Adds a plugin's schema through the ABI (infer and grad_op wired to the plugin). A failed
+  // infer() is explained with `last_error` (the plugin's), when given.
+  const OpSchema& add_plugin_schema(const plx_op_schema& s, const std::string& plugin,
+                                    const char* (*last_error)(void) = nullptr);
 
   const OpSchema* find(std::string_view name) const;
   const OpSchema& get(std::string_view name) const;  // throws OpError "unknown op"
