@@ -84,17 +84,43 @@ Var GradContext::sum_to(Var g, const Shape& shape) {
 
 // ---- OpSchema ----
 
-Attrs OpSchema::complete_attrs(const Attrs& given) const {
-  for (const auto& [name, v] : given) {
-    const bool known = std::any_of(attrs.begin(), attrs.end(),
-                                   [&](const AttrDef& a) { return a.name == name; });
-    if (!known) {
-      std::string list;
-      for (const auto& a : attrs) list += (list.empty() ? "" : ", ") + a.name;
-      throw OpError("op '" + this->name + "' has no attribute '" + name + "' (attributes: " +
-                    (list.empty() ? "none" : list) + ")");
-    }
+namespace {
+// `v` as attribute `def`, converting an int to a float and ints to floats; nullopt if it does
+// not fit.
+std::optional<AttrValue> convert_attr(const AttrDef& def, const AttrValue& v) {
+  const plx_attr_type t = attr_type_of(v);
+  if (t == def.type) return v;
+  if (def.type == PLX_ATTR_FLOAT && t == PLX_ATTR_INT)
+    return static_cast<double>(std::get<int64_t>(v));
+  if (def.type == PLX_ATTR_FLOATS && t == PLX_ATTR_INTS) {
+    const Ints& xs = std::get<Ints>(v);
+    return Floats(xs.begin(), xs.end());
   }
+  return std::nullopt;
+}
+}  // namespace
+
+std::string OpSchema::attr_problem(std::string_view attr, const AttrValue& v) const {
+  const auto def =
+      std::find_if(attrs.begin(), attrs.end(), [&](const AttrDef& a) { return a.name == attr; });
+  if (def == attrs.end()) {
+    std::string list;
+    for (const auto& a : attrs) list += (list.empty() ? "" : ", ") + a.name;
+    return "op '" + name + "' has no attribute '" + std::string(attr) +
+           "' (attributes: " + (list.empty() ? "none" : list) + ")";
+  }
+  if (!convert_attr(*def, v))
+    return "op '" + name + "': attribute '" + def->name + "' is " +
+           attr_type_name(attr_type_of(v)) + " " + attr_value_string(v) + ", expected " +
+           attr_type_name(def->type);
+  return "";
+}
+
+Attrs OpSchema::complete_attrs(const Attrs& given) const {
+  // Unknown attributes first, in the order given; types below, in schema order.
+  for (const auto& [attr, v] : given)
+    if (std::none_of(attrs.begin(), attrs.end(), [&](const AttrDef& a) { return a.name == attr; }))
+      throw OpError(attr_problem(attr, v));
   Attrs out;
   for (const auto& def : attrs) {
     const AttrValue* v = given.find(def.name);
@@ -105,18 +131,9 @@ Attrs OpSchema::complete_attrs(const Attrs& given) const {
       out.set(def.name, *def.default_value);
       continue;
     }
-    const plx_attr_type t = attr_type_of(*v);
-    if (t == def.type) {
-      out.set(def.name, *v);
-    } else if (def.type == PLX_ATTR_FLOAT && t == PLX_ATTR_INT) {
-      out.set(def.name, static_cast<double>(std::get<int64_t>(*v)));
-    } else if (def.type == PLX_ATTR_FLOATS && t == PLX_ATTR_INTS) {
-      const Ints& xs = std::get<Ints>(*v);
-      out.set(def.name, Floats(xs.begin(), xs.end()));
-    } else {
-      throw OpError("op '" + name + "': attribute '" + def.name + "' is " + attr_type_name(t) +
-                    " " + attr_value_string(*v) + ", expected " + attr_type_name(def.type));
-    }
+    std::optional<AttrValue> c = convert_attr(def, *v);
+    if (!c) throw OpError(attr_problem(def.name, *v));
+    out.set(def.name, std::move(*c));
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "plexus/op_schema.hpp"
+#include "plexus/optimizer.hpp"
 #include "plexus/sdk/dtype.hpp"
 
 namespace plexus::test {
@@ -215,6 +216,18 @@ void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, c
     }
     CHECK_ALLCLOSE(analytic, numeric, o.tol);
   }
+}
+
+std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels) {
+  const Var loss = g.add1("softmax_cross_entropy", {logits, labels}, {}, "loss");
+  const std::vector<Var> params = g.parameters();
+  const std::vector<Var> grads = backward(g, loss, params);
+  OptimizerOptions o;
+  o.kind = "sgd";
+  o.momentum = 0.9;
+  add_optimizer(g, params, grads, o);
+  g.mark_output(loss, "loss_out");
+  return grads;
 }
 
 TempDir::TempDir(const std::string& tag) {

@@ -159,6 +159,9 @@ struct OpSchema {
   // Attributes with defaults filled in and types checked, in schema order. Throws OpError
   // naming the op and attribute.
   Attrs complete_attrs(const Attrs& given) const;
+  // Why `value` cannot be given as attribute `attr` ("" if it can): the op has no such
+  // attribute (the message lists them), or the value's type does not convert to the attribute's.
+  std::string attr_problem(std::string_view attr, const AttrValue& value) const;
   // Validates inputs against the schema (count, presence, dtypes), then runs infer().
   std::vector<TensorDesc> infer_outputs(const std::vector<TensorDesc>& inputs,
                                         const Attrs& complete) const;
