@@ -84,6 +84,10 @@ struct GradCheck {
 // `inputs` must be f64 where they are floats (integer inputs are passed through).
 void check_gradients(const std::string& op, const std::vector<Tensor>& inputs,
                      const Attrs& attrs = {}, GradCheck opts = {});
+// The same on backend `b` (of any runtime: a test's own, with fixture plugins); inputs on
+// another backend are copied to it.
+void check_gradients(Backend& b, const std::string& op, const std::vector<Tensor>& inputs,
+                     const Attrs& attrs = {}, GradCheck opts = {});
 
 // Appends what a training step adds to a forward graph, as the tests build it: softmax
 // cross-entropy of `logits` (N, classes) against `labels` (N), marked as output "loss_out",
