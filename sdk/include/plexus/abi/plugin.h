@@ -48,8 +48,9 @@ typedef struct plx_host {
  * After every plugin has loaded, the host appends each extension kernel to the named backend's
  * kernels for its (op, dtype), after that backend's own: the backend's kernels are tried first,
  * then the extensions in load order. A backend that is not loaded is reported (a warning, and
- * `plexus info` lists the kernel as unattached), and the plugin still loads. The op must have a
- * schema (a built-in, or any loaded plugin's), else the kernel is reported and ignored.
+ * `plexus info` lists the kernel as not used, with the reason), and the plugin still loads. The
+ * op must have a schema (a built-in, or any loaded plugin's), else the kernel is reported and
+ * ignored.
  *
  * The kernel runs inside the target backend, whose plugin knows nothing of it:
  * - create() receives as `backend_ctx` the `plugin_ctx` that init() returned to the plugin giving
@@ -101,8 +102,9 @@ typedef struct plx_plugin {
   const plx_op_schema* (*get_op_schema)(void* plugin_ctx, int32_t index);
 
   /* ---- ABI 1.2: kernel extensions (optional: both or neither; read only when struct_size
-   * reaches them). Kernels for other plugins' backends (see plx_kernel_ext). Blocking, called
-   * once after every plugin's init(); the tables live until shutdown(). NULL: none. ---- */
+   * reaches them). Kernels for other plugins' backends (see plx_kernel_ext). Blocking, cheap,
+   * called after init() (the host checks the entries then) and again once every plugin has
+   * loaded; the same entries each time, living until shutdown(). NULL: none. ---- */
   int32_t (*extension_kernel_count)(void* plugin_ctx);
   const plx_kernel_ext* (*get_extension_kernel)(void* plugin_ctx, int32_t index);
 } plx_plugin;
