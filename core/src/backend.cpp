@@ -177,35 +177,70 @@ std::map<std::string, std::vector<plx_dtype>> Backend::supported_ops() const {
   return r;
 }
 
+namespace {
+bool malformed(const plx_kernel* k) {
+  return !k || k->struct_size < sizeof(plx_kernel) || !k->op || !k->create || !k->compute ||
+         !k->destroy;
+}
+}  // namespace
+
+const OpSchema* Backend::index_kernel(const plx_kernel* k) {
+  const OpSchema* s = ops_->find(k->op);
+  if (!s || !dtype_is_valid(k->dtype)) return nullptr;
+  kernels_[static_cast<size_t>(s->id) * PLX_DTYPE_COUNT + static_cast<size_t>(k->dtype)].push_back(
+      k);
+  return s;
+}
+
 void Backend::index_kernels(const OpRegistry& ops) {
   ops_ = &ops;
   kernels_.assign(static_cast<size_t>(ops.size()) * PLX_DTYPE_COUNT, {});
   orphans_.clear();
+  extension_from_.clear();
   const int32_t n = t_->kernel_count(t_->ctx);
   for (int32_t i = 0; i < n; ++i) {
     const plx_kernel* k = t_->get_kernel(t_->ctx, i);
-    if (!k || k->struct_size < sizeof(plx_kernel) || !k->op || !k->create || !k->compute ||
-        !k->destroy) {
+    if (malformed(k)) {
       spdlog::warn("backend '{}' (plugin {}): kernel {} is malformed and ignored", name_,
                    plugin_.path(), i);
       continue;
     }
-    const OpSchema* s = ops.find(k->op);
-    if (!s || !dtype_is_valid(k->dtype)) {
+    if (!index_kernel(k)) {
       orphans_.push_back(std::string(k->op) + "/" + dtype_name(k->dtype));
       spdlog::warn("backend '{}': kernel '{}' for {} ({}) matches no op schema and is ignored",
                    name_, k->impl ? k->impl : "?", k->op, dtype_name(k->dtype));
-      continue;
     }
-    kernels_[static_cast<size_t>(s->id) * PLX_DTYPE_COUNT + static_cast<size_t>(k->dtype)]
-        .push_back(k);
   }
 }
 
+std::string Backend::add_extension_kernel(const plx_kernel* k, LoadedPlugin& from) {
+  if (!ops_) throw PluginError("backend '" + name_ + "': kernels are not indexed yet");
+  if (malformed(k))
+    return "its plx_kernel is malformed (too small, or without op, create, compute or destroy)";
+  if (!index_kernel(k))
+    return std::string("op '") + k->op + "' (" + dtype_name(k->dtype) + ") matches no op schema";
+  extension_from_[k] = &from;
+  return "";
+}
+
+LoadedPlugin& Backend::kernel_plugin(const plx_kernel* k) const {
+  auto it = extension_from_.find(k);
+  return it == extension_from_.end() ? plugin_ : *it->second;
+}
+
+void* Backend::kernel_ctx(const plx_kernel* k) const {
+  auto it = extension_from_.find(k);
+  return it == extension_from_.end() ? t_->ctx : it->second->ctx();
+}
+
 void Backend::fail(plx_status status, std::string_view what) const {
+  fail(status, what, plugin_);
+}
+
+void Backend::fail(plx_status status, std::string_view what, const LoadedPlugin& reporter) const {
   std::string msg = "backend '" + name_ + "': " + std::string(what) + ": " +
                     plx_status_string(status);
-  const std::string detail = plugin_.last_error();
+  const std::string detail = reporter.last_error();
   if (!detail.empty()) msg += ": " + detail;
   switch (status) {
     case PLX_ERR_OUT_OF_MEMORY: throw OutOfMemoryError(msg);

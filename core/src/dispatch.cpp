@@ -24,7 +24,8 @@ void PreparedKernel::run(const plx_tensor* inputs, int32_t num_inputs, const plx
   const plx_status s = kernel_->compute(state_, inputs, num_inputs, outputs, num_outputs, workspace,
                                         workspace_bytes_, stream);
   if (s != PLX_OK)
-    backend_.fail(s, label_ + " (" + (kernel_->impl ? kernel_->impl : "?") + ")");
+    backend_.fail(s, label_ + " (" + (kernel_->impl ? kernel_->impl : "?") + ")",
+                  backend_.kernel_plugin(kernel_));
 }
 
 std::string no_kernel_message(const Backend& backend, const OpSchema& schema, plx_dtype dtype,
@@ -64,17 +65,20 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
     void* state = nullptr;
     uint64_t ws = 0;
-    const plx_status s = k->create(backend.table().ctx, k->user, &node, &state, &ws);
+    // A kernel extension gets the ctx of the plugin that gave it, and explains itself there.
+    const LoadedPlugin& source = backend.kernel_plugin(k);
+    const plx_status s = k->create(backend.kernel_ctx(k), k->user, &node, &state, &ws);
     const char* impl = k->impl ? k->impl : "?";
     if (s == PLX_OK) {
-      spdlog::trace("op '{}' ({}) on '{}': using {}", schema.name, dtype_name(dtype), backend.name(),
-                    impl);
+      spdlog::trace("op '{}' ({}) on '{}': using {} (plugin {})", schema.name, dtype_name(dtype),
+                    backend.name(), impl, source.name());
       r.kernel = std::make_unique<PreparedKernel>(backend, "op '" + schema.name + "'", k, state, ws);
       return r;
     }
     if (s != PLX_ERR_UNSUPPORTED)
-      backend.fail(s, "creating kernel '" + std::string(impl) + "' for op '" + schema.name + "'");
-    const std::string why = backend.plugin().last_error();
+      backend.fail(s, "creating kernel '" + std::string(impl) + "' for op '" + schema.name + "'",
+                   source);
+    const std::string why = source.last_error();
     spdlog::debug("op '{}' ({}) on '{}': {} declined: {}", schema.name, dtype_name(dtype),
                   backend.name(), impl, why);
     r.declines.push_back(std::string(impl) + ": " + why);

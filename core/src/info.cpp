@@ -49,8 +49,23 @@ std::string info_text(const Runtime& rt) {
     for (const auto& [name, dts] : ops) {
       std::string padded = name;
       if (padded.size() < 32) padded.resize(32, ' ');
-      os << "      " << padded << " " << dtypes_string(dts) << "\n";
+      os << "      " << padded << " " << dtypes_string(dts);
+      // Which of them another plugin's kernel extensions provide.
+      std::string from;
+      for (const ExtensionKernel& x : rt.extension_kernels())
+        if (x.problem.empty() && x.backend == b->name() && x.op == name &&
+            from.find(x.plugin) == std::string::npos)
+          from += (from.empty() ? "" : ", ") + x.plugin;
+      if (!from.empty()) os << "  (kernel from plugin " << from << ")";
+      os << "\n";
     }
+  }
+  os << "\nKernel extensions (" << rt.extension_kernels().size() << "):\n";
+  for (const ExtensionKernel& x : rt.extension_kernels()) {
+    os << "  " << x.op << " " << dtype_name(x.dtype) << " on " << x.backend << ": " << x.impl
+       << " (plugin " << x.plugin << ")";
+    if (!x.problem.empty()) os << "\n    not used: " << x.problem;
+    os << "\n";
   }
   os << "\nCommunicators (" << rt.communicators().size() << "):\n";
   for (Communicator* c : rt.communicators()) {
@@ -108,6 +123,15 @@ std::string info_json(const Runtime& rt) {
     backends.push_back(bt);
   }
   root.insert("backends", backends);
+  toml::array extensions;
+  for (const ExtensionKernel& x : rt.extension_kernels()) {
+    toml::table xt{{"plugin", x.plugin}, {"backend", x.backend},
+                   {"op", x.op},         {"dtype", dtype_name(x.dtype)},
+                   {"impl", x.impl},     {"used", x.problem.empty()}};
+    if (!x.problem.empty()) xt.insert("problem", x.problem);
+    extensions.push_back(xt);
+  }
+  root.insert("extension_kernels", extensions);
   toml::array comms;
   for (Communicator* c : rt.communicators()) {
     toml::array bs;

@@ -84,17 +84,43 @@ Var GradContext::sum_to(Var g, const Shape& shape) {
 
 // ---- OpSchema ----
 
-Attrs OpSchema::complete_attrs(const Attrs& given) const {
-  for (const auto& [name, v] : given) {
-    const bool known = std::any_of(attrs.begin(), attrs.end(),
-                                   [&](const AttrDef& a) { return a.name == name; });
-    if (!known) {
-      std::string list;
-      for (const auto& a : attrs) list += (list.empty() ? "" : ", ") + a.name;
-      throw OpError("op '" + this->name + "' has no attribute '" + name + "' (attributes: " +
-                    (list.empty() ? "none" : list) + ")");
-    }
+namespace {
+// `v` as attribute `def`, converting an int to a float and ints to floats; nullopt if it does
+// not fit.
+std::optional<AttrValue> convert_attr(const AttrDef& def, const AttrValue& v) {
+  const plx_attr_type t = attr_type_of(v);
+  if (t == def.type) return v;
+  if (def.type == PLX_ATTR_FLOAT && t == PLX_ATTR_INT)
+    return static_cast<double>(std::get<int64_t>(v));
+  if (def.type == PLX_ATTR_FLOATS && t == PLX_ATTR_INTS) {
+    const Ints& xs = std::get<Ints>(v);
+    return Floats(xs.begin(), xs.end());
   }
+  return std::nullopt;
+}
+}  // namespace
+
+std::string OpSchema::attr_problem(std::string_view attr, const AttrValue& v) const {
+  const auto def =
+      std::find_if(attrs.begin(), attrs.end(), [&](const AttrDef& a) { return a.name == attr; });
+  if (def == attrs.end()) {
+    std::string list;
+    for (const auto& a : attrs) list += (list.empty() ? "" : ", ") + a.name;
+    return "op '" + name + "' has no attribute '" + std::string(attr) +
+           "' (attributes: " + (list.empty() ? "none" : list) + ")";
+  }
+  if (!convert_attr(*def, v))
+    return "op '" + name + "': attribute '" + def->name + "' is " +
+           attr_type_name(attr_type_of(v)) + " " + attr_value_string(v) + ", expected " +
+           attr_type_name(def->type);
+  return "";
+}
+
+Attrs OpSchema::complete_attrs(const Attrs& given) const {
+  // Unknown attributes first, in the order given; types below, in schema order.
+  for (const auto& [attr, v] : given)
+    if (std::none_of(attrs.begin(), attrs.end(), [&](const AttrDef& a) { return a.name == attr; }))
+      throw OpError(attr_problem(attr, v));
   Attrs out;
   for (const auto& def : attrs) {
     const AttrValue* v = given.find(def.name);
@@ -105,18 +131,9 @@ Attrs OpSchema::complete_attrs(const Attrs& given) const {
       out.set(def.name, *def.default_value);
       continue;
     }
-    const plx_attr_type t = attr_type_of(*v);
-    if (t == def.type) {
-      out.set(def.name, *v);
-    } else if (def.type == PLX_ATTR_FLOAT && t == PLX_ATTR_INT) {
-      out.set(def.name, static_cast<double>(std::get<int64_t>(*v)));
-    } else if (def.type == PLX_ATTR_FLOATS && t == PLX_ATTR_INTS) {
-      const Ints& xs = std::get<Ints>(*v);
-      out.set(def.name, Floats(xs.begin(), xs.end()));
-    } else {
-      throw OpError("op '" + name + "': attribute '" + def.name + "' is " + attr_type_name(t) +
-                    " " + attr_value_string(*v) + ", expected " + attr_type_name(def.type));
-    }
+    std::optional<AttrValue> c = convert_attr(def, *v);
+    if (!c) throw OpError(attr_problem(def.name, *v));
+    out.set(def.name, std::move(*c));
   }
   return out;
 }
@@ -213,7 +230,8 @@ const OpSchema& OpRegistry::get(std::string_view name) const {
   throw OpError("unknown op '" + std::string(name) + "' (see docs/ops.md or `plexus info`)");
 }
 
-const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std::string& plugin) {
+const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std::string& plugin,
+                                              const char* (*last_error)(void)) {
   const std::string name = p.name ? p.name : "";
   const std::string prefix = plugin + ".";
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size())
@@ -241,7 +259,7 @@ const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std:
     }
     s.attrs.push_back(std::move(d));
   }
-  s.infer = [&p](InferContext& ctx) {
+  s.infer = [&p, last_error](InferContext& ctx) {
     std::vector<plx_tensor> in;
     for (int i = 0; i < ctx.num_inputs(); ++i) in.push_back(make_desc(ctx.in(i), 0));
     AttrPack pack(ctx.attrs());
@@ -256,7 +274,11 @@ const OpSchema& OpRegistry::add_plugin_schema(const plx_op_schema& p, const std:
     std::vector<plx_tensor> out(static_cast<size_t>(p.num_outputs));
     for (auto& o : out) o.dtype = PLX_DTYPE_NONE;
     const plx_status st = p.infer(p.user, &node, out.data());
-    if (st != PLX_OK) ctx.fail(std::string("shape inference failed: ") + plx_status_string(st));
+    if (st != PLX_OK) {
+      const char* why = last_error ? last_error() : nullptr;
+      ctx.fail(std::string("shape inference failed: ") + plx_status_string(st) +
+               (why && *why ? std::string(": ") + why : std::string()));
+    }
     for (int32_t i = 0; i < p.num_outputs; ++i) {
       const plx_tensor& o = out[static_cast<size_t>(i)];
       if (!dtype_is_valid(o.dtype) || o.ndim < 0 || o.ndim > PLX_MAX_DIMS)

@@ -97,6 +97,13 @@ std::string missing_comm_slot(const plx_comm& c) {
   return "";
 }
 
+// Whether the descriptor reaches the kernel-extension slots of ABI 1.2. A descriptor of 1.0 or
+// 1.1 ends before them: reading them would read past the plugin's struct.
+bool has_extension_slots(const plx_plugin& d) {
+  return d.struct_size >=
+         offsetof(plx_plugin, get_extension_kernel) + sizeof(d.get_extension_kernel);
+}
+
 // Checks what the plugin provides; returns the first problem, or "".
 std::string validate_provided(const plx_plugin& d, void* ctx) {
   const int32_t nb = d.backend_count ? d.backend_count(ctx) : 0;
@@ -130,10 +137,33 @@ std::string validate_provided(const plx_plugin& d, void* ctx) {
     if (!s || s->struct_size < sizeof(plx_op_schema))
       return "op schema " + std::to_string(i) + " is NULL or too small";
   }
+  // Kernel extensions (ABI 1.2): each entry must name a backend and give a kernel. Whether that
+  // backend is loaded, and whether the kernel's op exists, is known only once every plugin has
+  // loaded; the runtime reports those then, without refusing the plugin.
+  const int32_t ne =
+      has_extension_slots(d) && d.extension_kernel_count ? d.extension_kernel_count(ctx) : 0;
+  for (int32_t i = 0; i < ne; ++i) {
+    const plx_kernel_ext* e = d.get_extension_kernel(ctx, i);
+    const std::string which = "kernel extension " + std::to_string(i);
+    if (!e) return which + " is NULL";
+    if (e->struct_size < sizeof(plx_kernel_ext))
+      return which + " is " + std::to_string(e->struct_size) + " bytes, ABI 1.2 needs " +
+             std::to_string(sizeof(plx_kernel_ext));
+    if (!e->backend || !*e->backend) return which + " names no backend";
+    if (!e->kernel) return which + " (for backend '" + e->backend + "') has no kernel";
+  }
   return "";
 }
 
 }  // namespace
+
+std::vector<const plx_kernel_ext*> LoadedPlugin::extension_kernels() const {
+  std::vector<const plx_kernel_ext*> out;
+  if (!desc_ || !has_extension_slots(*desc_) || !desc_->extension_kernel_count) return out;
+  const int32_t n = desc_->extension_kernel_count(ctx_);
+  for (int32_t i = 0; i < n; ++i) out.push_back(desc_->get_extension_kernel(ctx_, i));
+  return out;
+}
 
 fs::path PluginLoader::default_dir() {
   std::error_code ec;
@@ -213,13 +243,16 @@ std::unique_ptr<LoadedPlugin> PluginLoader::load_file(const fs::path& file,
   }
   if (d->abi_major != PLX_ABI_MAJOR) {
     reason = "built for plugin ABI " + std::to_string(d->abi_major) + "." +
-             std::to_string(d->abi_minor) + ", this host speaks " + std::to_string(PLX_ABI_MAJOR) +
-             "." + std::to_string(PLX_ABI_MINOR) + " (rebuild it against this SDK)";
+             std::to_string(d->abi_minor) + "; this host accepts ABI " +
+             std::to_string(PLX_ABI_MAJOR) + ".0 to " + std::to_string(PLX_ABI_MAJOR) + "." +
+             std::to_string(PLX_ABI_MINOR) + " (rebuild it against this SDK)";
     return nullptr;
   }
-  if (d->struct_size < sizeof(plx_plugin)) {
+  // Any minor of this major loads: a descriptor of 1.0 or 1.1 ends before the slots 1.2
+  // appended, and the host reads those only when struct_size reaches them.
+  if (d->struct_size < PLX_PLUGIN_SIZE_1_0) {
     reason = "descriptor is " + std::to_string(d->struct_size) + " bytes, ABI " +
-             std::to_string(PLX_ABI_MAJOR) + ".0 needs " + std::to_string(sizeof(plx_plugin));
+             std::to_string(PLX_ABI_MAJOR) + ".0 needs " + std::to_string(PLX_PLUGIN_SIZE_1_0);
     return nullptr;
   }
   if (!valid_plugin_name(d->name)) {
@@ -229,6 +262,12 @@ std::unique_ptr<LoadedPlugin> PluginLoader::load_file(const fs::path& file,
   if (!d->init || !d->shutdown || !d->last_error || !d->backend_count || !d->get_backend ||
       !d->comm_count || !d->get_comm || !d->op_schema_count || !d->get_op_schema) {
     reason = "descriptor has NULL required slots";
+    return nullptr;
+  }
+  if (has_extension_slots(*d) && !d->extension_kernel_count != !d->get_extension_kernel) {
+    reason =
+        "descriptor sets only one of extension_kernel_count and get_extension_kernel "
+        "(both or neither)";
     return nullptr;
   }
   if (std::find(search.disabled.begin(), search.disabled.end(), d->name) != search.disabled.end()) {

@@ -27,6 +27,7 @@ Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
   searched_ = std::move(r.searched);
   for (auto& p : r.loaded) add_plugin(std::move(p));
   for (auto& b : backends_) b->index_kernels(ops_);
+  attach_extension_kernels();
   if (!options_.fallback.empty() && !find_backend(options_.fallback))
     throw PluginError("backend.fallback names backend '" + options_.fallback +
                       "', which is not loaded");
@@ -44,7 +45,8 @@ void Runtime::add_plugin(std::unique_ptr<LoadedPlugin> plugin) {
   // Op schemas first: a schema that clashes makes the whole plugin unusable.
   try {
     const int32_t ns = d.op_schema_count(ctx);
-    for (int32_t i = 0; i < ns; ++i) ops_.add_plugin_schema(*d.get_op_schema(ctx, i), plugin->name());
+    for (int32_t i = 0; i < ns; ++i)
+      ops_.add_plugin_schema(*d.get_op_schema(ctx, i), plugin->name(), d.last_error);
   } catch (const Error& e) {
     spdlog::warn("skipped plugin {}: {}", plugin->path(), e.what());
     skipped_.push_back({plugin->path(), e.what()});
@@ -75,6 +77,34 @@ void Runtime::add_plugin(std::unique_ptr<LoadedPlugin> plugin) {
     comms_.push_back(std::make_unique<Communicator>(*plugin, t));
   }
   plugins_.push_back(std::move(plugin));
+}
+
+void Runtime::attach_extension_kernels() {
+  for (const auto& p : plugins_) {
+    for (const plx_kernel_ext* e : p->extension_kernels()) {
+      const plx_kernel& k = *e->kernel;
+      ExtensionKernel x;
+      x.plugin = p->name();
+      x.backend = e->backend;
+      x.op = x.impl = "?";
+      if (k.struct_size >= sizeof(plx_kernel)) {  // else add_extension_kernel says it is malformed
+        if (k.op) x.op = k.op;
+        if (k.impl) x.impl = k.impl;
+        x.dtype = static_cast<plx_dtype>(k.dtype);
+      }
+      // A missing backend is not the extension's fault: a CUDA kernel on a machine without the
+      // CUDA plugin. The plugin's other kernels and ops stay usable.
+      Backend* b = find_backend(x.backend);
+      x.problem = b ? b->add_extension_kernel(&k, *p) : "backend '" + x.backend + "' is not loaded";
+      if (x.problem.empty())
+        spdlog::debug("plugin '{}' adds kernel '{}' for op '{}' ({}) to backend '{}'", x.plugin,
+                      x.impl, x.op, dtype_name(x.dtype), x.backend);
+      else
+        spdlog::warn("plugin '{}': kernel '{}' for op '{}' on backend '{}' is not used: {}",
+                     x.plugin, x.impl, x.op, x.backend, x.problem);
+      extensions_.push_back(std::move(x));
+    }
+  }
 }
 
 std::vector<Backend*> Runtime::backends() const {

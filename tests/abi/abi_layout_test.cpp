@@ -1,4 +1,4 @@
-// Pins the layout of every struct of plugin ABI 1.1 (x86-64 / LP64).
+// Pins the layout of every struct of plugin ABI 1.2 (x86-64 / LP64).
 //
 // Once released an ABI header is frozen: a field may only be appended (with the minor version
 // bumped), never inserted, resized or reordered, or plugins built earlier would read the wrong
@@ -6,7 +6,10 @@
 // field at the end, bump PLX_ABI_MINOR and add the new size here as a new line.
 //
 // History: 1.1 appended plx_comm.bench_native (plx_comm 160 -> 168 bytes; a 1.0 table of 160
-// bytes stays valid, PLX_COMM_SIZE_1_0).
+// bytes stays valid, PLX_COMM_SIZE_1_0). 1.2 appended plx_plugin's kernel extensions,
+// extension_kernel_count and get_extension_kernel (plx_plugin 104 -> 120 bytes; a descriptor of
+// 1.0 or 1.1, 104 bytes, stays valid, PLX_PLUGIN_SIZE_1_0 = PLX_PLUGIN_SIZE_1_1), and the new
+// struct plx_kernel_ext.
 //
 // The static_asserts fail the build; the test case repeats them at run time so the suite lists
 // the check and reports each struct.
@@ -205,7 +208,12 @@ PLX_PIN_FIELD(plx_host, log_user, 16)
 PLX_PIN_FIELD(plx_host, log_level, 24)
 PLX_PIN_FIELD(plx_host, num_options, 28)
 PLX_PIN_FIELD(plx_host, options, 32)
-PLX_PIN_SIZE(plx_plugin, 104, 8)
+PLX_PIN_SIZE(plx_kernel_ext, 24, 8)  // 1.2
+PLX_PIN_FIELD(plx_kernel_ext, struct_size, 0)
+PLX_PIN_FIELD(plx_kernel_ext, reserved0, 4)
+PLX_PIN_FIELD(plx_kernel_ext, backend, 8)
+PLX_PIN_FIELD(plx_kernel_ext, kernel, 16)
+PLX_PIN_SIZE(plx_plugin, 120, 8)
 PLX_PIN_FIELD(plx_plugin, struct_size, 0)
 PLX_PIN_FIELD(plx_plugin, abi_major, 4)
 PLX_PIN_FIELD(plx_plugin, abi_minor, 6)
@@ -221,6 +229,10 @@ PLX_PIN_FIELD(plx_plugin, comm_count, 72)
 PLX_PIN_FIELD(plx_plugin, get_comm, 80)
 PLX_PIN_FIELD(plx_plugin, op_schema_count, 88)
 PLX_PIN_FIELD(plx_plugin, get_op_schema, 96)
+static_assert(PLX_PLUGIN_SIZE_1_0 == 104, "plx_plugin of ABI 1.0 was 104 bytes");
+static_assert(PLX_PLUGIN_SIZE_1_1 == 104, "plx_plugin of ABI 1.1 was 104 bytes");
+PLX_PIN_FIELD(plx_plugin, extension_kernel_count, 104)  // 1.2
+PLX_PIN_FIELD(plx_plugin, get_extension_kernel, 112)    // 1.2
 
 namespace {
 
@@ -231,7 +243,7 @@ struct Pin {
 
 }  // namespace
 
-TEST_CASE("ABI 1.1 struct sizes are pinned", "[abi]") {
+TEST_CASE("ABI 1.2 struct sizes are pinned", "[abi]") {
   const Pin pins[] = {
       {"plx_tensor", sizeof(plx_tensor), 152},
       {"plx_attr", sizeof(plx_attr), 56},
@@ -251,7 +263,10 @@ TEST_CASE("ABI 1.1 struct sizes are pinned", "[abi]") {
       {"plx_comm of ABI 1.0", PLX_COMM_SIZE_1_0, 160},
       {"plx_option", sizeof(plx_option), 16},
       {"plx_host", sizeof(plx_host), 40},
-      {"plx_plugin", sizeof(plx_plugin), 104},
+      {"plx_kernel_ext", sizeof(plx_kernel_ext), 24},
+      {"plx_plugin", sizeof(plx_plugin), 120},
+      {"plx_plugin of ABI 1.0", PLX_PLUGIN_SIZE_1_0, 104},
+      {"plx_plugin of ABI 1.1", PLX_PLUGIN_SIZE_1_1, 104},
   };
   for (const Pin& p : pins) {
     INFO(p.name);
@@ -259,9 +274,9 @@ TEST_CASE("ABI 1.1 struct sizes are pinned", "[abi]") {
   }
 }
 
-TEST_CASE("ABI 1.1 enumerations keep their values", "[abi]") {
+TEST_CASE("ABI 1.2 enumerations keep their values", "[abi]") {
   CHECK(PLX_ABI_MAJOR == 1);
-  CHECK(PLX_ABI_MINOR == 1);
+  CHECK(PLX_ABI_MINOR == 2);
   CHECK(PLX_MAX_DIMS == 8);
   CHECK(PLX_OK == 0);
   CHECK(PLX_ERR_INVALID_ARGUMENT == 1);

@@ -64,8 +64,9 @@ TEST_CASE("broken plugins are skipped with their reason while the good ones load
       {"libplexus-notalib.so", "not a loadable shared library"},
       {"libplexus-noentry.so", "no entry point 'plexus_plugin_entry'"},
       {"libplexus-badabi.so", "built for plugin ABI 99." + std::to_string(PLX_ABI_MINOR) +
-                                  ", this host speaks 1." + std::to_string(PLX_ABI_MINOR)},
-      {"libplexus-smalldesc.so", "descriptor is 16 bytes"},
+                                  "; this host accepts ABI 1.0 to 1." +
+                                  std::to_string(PLX_ABI_MINOR) + " (rebuild it against this SDK)"},
+      {"libplexus-smalldesc.so", "descriptor is 16 bytes, ABI 1.0 needs 104"},
       {"libplexus-initfail.so", "init failed (backend error): simulated failure: no device found"},
       {"libplexus-noslot.so", "backend 'noslot' lacks required slot"},
   };
@@ -251,4 +252,42 @@ TEST_CASE("a communicator table of ABI 1.0 still loads, a shorter one is refused
   const SkippedPlugin* s = skipped_file(rt, "libplexus-commsmall.so");
   REQUIRE(s != nullptr);
   CHECK_THAT(s->reason, PLX_CONTAINS("communicator 0 table is 152 bytes, ABI 1.0 needs 160"));
+}
+
+// ABI 1.2 appended the kernel-extension slots to plx_plugin: a descriptor of 1.1 (and 1.0) ends
+// before them and must still load, its slots past struct_size never read. The fixture keeps
+// extension slots there that would attach kernels (one computing relu as 42) if they were read.
+TEST_CASE("a plugin descriptor of ABI 1.1 still loads and nothing past its size is read",
+          "[cpu][loader]") {
+  Runtime rt(only({fixture_dir() + "/abi11", plugin_dir()}));
+  REQUIRE(loaded(rt, "abi11"));
+  for (const auto& p : rt.plugins())
+    if (p->name() == "abi11") {
+      CHECK(p->abi_minor() == 1);
+      CHECK(p->descriptor().struct_size == PLX_PLUGIN_SIZE_1_1);
+      CHECK(p->extension_kernels().empty());
+    }
+  CHECK(rt.skipped().empty());
+  CHECK(rt.extension_kernels().empty());
+  const OpSchema* s = rt.ops().find("abi11.negate");
+  REQUIRE(s != nullptr);
+  CHECK(s->origin == "abi11");
+  // The cpu's relu kernels are its own: nothing was appended.
+  Backend& cpu_b = rt.backend("cpu");
+  const int32_t relu = rt.ops().get("relu").id;
+  for (const plx_kernel* k : cpu_b.kernels(relu, PLX_F32)) {
+    INFO(k->impl);
+    CHECK(&cpu_b.kernel_plugin(k) == &cpu_b.plugin());
+  }
+  const Tensor x = Tensor::from_vector(cpu_b, std::vector<float>{-1, 2}, {2});
+  CHECK(call(cpu_b, "relu", {x}).at(0).to_vector<float>() == std::vector<float>{0, 2});
+}
+
+TEST_CASE("a descriptor that sets one of the two kernel-extension slots is refused",
+          "[cpu][loader]") {
+  Runtime rt(only({fixture_dir() + "/extbad/libplexus-exthalf.so"}));
+  REQUIRE(rt.skipped().size() == 1);
+  CHECK_THAT(rt.skipped()[0].reason,
+             PLX_CONTAINS("sets only one of extension_kernel_count and get_extension_kernel "
+                          "(both or neither)"));
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "plexus/op_schema.hpp"
+#include "plexus/optimizer.hpp"
 #include "plexus/sdk/dtype.hpp"
 
 namespace plexus::test {
@@ -155,8 +156,16 @@ double nmse(const std::vector<double>& got, const std::vector<double>& want) {
 
 void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                      GradCheck o) {
-  Backend& b = cpu();
-  const OpSchema& s = runtime().ops().get(op);
+  check_gradients(cpu(), op, inputs, attrs, o);
+}
+
+void check_gradients(Backend& b, const std::string& op, const std::vector<Tensor>& inputs_in,
+                     const Attrs& attrs, GradCheck o) {
+  const OpSchema& s = b.runtime().ops().get(op);
+  // The helpers below make tensors on the harness's cpu; `b` may be another runtime's backend.
+  auto on_b = [&](const Tensor& t) { return !t.defined() || &t.backend() == &b ? t : t.to(b); };
+  std::vector<Tensor> inputs;
+  for (const Tensor& t : inputs_in) inputs.push_back(on_b(t));
   const std::vector<Tensor> outs = call(b, op, inputs, attrs);
 
   if (o.outputs.empty()) {
@@ -174,8 +183,8 @@ void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, c
   std::vector<std::vector<double>> dy_vals(outs.size());
   for (int k : o.outputs) {
     REQUIRE(outs[static_cast<size_t>(k)].dtype() == PLX_F64);
-    dys[static_cast<size_t>(k)] = random_tensor(outs[static_cast<size_t>(k)].shape(), PLX_F64,
-                                                o.seed + static_cast<uint64_t>(k));
+    dys[static_cast<size_t>(k)] = on_b(random_tensor(outs[static_cast<size_t>(k)].shape(), PLX_F64,
+                                                     o.seed + static_cast<uint64_t>(k)));
     dy_vals[static_cast<size_t>(k)] = dys[static_cast<size_t>(k)].to_doubles();
   }
   auto loss = [&](const std::vector<Tensor>& ins) {
@@ -206,15 +215,27 @@ void check_gradients(const std::string& op, const std::vector<Tensor>& inputs, c
     for (size_t j = 0; j < base.size(); ++j) {
       std::vector<double> p = base;
       p[j] = base[j] + o.eps;
-      ins[static_cast<size_t>(i)] = from_doubles(p, x.shape(), PLX_F64);
+      ins[static_cast<size_t>(i)] = on_b(from_doubles(p, x.shape(), PLX_F64));
       const double lp = loss(ins);
       p[j] = base[j] - o.eps;
-      ins[static_cast<size_t>(i)] = from_doubles(p, x.shape(), PLX_F64);
+      ins[static_cast<size_t>(i)] = on_b(from_doubles(p, x.shape(), PLX_F64));
       const double lm = loss(ins);
       numeric[j] = (lp - lm) / (2 * o.eps);
     }
     CHECK_ALLCLOSE(analytic, numeric, o.tol);
   }
+}
+
+std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels) {
+  const Var loss = g.add1("softmax_cross_entropy", {logits, labels}, {}, "loss");
+  const std::vector<Var> params = g.parameters();
+  const std::vector<Var> grads = backward(g, loss, params);
+  OptimizerOptions o;
+  o.kind = "sgd";
+  o.momentum = 0.9;
+  add_optimizer(g, params, grads, o);
+  g.mark_output(loss, "loss_out");
+  return grads;
 }
 
 TempDir::TempDir(const std::string& tag) {

@@ -12,6 +12,7 @@
 #include "plexus/backend.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/eager.hpp"
+#include "plexus/graph.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
 #include "support/catch.hpp"
@@ -83,6 +84,16 @@ struct GradCheck {
 // `inputs` must be f64 where they are floats (integer inputs are passed through).
 void check_gradients(const std::string& op, const std::vector<Tensor>& inputs,
                      const Attrs& attrs = {}, GradCheck opts = {});
+// The same on backend `b` (of any runtime: a test's own, with fixture plugins); inputs on
+// another backend are copied to it.
+void check_gradients(Backend& b, const std::string& op, const std::vector<Tensor>& inputs,
+                     const Attrs& attrs = {}, GradCheck opts = {});
+
+// Appends what a training step adds to a forward graph, as the tests build it: softmax
+// cross-entropy of `logits` (N, classes) against `labels` (N), marked as output "loss_out",
+// the backward pass to every parameter, and SGD with momentum 0.9 reading the input "lr".
+// Returns the gradients, in g.parameters() order (invalid where none reaches a parameter).
+std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels);
 
 // A fresh directory under the system's temporary directory ("plexus-<tag>-<pid>-<n>"), removed
 // with its contents when the object dies.

@@ -12,7 +12,6 @@
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/model.hpp"
-#include "plexus/optimizer.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -478,7 +477,7 @@ TEST_CASE("an unknown layer type lists the known ones", "[model][cpu]") {
       parse(kHead + "[[layers]]\ntype = \"conv\"\nout = 3\n"),
       PLX_CONTAINS("m.toml:4:8: layer 1 'conv_1' (conv): unknown layer type 'conv' "
                    "(known: conv2d, linear, relu, gelu, tanh, sigmoid, max_pool2d, "
-                   "avg_pool2d, global_avg_pool, batch_norm, layer_norm, flatten, add)"));
+                   "avg_pool2d, global_avg_pool, batch_norm, layer_norm, flatten, add, op)"));
   REQUIRE_THROWS_WITH(parse(kHead + "[[layers]]\nout = 3\n"),
                       PLX_CONTAINS("m.toml:3:1: layer 1 'layer_1': missing key 'type'"));
 }
@@ -860,19 +859,13 @@ out = "classes"
   const Var x = g.input("x", {PLX_F32, {n, 2, 6, 6}});
   const Var labels = g.input("labels", {PLX_I32, {n}});
   const Var logits = build_model(g, spec, x, true);
-  const Var loss = g.add1("softmax_cross_entropy", {logits, labels}, {}, "loss");
   const std::vector<Var> params = g.parameters();
   CHECK(params.size() == 8);  // weight and bias of two convs, the batch norm and the linear
-  const std::vector<Var> grads = backward(g, loss, params);
+  const std::vector<Var> grads = add_sgd_step(g, logits, labels);
   for (size_t i = 0; i < params.size(); ++i) {
     INFO(g.value(params[i]).name);
     CHECK(grads[i].valid());
   }
-  OptimizerOptions o;
-  o.kind = "sgd";
-  o.momentum = 0.9;
-  add_optimizer(g, params, grads, o);
-  g.mark_output(loss, "loss_out");
   TensorStore store;
   ExecutableOptions opt;
   opt.seed = 12;
@@ -890,4 +883,227 @@ out = "classes"
   CHECK(std::isfinite(losses.back()));
   // Eight fixed samples are memorised: the loss falls well below its start.
   CHECK(losses.back() < 0.25 * losses.front());
+}
+
+// ---- the op layer: any registered op ----
+
+namespace {
+
+struct Trained {
+  std::map<std::string, std::vector<double>> params;
+  std::vector<double> losses;
+};
+
+// Trains `spec` (input (8), 3 classes) for a few SGD steps on fixed data; every parameter after.
+Trained train_steps(const ModelSpec& spec) {
+  const int64_t n = 6;
+  Graph g(runtime().ops());
+  const Var x = g.input("x", {PLX_F32, {n, 8}});
+  const Var logits = build_model(g, spec, x, true);
+  add_sgd_step(g, logits, g.input("labels", {PLX_I32, {n}}));
+  TensorStore store;
+  ExecutableOptions opt;
+  opt.seed = 5;
+  Executable exe(cpu(), g, store, opt);
+  fill_f32(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 8), 13));
+  exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 1, 2, 2, 1, 0}.data());
+  fill_f32(exe.tensor("lr"), {0.1});
+  Trained t;
+  for (int step = 0; step < 8; ++step) {
+    exe.run();
+    exe.sync();
+    t.losses.push_back(exe.tensor("loss_out").to_doubles().at(0));
+  }
+  for (Var p : g.parameters()) t.params[g.value(p).name] = store.get(g.value(p).name).to_doubles();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("an op layer calling relu trains to exactly the parameters of a relu layer",
+          "[model][cpu]") {
+  const std::string head =
+      "input = [8]\nclasses = 3\n[[layers]]\nname = \"fc1\"\ntype = \"linear\"\nout = 6\n";
+  const std::string tail = "[[layers]]\nname = \"fc2\"\ntype = \"linear\"\nout = \"classes\"\n";
+  const Trained layer =
+      train_steps(parse(head + "[[layers]]\nname = \"act\"\ntype = \"relu\"\n" + tail));
+  const Trained op = train_steps(
+      parse(head + "[[layers]]\nname = \"act\"\ntype = \"op\"\nop = \"relu\"\n" + tail));
+  REQUIRE(layer.params.size() == 4);
+  CHECK(op.losses == layer.losses);
+  CHECK(op.params == layer.params);  // bit for bit
+  CHECK(layer.losses.back() < layer.losses.front());
+}
+
+TEST_CASE("an op layer passes attributes and parameters to its op and picks an output",
+          "[model][cpu]") {
+  const ModelSpec spec = parse(R"(
+input = [4, 6, 6]
+[[layers]]
+name = "g"
+type = "op"
+op = "gelu"
+attrs = { approximate = "tanh" }
+[[layers]]
+name = "both"
+type = "op"
+op = "add"
+inputs = ["input", "g"]
+[[layers]]
+name = "scaled"
+type = "op"
+op = "mul"
+params = [{ name = "scale", shape = [6], init = 0.5 }]
+[[layers]]
+name = "conv"
+type = "op"
+op = "conv2d"
+attrs = { padding = [1, 1] }
+params = [{ name = "weight", shape = [3, 4, 3, 3], init = "kaiming_uniform" },
+          { name = "bias", shape = [3] }]
+[[layers]]
+name = "pool"
+type = "op"
+op = "max_pool2d"
+attrs = { kernel = [2, 2], stride = [2, 2] }
+output = 1
+)");
+  CHECK(spec.layers.at(0).op_attrs.get_string("approximate") == "tanh");
+  CHECK(spec.layers.at(0).key_where.at("attrs.approximate") == "m.toml:7:11");
+  CHECK(spec.layers.at(3).params.size() == 2);
+  auto b = build(spec, true, 2);
+  CHECK(node_named(b->g, "g").attrs.get_string("approximate") == "tanh");
+  const GraphNode& both = node_named(b->g, "both");
+  CHECK(both.inputs.at(0).id == b->x.id);
+  CHECK(both.inputs.at(1).id == output_of(b->g, "g").id);
+  // Parameters are "<layer>.<name>", passed after the inputs, with their init.
+  const GraphNode& scaled = node_named(b->g, "scaled");
+  REQUIRE(scaled.inputs.size() == 2);
+  CHECK(scaled.inputs[1].id == b->g.get("scaled.scale").id);
+  const InitSpec half = b->g.value(b->g.get("scaled.scale")).init;
+  CHECK(half.kind == InitSpec::Kind::Constant);
+  CHECK(half.a == 0.5);
+  CHECK(param_shape(b->g, "conv.weight") == Shape{3, 4, 3, 3});
+  const InitSpec w = b->g.value(b->g.get("conv.weight")).init;
+  const InitSpec want = init::kaiming_uniform(4 * 3 * 3);  // fan_in = C·kh·kw, as PyTorch
+  CHECK(w.kind == want.kind);
+  CHECK(w.a == want.a);
+  CHECK(w.b == want.b);
+  CHECK(b->g.value(b->g.get("conv.bias")).init.kind == InitSpec::Kind::Zeros);  // the default
+  CHECK(node_named(b->g, "conv").attrs.get_ints("padding") == Ints{1, 1});
+  // output = 1: max_pool2d's indices.
+  CHECK(b->y.id == node_named(b->g, "pool").outputs.at(1).id);
+  CHECK(b->summary.at(2).parameters == 6);
+  CHECK(b->summary.at(3).parameters == 3 * 4 * 3 * 3 + 3);
+  CHECK(b->summary.at(4).output == Shape{2, 3, 3, 3});
+
+  // The same in code: op_attrs and params are LayerSpec fields.
+  ModelSpec code;
+  code.input_shape = {4, 6, 6};
+  LayerSpec l{"op", "s", {}, {{"op", std::string("mul")}}, ""};
+  l.params.push_back({"scale", {6}, int64_t{2}});  // an integer init is a number
+  code.layers.push_back(l);
+  validate_model(code);
+  CHECK(std::get<double>(code.layers[0].params[0].init) == 2.0);
+  const auto built = build(code, true, 2);
+  CHECK(built->g.value(built->g.get("s.scale")).init.a == 2.0);
+  ModelSpec misplaced;
+  misplaced.layers.push_back(LayerSpec{"relu", "r", {}, {}, ""});
+  misplaced.layers[0].params.push_back({"p", {1}});
+  REQUIRE_THROWS_WITH(validate_model(misplaced),
+                      PLX_CONTAINS("layer 1 'r' (relu): op_attrs and params are for layers of "
+                                   "type \"op\""));
+}
+
+TEST_CASE("op layer errors found when parsing name the key and its position", "[model][cpu]") {
+  const std::string op = kHead + "[[layers]]\ntype = \"op\"\n";
+  REQUIRE_THROWS_WITH(parse(op),
+                      PLX_CONTAINS("m.toml:3:1: layer 1 'op_1' (op): missing required key 'op'"));
+  REQUIRE_THROWS_WITH(parse(op + "op = 3\n"),
+                      PLX_CONTAINS("m.toml:5:6: layer 1 'op_1' (op): op: expected a string, got "
+                                   "an integer"));
+  REQUIRE_THROWS_WITH(parse(op + "op = \"\"\n"),
+                      PLX_CONTAINS("m.toml:5:6: layer 1 'op_1' (op): op: must name an op"));
+  REQUIRE_THROWS_WITH(parse(op + "op = \"relu\"\nattrs = 3\n"),
+                      PLX_CONTAINS("m.toml:6:9: layer 1 'op_1' (op): attrs: expected an inline "
+                                   "table of the op's attributes, got an integer"));
+  REQUIRE_THROWS_WITH(parse(op + "op = \"relu\"\nattrs = { a = 1, b = { c = 2 } }\n"),
+                      PLX_CONTAINS("m.toml:6:22: layer 1 'op_1' (op): attrs.b: expected an "
+                                   "integer, a number, a boolean, a string or an array of "
+                                   "numbers, got a table"));
+  REQUIRE_THROWS_WITH(parse(op + "op = \"relu\"\noutput = -1\n"),
+                      PLX_CONTAINS("m.toml:6:10: layer 1 'op_1' (op): output: expected an "
+                                   "integer >= 0, got -1"));
+  const std::string mul = op + "op = \"mul\"\n";
+  REQUIRE_THROWS_WITH(parse(mul + "params = 3\n"),
+                      PLX_CONTAINS("m.toml:6:10: layer 1 'op_1' (op): params: expected an array "
+                                   "of inline tables { name, shape, init }, got an integer"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [3]\n"),
+                      PLX_CONTAINS("m.toml:6:11: layer 1 'op_1' (op): params[0]: expected an "
+                                   "inline table { name, shape, init }, got an integer"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ shape = [1] }]\n"),
+                      PLX_CONTAINS("m.toml:6:11: layer 1 'op_1' (op): params[0]: missing key "
+                                   "'name'"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b\", shape = [1], colour = 1 }]\n"),
+                      PLX_CONTAINS("m.toml:6:38: layer 1 'op_1' (op): params[0]: unknown key "
+                                   "'colour' (a parameter has: name, shape, init)"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b\", shape = 2 }]\n"),
+                      PLX_CONTAINS("m.toml:6:33: layer 1 'op_1' (op): params[0]: shape: expected "
+                                   "an array of integers such as [1] or [64, 32], got an integer"));
+  // The checks a spec made in code shares, at the position of the key they are about.
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b\", shape = [0] }]\n"),
+                      PLX_CONTAINS("m.toml:6:33: layer 1 'op_1' (op): params[0] 'b': shape: "
+                                   "expected a non-empty array of integers >= 1, got (0)"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b c\", shape = [1] }]\n"),
+                      PLX_CONTAINS("m.toml:6:20: layer 1 'op_1' (op): params[0] 'b c': name: "
+                                   "expected letters, digits, '_' and '-', got \"b c\""));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b\", shape = [1] }, { name = \"b\", "
+                                  "shape = [1] }]\n"),
+                      PLX_CONTAINS("params[1] 'b': name: another parameter of the layer has it"));
+  REQUIRE_THROWS_WITH(parse(mul + "params = [{ name = \"b\", shape = [1], init = \"he\" }]\n"),
+                      PLX_CONTAINS("m.toml:6:45: layer 1 'op_1' (op): params[0] 'b': init: "
+                                   "expected a number or one of zeros, ones, default, "
+                                   "kaiming_uniform, kaiming_normal, xavier_uniform, "
+                                   "xavier_normal, got \"he\""));
+  REQUIRE_THROWS_WITH(
+      parse(mul + "params = [{ name = \"b\", shape = [4], init = \"xavier_normal\" }]\n"),
+      PLX_CONTAINS("params[0] 'b': init: \"xavier_normal\" needs a shape of 2 or "
+                   "more dimensions (fan_in from shape[1], fan_out from shape[0]), "
+                   "got (4); use zeros, ones or a number"));
+}
+
+TEST_CASE("op layer errors found when building name the layer and where its key is written",
+          "[model][cpu]") {
+  auto try_build = [](const std::string& layer) {
+    Graph g(registry());
+    build_model(g, parse(kHead + "[[layers]]\ntype = \"op\"\n" + layer),
+                g.input("x", {PLX_F32, {2, 1, 8, 8}}), true);
+  };
+  REQUIRE_THROWS_AS(try_build("op = \"rleu\"\n"), ConfigError);
+  REQUIRE_THROWS_WITH(try_build("op = \"rleu\"\n"),
+                      PLX_CONTAINS("m.toml:5:6: layer 'op_1' (op): op: unknown op 'rleu' "
+                                   "(docs/ops.md lists the built-in ops, plexus info every "
+                                   "loaded one)"));
+  REQUIRE_THROWS_WITH(
+      try_build("op = \"relx\"\n"),
+      PLX_CONTAINS("op: unknown op 'relx' (ops named like it: relu, relu_backward)"));
+  REQUIRE_THROWS_WITH(try_build("op = \"example.swish\"\n"),
+                      PLX_CONTAINS("m.toml:5:6: layer 'op_1' (op): op: unknown op "
+                                   "'example.swish'; no loaded plugin has ops named 'example.*' "
+                                   "(is the plugin in plugins.paths or PLEXUS_PLUGIN_PATH?"));
+  REQUIRE_THROWS_WITH(try_build("op = \"gelu\"\nattrs = { approx = \"tanh\" }\n"),
+                      PLX_CONTAINS("m.toml:6:11: layer 'op_1' (op): attrs.approx: op 'gelu' has "
+                                   "no attribute 'approx' (attributes: approximate)"));
+  REQUIRE_THROWS_WITH(try_build("op = \"gelu\"\nattrs = { approximate = 1 }\n"),
+                      PLX_CONTAINS("m.toml:6:11: layer 'op_1' (op): attrs.approximate: op "
+                                   "'gelu': attribute 'approximate' is int 1, expected string"));
+  REQUIRE_THROWS_WITH(try_build("op = \"relu\"\nparams = [{ name = \"b\", shape = [1] }]\n"),
+                      PLX_CONTAINS("m.toml:3:1: layer 'op_1' (op): op 'relu' takes 1 inputs (x); "
+                                   "the layer gives 1 input(s) and 1 parameter(s), in that order"));
+  REQUIRE_THROWS_WITH(try_build("op = \"relu\"\noutput = 1\n"),
+                      PLX_CONTAINS("m.toml:6:10: layer 'op_1' (op): output: op 'relu' has 1 "
+                                   "output(s), so 0 to 0, got 1"));
+  // The op's own checks (shapes), with the layer's position.
+  REQUIRE_THROWS_WITH(try_build("op = \"mul\"\nparams = [{ name = \"b\", shape = [3] }]\n"),
+                      PLX_CONTAINS("m.toml:3:1: layer 'op_1' (op): ") && PLX_CONTAINS("mul"));
 }

@@ -85,11 +85,24 @@ class Backend {
   std::map<std::string, std::vector<plx_dtype>> supported_ops() const;
   // Kernels this backend registered for ops no schema describes (reported, never used).
   const std::vector<std::string>& orphan_kernels() const { return orphans_; }
+  // Appends a kernel that plugin `from` gives this backend (an ABI 1.2 kernel extension) after
+  // the kernels already indexed for its (op, dtype). Returns "" when it is used, or why not (a
+  // malformed table, an op no schema describes).
+  std::string add_extension_kernel(const plx_kernel* kernel, LoadedPlugin& from);
+  // Where kernel `k` comes from: the backend's own plugin, or the plugin that gave it as an
+  // extension. Its create() receives that plugin's ctx (the backend's ctx for its own kernels,
+  // the giving plugin's plugin_ctx for an extension), and its last_error() explains failures.
+  LoadedPlugin& kernel_plugin(const plx_kernel* k) const;
+  void* kernel_ctx(const plx_kernel* k) const;
 
   // ---- errors ----
   // Throws the matching plexus error with the plugin's last_error text:
   // "backend 'cuda': <what>: out of memory: <plugin message>".
   [[noreturn]] void fail(plx_status status, std::string_view what) const;
+  // The same, with the message from `reporter`'s last_error(): the plugin that gave a kernel
+  // extension, whose failure the backend's own plugin knows nothing of.
+  [[noreturn]] void fail(plx_status status, std::string_view what,
+                         const LoadedPlugin& reporter) const;
   void check(plx_status status, std::string_view what) const {
     if (status != PLX_OK) fail(status, what);
   }
@@ -98,6 +111,9 @@ class Backend {
   void index_kernels(const OpRegistry& ops);
 
  private:
+  // Appends `k` to its (op, dtype)'s kernels; null (and nothing added) when no schema has it.
+  const OpSchema* index_kernel(const plx_kernel* k);
+
   Runtime& runtime_;
   LoadedPlugin& plugin_;
   const plx_backend* t_;
@@ -112,6 +128,9 @@ class Backend {
   // kernels_[op_id * PLX_DTYPE_COUNT + dtype]
   std::vector<std::vector<const plx_kernel*>> kernels_;
   std::vector<std::string> orphans_;
+  // Kernel extensions -> the plugin that gave each; looked up when a node is prepared or a
+  // kernel fails, never per step.
+  std::map<const plx_kernel*, LoadedPlugin*> extension_from_;
   const OpRegistry* ops_ = nullptr;
 };
 

@@ -22,6 +22,16 @@
 
 namespace plexus {
 
+// A learned parameter of an `op` layer, named "<layer>.<name>" and passed to the op after the
+// layer's inputs, in the order written.
+struct LayerParam {
+  std::string name;
+  Shape shape;  // sizes >= 1
+  // "zeros", "ones", a weight init rule of init_rules() (fan_in and fan_out from a shape of 2
+  // or more dimensions, as PyTorch computes them), or a number (double): every element.
+  AttrValue init = std::string("zeros");
+};
+
 // One layer. Attribute values are normalised: ints as int64, booleans as int64 0/1, [h, w]
 // attributes as Ints of two (an int k becomes [k, k]), floats as double, strings as strings;
 // linear's `out` may be the string "classes". Absent attributes take their defaults at build.
@@ -31,6 +41,18 @@ struct LayerSpec {
   std::vector<std::string> inputs;  // earlier layers' names or "input"; empty: the previous
   std::map<std::string, AttrValue> attrs;
   std::string where;  // "convnet.toml:12:1", for errors; may be empty
+  // type = "op" only (its `op` and `output` are in attrs): the op's attributes, as written (the
+  // op's schema checks them when the model is built, since parsing needs no runtime), and the
+  // learned parameters it takes.
+  Attrs op_attrs;
+  std::vector<LayerParam> params;
+  // Where keys were written, for the errors found when building: "op", "output", "attrs",
+  // "attrs.<name>", "params", "params.<i>" (i from 0) -> "m.toml:14:6". May be empty.
+  std::map<std::string, std::string> key_where;
+
+  // Where `key` was written: the key itself, else the nearest enclosing key ("params.0.shape",
+  // then "params.0", then "params"), else the layer's `where`.
+  std::string where_of(std::string key) const;
 };
 
 struct ModelSpec {
@@ -52,6 +74,8 @@ enum class LayerAttrKind : uint8_t {
   Float,    // a number
   String,   // one of `choices`
   OutSize,  // an integer, or "classes" (the model's classes)
+  OpAttrs,  // an inline table of an op's attributes (LayerSpec::op_attrs)
+  Params,   // an array of { name, shape, init } tables (LayerSpec::params)
 };
 
 struct LayerAttrRule {
@@ -66,7 +90,7 @@ struct LayerAttrRule {
 
 struct LayerType {
   std::string type;
-  int inputs = 1;  // how many inputs it reads
+  int inputs = 1;  // how many inputs it reads; -1: any number (the op layer)
   std::vector<LayerAttrRule> attrs;
   std::string doc;
 };

@@ -159,6 +159,9 @@ struct OpSchema {
   // Attributes with defaults filled in and types checked, in schema order. Throws OpError
   // naming the op and attribute.
   Attrs complete_attrs(const Attrs& given) const;
+  // Why `value` cannot be given as attribute `attr` ("" if it can): the op has no such
+  // attribute (the message lists them), or the value's type does not convert to the attribute's.
+  std::string attr_problem(std::string_view attr, const AttrValue& value) const;
   // Validates inputs against the schema (count, presence, dtypes), then runs infer().
   std::vector<TensorDesc> infer_outputs(const std::vector<TensorDesc>& inputs,
                                         const Attrs& complete) const;
@@ -172,8 +175,10 @@ class OpRegistry {
 
   // Adds a schema; throws OpError if the name is taken. Returns it with its id set.
   const OpSchema& add(OpSchema schema);
-  // Adds a plugin's schema through the ABI (infer and grad_op wired to the plugin).
-  const OpSchema& add_plugin_schema(const plx_op_schema& s, const std::string& plugin);
+  // Adds a plugin's schema through the ABI (infer and grad_op wired to the plugin). A failed
+  // infer() is explained with `last_error` (the plugin's), when given.
+  const OpSchema& add_plugin_schema(const plx_op_schema& s, const std::string& plugin,
+                                    const char* (*last_error)(void) = nullptr);
 
   const OpSchema* find(std::string_view name) const;
   const OpSchema& get(std::string_view name) const;  // throws OpError "unknown op"

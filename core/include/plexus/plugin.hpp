@@ -52,6 +52,9 @@ class LoadedPlugin {
   void* ctx() const { return ctx_; }
   // The plugin's last_error() on this thread.
   std::string last_error() const;
+  // The kernels it gives other plugins' backends (ABI 1.2 kernel extensions), validated at load;
+  // none when its descriptor predates them (struct_size short of the slots) or leaves them NULL.
+  std::vector<const plx_kernel_ext*> extension_kernels() const;
 
  private:
   friend class PluginLoader;

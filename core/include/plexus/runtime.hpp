@@ -1,5 +1,6 @@
-// The runtime: loads plugins, registers their backends, communicators and op schemas, and
-// holds the policy for ops a backend lacks (an error, or a logged and counted fallback).
+// The runtime: loads plugins, registers their backends, communicators, op schemas and kernel
+// extensions (kernels one plugin gives another's backend), and holds the policy for ops a backend
+// lacks (an error, or a logged and counted fallback).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,17 @@ struct RuntimeOptions {
   double memory_fraction = 0;
 };
 
+// A kernel one plugin gives a backend of another (an ABI 1.2 kernel extension), as reported by
+// `plexus info`.
+struct ExtensionKernel {
+  std::string plugin;   // the plugin that gives it
+  std::string backend;  // the backend it is for
+  std::string op;
+  std::string impl;
+  plx_dtype dtype = PLX_DTYPE_NONE;
+  std::string problem;  // "": the backend uses it; else why not ("backend 'cuda' is not loaded")
+};
+
 // RuntimeOptions from a Config: plugins.*, backend.fallback, memory.limit.
 RuntimeOptions runtime_options(const Config& config);
 
@@ -44,6 +56,9 @@ class Runtime {
   const std::vector<SkippedPlugin>& skipped() const { return skipped_; }
   const std::vector<std::string>& searched() const { return searched_; }
   const RuntimeOptions& options() const { return options_; }
+
+  // Every kernel extension the loaded plugins give, in load order, attached or not.
+  const std::vector<ExtensionKernel>& extension_kernels() const { return extensions_; }
 
   std::vector<Backend*> backends() const;
   Backend* find_backend(std::string_view name) const;
@@ -65,6 +80,9 @@ class Runtime {
 
  private:
   void add_plugin(std::unique_ptr<LoadedPlugin> plugin);
+  // Appends every plugin's kernel extensions to the backends they name (after all plugins have
+  // loaded and the backends indexed their own kernels); reports those it cannot attach.
+  void attach_extension_kernels();
 
   RuntimeOptions options_;
   OpRegistry ops_;
@@ -74,6 +92,7 @@ class Runtime {
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<SkippedPlugin> skipped_;
   std::vector<std::string> searched_;
+  std::vector<ExtensionKernel> extensions_;
   mutable std::mutex fallback_mu_;
   std::map<std::string, uint64_t> fallback_counts_;
 };

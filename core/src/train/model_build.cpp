@@ -44,8 +44,15 @@ class LayerBuilder {
   [[noreturn]] void fail(const std::string& msg) const {
     throw ConfigError(prefix(spec_, l_) + msg);
   }
+  // The same, at the position of one of the layer's keys ("op", "attrs.<name>", "params.0").
+  [[noreturn]] void fail_at(const std::string& key, const std::string& msg) const {
+    throw ConfigError(prefix(spec_, l_, l_.where_of(key)) + msg);
+  }
   static std::string prefix(const ModelSpec& spec, const LayerSpec& l) {
-    return (l.where.empty() ? (spec.source.empty() ? "" : spec.source + ": ") : l.where + ": ") +
+    return prefix(spec, l, l.where);
+  }
+  static std::string prefix(const ModelSpec& spec, const LayerSpec& l, const std::string& where) {
+    return (where.empty() ? (spec.source.empty() ? "" : spec.source + ": ") : where + ": ") +
            "layer '" + l.name + "' (" + l.type + "): ";
   }
 
@@ -74,6 +81,7 @@ class LayerBuilder {
         fail("expects (N, ...) with at least 2 dimensions, got " + desc_string(xd));
       return g_.reshape(x, {xd.shape[0], xd.numel() / std::max<int64_t>(xd.shape[0], 1)});
     }
+    if (t == "op") return op(in);
     if (t == "add") {
       const TensorDesc bd = g_.desc(in.at(1));
       // Equal shapes only: a broadcast here is almost always a wiring mistake.
@@ -174,6 +182,82 @@ class LayerBuilder {
               {"eps", float_attr("eps", 1e-5)}},
              l_.name)
         .at(0);
+  }
+
+  // Any registered op: the layer's inputs, then its parameters, with its attributes.
+  Var op(const std::vector<Var>& in) {
+    const std::string name = str("op", "");
+    const OpSchema* s = g_.ops().find(name);
+    if (!s) fail_at("op", "op: unknown op '" + name + "'" + similar_ops(g_.ops(), name));
+    for (const auto& [attr, v] : l_.op_attrs) {
+      const std::string problem = s->attr_problem(attr, v);
+      if (!problem.empty()) fail_at("attrs." + attr, "attrs." + attr + ": " + problem);
+    }
+    try {
+      (void)s->complete_attrs(l_.op_attrs);  // what is left: required attributes not given
+    } catch (const OpError& e) {
+      fail_at("attrs", std::string("attrs: ") + e.what());
+    }
+    // Counts first: a layer that fails leaves no parameters behind.
+    const size_t given = in.size() + l_.params.size();
+    size_t required = 0;
+    for (const ArgDef& a : s->inputs) required += !(a.flags & PLX_ARG_OPTIONAL);
+    if (given < required || given > s->inputs.size()) {
+      std::string names;
+      for (const ArgDef& a : s->inputs)
+        names += (names.empty() ? "" : ", ") + a.name +
+                 ((a.flags & PLX_ARG_OPTIONAL) ? " (optional)" : "");
+      fail("op '" + s->name + "' takes " + std::to_string(s->inputs.size()) + " inputs (" + names +
+           "); the layer gives " + std::to_string(in.size()) + " input(s) and " +
+           std::to_string(l_.params.size()) + " parameter(s), in that order");
+    }
+    const int64_t output = int_attr("output", 0);
+    if (output >= static_cast<int64_t>(s->outputs.size()))
+      fail_at("output", "output: op '" + s->name + "' has " + std::to_string(s->outputs.size()) +
+                            " output(s), so 0 to " +
+                            std::to_string(static_cast<int64_t>(s->outputs.size()) - 1) + ", got " +
+                            std::to_string(output));
+    std::vector<Var> args = in;
+    for (const LayerParam& p : l_.params) args.push_back(param(p.name, p.shape, param_init(p)));
+    return g_.add(s->name, args, l_.op_attrs, l_.name).at(static_cast<size_t>(output));
+  }
+
+  // How an op layer's parameter starts (validated when the model was parsed or validated).
+  static InitSpec param_init(const LayerParam& p) {
+    if (const double* v = std::get_if<double>(&p.init)) return init::constant(*v);
+    const std::string& rule = std::get<std::string>(p.init);
+    if (rule == "zeros") return init::zeros();
+    if (rule == "ones") return init::ones();
+    // PyTorch's fans: (out, in, k...) -> fan_in = in·k..., fan_out = out·k...
+    int64_t receptive = 1;
+    for (size_t i = 2; i < p.shape.size(); ++i) receptive *= p.shape[i];
+    return weight_init(rule, p.shape.at(1) * receptive, p.shape.at(0) * receptive);
+  }
+
+  // " (ops named like it: ...)" for an unknown op: a plugin's ops of the same prefix, or the
+  // ops whose names share its start or contain it.
+  static std::string similar_ops(const OpRegistry& ops, const std::string& name) {
+    const size_t dot = name.find('.');
+    std::vector<std::string> like;
+    for (int32_t i = 0; i < ops.size(); ++i) {
+      const std::string& o = ops.by_id(i).name;
+      const bool match = dot != std::string::npos
+                             ? o.compare(0, dot + 1, name, 0, dot + 1) == 0
+                             : (name.size() >= 3 && (o.compare(0, 3, name, 0, 3) == 0 ||
+                                                     o.find(name) != std::string::npos));
+      if (match) like.push_back(o);
+    }
+    if (!like.empty()) {
+      std::string list;
+      for (size_t i = 0; i < like.size() && i < 12; ++i) list += (i ? ", " : "") + like[i];
+      if (like.size() > 12) list += ", ...";
+      return " (ops named like it: " + list + ")";
+    }
+    if (dot != std::string::npos)
+      return "; no loaded plugin has ops named '" + name.substr(0, dot + 1) +
+             "*' (is the plugin in plugins.paths or PLEXUS_PLUGIN_PATH? plexus info lists what "
+             "loaded)";
+    return " (docs/ops.md lists the built-in ops, plexus info every loaded one)";
   }
 
   Var layer_norm(Var x, const TensorDesc& xd) {

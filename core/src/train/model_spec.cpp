@@ -67,6 +67,15 @@ std::string number_text(double v) {
 
 }  // namespace
 
+std::string LayerSpec::where_of(std::string key) const {
+  while (true) {
+    if (auto it = key_where.find(key); it != key_where.end()) return it->second;
+    const size_t dot = key.rfind('.');
+    if (dot == std::string::npos) return where;
+    key.resize(dot);
+  }
+}
+
 const std::vector<std::string>& init_rules() {
   static const std::vector<std::string> r = {"default", "kaiming_uniform", "kaiming_normal",
                                              "xavier_uniform", "xavier_normal"};
@@ -143,6 +152,18 @@ const std::vector<LayerType>& layer_types() {
                  "normalises over the trailing dimensions; weight, bias of their shape"});
     v.push_back({"flatten", 1, {}, "(N, ...) -> (N, product of the rest)"});
     v.push_back({"add", 2, {}, "elementwise sum of two inputs of the same shape"});
+    v.push_back(
+        {"op",
+         -1,
+         {rule("op", K::String, true, 0, 0, "",
+               "the op: a built-in (docs/ops.md) or a plugin's (<plugin>.<op>), checked when the "
+               "model is built"),
+          rule("attrs", K::OpAttrs, false, 0, 0, "{}", "the op's attributes, an inline table"),
+          rule("params", K::Params, false, 0, 0, "[]",
+               "learned parameters { name, shape, init } passed after the inputs"),
+          rule("output", K::Int, false, 0, kNoMax, "0",
+               "which of the op's outputs the layer gives")},
+         "any op, built-in or a plugin's, on the layer's inputs (any number) and its parameters"});
     return v;
   }();
   return types;
@@ -182,6 +203,10 @@ std::string kind_text(const LayerAttrRule& r) {
       return "a string";
     case LayerAttrKind::OutSize:
       return "an integer or \"classes\"";
+    case LayerAttrKind::OpAttrs:
+      return "an inline table of the op's attributes";
+    case LayerAttrKind::Params:
+      return "an array of inline tables { name, shape, init }";
   }
   return "?";
 }
@@ -255,6 +280,12 @@ std::string check_attr(const LayerAttrRule& r, AttrValue& v) {
       if (*i < r.min) return "expected an integer " + range_text(r) + ", got " + std::to_string(*i);
       return "";
     }
+    case LayerAttrKind::OpAttrs:
+    case LayerAttrKind::Params:
+      // Written in TOML they never land in attrs; in code they are LayerSpec fields.
+      return "expected " + kind_text(r) +
+             " (in code: LayerSpec::" + (r.kind == LayerAttrKind::OpAttrs ? "op_attrs" : "params") +
+             ", not attrs)";
   }
   return "unhandled attribute kind";
 }
@@ -263,6 +294,53 @@ bool valid_name(const std::string& n) {
   if (n.empty()) return false;
   return std::all_of(n.begin(), n.end(),
                      [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+}
+
+// The init values a parameter of an op layer may name besides a number.
+std::vector<std::string> param_inits() {
+  std::vector<std::string> v = {"zeros", "ones"};
+  v.insert(v.end(), init_rules().begin(), init_rules().end());
+  return v;
+}
+
+// An op layer's parameters: each problem with the key it is about ("params.0.shape").
+// Normalises an integer init to a double.
+std::vector<std::pair<std::string, std::string>> check_params(std::vector<LayerParam>& params) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    LayerParam& p = params[i];
+    const std::string key = "params." + std::to_string(i);
+    const std::string label =
+        "params[" + std::to_string(i) + "]" + (p.name.empty() ? "" : " '" + p.name + "'") + ": ";
+    if (!valid_name(p.name))
+      out.push_back({key + ".name", label + "name: expected letters, digits, '_' and '-', got \"" +
+                                        p.name + "\""});
+    else if (!seen.insert(p.name).second)
+      out.push_back({key + ".name", label + "name: another parameter of the layer has it"});
+    if (p.shape.empty() ||
+        std::any_of(p.shape.begin(), p.shape.end(), [](int64_t d) { return d < 1; }))
+      out.push_back({key + ".shape", label +
+                                         "shape: expected a non-empty array of integers >= "
+                                         "1, got " +
+                                         shape_string(p.shape)});
+    if (const int64_t* i64 = std::get_if<int64_t>(&p.init)) p.init = static_cast<double>(*i64);
+    if (const std::string* rule = std::get_if<std::string>(&p.init)) {
+      const auto inits = param_inits();
+      if (std::find(inits.begin(), inits.end(), *rule) == inits.end())
+        out.push_back({key + ".init", label + "init: expected a number or one of " + join(inits) +
+                                          ", got \"" + *rule + "\""});
+      else if (*rule != "zeros" && *rule != "ones" && p.shape.size() < 2)
+        out.push_back({key + ".init", label + "init: \"" + *rule +
+                                          "\" needs a shape of 2 or more dimensions "
+                                          "(fan_in from shape[1], fan_out from shape[0]), got " +
+                                          shape_string(p.shape) + "; use zeros, ones or a number"});
+    } else if (!std::holds_alternative<double>(p.init)) {
+      out.push_back({key + ".init", label + "init: expected a number or one of " +
+                                        join(param_inits()) + ", got " + type_text(p.init)});
+    }
+  }
+  return out;
 }
 
 std::string at(const std::string& where) {
@@ -359,8 +437,23 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
         if (r.required && !l.attrs.count(r.key) && !src.reported.count(r.key))
           problems.push_back(lat + label + ": missing required key '" + r.key + "' (" + r.doc +
                              ", " + kind_text(r) + ")");
+      if (l.type == "op") {
+        if (const auto it = l.attrs.find("op"); it != l.attrs.end()) {
+          const std::string* op = std::get_if<std::string>(&it->second);
+          if (op && op->empty())
+            problems.push_back(at(kw("op")) + label +
+                               ": op: must name an op (docs/ops.md, or "
+                               "a plugin's <plugin>.<op>)");
+        }
+        // Parameters whose TOML was malformed were reported as such already.
+        if (!src.reported.count("params"))
+          for (const auto& [key, problem] : check_params(l.params))
+            problems.push_back(at(l.where_of(key)) + label + ": " + problem);
+      }
       const size_t want = static_cast<size_t>(lt->inputs);
-      if (want != 1 && l.inputs.size() != want)
+      if (lt->inputs < 0) {
+        // Any number: the op checks its inputs when the model is built.
+      } else if (want != 1 && l.inputs.size() != want)
         problems.push_back(at(kw("inputs")) + label + ": takes " + std::to_string(want) +
                            " inputs, named in inputs = [...], got " +
                            std::to_string(l.inputs.size()));
@@ -372,6 +465,9 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
       problems.push_back(at(kw("type")) + label + ": unknown layer type '" + l.type +
                          "' (known: " + join(type_names()) + ")");
     }
+
+    if (l.type != "op" && (l.op_attrs.size() > 0 || !l.params.empty()))
+      problems.push_back(lat + label + ": op_attrs and params are for layers of type \"op\"");
 
     if (!valid_name(l.name) || l.name == "input") {
       problems.push_back(at(kw("name")) + label + ": bad name \"" + l.name +
@@ -460,6 +556,43 @@ std::vector<Entry> in_order(const toml::table& t) {
   return v;
 }
 
+// A value of an op layer's `attrs` table: integers, numbers, booleans (as 0/1), strings, and
+// arrays of integers (Ints) or of numbers (Floats). Returns the problem, or "".
+std::string op_attr_from_toml(const toml::node& n, AttrValue& out) {
+  if (n.is_boolean()) {
+    out = int64_t{*n.value<bool>() ? 1 : 0};
+  } else if (n.is_integer()) {
+    out = *n.value<int64_t>();
+  } else if (n.is_floating_point()) {
+    out = *n.value<double>();
+  } else if (n.is_string()) {
+    out = *n.value<std::string>();
+  } else if (const toml::array* a = n.as_array()) {
+    bool ints = true;
+    for (const auto& e : *a) {
+      if (!e.is_integer() && !e.is_floating_point())
+        return std::string("expected an array of numbers, got an array holding ") +
+               node_type_name(e);
+      ints = ints && e.is_integer();
+    }
+    if (ints) {
+      Ints v;
+      for (const auto& e : *a) v.push_back(*e.value<int64_t>());
+      out = v;
+    } else {
+      Floats v;
+      for (const auto& e : *a) v.push_back(*e.value<double>());
+      out = v;
+    }
+  } else {
+    return std::string(
+               "expected an integer, a number, a boolean, a string or an array of "
+               "numbers, got ") +
+           node_type_name(n);
+  }
+  return "";
+}
+
 // A TOML value as an attribute value for `r`, or the problem when its TOML type does not fit
 // (booleans are kept apart from integers here; in code both are int64). Ranges and choices are
 // left to the shared check.
@@ -490,6 +623,90 @@ std::string from_toml(const LayerAttrRule& r, const toml::node& n, AttrValue& ou
     return wrong;
   }
   return "";
+}
+
+// An op layer's attrs = { ... } into l.op_attrs, with each attribute's position.
+// (Nodes carry their file's name: parse_model gives it to toml++.)
+void read_op_attrs(const LayerAttrRule& r, const toml::node& n, LayerSpec& l, LayerSource& src) {
+  const toml::table* t = n.as_table();
+  if (!t) {
+    src.problems.push_back({where(n.source(), ""),
+                            r.key + ": expected " + kind_text(r) + ", got " + node_type_name(n)});
+    src.reported.insert(r.key);
+    return;
+  }
+  for (const Entry& e : in_order(*t)) {
+    l.key_where[r.key + "." + e.key] = where(e.key_source, "");
+    AttrValue v;
+    const std::string problem = op_attr_from_toml(*e.node, v);
+    if (!problem.empty()) {
+      src.problems.push_back({where(e.node->source(), ""), r.key + "." + e.key + ": " + problem});
+      continue;
+    }
+    l.op_attrs.set(e.key, std::move(v));
+  }
+}
+
+// An op layer's params = [{ name, shape, init }, ...] into l.params, with the positions of each
+// parameter and its keys. TOML-level problems are reported here (and the parameters' own checks
+// skipped); the rest is checked with code-built specs in check_spec.
+void read_params(const LayerAttrRule& r, const toml::node& n, LayerSpec& l, LayerSource& src) {
+  auto wh = [&](const toml::node& x) { return where(x.source(), ""); };
+  auto problem = [&](const std::string& pos, const std::string& text) {
+    src.problems.push_back({pos, text});
+    src.reported.insert(r.key);
+  };
+  const toml::array* a = n.as_array();
+  if (!a)
+    return problem(wh(n), r.key + ": expected " + kind_text(r) + ", got " + node_type_name(n));
+  for (size_t i = 0; i < a->size(); ++i) {
+    const toml::node& pn = *a->get(i);
+    const std::string key = r.key + "." + std::to_string(i);
+    const std::string label = r.key + "[" + std::to_string(i) + "]";
+    l.key_where[key] = wh(pn);
+    LayerParam p;
+    const toml::table* t = pn.as_table();
+    if (!t) {
+      problem(wh(pn), label + ": expected an inline table { name, shape, init }, got " +
+                          node_type_name(pn));
+      l.params.push_back(p);
+      continue;
+    }
+    for (const Entry& e : in_order(*t)) {
+      const toml::node& v = *e.node;
+      l.key_where[key + "." + e.key] = wh(v);
+      const std::string got = std::string(", got ") + node_type_name(v);
+      if (e.key == "name") {
+        if (v.is_string())
+          p.name = *v.value<std::string>();
+        else
+          problem(wh(v), label + ": name: expected a string" + got);
+      } else if (e.key == "shape") {
+        const toml::array* sa = v.as_array();
+        bool ok = sa != nullptr;
+        if (ok)
+          for (const auto& d : *sa) ok = ok && d.is_integer();
+        if (ok)
+          for (const auto& d : *sa) p.shape.push_back(*d.value<int64_t>());
+        else
+          problem(wh(v), label + ": shape: expected an array of integers such as [1] or [64, 32]" +
+                             (sa ? ", got an array holding something else" : got));
+      } else if (e.key == "init") {
+        if (v.is_string())
+          p.init = *v.value<std::string>();
+        else if (v.is_integer() || v.is_floating_point())
+          p.init = *v.value<double>();
+        else
+          problem(wh(v), label + ": init: expected a number or a string" + got);
+      } else {
+        problem(where(e.key_source, ""),
+                label + ": unknown key '" + e.key + "' (a parameter has: name, shape, init)");
+      }
+    }
+    for (const char* required : {"name", "shape"})
+      if (!t->contains(required)) problem(wh(pn), label + ": missing key '" + required + "'");
+    l.params.push_back(std::move(p));
+  }
 }
 
 }  // namespace
@@ -592,6 +809,15 @@ ModelSpec parse_model(std::string_view text, const std::string& source) {
             for (const auto& ie : *ia) l.inputs.push_back(*ie.value<std::string>());
           } else {
             const LayerAttrRule* r = lt ? find_rule(*lt, k) : nullptr;
+            l.key_where[k] = wh(*vn);
+            if (r && r->kind == LayerAttrKind::OpAttrs) {
+              read_op_attrs(*r, *vn, l, src);
+              continue;
+            }
+            if (r && r->kind == LayerAttrKind::Params) {
+              read_params(*r, *vn, l, src);
+              continue;
+            }
             if (!r) {
               // Unknown keys (or any key of an unknown type) are reported by the shared checks;
               // keep the raw value so they see it.

@@ -14,11 +14,13 @@
 extern "C" {
 #endif
 
-/* The ABI version. A host loads a plugin whose major equals its own; a plugin built against a
- * newer minor is accepted, and the host only reads the fields its own minor knows (struct_size
- * tells it how far the plugin's tables reach). */
+/* The ABI version. A host loads a plugin whose major equals its own, whatever its minor: a
+ * plugin built against an older minor gives shorter tables, and the host reads no slot past
+ * their struct_size; one built against a newer minor is accepted too, and the host only reads
+ * the fields its own minor knows. History: 1.1 appended plx_comm.bench_native; 1.2 appended
+ * plx_plugin's kernel extensions (extension_kernel_count, get_extension_kernel). */
 #define PLX_ABI_MAJOR 1
-#define PLX_ABI_MINOR 1
+#define PLX_ABI_MINOR 2
 
 /* Up to this many dimensions in a tensor view. */
 #define PLX_MAX_DIMS 8

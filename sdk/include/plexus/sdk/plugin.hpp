@@ -1,6 +1,7 @@
 // A plugin as a C++ class plus one macro. The class's constructor receives the host's services
-// (logging, options) and adds the backends, communicators and op schemas the plugin provides;
-// PLEXUS_PLUGIN emits the exported entry point and the plx_plugin descriptor.
+// (logging, options) and adds the backends, communicators, op schemas and kernels for other
+// plugins' backends (kernel extensions) it provides; PLEXUS_PLUGIN emits the exported entry
+// point and the plx_plugin descriptor.
 //
 //   class MyPlugin : public plexus::sdk::Plugin {
 //    public:
@@ -13,6 +14,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,6 +117,29 @@ class Plugin {
   // The schema's strings and arrays must outlive the plugin (static storage).
   void add_op_schema(const plx_op_schema& s) { schemas_.push_back(s); }
 
+  // A kernel for a backend of another plugin (ABI 1.2, plx_kernel_ext in abi/plugin.h has the
+  // contract): K, constructible from (const NodeInfo&), runs `op` in `dtype` on `backend`,
+  // tried after that backend's own kernels. compute() gets the target backend's memory and
+  // stream, so a kernel looping on the host is for host-memory backends ("cpu") only.
+  //   add_kernel_for<MySwish>("cpu", "mine.swish", PLX_F32, "mine-swish-loop");
+  template <class K>
+  void add_kernel_for(const char* backend, const char* op, plx_dtype dtype, const char* impl,
+                      uint32_t flags = 0, plx_layout layout = PLX_LAYOUT_ANY) {
+    auto& reg = extension_registries_[backend];
+    if (!reg) reg = std::make_unique<KernelRegistry>();
+    reg->add<K>(op, dtype, impl, flags, layout);
+    Extension& e = extensions_.emplace_back();
+    e.backend = backend;
+    e.table.struct_size = sizeof(plx_kernel_ext);
+    e.table.backend = e.backend.c_str();
+    e.table.kernel = reg->get(reg->size() - 1);
+  }
+
+  int32_t extension_count() const { return static_cast<int32_t>(extensions_.size()); }
+  const plx_kernel_ext* extension(int32_t i) const {
+    return i >= 0 && i < extension_count() ? &extensions_[static_cast<size_t>(i)].table : nullptr;
+  }
+
   int32_t backend_count() const { return static_cast<int32_t>(backends_.size()); }
   const plx_backend* backend_table(int32_t i) {
     return i >= 0 && i < backend_count() ? backends_[static_cast<size_t>(i)]->table() : nullptr;
@@ -131,6 +157,13 @@ class Plugin {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<plx_op_schema> schemas_;
+  struct Extension {
+    std::string backend;
+    plx_kernel_ext table{};
+  };
+  // Deques and unique_ptrs: the tables keep their addresses as kernels are added.
+  std::map<std::string, std::unique_ptr<KernelRegistry>> extension_registries_;
+  std::deque<Extension> extensions_;
 };
 
 namespace detail {
@@ -161,6 +194,12 @@ const plx_plugin* make_descriptor(const char* name, const char* version, const c
           log_fn = nullptr;
           throw;
         }
+        const int32_t n_ext = static_cast<P*>(*ctx)->extension_count();
+        if (n_ext > 0 && host->abi_minor < 2)
+          log(PLX_LOG_WARN, "sdk.plugin",
+              format("this host speaks plugin ABI %u.%u, which has no kernel extensions: the "
+                     "plugin's %d kernel(s) for other backends are not used",
+                     host->abi_major, host->abi_minor, n_ext));
       });
     };
     p.shutdown = [](void* ctx) {
@@ -174,6 +213,10 @@ const plx_plugin* make_descriptor(const char* name, const char* version, const c
     p.get_comm = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->comm_table(i); };
     p.op_schema_count = [](void* ctx) { return static_cast<P*>(ctx)->schema_count(); };
     p.get_op_schema = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->schema(i); };
+    p.extension_kernel_count = [](void* ctx) { return static_cast<P*>(ctx)->extension_count(); };
+    p.get_extension_kernel = [](void* ctx, int32_t i) {
+      return static_cast<P*>(ctx)->extension(i);
+    };
     return p;
   }();
   return &d;
