@@ -101,7 +101,7 @@ colour = "blue"
     CHECK_THAT(m, PLX_CONTAINS("inputs[0].shape: expected an array of integers >= 0"));
     CHECK_THAT(m, PLX_CONTAINS("bad.toml:7:"));
     CHECK_THAT(m, PLX_CONTAINS("unknown op 'no_such_op'"));
-    CHECK_THAT(m, PLX_CONTAINS("attrs.axes: op 'softmax' has no such attribute (it has: axis)"));
+    CHECK_THAT(m, PLX_CONTAINS("attrs.axes: op 'softmax' has no attribute 'axes' (attributes: axis)"));
     CHECK_THAT(m, PLX_CONTAINS("inputs[0].range: expected low < high"));
     CHECK_THAT(m, PLX_CONTAINS("input 1 'b' is required, the item gives 1 inputs"));
     CHECK_THAT(m, PLX_CONTAINS("unknown key 'colour' in an item"));

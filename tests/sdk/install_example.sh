@@ -8,7 +8,9 @@
 # built the same way carries plexus bench comm with correct results; sdk/examples/custom_op
 # built the same way adds example.swish with kernels for the installed cpu backend (kernel
 # extensions), which the installed plexus lists and trains swish_mlp.toml with, its loss finite
-# and falling; and a program that links the installed core library (Plexus::core) trains a step.
+# and falling; plexus compare runs the example backend against the cpu over the built-in suite,
+# and the custom op's own suite, a step and a short training; and a program that links the
+# installed core library (Plexus::core) trains a step.
 set -euo pipefail
 build=$1 src=$2 work=$3
 rm -rf "$work"
@@ -41,6 +43,19 @@ for op in relu add mul linear; do
   tr -d ' \n' < "$work/info.json" | grep -q "\"$op\":\[\"f32\"\]" ||
     { echo "plexus info --json lacks op $op in f32"; exit 1; }
 done
+echo "== plexus compare: the example backend against the cpu over the built-in suite"
+# Its four f32 ops must pass; every other row is listed unsupported on it, and the exit code is 0.
+PLEXUS_PLUGIN_PATH="$work/example" "$prefix/bin/plexus" compare --b naive --only ops --repeats 1 \
+  --warmup 0 --json "$work/compare-naive.json" > "$work/compare-naive.txt" 2>&1 ||
+  { grep -vE " pass | unsupported on b " "$work/compare-naive.txt" | tail -40; exit 1; }
+tail -n 5 "$work/compare-naive.txt"
+for op in relu add mul linear; do
+  tr -d '\n' < "$work/compare-naive.json" |
+    grep -qE "\"item\":\"$op\",\"pass\":\"forward\",\"dtype\":\"f32\",\"what\":\"[^\"]*\",\"ops\":\"[^\"]*\",\"status\":\"pass\"" ||
+    { echo "plexus compare has no passing f32 forward row of $op on naive"; exit 1; }
+done
+grep -q "unsupported on b" "$work/compare-naive.txt" || { echo "no row is listed unsupported on naive"; exit 1; }
+
 echo "== the example communicator, out of tree, through plexus bench comm"
 cmake -S "$src/sdk/examples/comm" -B "$work/comm" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" > "$work/comm-configure.log"
@@ -83,9 +98,16 @@ awk -v l="$losses" 'BEGIN {
   for (i = 1; i <= n; ++i) if (v[i] !~ /^[0-9.eE+-]+$/) { print "loss " i " is not finite: " v[i]; exit 1 }
   for (i = 2; i <= n; ++i) if (v[i] + 0 >= v[i - 1] + 0) { print "the loss did not fall: " l; exit 1 }
 }' || exit 1
-# TODO(plexus compare): compare the example op's kernels with a reference here, e.g.
-#   PLEXUS_PLUGIN_PATH="$work/custom_op" "$prefix/bin/plexus" compare ... example.swish
-# (the command is another change's; this test leaves it this line).
+# plexus compare with the plugin's op: its suite (forward and backward rows in f32 and f64), a
+# step of swish_mlp.toml and 10 training steps, the cpu with itself.
+PLEXUS_PLUGIN_PATH="$work/custom_op" "$prefix/bin/plexus" compare "$src/sdk/examples/custom_op/train.toml" \
+  --b cpu --suite "$src/sdk/examples/custom_op/compare.toml" --steps 10 --repeats 2 \
+  > "$work/op-compare.txt" 2>&1 || { cat "$work/op-compare.txt"; exit 1; }
+tail -n 4 "$work/op-compare.txt"
+grep -qE "^ops +example\.swish +backward f64 " "$work/op-compare.txt" ||
+  { echo "plexus compare has no backward row for example.swish"; exit 1; }
+grep -qE "^step +grad swish\.beta " "$work/op-compare.txt" ||
+  { echo "plexus compare's step does not compare the gradient of swish.beta"; exit 1; }
 
 echo "== a program embedding the installed runtime (Plexus::core)"
 cmake -S "$src/tests/sdk/embed" -B "$work/embed" "${generator[@]}" \

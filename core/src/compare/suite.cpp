@@ -134,52 +134,6 @@ struct Parser {
     return in;
   }
 
-  // An attribute value; with the op's schema its type follows the attribute's (an integer
-  // written for a float attribute is a float).
-  bool attr(const toml::node& n, const std::string& key, const AttrDef* def, AttrValue& out) {
-    const bool want_float = def && (def->type == PLX_ATTR_FLOAT);
-    const bool want_floats = def && (def->type == PLX_ATTR_FLOATS);
-    if (n.is_boolean()) {
-      out = int64_t{*n.value<bool>() ? 1 : 0};
-    } else if (n.is_integer()) {
-      if (want_float)
-        out = static_cast<double>(*n.value<int64_t>());
-      else
-        out = *n.value<int64_t>();
-    } else if (n.is_floating_point()) {
-      out = *n.value<double>();
-    } else if (n.is_string()) {
-      out = *n.value<std::string>();
-    } else if (const toml::array* a = n.as_array()) {
-      bool ints = !want_floats, nums = true;
-      for (const auto& e : *a) {
-        ints = ints && e.is_integer();
-        nums = nums && e.is_number();
-      }
-      if (ints) {
-        Ints v;
-        for (const auto& e : *a) v.push_back(*e.value<int64_t>());
-        out = v;
-      } else if (nums) {
-        Floats v;
-        for (const auto& e : *a) {
-          double x = 0;
-          number(e, key, x);
-          v.push_back(x);
-        }
-        out = v;
-      } else {
-        problem(n, key + ": expected an array of numbers");
-        return false;
-      }
-    } else {
-      problem(n, key + ": expected a number, a boolean, a string or an array of numbers, got " +
-                     type_name(n));
-      return false;
-    }
-    return true;
-  }
-
   void item(const toml::table& t, Suite& suite) {
     SuiteItem it;
     it.where = at(t);
@@ -212,21 +166,13 @@ struct Parser {
         }
         for (const auto& [ak, av] : *at_) {
           const std::string an(ak.str());
-          const AttrDef* def = nullptr;
-          if (schema) {
-            for (const AttrDef& d : schema->attrs)
-              if (d.name == an) def = &d;
-            if (!def) {
-              std::string known;
-              for (const AttrDef& d : schema->attrs) known += (known.empty() ? "" : ", ") + d.name;
-              problems.push_back(where(ak.source(), source) + ": attrs." + an + ": op '" + it.op +
-                                 "' has no such attribute (it has: " +
-                                 (known.empty() ? "none" : known) + ")");
-              continue;
-            }
-          }
           AttrValue value;
-          if (attr(av, "attrs." + an, def, value)) it.attrs.set(an, std::move(value));
+          std::string bad = toml_util::attr_from_toml(av, value);
+          if (bad.empty() && schema) bad = schema->attr_problem(an, value);
+          if (bad.empty())
+            it.attrs.set(an, std::move(value));
+          else
+            problems.push_back(where(ak.source(), source) + ": attrs." + an + ": " + bad);
         }
       } else if (key == "inputs") {
         const toml::array* a = v.as_array();

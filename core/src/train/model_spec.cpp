@@ -16,6 +16,7 @@
 
 #include "plexus/error.hpp"
 #include "plexus/model.hpp"
+#include "../toml_util.hpp"
 
 namespace plexus {
 
@@ -514,31 +515,8 @@ void check_spec(ModelSpec& spec, const std::vector<LayerSource>& sources,
 
 // ---- TOML ----
 
-std::string where(const toml::source_region& r, const std::string& fallback) {
-  std::ostringstream os;
-  os << (r.path ? *r.path : fallback);
-  if (r.begin.line) os << ':' << r.begin.line << ':' << r.begin.column;
-  return os.str();
-}
-
-const char* node_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::table:
-      return "a table";
-    case toml::node_type::array:
-      return "an array";
-    case toml::node_type::string:
-      return "a string";
-    case toml::node_type::integer:
-      return "an integer";
-    case toml::node_type::floating_point:
-      return "a float";
-    case toml::node_type::boolean:
-      return "a boolean";
-    default:
-      return "a date or time";
-  }
-}
+using toml_util::where;
+const char* node_type_name(const toml::node& n) { return toml_util::type_name(n); }
 
 // A table's entries in the order they were written (toml++ iterates them sorted by key).
 struct Entry {
@@ -554,43 +532,6 @@ std::vector<Entry> in_order(const toml::table& t) {
     return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
   });
   return v;
-}
-
-// A value of an op layer's `attrs` table: integers, numbers, booleans (as 0/1), strings, and
-// arrays of integers (Ints) or of numbers (Floats). Returns the problem, or "".
-std::string op_attr_from_toml(const toml::node& n, AttrValue& out) {
-  if (n.is_boolean()) {
-    out = int64_t{*n.value<bool>() ? 1 : 0};
-  } else if (n.is_integer()) {
-    out = *n.value<int64_t>();
-  } else if (n.is_floating_point()) {
-    out = *n.value<double>();
-  } else if (n.is_string()) {
-    out = *n.value<std::string>();
-  } else if (const toml::array* a = n.as_array()) {
-    bool ints = true;
-    for (const auto& e : *a) {
-      if (!e.is_integer() && !e.is_floating_point())
-        return std::string("expected an array of numbers, got an array holding ") +
-               node_type_name(e);
-      ints = ints && e.is_integer();
-    }
-    if (ints) {
-      Ints v;
-      for (const auto& e : *a) v.push_back(*e.value<int64_t>());
-      out = v;
-    } else {
-      Floats v;
-      for (const auto& e : *a) v.push_back(*e.value<double>());
-      out = v;
-    }
-  } else {
-    return std::string(
-               "expected an integer, a number, a boolean, a string or an array of "
-               "numbers, got ") +
-           node_type_name(n);
-  }
-  return "";
 }
 
 // A TOML value as an attribute value for `r`, or the problem when its TOML type does not fit
@@ -638,7 +579,7 @@ void read_op_attrs(const LayerAttrRule& r, const toml::node& n, LayerSpec& l, La
   for (const Entry& e : in_order(*t)) {
     l.key_where[r.key + "." + e.key] = where(e.key_source, "");
     AttrValue v;
-    const std::string problem = op_attr_from_toml(*e.node, v);
+    const std::string problem = toml_util::attr_from_toml(*e.node, v);
     if (!problem.empty()) {
       src.problems.push_back({where(e.node->source(), ""), r.key + "." + e.key + ": " + problem});
       continue;
