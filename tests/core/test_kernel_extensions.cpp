@@ -213,12 +213,7 @@ TEST_CASE("the example's TOML model trains beta through its op layer",
   exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}.data());
   fill(exe.tensor("lr"), {0.05});
   CHECK(store.get("swish.beta").to_doubles() == std::vector<double>{1.0});  // init = "ones"
-  std::vector<double> losses;
-  for (int step = 0; step < 30; ++step) {
-    exe.run();
-    exe.sync();
-    losses.push_back(exe.tensor("loss_out").to_doubles().at(0));
-  }
+  const std::vector<double> losses = train_losses(exe, 30);
   INFO("first loss " << losses.front() << ", last " << losses.back());
   CHECK(std::isfinite(losses.back()));
   CHECK(losses.back() < 0.5 * losses.front());

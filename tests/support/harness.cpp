@@ -238,6 +238,16 @@ std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels) {
   return grads;
 }
 
+std::vector<double> train_losses(Executable& exe, int steps) {
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    exe.run();
+    exe.sync();
+    losses.push_back(exe.tensor("loss_out").to_doubles().at(0));
+  }
+  return losses;
+}
+
 TempDir::TempDir(const std::string& tag) {
   static std::atomic<int> counter{0};
   path = std::filesystem::temp_directory_path() /

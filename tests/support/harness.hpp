@@ -12,6 +12,7 @@
 #include "plexus/backend.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/eager.hpp"
+#include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
@@ -94,6 +95,8 @@ void check_gradients(Backend& b, const std::string& op, const std::vector<Tensor
 // the backward pass to every parameter, and SGD with momentum 0.9 reading the input "lr".
 // Returns the gradients, in g.parameters() order (invalid where none reaches a parameter).
 std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels);
+// Runs such a step `steps` times on fixed inputs and returns each run's "loss_out".
+std::vector<double> train_losses(Executable& exe, int steps);
 
 // A fresh directory under the system's temporary directory ("plexus-<tag>-<pid>-<n>"), removed
 // with its contents when the object dies.

@@ -873,12 +873,7 @@ out = "classes"
   fill_f32(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 72), 3));
   exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 1, 2, 3, 3, 2, 1, 0}.data());
   fill_f32(exe.tensor("lr"), {0.05});
-  std::vector<double> losses;
-  for (int step = 0; step < 40; ++step) {
-    exe.run();
-    exe.sync();
-    losses.push_back(exe.tensor("loss_out").to_doubles().at(0));
-  }
+  const std::vector<double> losses = train_losses(exe, 40);
   INFO("first loss " << losses.front() << ", last " << losses.back());
   CHECK(std::isfinite(losses.back()));
   // Eight fixed samples are memorised: the loss falls well below its start.
