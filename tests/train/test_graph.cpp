@@ -126,6 +126,82 @@ TEST_CASE("backward through a whole model matches finite differences", "[cpu][gr
   }
 }
 
+namespace {
+
+// conv, ReLU, max-pool with overlapping windows (kernel 3, stride 2), ReLU, max-pool, linear:
+// with `keep_relus`, the ReLUs' outputs are also graph outputs, which turns the backward
+// rewrite for a ReLU read only by pools off.
+struct PoolNet {
+  Graph g{runtime().ops()};
+  std::vector<Var> grads;
+  explicit PoolNet(bool keep_relus, int64_t n = 4) {
+    const plx_dtype d = PLX_F32;
+    const Var x = g.input("x", {d, {n, 3, 11, 11}});
+    const Var labels = g.input("labels", {PLX_I32, {n}});
+    const Var w1 = g.parameter("c1.weight", {d, {8, 3, 3, 3}}, init::kaiming_uniform(27));
+    const Var w2 = g.parameter("c2.weight", {d, {8, 8, 3, 3}}, init::kaiming_uniform(72));
+    const Var fw = g.parameter("fc.weight", {d, {5, 8 * 3 * 3}}, init::xavier_uniform(72, 5));
+    Attrs pool = ints_attr("kernel", {3, 3});
+    pool.set("stride", Ints{2, 2});
+    pool.set("padding", Ints{1, 1});
+    Var h = g.add1("conv2d", {x, w1}, ints_attr("padding", {1, 1}), "c1");
+    const Var r1 = g.add1("relu", {h}, {}, "relu1");
+    h = g.add1("max_pool2d", {r1}, pool, "pool1");
+    h = g.add1("conv2d", {h, w2}, ints_attr("padding", {1, 1}), "c2");
+    const Var r2 = g.add1("relu", {h}, {}, "relu2");
+    h = g.add1("max_pool2d", {r2}, pool, "pool2");
+    h = g.reshape(h, {n, -1});
+    const Var loss = g.add1("softmax_cross_entropy", {g.add1("linear", {h, fw}, {}, "fc"), labels}, {}, "loss");
+    if (keep_relus) {
+      g.mark_output(r1, "relu1_out");
+      g.mark_output(r2, "relu2_out");
+    }
+    grads = backward(g, loss, g.parameters());
+    for (size_t i = 0; i < grads.size(); ++i) g.mark_output(grads[i], "grad" + std::to_string(i));
+  }
+  // relu_backward nodes reading a ReLU's output (not a pool's).
+  int relu_backward_on_relu_outputs() const {
+    int k = 0;
+    for (const GraphNode& node : g.nodes())
+      if (node.schema && node.schema->name == "relu_backward" &&
+          g.nodes()[static_cast<size_t>(g.value(node.inputs[1]).producer)].schema->name == "relu")
+        ++k;
+    return k;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a ReLU read only by max-pools gets its mask through the pool, bit for bit", "[cpu][graph]") {
+  PoolNet fused(false), plain(true);
+  CHECK(fused.relu_backward_on_relu_outputs() == 0);
+  CHECK(plain.relu_backward_on_relu_outputs() == 2);
+  std::vector<std::vector<float>> got, want;
+  uint64_t arena_fused = 0, arena_plain = 0;
+  for (PoolNet* net : {&fused, &plain}) {
+    TensorStore store;
+    ExecutableOptions opt;
+    opt.seed = 5;
+    Executable exe(cpu(), net->g, store, opt);
+    fill(exe.tensor("x"), random_doubles(4 * 3 * 11 * 11, 21));
+    exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 4, 2, 1}.data());
+    exe.run();
+    exe.sync();
+    auto& into = net == &fused ? got : want;
+    for (size_t i = 0; i < net->grads.size(); ++i)
+      into.push_back(exe.tensor("grad" + std::to_string(i)).to_vector<float>());
+    (net == &fused ? arena_fused : arena_plain) = exe.plan().arena_bytes;
+  }
+  REQUIRE(got.size() == 3);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(got[i] == want[i]);  // the same floats: only where the mask is applied moved
+  }
+  // The ReLUs' outputs die at their pools instead of living until backward (the plain graph
+  // also keeps them as outputs; the difference is at least the two of them).
+  CHECK(arena_fused < arena_plain);
+}
+
 TEST_CASE("gradients reaching a value along several paths are added", "[cpu][graph]") {
   Graph g(runtime().ops());
   const Var p = g.parameter("p", {PLX_F64, {3}}, init::constant(2.0));

@@ -400,6 +400,39 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
     grad_of(loss) = seed;
   }
 
+  // A ReLU read only by max-pools (conv, ReLU, pool): the pool's output is positive exactly
+  // where the ReLU passed the element each window picked, and every other element gets no
+  // gradient from the pool. So the ReLU's mask is applied to the pooled gradient
+  // (relu_backward(dy, pooled)) and the pool's gradient goes straight to the ReLU's input:
+  // bit for bit the same gradient, from a tensor a quarter the size, and the ReLU's output has
+  // no reader in backward, so its memory is free as soon as the pools have run (for convnet,
+  // the largest activation of the step).
+  std::vector<int32_t> relu_of_pool(forward_nodes, -1);  // pool node -> the ReLU node it reads
+  {
+    std::vector<int32_t> readers(nvalues, 0), pool_readers(nvalues, 0);
+    for (size_t n = 0; n < forward_nodes; ++n) {
+      const GraphNode& node = g.nodes()[n];
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        if (!node.inputs[i].valid()) continue;
+        ++readers[static_cast<size_t>(node.inputs[i].id)];
+        if (i == 0 && node.schema && node.schema->name == "max_pool2d")
+          ++pool_readers[static_cast<size_t>(node.inputs[i].id)];
+      }
+    }
+    for (const auto& [name, v] : g.outputs()) ++readers[static_cast<size_t>(v.id)];
+    for (Var w : wrt) ++readers[static_cast<size_t>(w.id)];
+    for (size_t n = 0; n < forward_nodes; ++n) {
+      const GraphNode& node = g.nodes()[n];
+      if (!node.schema || node.schema->name != "max_pool2d") continue;
+      const GraphValue& in = g.value(node.inputs[0]);
+      if (in.producer < 0) continue;
+      const GraphNode& r = g.nodes()[static_cast<size_t>(in.producer)];
+      const size_t id = static_cast<size_t>(node.inputs[0].id);
+      if (r.schema && r.schema->name == "relu" && readers[id] == pool_readers[id])
+        relu_of_pool[n] = in.producer;
+    }
+  }
+
   for (size_t n = forward_nodes; n-- > 0;) {
     const GraphNode node = g.nodes()[n];  // a copy: appending nodes moves the vector
     std::vector<Var> gouts;
@@ -431,6 +464,12 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
       throw OpError("node '" + node.name + "': op '" + node.schema->name +
                     "' has no gradient formula, but a gradient must flow to its input " + which);
     }
+    // Where the gradient of input i goes: the input, or past a ReLU read only by pools.
+    std::vector<Var> targets = node.inputs;
+    if (const int32_t relu = relu_of_pool[n]; relu >= 0 && gouts[0].valid()) {
+      gouts[0] = g.add1("relu_backward", {gouts[0], node.outputs[0]});
+      targets[0] = g.nodes()[static_cast<size_t>(relu)].inputs[0];  // depends on wrt, as the ReLU does
+    }
     GradContext ctx(g, *node.schema, node.attrs, node.inputs, node.outputs, gouts, needs);
     try {
       node.schema->grad(ctx);
@@ -445,7 +484,7 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
         throw OpError("gradient of node '" + node.name + "' (op " + node.schema->name +
                       "): input '" + node.schema->inputs[i].name + "' is " + desc_string(want) +
                       " but its gradient is " + desc_string(got));
-      accumulate(node.inputs[i], gi);
+      accumulate(targets[i], gi);
     }
   }
   g.set_phase(old_phase);
