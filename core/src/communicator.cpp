@@ -11,20 +11,13 @@
 #include "plexus/plugin.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
+#include "text.hpp"
 
 namespace plexus {
 
 Communicator::Communicator(LoadedPlugin& plugin, const plx_comm* table)
     : plugin_(plugin), t_(table), name_(table->name) {
-  const std::string list = table->backends ? table->backends : "";
-  size_t start = 0;
-  while (start < list.size()) {
-    const size_t end = list.find(',', start);
-    const std::string part = list.substr(start, end == std::string::npos ? end : end - start);
-    if (!part.empty()) backends_.push_back(part);
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
+  backends_ = text::split(table->backends ? table->backends : "", ',');
 }
 
 bool Communicator::accepts(std::string_view backend) const {

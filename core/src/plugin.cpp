@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "plexus/log.hpp"
+#include "text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -180,15 +181,7 @@ std::vector<fs::path> PluginLoader::search_paths(const PluginSearch& search) {
   for (const auto& p : search.paths) out.emplace_back(p);
   if (search.use_env) {
     if (const char* env = std::getenv("PLEXUS_PLUGIN_PATH")) {
-      std::string s = env;
-      size_t start = 0;
-      while (start <= s.size()) {
-        const size_t end = s.find(':', start);
-        const std::string part = s.substr(start, end == std::string::npos ? end : end - start);
-        if (!part.empty()) out.emplace_back(part);
-        if (end == std::string::npos) break;
-        start = end + 1;
-      }
+      for (const std::string& part : text::split(env, ':')) out.emplace_back(part);
     }
   }
   if (search.use_default_dir) {

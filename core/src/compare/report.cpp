@@ -14,6 +14,7 @@
 #include "plexus/compare.hpp"
 #include "plexus/error.hpp"
 #include "plexus/json.hpp"
+#include "../text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -203,15 +204,9 @@ namespace {
 // The gnuplot on the PATH, or "".
 std::string find_gnuplot() {
   const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= p.size()) {
-    const size_t end = p.find(':', start);
-    const std::string dir = p.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    const fs::path f = fs::path(dir.empty() ? "." : dir) / "gnuplot";
+  for (const std::string& dir : text::split(path ? path : "/usr/bin:/bin", ':')) {
+    const fs::path f = fs::path(dir) / "gnuplot";
     if (::access(f.c_str(), X_OK) == 0) return f.string();
-    if (end == std::string::npos) break;
-    start = end + 1;
   }
   return "";
 }
