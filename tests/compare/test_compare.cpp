@@ -179,6 +179,10 @@ TEST_CASE("the built-in compare suite runs every op and dtype the cpu registers"
   CHECK_THAT(conv->ops_run, PLX_CONTAINS("conv2d_backward_weight"));
   CHECK(conv->ms_a > 0);
   CHECK(conv->ms_b > 0);
+  // A forward row names the kernel that ran on each side.
+  const CompareRow* conv_f = find_row(r, "conv2d", "forward");
+  REQUIRE(conv_f);
+  CHECK_THAT(conv_f->ops_run, PLX_CONTAINS("conv2d (cpu/"));
   const CompareRow* sgd = find_row(r, "sgd_update", "update");
   REQUIRE(sgd);
   CHECK(sgd->status == CompareRow::Status::Pass);

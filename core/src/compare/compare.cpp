@@ -459,10 +459,12 @@ void compare_values(CompareRow& row, const std::map<std::string, Tensor>& a,
   if (row.err.nonfinite_mismatch) note(std::to_string(row.err.nonfinite_mismatch) + " NaN/inf mismatches");
 }
 
-std::string kernel_of(const OpRun& r, const std::string& op) {
-  for (const std::string& k : r.kernels)
-    if (k.rfind(op + ":", 0) == 0) return k.substr(op.size() + 2);
-  return "";
+// The implementation that ran the item's op: the first kernel's ("<node> <op>: backend/impl").
+std::string forward_kernel(const OpRun& r) {
+  if (r.kernels.empty()) return "";
+  const std::string& k = r.kernels.front();
+  const size_t colon = k.find(": ");
+  return colon == std::string::npos ? k : k.substr(colon + 2);
 }
 
 class Runner {
@@ -592,7 +594,7 @@ class Runner {
     });
     row.ms_a = ra.fwd_ms;
     row.ms_b = rb.fwd_ms;
-    const std::string ka = kernel_of(ra, row.name), kb = kernel_of(rb, row.name);
+    const std::string ka = forward_kernel(ra), kb = forward_kernel(rb);
     if (!ka.empty() || !kb.empty()) row.ops_run = row.name + " (" + ka + " | " + kb + ")";
     if (row.status == CompareRow::Status::Pass) cover(*og.g, false);
   }
