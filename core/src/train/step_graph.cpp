@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "plexus/error.hpp"
+#include "plexus/sdk/dtype.hpp"
 #include "step_pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -47,6 +48,23 @@ DataSets load_data(const Config& cfg, const ModelSpec& spec, bool with_test) {
   return d;
 }
 
+plx_dtype compute_dtype(const Config& cfg) {
+  const std::string p = cfg.get_string("train.precision");
+  if (p == "bf16") return PLX_BF16;
+  if (p == "f16") return PLX_F16;
+  return PLX_F32;
+}
+
+bool enable_tf32(Backend& backend) {
+  const plx_backend& t = backend.table();
+  if (!t.get_proc_address) return false;
+  const std::string extra = backend.name() + ".set_tf32";
+  auto fn = reinterpret_cast<void (*)(void*, int32_t)>(t.get_proc_address(t.ctx, extra.c_str()));
+  if (!fn) return false;
+  fn(t.ctx, 1);
+  return true;
+}
+
 OptimizerOptions optimizer_options(const Config& cfg) {
   OptimizerOptions opt;
   opt.kind = cfg.get_string("train.optimizer");
@@ -61,14 +79,19 @@ OptimizerOptions optimizer_options(const Config& cfg) {
 
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
-                                      const OptimizerOptions& opt, bool scaled) {
+                                      const OptimizerOptions& opt, bool scaled, plx_dtype compute) {
   auto m = std::make_unique<StepGraph>(ops);
   Graph& g = m->graph;
   Shape xs = {batch};
   xs.insert(xs.end(), sample.begin(), sample.end());
   const Var x = g.input("x", TensorDesc{PLX_F32, xs});
   const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
-  const Var logits = build_model(g, spec, x, training);
+  auto cast = [&](Var v, plx_dtype to, const std::string& name) {
+    return g.add1("cast", {v}, {{"dtype", std::string(dtype_name(to))}}, name);
+  };
+  const bool mixed = compute != PLX_F32;
+  Var logits = build_model(g, spec, mixed ? cast(x, compute, "x.cast") : x, training);
+  if (mixed) logits = cast(logits, PLX_F32, "logits.cast");
   Attrs la;
   la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));

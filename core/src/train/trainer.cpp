@@ -70,7 +70,9 @@ bool must_match_on_resume(const std::string& key) {
   // Keys that change how steps are run, not what they compute.
   static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
                                              "data.prefetch", "data.resident",
-                                             "train.graph_capture", "train.fusion"};
+                                             "train.graph_capture", "train.fusion",
+                                             // master weights are f32 whatever the precision
+                                             "train.precision"};
   if (free.count(key)) return false;
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
 }
@@ -315,6 +317,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     device = par.launch.local_rank % backend.device_count();
   par.stages = static_cast<int32_t>(cfg.get_int("parallel.pipeline_stages"));
   const bool pipelined = par.stages > 1;
+  // Mixed precision: the model computes in `compute`, master weights stay f32 (build_step).
+  const std::string precision = cfg.get_string("train.precision");
+  const plx_dtype compute = compute_dtype(cfg);
+  if (pipelined && compute != PLX_F32)
+    throw ConfigError("train.precision = \"" + precision + "\" is not supported with " +
+                      "parallel.pipeline_stages = " + std::to_string(par.stages) +
+                      " (a pipeline's stages compute in f32: use train.precision = \"f32\" or "
+                      "\"tf32\", or one stage)");
+  // TF32 is a property of the kernels prepared after it is set: before the steps are built.
+  const bool tf32 = precision == "tf32" && enable_tf32(backend);
   if (pipelined && par.size() % par.stages != 0)
     throw ConfigError("parallel.pipeline_stages = " + std::to_string(par.stages) + " needs a " +
                       "multiple of " + std::to_string(par.stages) + " ranks (one per stage and " +
@@ -384,10 +396,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   uint64_t train_plan_bytes = 0;
   std::string stages_text;
   if (!pipelined) {
-    train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt, par.active());
+    train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt,
+                             par.active(), compute);
     train_exe = std::make_unique<Executable>(backend, train_model->graph, store, eo);
     if (do_eval) {
-      eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt);
+      eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt,
+                              false, compute);
       eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
     }
     // Data parallelism: gradients all-reduced in buckets during backward.
@@ -590,6 +604,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("train_samples", train_loader.samples());
     m.add("batches_per_epoch", per_epoch);
     m.add("memory_plan_bytes", static_cast<int64_t>(train_plan_bytes));
+    // What the steps compute in: train.precision, whether TF32 was turned on, the dtypes.
+    m.add("precision", JsonObject()
+                           .add("name", precision)
+                           .add("compute", std::string(dtype_name(compute)))
+                           .add("master_weights", std::string("f32"))
+                           .add("tf32", tf32));
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
     if (par.active()) {
       JsonObject pj;
@@ -653,7 +673,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     progress.note("training " + spec.name + " (" + std::to_string(n_params) +
                   " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
                   train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
-                  std::to_string(batch) + "; writing " + run_dir);
+                  std::to_string(batch) + (precision == "f32" ? "" : ", precision " + precision) +
+                  "; writing " + run_dir);
   if (grad_sync)
     progress.note("data parallel over " + std::to_string(par.size()) + " ranks (" + par.comm +
                   ", launched by " + par.launch.source + "): " + std::to_string(local_batch) +
