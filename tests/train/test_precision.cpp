@@ -2,11 +2,13 @@
 // cast the batch and the parameters once per step and the logits back to f32, and agree with the
 // f32 step within the 16-bit tolerance; runs in 16 bits train like f32 runs and resume exactly.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "plexus/checkpoint.hpp"
 #include "plexus/error.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/model.hpp"
@@ -14,6 +16,7 @@
 #include "plexus/trainer.hpp"
 #include "support/harness.hpp"
 #include "train/step_graph.hpp"
+#include "train/step_pipeline.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -271,4 +274,187 @@ TEST_CASE("train.precision takes f32 or tf32 or bf16 or f16 and 16 bits refuse p
   p.set("parallel.pipeline_stages=2");
   CHECK_THROWS_WITH(run_training(p), PLX_CONTAINS("train.precision") &&
                                          PLX_CONTAINS("parallel.pipeline_stages"));
+}
+
+TEST_CASE("the loss scaler halves on overflow and doubles after a window of finite steps",
+          "[cpu][train][precision]") {
+  LossScaler s;
+  s.scale = 8;
+  s.window = 3;
+  CHECK(s.record(true));
+  CHECK(s.record(true));
+  CHECK(s.scale == 8);
+  CHECK(s.record(true));  // the third finite step in a row
+  CHECK(s.scale == 16);
+  CHECK(s.good == 0);
+  CHECK(s.record(true));
+  CHECK_FALSE(s.record(false));  // skipped: halves and starts the count again
+  CHECK(s.scale == 8);
+  CHECK(s.good == 0);
+  CHECK(s.skipped == 1);
+  CHECK(s.record(true));
+  CHECK(s.record(true));
+  CHECK(s.scale == 8);
+  CHECK(s.record(true));
+  CHECK(s.scale == 16);
+}
+
+namespace {
+
+struct StepLine {
+  double loss, scale;
+  bool skipped;
+};
+
+std::vector<StepLine> step_lines(const fs::path& run) {
+  std::vector<StepLine> out;
+  for (const JsonValue& v : read_json_lines((run / "metrics.jsonl").string()))
+    if (v.at("type").string == "step")
+      out.push_back({v.at("loss").number, v.at("loss_scale").number, v.at("skipped").boolean});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("in f16 the loss scale doubles after each window of finite steps", "[cpu][train][precision]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run", "simplecnn", "f16");
+  c.set("train.loss_scale_init=1024");
+  c.set("train.loss_scale_window=3");
+  const TrainResult r = run_training(c);
+  const std::vector<StepLine> lines = step_lines(tmp.path / "run");
+  REQUIRE(lines.size() == 12);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK_FALSE(lines[i].skipped);
+    CHECK(lines[i].scale == 1024.0 * std::pow(2.0, static_cast<double>(i / 3)));
+  }
+  CHECK(r.loss_scale == 16384);
+  CHECK(r.skipped_steps == 0);
+  CHECK(r.losses.back() < 0.5 * r.losses.front());
+  // The epoch lines and the summary carry the scale too.
+  int epochs = 0;
+  for (const JsonValue& v : read_json_lines((tmp.path / "run/metrics.jsonl").string())) {
+    if (v.at("type").string == "epoch") {
+      ++epochs;
+      CHECK(v.at("skipped_steps").integer == 0);
+      CHECK(v.at("loss_scale").number == 1024.0 * std::pow(2.0, (4 * epochs) / 3));
+    }
+    if (v.at("type").string == "summary") CHECK(v.at("loss_scale").number == 16384);
+  }
+  CHECK(epochs == 3);
+}
+
+TEST_CASE("an f16 overflow skips steps and halves the scale until finite and training proceeds",
+          "[cpu][train][precision]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run", "simplecnn", "f16");
+  c.set("train.loss_scale_init=1099511627776");  // 2^40: the f16 gradients overflow
+  c.set("train.batch_size=32");                   // 16 steps an epoch
+  const TrainResult r = run_training(c);
+  const std::vector<StepLine> lines = step_lines(tmp.path / "run");
+  REQUIRE(lines.size() == 48);
+  CHECK(lines.front().skipped);
+  CHECK(lines.front().scale == std::pow(2.0, 40));
+  int64_t skipped = 0;
+  for (size_t i = 0; i + 1 < lines.size(); ++i) {
+    INFO("step " << i + 1);
+    skipped += lines[i].skipped;
+    // A skipped step halves the scale; a window of 2000 never doubles it here.
+    CHECK(lines[i + 1].scale == (lines[i].skipped ? lines[i].scale / 2 : lines[i].scale));
+    CHECK(std::isfinite(lines[i].loss));
+  }
+  skipped += lines.back().skipped;
+  CHECK(skipped == r.skipped_steps);
+  CHECK(skipped >= 1);
+  CHECK(skipped < 40);
+  CHECK_FALSE(lines.back().skipped);
+  CHECK(r.loss_scale < std::pow(2.0, 40));
+  // Once the scale fits, it trains.
+  CHECK(r.losses.back() < 0.5 * r.losses.front());
+  REQUIRE(r.epochs.back().test_accuracy);
+  CHECK(*r.epochs.back().test_accuracy > 0.8);
+}
+
+TEST_CASE("a skipped f16 step leaves the weights and the optimizer untouched", "[cpu][train][precision]") {
+  TempDir tmp;
+  // The initial tensors, as the trainer creates them (seed 5).
+  const ModelSpec spec = builtin_model("simplecnn");
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0.9;
+  auto sg = build_step(runtime().ops(), spec, 128, spec.input_shape, true, opt, false, PLX_F16, true);
+  REQUIRE(sg->update);
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.seed = 5;
+  Executable a(cpu(), sg->graph, store, eo);
+  Executable b(cpu(), *sg->update, store, eo);
+  for (const std::string init : {"1099511627776", "1024"}) {
+    DYNAMIC_SECTION("initial scale " << init) {
+      Config c = small_config(tmp.path / init, "simplecnn", "f16");
+      c.set("train.loss_scale_init=" + init);
+      c.set("train.max_steps=1");
+      const TrainResult r = run_training(c);
+      const bool skip = init != "1024";
+      CHECK(r.skipped_steps == (skip ? 1 : 0));
+      const Checkpoint ck = read_checkpoint((tmp.path / init / "checkpoint.plxckpt").string());
+      REQUIRE(ck.tensors.size() == store.all().size());
+      int same = 0;
+      for (const CheckpointTensor& t : ck.tensors) {
+        INFO(t.name);
+        const Tensor& want = store.get(t.name);
+        std::vector<uint8_t> bytes(want.nbytes());
+        want.copy_to_host(bytes.data());
+        same += t.data == bytes;
+      }
+      // Skipped: every parameter and momentum buffer as initialised. Run: all but the running
+      // statistics (simplecnn has none) moved.
+      CHECK(same == (skip ? static_cast<int>(ck.tensors.size()) : 0));
+      CHECK(ck.meta.at("skipped_steps") == (skip ? "1" : "0"));
+      CHECK(std::stod(ck.meta.at("loss_scale")) == (skip ? std::pow(2.0, 39) : 1024));
+    }
+  }
+}
+
+TEST_CASE("an f16 run resumed mid-epoch equals the uninterrupted run, loss scale included",
+          "[cpu][train][precision]") {
+  TempDir tmp;
+  Config full = small_config(tmp.path / "full", "simplecnn", "f16");
+  full.set("train.optimizer=\"adamw\"");
+  full.set("train.lr=0.002");
+  full.set("train.loss_scale_init=4194304");  // 2^22: a few skipped steps first
+  full.set("train.loss_scale_window=2");
+  const TrainResult whole = run_training(full);
+  REQUIRE(whole.losses.size() == 12);
+  Config part = full;
+  part.set("output.dir=\"" + (tmp.path / "part").string() + "\"");
+  part.set("train.max_steps=5");
+  const TrainResult first = run_training(part);
+  Config rest = part;
+  rest.set("train.max_steps=0");
+  const TrainResult second = run_training(rest, (tmp.path / "part").string());
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  CHECK(joined == whole.losses);
+  CHECK(second.loss_scale == whole.loss_scale);
+  CHECK(second.skipped_steps == whole.skipped_steps);
+}
+
+TEST_CASE("f16 refuses data parallelism naming the key and the launch", "[cpu][train][precision]") {
+  TempDir tmp;
+  Config c = small_config(tmp.path / "run", "mlp", "f16");
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  std::string message;
+  try {
+    run_training(c);
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  CHECK_THAT(message, PLX_CONTAINS("train.precision") && PLX_CONTAINS("f16") && PLX_CONTAINS("2 ranks"));
 }

@@ -79,7 +79,8 @@ OptimizerOptions optimizer_options(const Config& cfg) {
 
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
-                                      const OptimizerOptions& opt, bool scaled, plx_dtype compute) {
+                                      const OptimizerOptions& opt, bool scaled, plx_dtype compute,
+                                      bool loss_scaling) {
   auto m = std::make_unique<StepGraph>(ops);
   Graph& g = m->graph;
   Shape xs = {batch};
@@ -102,7 +103,37 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
   m->pred = g.add1("argmax", {logits}, aa, "pred");
-  if (training) {
+  if (training && loss_scaling) {
+    // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
+    // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
+    const TensorDesc scalar{PLX_F32, {}};
+    const Var scaled_loss = g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
+    const Var unscale = g.input(kGradUnscaleInput, scalar);
+    m->params = g.parameters();
+    const std::vector<Var> grads = backward(g, scaled_loss, m->params);
+    m->update = std::make_unique<Graph>(ops);
+    std::vector<Var> update_params, update_grads;
+    Var check;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const GraphValue& p = g.value(m->params[i]);
+      const std::string name = p.name;  // copied: add() grows the graph
+      const TensorDesc desc = p.desc;
+      if (!grads[i].valid()) {
+        m->grads.push_back(grads[i]);
+        continue;
+      }
+      const Var gr = g.add1("mul", {grads[i], unscale}, {}, name + ".grad_unscale");
+      m->grads.push_back(gr);
+      g.mark_output(gr, name + ".grad");
+      const Var sum = g.add1("sum", {gr}, {}, name + ".grad_check");
+      check = check.valid() ? g.add1("add", {check, sum}, {}, "grad_check." + name) : sum;
+      update_params.push_back(m->update->parameter(name, desc, p.init));
+      update_grads.push_back(m->update->input(name + ".grad", desc));
+    }
+    if (!check.valid()) throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
+    g.mark_output(check, kGradCheckOutput);
+    add_optimizer(*m->update, update_params, update_grads, opt);
+  } else if (training) {
     m->params = g.parameters();
     m->grads = backward(g, m->loss, m->params);
     add_optimizer(g, m->params, m->grads, opt);

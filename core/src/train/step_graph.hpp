@@ -46,6 +46,10 @@ struct StepGraph {
   Graph graph;
   Var loss, pred;
   std::vector<Var> params, grads;  // the training step's
+  // Loss scaling splits the training step in two: `graph` ends with the unscaled gradients
+  // (outputs named "<parameter>.grad") and their check, and `update` reads them as inputs of
+  // the same names and runs the optimizer, only when the check is finite.
+  std::unique_ptr<Graph> update;
   explicit StepGraph(const OpRegistry& ops) : graph(ops) {}
 };
 
@@ -59,10 +63,12 @@ struct StepGraph {
 // `compute` f16 or bf16 (mixed precision): "x" is cast to it (node "x.cast"), the model runs in
 // it with f32 master parameters (build_model), and its logits are cast back to f32
 // ("logits.cast") before the loss, so the loss, the softmax, the gradients reaching the
-// parameters and the optimizer are f32.
+// parameters and the optimizer are f32. `loss_scaling` (a training step): the step is split as
+// StepGraph::update describes, with the inputs kGradScaleInput and kGradUnscaleInput and the
+// output kGradCheckOutput (step_pipeline.hpp).
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled = false,
-                                      plx_dtype compute = PLX_F32);
+                                      plx_dtype compute = PLX_F32, bool loss_scaling = false);
 
 }  // namespace plexus
