@@ -71,33 +71,26 @@ std::vector<double> change(const OneStep& s, const std::string& name) {
   return d;
 }
 
+// The trainer tests' small run of `model` in `precision`.
 Config small_config(const fs::path& out, const std::string& model, const std::string& precision) {
-  Config c = Config::parse(R"(
-[data]
-dataset = "synthetic"
-synthetic_samples = 512
-[train]
-epochs = 3
-batch_size = 128
-seed = 5
-lr = 0.05
-[logging]
-progress = "none"
-)",
-                           "test.toml");
+  Config c = small_train_config(out);
   c.set("model.name=\"" + model + "\"");
   c.set("train.precision=\"" + precision + "\"");
-  c.set("output.dir=\"" + out.string() + "\"");
   return c;
 }
 
-TrainResult run_training(const Config& c, const std::string& resume = "") {
-  std::ostringstream sink;
-  TrainRequest r{c};
-  r.resume_dir = resume;
-  r.out = &sink;
-  r.keep_losses = true;
-  return train(runtime(), r);
+// `full` stopped after `stop` steps into `dir` and resumed there: every step's loss in order, and
+// the resumed part's result.
+std::pair<std::vector<double>, TrainResult> stopped_and_resumed(const Config& full, const fs::path& dir,
+                                                                int stop) {
+  Config part = full;
+  part.set("output.dir=\"" + dir.string() + "\"");
+  part.set("train.max_steps=" + std::to_string(stop));
+  std::vector<double> losses = run_training(part).losses;
+  part.set("train.max_steps=0");
+  TrainResult rest = run_training(part, dir.string());
+  losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
+  return {losses, rest};
 }
 
 JsonValue read_manifest(const fs::path& run) {
@@ -231,18 +224,9 @@ TEST_CASE("a bf16 run resumed mid-epoch equals the uninterrupted bf16 run", "[cp
   full.set("train.lr=0.002");
   const TrainResult whole = run_training(full);
   REQUIRE(whole.losses.size() == 12);
-  Config part = full;
-  part.set("output.dir=\"" + (tmp.path / "part").string() + "\"");
-  part.set("train.max_steps=5");
-  const TrainResult first = run_training(part);
-  Config rest = part;
-  rest.set("train.max_steps=0");
-  const TrainResult second = run_training(rest, (tmp.path / "part").string());
-  std::vector<double> joined = first.losses;
-  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
-  CHECK(joined == whole.losses);
+  CHECK(stopped_and_resumed(full, tmp.path / "part", 5).first == whole.losses);
   // The checkpoint is an f32 run's: it resumes in f32 too.
-  Config as_f32 = rest;
+  Config as_f32 = full;
   as_f32.set("train.precision=\"f32\"");
   as_f32.set("train.epochs=4");
   const TrainResult more = run_training(as_f32, (tmp.path / "part").string());
@@ -427,16 +411,8 @@ TEST_CASE("an f16 run resumed mid-epoch equals the uninterrupted run, loss scale
   full.set("train.loss_scale_window=2");
   const TrainResult whole = run_training(full);
   REQUIRE(whole.losses.size() == 12);
-  Config part = full;
-  part.set("output.dir=\"" + (tmp.path / "part").string() + "\"");
-  part.set("train.max_steps=5");
-  const TrainResult first = run_training(part);
-  Config rest = part;
-  rest.set("train.max_steps=0");
-  const TrainResult second = run_training(rest, (tmp.path / "part").string());
-  std::vector<double> joined = first.losses;
-  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
-  CHECK(joined == whole.losses);
+  const auto [losses, second] = stopped_and_resumed(full, tmp.path / "part", 5);
+  CHECK(losses == whole.losses);
   CHECK(second.loss_scale == whole.loss_scale);
   CHECK(second.skipped_steps == whole.skipped_steps);
 }
