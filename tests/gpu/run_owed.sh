@@ -100,7 +100,9 @@ if has train; then
     for precision in f32 tf32 bf16 f16; do
       tag="$model-$precision"
       stamp "plexus train $tag"
-      $B/bin/plexus train configs/$model.toml --set backend.name=cuda \
+      # The shipped configs turn the plugin's TF32 on: off here, so f32 is f32 and only
+      # train.precision = "tf32" turns it on.
+      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set plugins.options.cuda.tf32=false \
         --set train.epochs=$EPOCHS --set train.precision=\"$precision\" --set data.path=\"$DATA\" \
         --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" \
         > "$OUT/train-$tag.log" 2>&1
