@@ -122,9 +122,11 @@ const std::vector<ConfigKey>& Config::keys() {
     prec.choices = {"f32", "tf32", "bf16", "f16"};
     add("train.loss_scale_init", ConfigType::Float, "65536",
         "f16: the loss scale at the start (dynamic loss scaling halves it and skips the step "
-        "when a gradient is not finite)").fmin = 1;
+        "when a gradient is not finite)")
+        .fmin = 1;
     add("train.loss_scale_window", ConfigType::Int, "2000",
-        "f16: finite steps in a row after which the loss scale doubles").min = 1;
+        "f16: finite steps in a row after which the loss scale doubles")
+        .min = 1;
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
     // ---- parallel training (docs/parallel.md) ----

@@ -81,8 +81,8 @@ Config small_config(const fs::path& out, const std::string& model, const std::st
 
 // `full` stopped after `stop` steps into `dir` and resumed there: every step's loss in order, and
 // the resumed part's result.
-std::pair<std::vector<double>, TrainResult> stopped_and_resumed(const Config& full, const fs::path& dir,
-                                                                int stop) {
+std::pair<std::vector<double>, TrainResult> stopped_and_resumed(const Config& full,
+                                                                const fs::path& dir, int stop) {
   Config part = full;
   part.set("output.dir=\"" + dir.string() + "\"");
   part.set("train.max_steps=" + std::to_string(stop));
@@ -145,7 +145,8 @@ TEST_CASE("a 16-bit step graph casts the batch and the parameters and keeps f32 
   opt.kind = "adamw";
   for (bool training : {true, false}) {
     DYNAMIC_SECTION((training ? "training" : "evaluation") << " step") {
-      auto sg = build_step(runtime().ops(), spec, 4, spec.input_shape, training, opt, false, PLX_BF16);
+      auto sg =
+          build_step(runtime().ops(), spec, 4, spec.input_shape, training, opt, false, PLX_BF16);
       const Graph& g = sg->graph;
       // Readers in the forward of each value, and the casts by name.
       std::map<std::string, std::vector<const GraphNode*>> readers;
@@ -206,7 +207,8 @@ TEST_CASE("models train in bf16 and f16 to losses close to f32's", "[cpu][train]
         INFO("f32 " << f32.losses.back() << ", " << p << " " << low.losses.back());
         CHECK(std::abs(low.losses.back() - f32.losses.back()) <= 0.05 + 0.1 * f32.losses.back());
         REQUIRE(low.epochs.back().test_accuracy);
-        CHECK(std::abs(*low.epochs.back().test_accuracy - *f32.epochs.back().test_accuracy) <= 0.02);
+        CHECK(std::abs(*low.epochs.back().test_accuracy - *f32.epochs.back().test_accuracy) <=
+              0.02);
         // The checkpoint holds f32 master weights, as an f32 run's does.
         const JsonValue m = read_manifest(tmp.path / p);
         CHECK(m.at("precision").at("name").string == p);
@@ -217,7 +219,8 @@ TEST_CASE("models train in bf16 and f16 to losses close to f32's", "[cpu][train]
   }
 }
 
-TEST_CASE("a bf16 run resumed mid-epoch equals the uninterrupted bf16 run", "[cpu][train][precision]") {
+TEST_CASE("a bf16 run resumed mid-epoch equals the uninterrupted bf16 run",
+          "[cpu][train][precision]") {
   TempDir tmp;
   Config full = small_config(tmp.path / "full", "simplecnn", "bf16");
   full.set("train.optimizer=\"adamw\"");
@@ -250,14 +253,14 @@ TEST_CASE("train.precision takes f32 or tf32 or bf16 or f16 and 16 bits refuse p
           "[cpu][train][precision]") {
   TempDir tmp;
   Config c = small_config(tmp.path / "run", "mlp", "f32");
-  CHECK_THROWS_WITH(c.set("train.precision=\"fp8\""),
-                    PLX_CONTAINS("train.precision") && PLX_CONTAINS("fp8") &&
-                        PLX_CONTAINS("f32, tf32, bf16, f16"));
+  CHECK_THROWS_WITH(c.set("train.precision=\"fp8\""), PLX_CONTAINS("train.precision") &&
+                                                          PLX_CONTAINS("fp8") &&
+                                                          PLX_CONTAINS("f32, tf32, bf16, f16"));
   CHECK_THROWS_AS(Config::parse("[train]\nprecision = \"half\"\n", "run.toml"), ConfigError);
   Config p = small_config(tmp.path / "run", "mlp", "bf16");
   p.set("parallel.pipeline_stages=2");
-  CHECK_THROWS_WITH(run_training(p), PLX_CONTAINS("train.precision") &&
-                                         PLX_CONTAINS("parallel.pipeline_stages"));
+  CHECK_THROWS_WITH(run_training(p),
+                    PLX_CONTAINS("train.precision") && PLX_CONTAINS("parallel.pipeline_stages"));
 }
 
 TEST_CASE("the loss scaler halves on overflow and doubles after a window of finite steps",
@@ -300,7 +303,8 @@ std::vector<StepLine> step_lines(const fs::path& run) {
 
 }  // namespace
 
-TEST_CASE("in f16 the loss scale doubles after each window of finite steps", "[cpu][train][precision]") {
+TEST_CASE("in f16 the loss scale doubles after each window of finite steps",
+          "[cpu][train][precision]") {
   TempDir tmp;
   Config c = small_config(tmp.path / "run", "simplecnn", "f16");
   c.set("train.loss_scale_init=1024");
@@ -334,7 +338,7 @@ TEST_CASE("an f16 overflow skips steps and halves the scale until finite and tra
   TempDir tmp;
   Config c = small_config(tmp.path / "run", "simplecnn", "f16");
   c.set("train.loss_scale_init=1099511627776");  // 2^40: the f16 gradients overflow
-  c.set("train.batch_size=32");                   // 16 steps an epoch
+  c.set("train.batch_size=32");                  // 16 steps an epoch
   const TrainResult r = run_training(c);
   const std::vector<StepLine> lines = step_lines(tmp.path / "run");
   REQUIRE(lines.size() == 48);
@@ -360,14 +364,16 @@ TEST_CASE("an f16 overflow skips steps and halves the scale until finite and tra
   CHECK(*r.epochs.back().test_accuracy > 0.8);
 }
 
-TEST_CASE("a skipped f16 step leaves the weights and the optimizer untouched", "[cpu][train][precision]") {
+TEST_CASE("a skipped f16 step leaves the weights and the optimizer untouched",
+          "[cpu][train][precision]") {
   TempDir tmp;
   // The initial tensors, as the trainer creates them (seed 5).
   const ModelSpec spec = builtin_model("simplecnn");
   OptimizerOptions opt;
   opt.kind = "sgd";
   opt.momentum = 0.9;
-  auto sg = build_step(runtime().ops(), spec, 128, spec.input_shape, true, opt, false, PLX_F16, true);
+  auto sg =
+      build_step(runtime().ops(), spec, 128, spec.input_shape, true, opt, false, PLX_F16, true);
   REQUIRE(sg->update);
   TensorStore store;
   ExecutableOptions eo;
@@ -432,5 +438,6 @@ TEST_CASE("f16 refuses data parallelism naming the key and the launch", "[cpu][t
   ::unsetenv("OMPI_COMM_WORLD_RANK");
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  CHECK_THAT(message, PLX_CONTAINS("train.precision") && PLX_CONTAINS("f16") && PLX_CONTAINS("2 ranks"));
+  CHECK_THAT(message,
+             PLX_CONTAINS("train.precision") && PLX_CONTAINS("f16") && PLX_CONTAINS("2 ranks"));
 }

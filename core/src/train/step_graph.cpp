@@ -107,7 +107,8 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
     // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
     // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
     const TensorDesc scalar{PLX_F32, {}};
-    const Var scaled_loss = g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
+    const Var scaled_loss =
+        g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
     const Var unscale = g.input(kGradUnscaleInput, scalar);
     m->params = g.parameters();
     const std::vector<Var> grads = backward(g, scaled_loss, m->params);
@@ -130,7 +131,8 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
       update_params.push_back(m->update->parameter(name, desc, p.init));
       update_grads.push_back(m->update->input(name + ".grad", desc));
     }
-    if (!check.valid()) throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
+    if (!check.valid())
+      throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
     g.mark_output(check, kGradCheckOutput);
     add_optimizer(*m->update, update_params, update_grads, opt);
   } else if (training) {

@@ -54,12 +54,16 @@ ResidentData make_resident(Backend& backend, int32_t device, const data::Loader&
   return r;
 }
 
-StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
-                           const OpRegistry& ops, const ResidentData* resident,
-                           Executable* update, LossScaler* scaler)
-    : backend_(backend), device_(device), exe_(exe), resident_(resident), update_(update),
+StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
+                           const ResidentData* resident, Executable* update, LossScaler* scaler)
+    : backend_(backend),
+      device_(device),
+      exe_(exe),
+      resident_(resident),
+      update_(update),
       scaler_(scaler) {
-  if (!update_ != !scaler_) throw Error("step pipeline: loss scaling needs both the update and the scaler");
+  if (!update_ != !scaler_)
+    throw Error("step pipeline: loss scaling needs both the update and the scaler");
   const Graph& g = exe.graph();
   x_ = exe.tensor("x");
   labels_ = exe.tensor("labels");
@@ -205,7 +209,8 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   // GradScaler skips optimizer.step()).
   const double scale = scaler_ ? scaler_->scale : 1.0;
   const float scalars[kScalars] = {
-      static_cast<float>(lr), static_cast<float>(scaler_ ? step - static_cast<double>(scaler_->skipped) : step),
+      static_cast<float>(lr),
+      static_cast<float>(scaler_ ? step - static_cast<double>(scaler_->skipped) : step),
       b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f,
       static_cast<float>(scale), static_cast<float>(1.0 / scale)};
   std::memcpy(s.in + off, scalars, sizeof scalars);
@@ -241,8 +246,10 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   if (scale_.defined())
     backend_.copy(device_, scale_.data(), stage + off + 2 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
   if (grad_scale_.defined()) {
-    backend_.copy(device_, grad_scale_.data(), stage + off + 3 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
-    backend_.copy(device_, grad_unscale_.data(), stage + off + 4 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
+    backend_.copy(device_, grad_scale_.data(), stage + off + 3 * sizeof(float), sizeof(float),
+                  PLX_COPY_D2D, compute_);
+    backend_.copy(device_, grad_unscale_.data(), stage + off + 4 * sizeof(float), sizeof(float),
+                  PLX_COPY_D2D, compute_);
   }
   backend_.record(s.consumed, compute_);
 

@@ -74,8 +74,8 @@ struct StepOutcome {
   int64_t index = 0;     // the batch's index within its epoch
   double lr = 0;         // the learning rate it ran with
   double seconds = 0;    // since the previous step's results were in (or its launch)
-  double loss_scale = 0; // the loss scale it ran with (loss scaling only)
-  bool skipped = false;  // its gradients were not finite: no update (loss scaling only)
+  double loss_scale = 0;  // the loss scale it ran with (loss scaling only)
+  bool skipped = false;   // its gradients were not finite: no update (loss scaling only)
 };
 
 // A training step's 0-d f32 input that scales its summed loss under data parallelism: one over

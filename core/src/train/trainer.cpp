@@ -438,7 +438,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       running_states = forward_states(train_model->graph);
     }
     n_params = count_parameters(train_model->graph);
-    train_plan_bytes = train_exe->plan().total_bytes() + (update_exe ? update_exe->plan().total_bytes() : 0);
+    train_plan_bytes =
+        train_exe->plan().total_bytes() + (update_exe ? update_exe->plan().total_bytes() : 0);
   } else {
     std::vector<LayerSummary> summary;
     {
@@ -495,8 +496,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   StepRunner* train_pipe_p = train_stage.get();
   StepRunner* eval_pipe = eval_stage.get();
   if (train_exe) {
-    train_feed = std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get(),
-                                                update_exe.get(), scaler.get());
+    train_feed =
+        std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get(),
+                                       update_exe.get(), scaler.get());
     train_pipe_p = train_feed.get();
   }
   if (eval_exe) {
@@ -708,9 +710,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     progress.note("resuming " + run_dir + " at epoch " + std::to_string(epoch + 1) + ", batch " +
                   std::to_string(first_batch) + " (step " + std::to_string(step) + ")");
   else
-    progress.note("training " + spec.name + " (" + std::to_string(n_params) +
-                  " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
-                  train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
+    progress.note("training " + spec.name + " (" + std::to_string(n_params) + " parameters) on " +
+                  backend.name() + ":" + std::to_string(device) + ", " + train_set.name + " " +
+                  std::to_string(train_loader.samples()) + " samples, batch " +
                   std::to_string(batch) + (precision == "f32" ? "" : ", precision " + precision) +
                   "; writing " + run_dir);
   if (grad_sync)
@@ -769,8 +771,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       if (req.keep_losses) result.losses.push_back(o.loss);
       epoch_skipped += o.skipped;
       JsonObject line;
-      line.add("type", "step").add("step", step).add("epoch", epoch + 1)
-          .add("batch", o.index).add("loss", o.loss)
+      line.add("type", "step")
+          .add("step", step)
+          .add("epoch", epoch + 1)
+          .add("batch", o.index)
+          .add("loss", o.loss)
           .add("accuracy", static_cast<double>(o.hits) / static_cast<double>(o.real))
           .add("lr", o.lr)
           .add("images_per_s", o.seconds > 0 ? static_cast<double>(o.real) / o.seconds : 0.0);
@@ -849,7 +854,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     er.images_per_s = em.images_per_s;
     progress.end_epoch(er);
     if (scaler)
-      progress.note("loss scale " + format_scale(scaler->scale) + "; " + std::to_string(epoch_skipped) +
+      progress.note("loss scale " + format_scale(scaler->scale) + "; " +
+                    std::to_string(epoch_skipped) +
                     " step(s) of the epoch skipped (gradients not finite)");
     result.epochs.push_back(em);
     if (!stop) save(epoch + 1, 0);
