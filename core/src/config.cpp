@@ -115,6 +115,18 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.fusion", ConfigType::Bool, "true",
         "Let the backend run groups of nodes as one kernel (a multi-tensor optimizer update, a "
         "layer with its activation); false runs every node by itself");
+    auto& prec = add("train.precision", ConfigType::String, "\"f32\"",
+                     "Compute precision: f32; tf32 (f32 tensors, TF32 matrix math where the "
+                     "backend has it: cuda; the CPU computes f32); bf16 or f16 (the model computes "
+                     "in the 16-bit type; parameters, optimizer, loss and softmax stay f32)");
+    prec.choices = {"f32", "tf32", "bf16", "f16"};
+    add("train.loss_scale_init", ConfigType::Float, "65536",
+        "f16: the loss scale at the start (dynamic loss scaling halves it and skips the step "
+        "when a gradient is not finite)")
+        .fmin = 1;
+    add("train.loss_scale_window", ConfigType::Int, "2000",
+        "f16: finite steps in a row after which the loss scale doubles")
+        .min = 1;
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
     // ---- parallel training (docs/parallel.md) ----

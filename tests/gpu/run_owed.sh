@@ -93,6 +93,30 @@ if has train; then
   done
 fi
 
+if has train; then
+  # Mixed precision (issue 7): each precision on CUDA, and the CPU reference, test accuracy and
+  # images/s from the summary lines; the manifest says whether TF32 was turned on.
+  for model in simplecnn convnet; do
+    for precision in f32 tf32 bf16 f16; do
+      tag="$model-$precision"
+      stamp "plexus train $tag"
+      # The shipped configs turn the plugin's TF32 on: off here, so f32 is f32 and only
+      # train.precision = "tf32" turns it on.
+      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set plugins.options.cuda.tf32=false \
+        --set train.epochs=$EPOCHS --set train.precision=\"$precision\" --set data.path=\"$DATA\" \
+        --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" \
+        > "$OUT/train-$tag.log" 2>&1
+      echo "exit $?" | tee -a "$OUT/summary.txt"
+      tail -4 "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
+      grep -A5 '"precision"' "$OUT/runs/$tag/manifest.json" | tr -d ' \n' | tee -a "$OUT/summary.txt"
+      echo | tee -a "$OUT/summary.txt"
+    done
+  done
+  stamp "plexus_tests [precision]"
+  $B/bin/plexus_tests "[precision]" > "$OUT/tests-precision.log" 2>&1
+  tail -3 "$OUT/tests-precision.log" | tee -a "$OUT/summary.txt"
+fi
+
 if has torch; then
   for batch in 128 1024; do
     stamp "torch_anchor batch $batch"

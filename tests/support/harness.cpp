@@ -248,6 +248,35 @@ std::vector<double> train_losses(Executable& exe, int steps) {
   return losses;
 }
 
+Config small_train_config(const std::filesystem::path& out, const std::string& extra) {
+  Config c = Config::parse(R"(
+[model]
+name = "simplecnn"
+[data]
+dataset = "synthetic"
+synthetic_samples = 512
+[train]
+epochs = 3
+batch_size = 128
+seed = 5
+lr = 0.05
+[logging]
+progress = "none"
+)" + extra,
+                           "test.toml");
+  c.set("output.dir=\"" + out.string() + "\"");
+  return c;
+}
+
+TrainResult run_training(const Config& c, const std::string& resume) {
+  std::ostringstream sink;
+  TrainRequest r{c};
+  r.resume_dir = resume;
+  r.out = &sink;
+  r.keep_losses = true;
+  return train(runtime(), r);
+}
+
 TempDir::TempDir(const std::string& tag) {
   static std::atomic<int> counter{0};
   path = std::filesystem::temp_directory_path() /

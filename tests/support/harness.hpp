@@ -10,12 +10,14 @@
 
 #include "plexus/attrs.hpp"
 #include "plexus/backend.hpp"
+#include "plexus/config.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/eager.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/tensor.hpp"
+#include "plexus/trainer.hpp"
 #include "support/catch.hpp"
 
 namespace plexus::test {
@@ -97,6 +99,13 @@ void check_gradients(Backend& b, const std::string& op, const std::vector<Tensor
 std::vector<Var> add_sgd_step(Graph& g, Var logits, Var labels);
 // Runs such a step `steps` times on fixed inputs and returns each run's "loss_out".
 std::vector<double> train_losses(Executable& exe, int steps);
+
+// A small, quick training configuration writing to `out`: SimpleCNN on 512 synthetic samples, 3
+// epochs of 4 steps, seed 5, no progress output; `extra` is more TOML after it.
+Config small_train_config(const std::filesystem::path& out, const std::string& extra = "");
+// Trains as `c` says (resuming `resume` when given) with every step's loss kept and the progress
+// output discarded.
+TrainResult run_training(const Config& c, const std::string& resume = "");
 
 // A fresh directory under the system's temporary directory ("plexus-<tag>-<pid>-<n>"), removed
 // with its contents when the object dies.

@@ -18,44 +18,9 @@ using namespace plexus;
 using namespace plexus::test;
 namespace fs = std::filesystem;
 
-namespace {
-
-
-// A small, quick configuration: SimpleCNN on 512 synthetic samples, 4 steps an epoch.
-Config small_config(const fs::path& out, const std::string& extra = "") {
-  Config c = Config::parse(R"(
-[model]
-name = "simplecnn"
-[data]
-dataset = "synthetic"
-synthetic_samples = 512
-[train]
-epochs = 3
-batch_size = 128
-seed = 5
-lr = 0.05
-[logging]
-progress = "none"
-)" + extra,
-                           "test.toml");
-  c.set("output.dir=\"" + out.string() + "\"");
-  return c;
-}
-
-TrainResult run_training(const Config& c, const std::string& resume = "") {
-  std::ostringstream sink;
-  TrainRequest r{c};
-  r.resume_dir = resume;
-  r.out = &sink;
-  r.keep_losses = true;
-  return train(runtime(), r);
-}
-
-}  // namespace
-
 TEST_CASE("a model learns the synthetic set and the run directory has it all", "[cpu][train]") {
   TempDir tmp;
-  const TrainResult r = run_training(small_config(tmp.path / "run"));
+  const TrainResult r = run_training(small_train_config(tmp.path / "run"));
   REQUIRE(r.epochs.size() == 3);
   CHECK(r.steps == 12);
   CHECK(r.losses.size() == 12);
@@ -99,10 +64,10 @@ TEST_CASE("a model learns the synthetic set and the run directory has it all", "
 
 TEST_CASE("the same seed gives the same run bit for bit", "[cpu][train]") {
   TempDir tmp;
-  const TrainResult a = run_training(small_config(tmp.path / "a"));
-  const TrainResult b = run_training(small_config(tmp.path / "b"));
+  const TrainResult a = run_training(small_train_config(tmp.path / "a"));
+  const TrainResult b = run_training(small_train_config(tmp.path / "b"));
   CHECK(a.losses == b.losses);
-  Config other = small_config(tmp.path / "c");
+  Config other = small_train_config(tmp.path / "c");
   other.set("train.seed=6");
   CHECK(run_training(other).losses != a.losses);
 }
@@ -114,7 +79,7 @@ TEST_CASE("a resumed run's losses equal an uninterrupted run's", "[cpu][train]")
     for (int stop : {2, 4, 7}) {
       DYNAMIC_SECTION(opt << " stopped after step " << stop) {
         TempDir tmp;
-        Config full = small_config(tmp.path / "full");
+        Config full = small_train_config(tmp.path / "full");
         full.set("train.optimizer=" + opt);
         full.set("train.schedule=cosine");
         full.set("train.weight_decay=0.01");
@@ -143,7 +108,7 @@ TEST_CASE("a resumed run's losses equal an uninterrupted run's", "[cpu][train]")
 
 TEST_CASE("resuming with a config that changes the steps is refused", "[cpu][train]") {
   TempDir tmp;
-  Config c = small_config(tmp.path / "run");
+  Config c = small_train_config(tmp.path / "run");
   c.set("train.max_steps=2");
   run_training(c);
   Config changed = c;
@@ -162,7 +127,7 @@ TEST_CASE("resuming with a config that changes the steps is refused", "[cpu][tra
 TEST_CASE("a non-finite loss stops the run naming the step and keeps the last checkpoint",
           "[cpu][train]") {
   TempDir tmp;
-  Config c = small_config(tmp.path / "run");
+  Config c = small_train_config(tmp.path / "run");
   c.set("output.checkpoint_steps=2");
   c.set("train.epochs=1");
   c.set("train.momentum=0");
@@ -197,19 +162,19 @@ TEST_CASE("a non-finite loss stops the run naming the step and keeps the last ch
 
 TEST_CASE("bad training configurations fail before the first step", "[cpu][train]") {
   TempDir tmp;
-  Config c = small_config(tmp.path / "run");
+  Config c = small_train_config(tmp.path / "run");
   c.set("model.name=nosuchmodel");
   CHECK_THROWS_WITH(run_training(c), PLX_CONTAINS("nosuchmodel"));
-  Config d = small_config(tmp.path / "run");
+  Config d = small_train_config(tmp.path / "run");
   d.set("data.dataset=fashion-mnist");
   d.set("data.path=\"" + (tmp.path / "missing").string() + "\"");
   CHECK_THROWS_AS(run_training(d), DataError);
   CHECK_THROWS_WITH(run_training(d), PLX_CONTAINS("dataset-fashion-mnist"));
-  Config e = small_config(tmp.path / "run");
+  Config e = small_train_config(tmp.path / "run");
   e.set("train.schedule=step");
   e.set("train.gamma=0");
   CHECK_THROWS_WITH(run_training(e), PLX_CONTAINS("train.gamma"));
-  Config f = small_config(tmp.path / "run");
+  Config f = small_train_config(tmp.path / "run");
   f.set("model.file=\"" + (tmp.path / "nomodel.toml").string() + "\"");
   CHECK_THROWS_WITH(run_training(f), PLX_CONTAINS("nomodel.toml"));
   CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoint.plxckpt"));
@@ -235,11 +200,11 @@ TEST_CASE("batches gathered from the resident data set train exactly as staged o
   // gathered on the device by sample index (embedding + cast): the runs must agree bit for bit,
   // padded last batches included.
   TempDir tmp;
-  Config staged = small_config(tmp.path / "staged");
+  Config staged = small_train_config(tmp.path / "staged");
   staged.set("data.resident=\"off\"");
   staged.set("data.partial_batch=\"pad\"");
   staged.set("data.synthetic_samples=500");
-  Config resident = small_config(tmp.path / "resident");
+  Config resident = small_train_config(tmp.path / "resident");
   resident.set("data.resident=\"on\"");
   resident.set("data.partial_batch=\"pad\"");
   resident.set("data.synthetic_samples=500");
@@ -258,8 +223,8 @@ TEST_CASE("graph capture switched off gives the same run", "[cpu][train]") {
   // The CPU backend cannot capture, so both runs go op by op; the key must still be accepted and
   // reach the executor without changing a step (on CUDA the comparison is tests/cuda's).
   TempDir tmp;
-  Config on = small_config(tmp.path / "on");
-  Config off = small_config(tmp.path / "off");
+  Config on = small_train_config(tmp.path / "on");
+  Config off = small_train_config(tmp.path / "off");
   off.set("train.graph_capture=false");
   CHECK(run_training(on).losses == run_training(off).losses);
 }

@@ -132,7 +132,10 @@ struct LayerSummary {
 
 // Appends the model's forward pass to `g` reading `x` (N, ...) of a float dtype, creating its
 // parameters ("<layer>.weight", "<layer>.bias") and batch-norm states ("<layer>.running_mean",
-// "<layer>.running_var") in x's dtype with their InitSpecs. `training` selects batch statistics
+// "<layer>.running_var") in x's dtype with their InitSpecs. With an f16 or bf16 x (mixed
+// precision) they are f32 instead: each layer reads a `cast` of its parameters to x's dtype
+// (named "<parameter>.cast"), except the norms, which take their f32 parameters and statistics
+// as they are. `training` selects batch statistics
 // (and running-statistics updates) in batch norm; otherwise the running statistics are used.
 // Returns the output, (N, classes) when spec.classes is set. ConfigError naming the layer and
 // where it is written when the spec is invalid or a layer does not fit its input. Fills

@@ -63,6 +63,10 @@ struct TrainResult {
   // with asynchronous streams both are 0 (the streams are not timed).
   int32_t ranks = 1;
   double comm_seconds = 0, comm_wait_seconds = 0;
+  // f16's dynamic loss scaling (0 otherwise): the scale at the end, and the steps skipped in all
+  // (including before a resume) because a gradient was not finite.
+  double loss_scale = 0;
+  int64_t skipped_steps = 0;
 };
 
 // Runs a training as the config says. Throws ConfigError for a bad config or model,

@@ -6,6 +6,7 @@
 
 #include "plexus/error.hpp"
 #include "plexus/model.hpp"
+#include "plexus/sdk/dtype.hpp"
 
 namespace plexus {
 
@@ -13,6 +14,12 @@ namespace {
 
 bool is_float(plx_dtype d) {
   return (kFloatTypes & dtype_bit(d)) != 0;
+}
+
+// Parameters and states of a model computing in `compute`: f32 master copies under 16-bit
+// activations (mixed precision, docs/training.md), the activations' own type otherwise.
+plx_dtype master_dtype(plx_dtype compute) {
+  return compute == PLX_F16 || compute == PLX_BF16 ? PLX_F32 : compute;
 }
 
 // Weight init by rule (docs/models.md, Initialisation). fan_in and fan_out as PyTorch computes
@@ -111,10 +118,17 @@ class LayerBuilder {
     return it == l_.attrs.end() ? def : std::get<std::string>(it->second);
   }
 
-  Var param(const std::string& what, Shape shape, InitSpec init) {
-    TensorDesc d{dtype_, std::move(shape)};
+  // A parameter as the layer's op reads it. With 16-bit activations the parameter (the master
+  // copy the optimizer updates) is f32 and the forward reads a cast of it, made once per step;
+  // the cast's gradient brings the gradient back in f32. `cast` false: the op reads the f32
+  // parameter itself (the norms take f32 parameters with a 16-bit x).
+  Var param(const std::string& what, Shape shape, InitSpec init, bool cast = true) {
+    TensorDesc d{master_dtype(dtype_), std::move(shape)};
     params_ += d.numel();
-    return g_.parameter(l_.name + "." + what, d, init);
+    const Var p = g_.parameter(l_.name + "." + what, d, init);
+    if (!cast || d.dtype == dtype_) return p;
+    return g_.add1("cast", {p}, {{"dtype", std::string(dtype_name(dtype_))}},
+                   l_.name + "." + what + ".cast");
   }
 
   Var conv2d(Var x, const TensorDesc& xd) {
@@ -171,10 +185,11 @@ class LayerBuilder {
     if (xd.ndim() < 2) fail("expects (N, C, ...), got " + desc_string(xd));
     const int64_t C = xd.shape[1];
     const bool affine = int_attr("affine", 1) != 0;
-    const Var gamma = affine ? param("weight", {C}, init::ones()) : Var{};
-    const Var beta = affine ? param("bias", {C}, init::zeros()) : Var{};
-    const Var rm = g_.state(state_prefix_ + l_.name + ".running_mean", {dtype_, {C}}, init::zeros());
-    const Var rv = g_.state(state_prefix_ + l_.name + ".running_var", {dtype_, {C}}, init::ones());
+    const Var gamma = affine ? param("weight", {C}, init::ones(), false) : Var{};
+    const Var beta = affine ? param("bias", {C}, init::zeros(), false) : Var{};
+    const plx_dtype sd = master_dtype(dtype_);
+    const Var rm = g_.state(state_prefix_ + l_.name + ".running_mean", {sd, {C}}, init::zeros());
+    const Var rv = g_.state(state_prefix_ + l_.name + ".running_var", {sd, {C}}, init::ones());
     return g_
         .add("batch_norm", {x, gamma, beta, rm, rv},
              {{"training", int64_t{training_ ? 1 : 0}},
@@ -268,8 +283,8 @@ class LayerBuilder {
            desc_string(xd) + " (at most " + std::to_string(xd.ndim() - 1) + ")");
     const Shape shape(xd.shape.end() - k, xd.shape.end());
     const bool affine = int_attr("affine", 1) != 0;
-    const Var gamma = affine ? param("weight", shape, init::ones()) : Var{};
-    const Var beta = affine ? param("bias", shape, init::zeros()) : Var{};
+    const Var gamma = affine ? param("weight", shape, init::ones(), false) : Var{};
+    const Var beta = affine ? param("bias", shape, init::zeros(), false) : Var{};
     return g_
         .add("layer_norm", {x, gamma, beta},
              {{"normalized_ndim", k}, {"eps", float_attr("eps", 1e-5)}}, l_.name)

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "plexus/error.hpp"
+#include "plexus/sdk/dtype.hpp"
 #include "step_pipeline.hpp"
 
 namespace fs = std::filesystem;
@@ -47,6 +48,23 @@ DataSets load_data(const Config& cfg, const ModelSpec& spec, bool with_test) {
   return d;
 }
 
+plx_dtype compute_dtype(const Config& cfg) {
+  const std::string p = cfg.get_string("train.precision");
+  if (p == "bf16") return PLX_BF16;
+  if (p == "f16") return PLX_F16;
+  return PLX_F32;
+}
+
+bool enable_tf32(Backend& backend) {
+  const plx_backend& t = backend.table();
+  if (!t.get_proc_address) return false;
+  const std::string extra = backend.name() + ".set_tf32";
+  auto fn = reinterpret_cast<void (*)(void*, int32_t)>(t.get_proc_address(t.ctx, extra.c_str()));
+  if (!fn) return false;
+  fn(t.ctx, 1);
+  return true;
+}
+
 OptimizerOptions optimizer_options(const Config& cfg) {
   OptimizerOptions opt;
   opt.kind = cfg.get_string("train.optimizer");
@@ -61,14 +79,20 @@ OptimizerOptions optimizer_options(const Config& cfg) {
 
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
-                                      const OptimizerOptions& opt, bool scaled) {
+                                      const OptimizerOptions& opt, bool scaled, plx_dtype compute,
+                                      bool loss_scaling) {
   auto m = std::make_unique<StepGraph>(ops);
   Graph& g = m->graph;
   Shape xs = {batch};
   xs.insert(xs.end(), sample.begin(), sample.end());
   const Var x = g.input("x", TensorDesc{PLX_F32, xs});
   const Var labels = g.input("labels", TensorDesc{PLX_I32, {batch}});
-  const Var logits = build_model(g, spec, x, training);
+  auto cast = [&](Var v, plx_dtype to, const std::string& name) {
+    return g.add1("cast", {v}, {{"dtype", std::string(dtype_name(to))}}, name);
+  };
+  const bool mixed = compute != PLX_F32;
+  Var logits = build_model(g, spec, mixed ? cast(x, compute, "x.cast") : x, training);
+  if (mixed) logits = cast(logits, PLX_F32, "logits.cast");
   Attrs la;
   la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
@@ -79,7 +103,39 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
   m->pred = g.add1("argmax", {logits}, aa, "pred");
-  if (training) {
+  if (training && loss_scaling) {
+    // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
+    // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
+    const TensorDesc scalar{PLX_F32, {}};
+    const Var scaled_loss =
+        g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
+    const Var unscale = g.input(kGradUnscaleInput, scalar);
+    m->params = g.parameters();
+    const std::vector<Var> grads = backward(g, scaled_loss, m->params);
+    m->update = std::make_unique<Graph>(ops);
+    std::vector<Var> update_params, update_grads;
+    Var check;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const GraphValue& p = g.value(m->params[i]);
+      const std::string name = p.name;  // copied: add() grows the graph
+      const TensorDesc desc = p.desc;
+      if (!grads[i].valid()) {
+        m->grads.push_back(grads[i]);
+        continue;
+      }
+      const Var gr = g.add1("mul", {grads[i], unscale}, {}, name + ".grad_unscale");
+      m->grads.push_back(gr);
+      g.mark_output(gr, name + ".grad");
+      const Var sum = g.add1("sum", {gr}, {}, name + ".grad_check");
+      check = check.valid() ? g.add1("add", {check, sum}, {}, "grad_check." + name) : sum;
+      update_params.push_back(m->update->parameter(name, desc, p.init));
+      update_grads.push_back(m->update->input(name + ".grad", desc));
+    }
+    if (!check.valid())
+      throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
+    g.mark_output(check, kGradCheckOutput);
+    add_optimizer(*m->update, update_params, update_grads, opt);
+  } else if (training) {
     m->params = g.parameters();
     m->grads = backward(g, m->loss, m->params);
     add_optimizer(g, m->params, m->grads, opt);

@@ -1,5 +1,6 @@
 #include "step_pipeline.hpp"
 
+#include <cmath>
 #include <cstring>
 
 #include "plexus/error.hpp"
@@ -53,15 +54,35 @@ ResidentData make_resident(Backend& backend, int32_t device, const data::Loader&
   return r;
 }
 
-StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
-                           const OpRegistry& ops, const ResidentData* resident)
-    : backend_(backend), device_(device), exe_(exe), resident_(resident) {
+StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
+                           const ResidentData* resident, Executable* update, LossScaler* scaler)
+    : backend_(backend),
+      device_(device),
+      exe_(exe),
+      resident_(resident),
+      update_(update),
+      scaler_(scaler) {
+  if (!update_ != !scaler_)
+    throw Error("step pipeline: loss scaling needs both the update and the scaler");
   const Graph& g = exe.graph();
   x_ = exe.tensor("x");
   labels_ = exe.tensor("labels");
   if (g.find(kLearningRateInput).valid()) lr_ = exe.tensor(kLearningRateInput);
   if (g.find(kStepInput).valid()) step_ = exe.tensor(kStepInput);
   if (g.find(kLossScaleInput).valid()) scale_ = exe.tensor(kLossScaleInput);
+  if (update_) {
+    const Graph& u = update_->graph();
+    if (u.find(kLearningRateInput).valid()) lr_ = update_->tensor(kLearningRateInput);
+    if (u.find(kStepInput).valid()) step_ = update_->tensor(kStepInput);
+    grad_scale_ = exe.tensor(kGradScaleInput);
+    grad_unscale_ = exe.tensor(kGradUnscaleInput);
+    grad_check_ = exe.tensor(kGradCheckOutput);
+    for (const GraphValue& v : u.values())
+      if (v.kind == ValueKind::Input && v.name != kLearningRateInput && v.name != kStepInput)
+        grads_.emplace_back(exe.tensor(v.name), update_->tensor(v.name));
+    if (grad_check_.dtype() != PLX_F32)
+      throw Error("step pipeline: the gradients' check is not f32");
+  }
   loss_ = exe.tensor("loss_value");
   pred_ = exe.tensor("predictions");
   if (x_.dtype() != PLX_F32 || labels_.dtype() != PLX_I32 || loss_.dtype() != PLX_F32 ||
@@ -71,9 +92,10 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe,
   rows_ = labels_.numel();
   x_bytes_ = x_.nbytes();
   labels_bytes_ = labels_.nbytes();
-  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale, 8-byte aligned.
+  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale | grad scale |
+  // grad unscale, 8-byte aligned.
   const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_ + labels_bytes_;
-  in_bytes_ = (head + 7) / 8 * 8 + 3 * sizeof(float);
+  in_bytes_ = (head + 7) / 8 * 8 + kScalars * sizeof(float);
   out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
   compute_ = backend.stream(device);
   copy_ = backend.create_stream(device);
@@ -183,8 +205,14 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     off = x_bytes_ + labels_bytes_;
   }
   off = (off + 7) / 8 * 8;
-  const float scalars[3] = {static_cast<float>(lr), static_cast<float>(step),
-                            b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f};
+  // A skipped step is no optimizer step: AdamW's count leaves the skipped ones out (as
+  // GradScaler skips optimizer.step()).
+  const double scale = scaler_ ? scaler_->scale : 1.0;
+  const float scalars[kScalars] = {
+      static_cast<float>(lr),
+      static_cast<float>(scaler_ ? step - static_cast<double>(scaler_->skipped) : step),
+      b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f,
+      static_cast<float>(scale), static_cast<float>(1.0 / scale)};
   std::memcpy(s.in + off, scalars, sizeof scalars);
   s.labels.assign(b.labels.begin(), b.labels.end());
   s.real = b.real;
@@ -217,9 +245,29 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
   if (scale_.defined())
     backend_.copy(device_, scale_.data(), stage + off + 2 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
+  if (grad_scale_.defined()) {
+    backend_.copy(device_, grad_scale_.data(), stage + off + 3 * sizeof(float), sizeof(float),
+                  PLX_COPY_D2D, compute_);
+    backend_.copy(device_, grad_unscale_.data(), stage + off + 4 * sizeof(float), sizeof(float),
+                  PLX_COPY_D2D, compute_);
+  }
   backend_.record(s.consumed, compute_);
 
   exe_.run();
+  s.loss_scale = scale;
+  s.skipped = false;
+  if (update_) {
+    // The host decides whether the update runs: the step waits here for the gradients' check.
+    float check = 0;
+    backend_.copy(device_, &check, grad_check_.data(), sizeof check, PLX_COPY_D2H, compute_);
+    backend_.sync_stream(compute_);
+    s.skipped = !scaler_->record(std::isfinite(check));
+    if (!s.skipped) {
+      for (const auto& [src, dst] : grads_)
+        backend_.copy(device_, dst.data(), src.data(), src.nbytes(), PLX_COPY_D2D, compute_);
+      update_->run();
+    }
+  }
 
   backend_.copy(device_, s.out, loss_.data(), sizeof(float), PLX_COPY_D2H, compute_);
   backend_.copy(device_, s.out + 2 * sizeof(float), pred_.data(), pred_.nbytes(), PLX_COPY_D2H, compute_);
@@ -244,6 +292,8 @@ StepOutcome StepPipeline::collect() {
   o.real = s.real;
   o.index = s.index;
   o.lr = s.lr;
+  o.loss_scale = s.loss_scale;
+  o.skipped = s.skipped;
   const auto* pred = reinterpret_cast<const int64_t*>(s.out + 2 * sizeof(float));
   for (size_t i = 0; i < s.labels.size(); ++i)
     if (s.labels[i] != data::kIgnoreLabel && pred[i] == s.labels[i]) ++o.hits;

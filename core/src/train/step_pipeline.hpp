@@ -43,6 +43,30 @@ struct ResidentData {
 ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
                            const data::Dataset& ds, int64_t n);
 
+// f16's dynamic loss scaling, PyTorch's GradScaler: the loss is multiplied by `scale` before
+// backward and the gradients by 1/scale after it; a step whose gradients hold Inf or NaN is
+// skipped (no update) and halves the scale; `window` finite steps in a row double it.
+struct LossScaler {
+  double scale = 65536;
+  int64_t window = 2000;
+  int64_t good = 0;     // finite steps since the scale last changed
+  int64_t skipped = 0;  // steps skipped in all
+  // Records a step's outcome; true when its update is to run.
+  bool record(bool finite) {
+    if (!finite) {
+      scale /= 2;
+      good = 0;
+      ++skipped;
+      return false;
+    }
+    if (++good >= window) {
+      scale *= 2;
+      good = 0;
+    }
+    return true;
+  }
+};
+
 struct StepOutcome {
   double loss = 0;
   int64_t hits = 0;      // correct predictions among the real rows
@@ -50,11 +74,20 @@ struct StepOutcome {
   int64_t index = 0;     // the batch's index within its epoch
   double lr = 0;         // the learning rate it ran with
   double seconds = 0;    // since the previous step's results were in (or its launch)
+  double loss_scale = 0;  // the loss scale it ran with (loss scaling only)
+  bool skipped = false;   // its gradients were not finite: no update (loss scaling only)
 };
 
 // A training step's 0-d f32 input that scales its summed loss under data parallelism: one over
 // the rows holding samples in the whole global batch (every rank's slice), written per step.
 inline constexpr const char* kLossScaleInput = "loss_scale";
+
+// f16's dynamic loss scaling (docs/training.md): the training step's 0-d f32 inputs holding the
+// scale S the loss is multiplied by before backward and 1/S the gradients are multiplied by
+// after it, and its 0-d f32 output that is finite exactly when every gradient is.
+inline constexpr const char* kGradScaleInput = "grad_scale";
+inline constexpr const char* kGradUnscaleInput = "grad_unscale";
+inline constexpr const char* kGradCheckOutput = "grad_check";
 
 // What the trainer drives, a step at a time: StepPipeline feeds one executable; a pipeline
 // stage (pipeline.hpp) runs its part of a micro-batched step.
@@ -83,8 +116,14 @@ class StepPipeline : public StepRunner {
   // `resident` may be null (batches come from the host). The executable's graph has inputs "x"
   // and "labels", optionally "lr", "step" and "loss_scale", and outputs "loss_value" and
   // "predictions".
+  //
+  // Loss scaling (`update` and `scaler` given): `exe` is build_step's first part (forward,
+  // backward, unscaled gradients and their check) and `update` its optimizer. Each launch then
+  // reads the check on the host after `exe` (the step waits for it, as GradScaler's step does),
+  // and runs `update` on the gradients only when they are finite; `scaler` follows the outcome.
   StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
-               const ResidentData* resident);
+               const ResidentData* resident, Executable* update = nullptr,
+               LossScaler* scaler = nullptr);
   ~StepPipeline();
   StepPipeline(const StepPipeline&) = delete;
   StepPipeline& operator=(const StepPipeline&) = delete;
@@ -102,6 +141,7 @@ class StepPipeline : public StepRunner {
 
  private:
   static constexpr int kSlots = 2;
+  static constexpr int kScalars = 5;  // lr, step, loss scale, grad scale, grad unscale
   struct Slot {
     MemoryBlock* pinned_in = nullptr;   // or host_in when the backend has no pinned memory
     MemoryBlock* pinned_out = nullptr;
@@ -113,7 +153,8 @@ class StepPipeline : public StepRunner {
     bool used = false;
     std::vector<int32_t> labels;
     int64_t real = 0, index = 0;
-    double lr = 0;
+    double lr = 0, loss_scale = 0;
+    bool skipped = false;
   };
   void release() noexcept;
 
@@ -123,6 +164,12 @@ class StepPipeline : public StepRunner {
   const ResidentData* resident_;
   plx_stream compute_ = nullptr, copy_ = nullptr;
   Tensor x_, labels_, lr_, step_, scale_, loss_, pred_;
+  // Loss scaling: the optimizer's executable, the scale and its inverse, the gradients' check,
+  // and each gradient as `exe` writes it and as `update` reads it.
+  Executable* update_ = nullptr;
+  LossScaler* scaler_ = nullptr;
+  Tensor grad_scale_, grad_unscale_, grad_check_;
+  std::vector<std::pair<Tensor, Tensor>> grads_;
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.

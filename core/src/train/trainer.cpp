@@ -70,7 +70,9 @@ bool must_match_on_resume(const std::string& key) {
   // Keys that change how steps are run, not what they compute.
   static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
                                              "data.prefetch", "data.resident",
-                                             "train.graph_capture", "train.fusion"};
+                                             "train.graph_capture", "train.fusion",
+                                             // master weights are f32 whatever the precision
+                                             "train.precision"};
   if (free.count(key)) return false;
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
 }
@@ -267,6 +269,13 @@ void join_groups(Parallel& par, Runtime& rt, const Config& cfg, Backend& backend
                          ids[static_cast<size_t>(W + par.stage())], timeout_ms);
 }
 
+// A loss scale as people read it: 65536, 0.5.
+std::string format_scale(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", s);
+  return text;
+}
+
 // The states a forward reads (batch-norm statistics), as opposed to the optimizer's moments.
 std::vector<std::string> forward_states(const Graph& g) {
   std::set<std::string> names;
@@ -315,6 +324,30 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     device = par.launch.local_rank % backend.device_count();
   par.stages = static_cast<int32_t>(cfg.get_int("parallel.pipeline_stages"));
   const bool pipelined = par.stages > 1;
+  // Mixed precision: the model computes in `compute`, master weights stay f32 (build_step).
+  const std::string precision = cfg.get_string("train.precision");
+  const plx_dtype compute = compute_dtype(cfg);
+  if (pipelined && compute != PLX_F32)
+    throw ConfigError("train.precision = \"" + precision + "\" is not supported with " +
+                      "parallel.pipeline_stages = " + std::to_string(par.stages) +
+                      " (a pipeline's stages compute in f32: use train.precision = \"f32\" or "
+                      "\"tf32\", or one stage)");
+  // f16 scales the loss (dynamic loss scaling); its step reads a flag on the host between the
+  // backward and the update, which data parallelism's overlapped all-reduce does not do.
+  const bool loss_scaling = compute == PLX_F16;
+  if (loss_scaling && par.active())
+    throw ConfigError("train.precision = \"f16\" is not supported under a launcher (" +
+                      par.launch.source + ", " + std::to_string(par.size()) +
+                      " ranks: data parallelism); use train.precision = \"bf16\", which needs no "
+                      "loss scaling, or one process");
+  std::unique_ptr<LossScaler> scaler;
+  if (loss_scaling) {
+    scaler = std::make_unique<LossScaler>();
+    scaler->scale = cfg.get_float("train.loss_scale_init");
+    scaler->window = cfg.get_int("train.loss_scale_window");
+  }
+  // TF32 is a property of the kernels prepared after it is set: before the steps are built.
+  const bool tf32 = precision == "tf32" && enable_tf32(backend);
   if (pipelined && par.size() % par.stages != 0)
     throw ConfigError("parallel.pipeline_stages = " + std::to_string(par.stages) + " needs a " +
                       "multiple of " + std::to_string(par.stages) + " ranks (one per stage and " +
@@ -372,7 +405,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
 
   // One process or data parallelism: one executable per step, fed by a StepPipeline.
   std::unique_ptr<StepGraph> train_model, eval_model;
-  std::unique_ptr<Executable> train_exe, eval_exe;
+  std::unique_ptr<Executable> train_exe, eval_exe, update_exe;
   std::unique_ptr<GradientSync> grad_sync;
   // Pipeline parallelism: this rank's stage runs its part of each step.
   PipelinePlace place;
@@ -384,10 +417,14 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   uint64_t train_plan_bytes = 0;
   std::string stages_text;
   if (!pipelined) {
-    train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt, par.active());
+    train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt,
+                             par.active(), compute, loss_scaling);
     train_exe = std::make_unique<Executable>(backend, train_model->graph, store, eo);
+    if (train_model->update)
+      update_exe = std::make_unique<Executable>(backend, *train_model->update, store, eo);
     if (do_eval) {
-      eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt);
+      eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt,
+                              false, compute);
       eval_exe = std::make_unique<Executable>(backend, eval_model->graph, store, eo);
     }
     // Data parallelism: gradients all-reduced in buckets during backward.
@@ -401,7 +438,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       running_states = forward_states(train_model->graph);
     }
     n_params = count_parameters(train_model->graph);
-    train_plan_bytes = train_exe->plan().total_bytes();
+    train_plan_bytes =
+        train_exe->plan().total_bytes() + (update_exe ? update_exe->plan().total_bytes() : 0);
   } else {
     std::vector<LayerSummary> summary;
     {
@@ -458,7 +496,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   StepRunner* train_pipe_p = train_stage.get();
   StepRunner* eval_pipe = eval_stage.get();
   if (train_exe) {
-    train_feed = std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get());
+    train_feed =
+        std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get(),
+                                       update_exe.get(), scaler.get());
     train_pipe_p = train_feed.get();
   }
   if (eval_exe) {
@@ -468,6 +508,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   StepRunner& train_pipe = *train_pipe_p;
   auto sync_steps = [&] {
     if (train_exe) train_exe->sync();
+    if (update_exe) update_exe->sync();
     if (train_stage) train_stage->sync();
   };
 
@@ -520,6 +561,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       epoch = meta_int(ck, "epoch", path);
       first_batch = meta_int(ck, "batch", path);
       step = meta_int(ck, "step", path);
+      // The loss scale goes on where it was (a checkpoint of another precision has none).
+      if (scaler && ck.meta.count("loss_scale")) {
+        scaler->scale = std::stod(ck.meta.at("loss_scale"));
+        scaler->good = meta_int(ck, "loss_scale_good", path);
+        scaler->skipped = meta_int(ck, "skipped_steps", path);
+      }
       if (first_batch < 0 || first_batch > per_epoch || epoch < 0)
         throw Error(path + ": loader position epoch " + std::to_string(epoch) + " batch " +
                     std::to_string(first_batch) + " does not fit " + std::to_string(per_epoch) +
@@ -590,6 +637,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("train_samples", train_loader.samples());
     m.add("batches_per_epoch", per_epoch);
     m.add("memory_plan_bytes", static_cast<int64_t>(train_plan_bytes));
+    // What the steps compute in: train.precision, whether TF32 was turned on, the dtypes.
+    m.add("precision", JsonObject()
+                           .add("name", precision)
+                           .add("compute", std::string(dtype_name(compute)))
+                           .add("master_weights", std::string("f32"))
+                           .add("tf32", tf32));
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
     if (par.active()) {
       JsonObject pj;
@@ -640,6 +693,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     ck.meta["config"] = cfg.dump();
     ck.meta["plexus"] = PLEXUS_VERSION_STRING;
     ck.meta["git_revision"] = git_revision();
+    if (scaler) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.17g", scaler->scale);
+      ck.meta["loss_scale"] = text;
+      ck.meta["loss_scale_good"] = std::to_string(scaler->good);
+      ck.meta["skipped_steps"] = std::to_string(scaler->skipped);
+    }
     write_checkpoint(ckpt_path, ck);
     last_good = ckpt_path;
   };
@@ -650,10 +710,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     progress.note("resuming " + run_dir + " at epoch " + std::to_string(epoch + 1) + ", batch " +
                   std::to_string(first_batch) + " (step " + std::to_string(step) + ")");
   else
-    progress.note("training " + spec.name + " (" + std::to_string(n_params) +
-                  " parameters) on " + backend.name() + ":" + std::to_string(device) + ", " +
-                  train_set.name + " " + std::to_string(train_loader.samples()) + " samples, batch " +
-                  std::to_string(batch) + "; writing " + run_dir);
+    progress.note("training " + spec.name + " (" + std::to_string(n_params) + " parameters) on " +
+                  backend.name() + ":" + std::to_string(device) + ", " + train_set.name + " " +
+                  std::to_string(train_loader.samples()) + " samples, batch " +
+                  std::to_string(batch) + (precision == "f32" ? "" : ", precision " + precision) +
+                  "; writing " + run_dir);
   if (grad_sync)
     progress.note("data parallel over " + std::to_string(par.size()) + " ranks (" + par.comm +
                   ", launched by " + par.launch.source + "): " + std::to_string(local_batch) +
@@ -677,7 +738,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     progress.start_epoch(static_cast<int>(epoch + 1), static_cast<int>(epochs), per_epoch);
     const auto t_epoch = Clock::now();
     double loss_sum = 0;
-    int64_t rows = 0, hits = 0, epoch_images = 0;
+    int64_t rows = 0, hits = 0, epoch_images = 0, epoch_skipped = 0;
     double epoch_step_seconds = 0;
     // Steps are launched one ahead of their results: `launched` counts launches, `step` the
     // steps whose results were read. A checkpoint drains the pipeline first, so it never holds a
@@ -708,11 +769,18 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       epoch_images += o.real;
       epoch_step_seconds += o.seconds;
       if (req.keep_losses) result.losses.push_back(o.loss);
-      emit(JsonObject().add("type", "step").add("step", step).add("epoch", epoch + 1)
-                        .add("batch", o.index).add("loss", o.loss)
-                        .add("accuracy", static_cast<double>(o.hits) / static_cast<double>(o.real))
-                        .add("lr", o.lr)
-                        .add("images_per_s", o.seconds > 0 ? static_cast<double>(o.real) / o.seconds : 0.0));
+      epoch_skipped += o.skipped;
+      JsonObject line;
+      line.add("type", "step")
+          .add("step", step)
+          .add("epoch", epoch + 1)
+          .add("batch", o.index)
+          .add("loss", o.loss)
+          .add("accuracy", static_cast<double>(o.hits) / static_cast<double>(o.real))
+          .add("lr", o.lr)
+          .add("images_per_s", o.seconds > 0 ? static_cast<double>(o.real) / o.seconds : 0.0);
+      if (scaler) line.add("loss_scale", o.loss_scale).add("skipped", o.skipped);
+      emit(line);
       progress.update(o.index + 1, epoch_images, loss_sum / static_cast<double>(rows),
                       static_cast<double>(hits) / static_cast<double>(rows));
     };
@@ -775,6 +843,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
         .add("train_loss", em.train_loss).add("train_accuracy", em.train_accuracy)
         .add("seconds", em.seconds).add("images_per_s", em.images_per_s);
     if (em.test_loss) line.add("test_loss", *em.test_loss).add("test_accuracy", *em.test_accuracy);
+    if (scaler) line.add("loss_scale", scaler->scale).add("skipped_steps", epoch_skipped);
     emit(line);
     EpochResult er;
     er.train_loss = em.train_loss;
@@ -784,6 +853,10 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     er.seconds = em.seconds;
     er.images_per_s = em.images_per_s;
     progress.end_epoch(er);
+    if (scaler)
+      progress.note("loss scale " + format_scale(scaler->scale) + "; " +
+                    std::to_string(epoch_skipped) +
+                    " step(s) of the epoch skipped (gradients not finite)");
     result.epochs.push_back(em);
     if (!stop) save(epoch + 1, 0);
   }
@@ -824,6 +897,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
       .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
       .add("peak_bytes", static_cast<int64_t>(result.peak_bytes));
+  if (scaler) {
+    result.loss_scale = scaler->scale;
+    result.skipped_steps = scaler->skipped;
+    summary.add("loss_scale", scaler->scale).add("skipped_steps", scaler->skipped);
+  }
   result.ranks = par.size();
   if (grad_sync) {
     // Rank 0's view; the ranks wait for one another, so theirs are alike.
