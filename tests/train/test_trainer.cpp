@@ -55,6 +55,14 @@ TEST_CASE("a model learns the synthetic set and the run directory has it all", "
   CHECK_FALSE(m.at("git_revision").string.empty());
   CHECK(m.at("config").string.find("synthetic_samples = 512") != std::string::npos);
   CHECK(m.at("plugins").kind == JsonValue::Kind::Array);
+  // Every kernel of the training step, named with its node and op (a fused group with its
+  // nodes) and implementation.
+  const JsonValue& kernels = m.at("kernels");
+  REQUIRE(kernels.kind == JsonValue::Kind::Array);
+  bool conv = false;
+  for (const JsonValue& k : kernels.items)
+    conv = conv || (k.string.find("conv2d_1") != std::string::npos && k.string.find(": cpu/") != std::string::npos);
+  CHECK(conv);
   const Checkpoint ck = read_checkpoint((tmp.path / "run/checkpoint.plxckpt").string());
   CHECK(ck.meta.at("epoch") == "3");
   CHECK(ck.meta.at("step") == "12");

@@ -643,6 +643,15 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                            .add("compute", std::string(dtype_name(compute)))
                            .add("master_weights", std::string("f32"))
                            .add("tf32", tf32));
+    // Which kernel runs each node of the training step ("<node> <op>: backend/impl", fused
+    // groups by their label), in run order: what a run was measured with.
+    if (train_exe) {
+      JsonArray kernels;
+      for (const std::string& k : train_exe->kernel_names()) kernels.push(k);
+      if (update_exe)
+        for (const std::string& k : update_exe->kernel_names()) kernels.push(k);
+      m.add("kernels", kernels);
+    }
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
     if (par.active()) {
       JsonObject pj;
