@@ -43,6 +43,43 @@ TEST_CASE("16-bit conversions round to nearest even", "[tensor]") {
   }
 }
 
+TEST_CASE("the f16 conversions in use equal the portable ones", "[tensor]") {
+  // With F16C (PLX_HAVE_F16C) the conversions are the hardware's; the portable code is what
+  // device code and other CPUs run. Every half, and floats across the whole range: the same
+  // bits (NaN: a NaN of the same sign either way).
+  INFO("hardware F16C path: " << PLX_HAVE_F16C);
+  auto same = [](float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) && std::signbit(a) == std::signbit(b);
+    return detail::f32_bits(a) == detail::f32_bits(b);
+  };
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint16_t h = static_cast<uint16_t>(b);
+    REQUIRE(same(f16_bits_to_f32(h), f16_bits_to_f32_portable(h)));
+  }
+  auto check = [](float f) {
+    const uint16_t a = f32_to_f16_bits(f), p = f32_to_f16_bits_portable(f);
+    if (std::isnan(f)) {
+      REQUIRE((a & 0x7c00u) == 0x7c00u);
+      REQUIRE((a & 0x3ffu) != 0);
+      REQUIRE((a & 0x8000u) == (p & 0x8000u));
+    } else {
+      INFO("f32 bits " << detail::f32_bits(f));
+      REQUIRE(a == p);
+    }
+  };
+  // Every 4099th float bit pattern (about a million), the halves' ties and their neighbours.
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) check(detail::f32_from_bits(static_cast<uint32_t>(u)));
+  for (uint32_t b = 0; b < 0x7c00u; ++b) {
+    const float lo = f16_bits_to_f32_portable(static_cast<uint16_t>(b));
+    const float hi = f16_bits_to_f32_portable(static_cast<uint16_t>(b + 1));
+    const float mid = lo + (hi - lo) / 2;  // exact in f32
+    for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      check(f);
+      check(-f);
+    }
+  }
+}
+
 TEST_CASE("reshape and permute are views, contiguous copies", "[cpu][tensor]") {
   const Tensor t = from_doubles({0, 1, 2, 3, 4, 5}, {2, 3}, PLX_F32);
   const Tensor r = t.reshape({3, 2});
