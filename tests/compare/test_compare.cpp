@@ -281,6 +281,16 @@ TEST_CASE("compare runs a training step and training curves on two backends", "[
   REQUIRE(curve);
   CHECK(curve->status == CompareRow::Status::Pass);
   CHECK_THAT(curve->note, PLX_CONTAINS("mean loss of the last"));
+
+  // The step follows train.precision: a bf16 step, held to bf16's step tolerance.
+  cfg.set("train.precision=\"bf16\"");
+  o.train = false;
+  const CompareReport h = run_compare(runtime(), cfg, o);
+  CHECK(h.ok());
+  const CompareRow* hl = find_row(h, "loss", "step");
+  REQUIRE(hl);
+  CHECK_THAT(hl->what, PLX_CONTAINS("bf16"));
+  CHECK(hl->tolerance == default_nmse(PLX_BF16, true));
 }
 
 TEST_CASE("plexus compare writes its outputs and exits 1 when a row fails", "[cpu][compare][cli]") {
