@@ -6,8 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
-#include <iostream>
-#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -125,8 +123,6 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::string shape_text(const Shape& s) { return shape_string(s); }
-
 // A tensor's bytes on the host.
 struct HostTensor {
   plx_dtype dtype = PLX_DTYPE_NONE;
@@ -217,7 +213,7 @@ std::string default_what(const SuiteItem& it, const OpSchema& s) {
   for (size_t i = 0; i < it.inputs.size(); ++i) {
     if (it.inputs[i].kind == SuiteInput::Kind::Absent) continue;
     const std::string name = i < s.inputs.size() ? s.inputs[i].name : "in" + std::to_string(i);
-    w += (w.empty() ? "" : " ") + name + shape_text(it.inputs[i].shape);
+    w += (w.empty() ? "" : " ") + name + shape_string(it.inputs[i].shape);
   }
   for (const auto& [k, v] : it.attrs) w += " " + k + "=" + attr_value_string(v);
   return w;
@@ -793,7 +789,6 @@ class Runner {
       try {
         const TrainResult res = train(rt_, req);
         losses = res.losses;
-        rep_.model = model_of(c).name;
         row.what = rep_.model + ", batch " + std::to_string(c.get_int("train.batch_size")) + ", " +
                    std::to_string(res.losses.size()) + " steps";
         ms = res.images_per_s > 0 ? 1e3 * static_cast<double>(c.get_int("train.batch_size")) / res.images_per_s : -1;
@@ -805,6 +800,7 @@ class Runner {
         error = e.what();
       }
     };
+    rep_.model = model_of(cfg_).name;  // read once; the trainer reads it for each run
     std::string ea, eb;
     run_on(o_.a, o_.device_a, rep_.curves.a, rep_.curves.ms_a, ea);
     run_on(rep_.b, o_.device_b, rep_.curves.b, rep_.curves.ms_b, eb);
