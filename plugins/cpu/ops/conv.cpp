@@ -441,9 +441,9 @@ class Conv2dBackwardWeightKernel final : public Kernel {
 
 void register_conv(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  add_float_kernels<Conv2dKernel>(r, "conv2d", "im2col_blas", f);
-  add_float_kernels<Conv2dBackwardDataKernel>(r, "conv2d_backward_data", "col2im_blas", f);
-  add_float_kernels<Conv2dBackwardWeightKernel>(r, "conv2d_backward_weight", "im2col_blas", f);
+  add_float_kernels<Conv2dKernel>(r, "conv2d", "im2col_blas", f | PLX_KERNEL_LIBRARY);
+  add_float_kernels<Conv2dBackwardDataKernel>(r, "conv2d_backward_data", "col2im_blas", f | PLX_KERNEL_LIBRARY);
+  add_float_kernels<Conv2dBackwardWeightKernel>(r, "conv2d_backward_weight", "im2col_blas", f | PLX_KERNEL_LIBRARY);
 }
 
 }  // namespace plexus::cpu

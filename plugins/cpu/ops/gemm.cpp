@@ -163,8 +163,8 @@ class LinearKernel final : public Kernel {
 
 void register_gemm(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  add_float_kernels<MatmulKernel>(r, "matmul", "openblas", f);
-  add_float_kernels<LinearKernel>(r, "linear", "openblas", f);
+  add_float_kernels<MatmulKernel>(r, "matmul", "openblas", f | PLX_KERNEL_LIBRARY);
+  add_float_kernels<LinearKernel>(r, "linear", "openblas", f | PLX_KERNEL_LIBRARY);
 }
 
 }  // namespace plexus::cpu

@@ -608,9 +608,9 @@ class ConvKernel final : public Kernel {
 void register_conv(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
-    r.add<ConvKernel<Dir::Fwd>, CudaBackend>("conv2d", d, "cudnn", f | PLX_KERNEL_DETERMINISTIC);
-    r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn", f);
-    r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn", f);
+    r.add<ConvKernel<Dir::Fwd>, CudaBackend>("conv2d", d, "cudnn", f | PLX_KERNEL_LIBRARY | PLX_KERNEL_DETERMINISTIC);
+    r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn", f | PLX_KERNEL_LIBRARY);
+    r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn", f | PLX_KERNEL_LIBRARY);
   }
 }
 

@@ -490,8 +490,8 @@ void register_gemm(KernelRegistry& r) {
   // per node (by the heuristic, not by timing).
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
-    r.add<MatmulKernel, CudaBackend>("matmul", d, "cublaslt", f);
-    r.add<LinearKernel, CudaBackend>("linear", d, "cublaslt", f);
+    r.add<MatmulKernel, CudaBackend>("matmul", d, "cublaslt", f | PLX_KERNEL_LIBRARY);
+    r.add<LinearKernel, CudaBackend>("linear", d, "cublaslt", f | PLX_KERNEL_LIBRARY);
   }
 }
 

@@ -36,7 +36,12 @@ enum {
   PLX_KERNEL_STRIDED = 1u << 1,       /* inputs may have any strides; without it the core hands
                                          the kernel row-major contiguous inputs */
   PLX_KERNEL_DETERMINISTIC = 1u << 2, /* bit-identical results run to run */
-  PLX_KERNEL_CAPTURABLE = 1u << 3     /* safe inside a stream capture (no host sync, no alloc) */
+  PLX_KERNEL_CAPTURABLE = 1u << 3,    /* safe inside a stream capture (no host sync, no alloc) */
+  PLX_KERNEL_LIBRARY = 1u << 4        /* the work is done by a vendor library (cuBLAS, cuDNN,
+                                         OpenBLAS): the "library" side of the config's
+                                         `backend.kernels`; clear for the plugin's own code (the
+                                         "native" side). Hosts before it ignore the bit, and
+                                         plugins that never set it count as native. */
 };
 
 /* Memory layouts a kernel prefers for its 4-D activations; the planner converts at the edges. */
