@@ -40,6 +40,16 @@ const std::vector<ConfigKey>& Config::keys() {
     add("backend.fallback", ConfigType::String, "\"\"",
         "Backend that runs ops the chosen backend has no kernel for, each fallback logged and "
         "counted; empty: such an op is an error");
+    auto& kernels = add("backend.kernels", ConfigType::String, "\"auto\"",
+                        "Which kernel runs each op when the backend has several: auto (time "
+                        "the candidates once per shape when a graph is prepared, keep the "
+                        "fastest, remember it in backend.tune_cache), native (the plugin's own "
+                        "kernels first) or library (cuBLAS, cuDNN, OpenBLAS first)");
+    kernels.choices = {"auto", "native", "library"};
+    add("backend.tune_cache", ConfigType::String, "\"\"",
+        "File that keeps the tuned choices: empty for $PLEXUS_CACHE_DIR/kernels.tsv, else "
+        "$XDG_CACHE_HOME/plexus/kernels.tsv or ~/.cache/plexus/kernels.tsv; \"off\": this "
+        "process only");
     add("memory.limit", ConfigType::Bytes, "0",
         "Most memory each device's caching allocator may reserve: bytes, a string with a "
         "unit (\"6GiB\", \"512MB\"), or a fraction of the device's memory (0.8 or \"80%\"); "

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
+#include "plexus/allocator.hpp"
 #include "plexus/backend.hpp"
 #include "plexus/error.hpp"
 #include "plexus/plugin.hpp"
@@ -48,7 +51,7 @@ std::string no_kernel_message(const Backend& backend, const OpSchema& schema, pl
 KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                                 const std::vector<plx_tensor>& inputs,
                                 const std::vector<plx_tensor>& outputs, const Attrs& attrs,
-                                int32_t device) {
+                                int32_t device, bool tune) {
   KernelResolution r;
   const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
   AttrPack pack(attrs);
@@ -62,7 +65,33 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   node.outputs = outputs.data();
   node.attrs = pack.data();
   node.num_attrs = pack.size();
-  for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
+
+  // The order to try: the backend's, with the forced side's kernels first.
+  KernelTuner& tuner = backend.runtime().tuner();
+  const auto registered = backend.kernels(schema.id, dtype);
+  std::vector<const plx_kernel*> order(registered.begin(), registered.end());
+  const KernelSide side = tuner.side();
+  if (side != KernelSide::Auto)
+    std::stable_partition(order.begin(), order.end(), [&](const plx_kernel* k) {
+      return is_library_kernel(*k) == (side == KernelSide::Library);
+    });
+  // With several kernels and the side "auto", a cached choice goes first.
+  const bool several = order.size() > 1;
+  bool cached = false;
+  if (several && side == KernelSide::Auto) {
+    r.choice.key = tune_key(backend, device, schema, inputs, outputs, attrs);
+    if (const auto hit = tuner.lookup(r.choice.key)) {
+      auto it = std::find_if(order.begin(), order.end(), [&](const plx_kernel* k) {
+        return k->impl && *hit == k->impl;
+      });
+      if (it != order.end()) {
+        std::rotate(order.begin(), it, it + 1);
+        cached = true;
+      }
+    }
+  }
+
+  auto try_create = [&](const plx_kernel* k) -> std::unique_ptr<PreparedKernel> {
     void* state = nullptr;
     uint64_t ws = 0;
     // A kernel extension gets the ctx of the plugin that gave it, and explains itself there.
@@ -70,10 +99,9 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     const plx_status s = k->create(backend.kernel_ctx(k), k->user, &node, &state, &ws);
     const char* impl = k->impl ? k->impl : "?";
     if (s == PLX_OK) {
-      spdlog::trace("op '{}' ({}) on '{}': using {} (plugin {})", schema.name, dtype_name(dtype),
+      spdlog::trace("op '{}' ({}) on '{}': {} accepts (plugin {})", schema.name, dtype_name(dtype),
                     backend.name(), impl, source.name());
-      r.kernel = std::make_unique<PreparedKernel>(backend, "op '" + schema.name + "'", k, state, ws);
-      return r;
+      return std::make_unique<PreparedKernel>(backend, "op '" + schema.name + "'", k, state, ws);
     }
     if (s != PLX_ERR_UNSUPPORTED)
       backend.fail(s, "creating kernel '" + std::string(impl) + "' for op '" + schema.name + "'",
@@ -82,7 +110,64 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     spdlog::debug("op '{}' ({}) on '{}': {} declined: {}", schema.name, dtype_name(dtype),
                   backend.name(), impl, why);
     r.declines.push_back(std::string(impl) + ": " + why);
+    return nullptr;
+  };
+
+  const bool time_them = tune && several && side == KernelSide::Auto && !cached;
+  std::vector<std::unique_ptr<PreparedKernel>> accepted;
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto k = try_create(order[i]);
+    if (!k) continue;
+    if (i == 0 && cached) {
+      r.choice.how = KernelChoice::How::Cached;
+      r.kernel = std::move(k);
+      return r;
+    }
+    accepted.push_back(std::move(k));
+    if (!time_them) break;
   }
+  if (accepted.empty()) return r;
+  if (accepted.size() == 1) {
+    r.choice.how = several ? KernelChoice::How::Ordered : KernelChoice::How::Only;
+    if (time_them) r.choice.how = KernelChoice::How::Only;  // the others declined
+    r.kernel = std::move(accepted.front());
+    return r;
+  }
+
+  // Time every kernel that accepted; the fastest runs the node and is remembered.
+  size_t best = accepted.size();
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    const plx_kernel& k = accepted[i]->kernel();
+    CandidateTime t;
+    t.impl = k.impl ? k.impl : "?";
+    t.library = is_library_kernel(k);
+    try {
+      t.ms = time_kernel(backend, *accepted[i], inputs, outputs, device);
+    } catch (const std::exception& e) {
+      t.error = e.what();
+      spdlog::warn("op '{}' ({}) on '{}': timing kernel {} failed, so it is not a candidate: {}",
+                   schema.name, dtype_name(dtype), backend.name(), t.impl, t.error);
+    }
+    if (t.ms >= 0 && (best == accepted.size() || t.ms < r.choice.times[best].ms)) best = i;
+    r.choice.times.push_back(std::move(t));
+  }
+  backend.allocator(device).release_cached();  // the scratch buffers are not the step's memory
+  if (best == accepted.size()) {  // none could be timed: the backend's order
+    r.choice.how = KernelChoice::How::Ordered;
+    r.kernel = std::move(accepted.front());
+    return r;
+  }
+  r.choice.how = KernelChoice::How::Tuned;
+  tuner.remember(r.choice.key, r.choice.times[best].impl, r.choice.times[best].ms);
+  spdlog::debug("op '{}' ({}) on '{}': tuned, {} is fastest ({:.4f} ms) of {}", schema.name,
+                dtype_name(dtype), backend.name(), r.choice.times[best].impl,
+                r.choice.times[best].ms, accepted.size());
+  r.kernel = std::move(accepted[best]);
+  std::stable_sort(r.choice.times.begin(), r.choice.times.end(),
+                   [](const CandidateTime& a, const CandidateTime& b) {
+                     if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
+                     return a.ms < b.ms;
+                   });
   return r;
 }
 

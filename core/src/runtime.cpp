@@ -17,10 +17,14 @@ RuntimeOptions runtime_options(const Config& config) {
   o.fallback = config.get_string("backend.fallback");
   o.memory_limit = config.get_bytes("memory.limit");
   o.memory_fraction = config.get_fraction("memory.limit");
+  o.kernels = parse_kernel_side(config.get_string("backend.kernels"));
+  const std::string cache = config.get_string("backend.tune_cache");
+  o.tune_cache = cache == "off" ? "" : cache.empty() ? default_tune_cache_path() : cache;
   return o;
 }
 
-Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+Runtime::Runtime(RuntimeOptions options)
+    : options_(std::move(options)), tuner_(options_.kernels, options_.tune_cache) {
   logging::init();
   PluginLoadResult r = PluginLoader::load(options_.plugins);
   skipped_ = std::move(r.skipped);
@@ -34,6 +38,7 @@ Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
 }
 
 Runtime::~Runtime() {
+  tuner_.flush();
   comms_.clear();
   backends_.clear();
   plugins_.clear();

@@ -1,7 +1,8 @@
 // Dispatch: resolving a kernel for a node once, and running ops eagerly.
 //
 // resolve_kernel() walks the backend's kernels for (op, dtype) in order of preference and keeps
-// the first whose create() accepts the node; each decline is logged at debug level with its
+// the first whose create() accepts the node (or, when a graph is prepared with backend.kernels =
+// "auto", the fastest of those that accept); each decline is logged at debug level with its
 // reason. A PreparedKernel then runs with a direct function-pointer call, no look-up.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "plexus/attrs.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/tensor.hpp"
+#include "plexus/tune.hpp"
 
 namespace plexus {
 
@@ -47,13 +49,17 @@ class PreparedKernel {
 struct KernelResolution {
   std::unique_ptr<PreparedKernel> kernel;  // null if every kernel declined or none exists
   std::vector<std::string> declines;       // "impl: reason" per kernel that declined
+  KernelChoice choice;                     // how it was chosen among several
 };
 
-// Tries the backend's kernels for the node. Errors other than a decline are thrown.
+// Tries the backend's kernels for the node, in the order the runtime's kernel side gives
+// (plexus/tune.hpp). With `tune` (graphs, not eager calls) and the side "auto", every kernel that
+// accepts the node is timed unless the tuning cache knows the problem, and the fastest is kept.
+// Errors other than a decline are thrown.
 KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                                 const std::vector<plx_tensor>& inputs,
                                 const std::vector<plx_tensor>& outputs, const Attrs& attrs,
-                                int32_t device);
+                                int32_t device, bool tune = false);
 
 // Runs `op` once on `backend`: completes attributes, infers outputs, resolves a kernel (falling
 // back to the runtime's fallback backend if configured), allocates outputs and workspace, and

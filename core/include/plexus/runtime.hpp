@@ -15,6 +15,7 @@
 #include "plexus/communicator.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/plugin.hpp"
+#include "plexus/tune.hpp"
 
 namespace plexus {
 
@@ -28,6 +29,10 @@ struct RuntimeOptions {
   uint64_t memory_limit = 0;
   // Or, when memory_limit is 0, this fraction of each device's total memory (0: none).
   double memory_fraction = 0;
+  // Which of a backend's kernels run a node (plexus/tune.hpp), and the file tuned choices are
+  // kept in ("": this process only; runtime_options() fills in the default path).
+  KernelSide kernels = KernelSide::Auto;
+  std::string tune_cache;
 };
 
 // A kernel one plugin gives a backend of another (an ABI 1.2 kernel extension), as reported by
@@ -41,7 +46,8 @@ struct ExtensionKernel {
   std::string problem;  // "": the backend uses it; else why not ("backend 'cuda' is not loaded")
 };
 
-// RuntimeOptions from a Config: plugins.*, backend.fallback, memory.limit.
+// RuntimeOptions from a Config: plugins.*, backend.fallback, backend.kernels,
+// backend.tune_cache, memory.limit.
 RuntimeOptions runtime_options(const Config& config);
 
 class Runtime {
@@ -56,6 +62,8 @@ class Runtime {
   const std::vector<SkippedPlugin>& skipped() const { return skipped_; }
   const std::vector<std::string>& searched() const { return searched_; }
   const RuntimeOptions& options() const { return options_; }
+  // The side and cache that choose among a backend's kernels (backend.kernels).
+  KernelTuner& tuner() { return tuner_; }
 
   // Every kernel extension the loaded plugins give, in load order, attached or not.
   const std::vector<ExtensionKernel>& extension_kernels() const { return extensions_; }
@@ -93,6 +101,7 @@ class Runtime {
   std::vector<SkippedPlugin> skipped_;
   std::vector<std::string> searched_;
   std::vector<ExtensionKernel> extensions_;
+  KernelTuner tuner_;
   mutable std::mutex fallback_mu_;
   std::map<std::string, uint64_t> fallback_counts_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -85,6 +86,7 @@ struct Executable::Step {
   std::vector<int32_t> fused;  // a fused step: every node it runs, in graph order
   std::string label;           // a fused step: for errors
   std::unique_ptr<PreparedKernel> kernel;
+  KernelChoice choice;  // how the kernel was chosen among the backend's
   std::vector<Var> in_vars, out_vars;  // the values bound to in and out (invalid: absent)
   std::vector<plx_tensor> in, out;
 };
@@ -400,7 +402,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       descs(st);
       KernelResolution r;
       try {
-        r = resolve_kernel(backend_, *node.schema, st.in, st.out, node.attrs, dev);
+        r = resolve_kernel(backend_, *node.schema, st.in, st.out, node.attrs, dev, options_.tune);
       } catch (const std::exception& e) {
         rethrow_for_node(e, node);
       }
@@ -412,6 +414,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
                       " (a graph runs every node on its backend: no fallback)");
       }
       st.kernel = std::move(r.kernel);
+      st.choice = std::move(r.choice);
     }
     plan_.workspace_bytes = std::max(plan_.workspace_bytes, st.kernel->workspace_bytes());
     steps_.push_back(std::move(st));
@@ -423,6 +426,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
   kernel_of_.resize(nodes.size());
   for (size_t n = 0; n < nodes.size(); ++n) kernel_of_[n] = step_at[static_cast<size_t>(pos_[n])];
 
+  backend_.runtime().tuner().flush();  // what was timed is kept, even if the plan fails
   plan_memory();
 
   if (plan_.arena_bytes) arena_ = Tensor::empty(backend_, {static_cast<int64_t>(plan_.arena_bytes)}, PLX_U8, dev);
@@ -692,7 +696,32 @@ std::vector<std::string> Executable::kernel_names() const {
         what += (i ? ", " : "") + graph_.nodes()[static_cast<size_t>(st.fused[i])].name;
       what += "]";
     }
-    out.push_back(what + ": " + backend_.name() + "/" + (impl ? impl : "?"));
+    what += ": " + backend_.name() + "/" + (impl ? impl : "?");
+    const KernelChoice& c = st.choice;
+    if (c.how == KernelChoice::How::Tuned) {
+      what += " (tuned:";
+      for (size_t i = 0; i < c.times.size(); ++i) {
+        char ms[32];
+        std::snprintf(ms, sizeof ms, "%.4g ms", c.times[i].ms);
+        what += (i ? ", " : " ") + c.times[i].impl + " " + (c.times[i].ms >= 0 ? ms : "failed");
+      }
+      what += ")";
+    } else if (c.how != KernelChoice::How::Only) {
+      what += std::string(" (") + choice_how_name(c.how) + ")";
+    }
+    out.push_back(std::move(what));
+  }
+  return out;
+}
+
+std::vector<Executable::KernelReport> Executable::kernel_choices() const {
+  std::vector<KernelReport> out;
+  for (const Step& st : steps_) {
+    if (st.choice.how == KernelChoice::How::Only) continue;
+    const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
+    const plx_kernel& k = st.kernel->kernel();
+    out.push_back({node.name, node.schema->name, k.impl ? k.impl : "?", is_library_kernel(k),
+                   st.choice});
   }
   return out;
 }

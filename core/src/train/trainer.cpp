@@ -651,6 +651,34 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       if (update_exe)
         for (const std::string& k : update_exe->kernel_names()) kernels.push(k);
       m.add("kernels", kernels);
+      // backend.kernels, where tuned choices are kept, and how the candidates compared.
+      KernelTuner& tuner = backend.runtime().tuner();
+      JsonArray choices;
+      int64_t tuned = 0, cached = 0;
+      for (const Executable* e : {train_exe.get(), update_exe.get()}) {
+        if (!e) continue;
+        for (const Executable::KernelReport& r : e->kernel_choices()) {
+          tuned += r.choice.how == KernelChoice::How::Tuned;
+          cached += r.choice.how == KernelChoice::How::Cached;
+          JsonObject c;
+          c.add("node", r.node).add("op", r.op).add("kernel", r.impl)
+              .add("side", std::string(r.library ? "library" : "native"))
+              .add("how", std::string(choice_how_name(r.choice.how)));
+          if (!r.choice.times.empty()) {
+            JsonObject times;
+            for (const CandidateTime& t : r.choice.times)
+              if (t.ms >= 0) times.add(t.impl, t.ms);
+            c.add("ms", times);
+          }
+          choices.push(c);
+        }
+      }
+      m.add("kernel_choice", JsonObject()
+                                 .add("side", std::string(kernel_side_name(tuner.side())))
+                                 .add("cache", tuner.cache_path())
+                                 .add("tuned", tuned)
+                                 .add("cached", cached)
+                                 .add("nodes", choices));
     }
     if (!req.resume_dir.empty()) m.add("resumed_at_step", step);
     if (par.active()) {

@@ -1,0 +1,119 @@
+// Choosing among a backend's kernels for a node: the side (`backend.kernels`), the autotuner and
+// its cache on disk.
+//
+// A backend may register several kernels for one (op, dtype): its own code in several tile
+// shapes, and a vendor library's (flagged PLX_KERNEL_LIBRARY). With `backend.kernels = "auto"`
+// (the default) a graph times, when it is prepared, every kernel that accepts a node on scratch
+// buffers of the node's shapes and keeps the fastest, as cuDNN's benchmark mode or PyTorch's
+// `cudnn.benchmark` do; the choice is kept on disk by problem (backend, device, plugin version and
+// options, op, dtypes, shapes, strides, attributes), so a shape is timed once per machine.
+// "native" and "library" put that side's kernels first and take the first that accepts, with no
+// timing; a node no kernel of that side accepts runs on the other side. Eager calls never time:
+// they take a cached choice when there is one, else the backend's order.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plexus/attrs.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/sdk/tensor.hpp"
+
+namespace plexus {
+
+class Backend;
+class PreparedKernel;
+
+enum class KernelSide { Auto, Native, Library };
+
+const char* kernel_side_name(KernelSide side);  // "auto", "native", "library"
+// Throws ConfigError naming `key` and the choices for anything else.
+KernelSide parse_kernel_side(std::string_view value, std::string_view key = "backend.kernels");
+
+// Whether a kernel is on the library side.
+bool is_library_kernel(const plx_kernel& k);
+
+// One candidate in a tuning run.
+struct CandidateTime {
+  std::string impl;
+  bool library = false;
+  double ms = -1;     // median milliseconds per run; < 0 when it could not be timed
+  std::string error;  // why not
+};
+
+// How the kernel of a node was chosen.
+struct KernelChoice {
+  enum class How {
+    Only,     // one kernel accepted the node
+    Ordered,  // the first that accepted, in the side's order (native, library, eager calls)
+    Tuned,    // timed against the others now
+    Cached,   // the tuning cache's choice
+  };
+  How how = How::Only;
+  std::vector<CandidateTime> times;  // Tuned: every accepting kernel, fastest first
+  std::string key;                   // the cache key (Tuned, Cached)
+};
+const char* choice_how_name(KernelChoice::How how);  // "only", "ordered", "tuned", "cached"
+
+// The tuning cache file where none is configured: $PLEXUS_CACHE_DIR/kernels.tsv, else
+// $XDG_CACHE_HOME/plexus/kernels.tsv, else $HOME/.cache/plexus/kernels.tsv; "" when none of the
+// three is set.
+std::string default_tune_cache_path();
+
+// The side, and the cache of tuned choices. Thread-safe. The file is a text file, one choice per
+// line: key, tab, impl, tab, milliseconds. A line that does not parse is reported (file and
+// line) and ignored, never fatal; the file is rewritten whole (a temporary file renamed over it),
+// merged with what other processes wrote meanwhile (a choice already in the file stays, so every
+// later process agrees with the first), so a crash or two ranks writing at once leave a complete
+// file. Tuners of one process with the same path share their choices, so two runtimes in one
+// process never run a problem on different kernels (their results would differ in the last
+// bits).
+class KernelTuner {
+ public:
+  // `cache_path` "": choices live for the process only.
+  KernelTuner(KernelSide side = KernelSide::Auto, std::string cache_path = "");
+
+  KernelSide side() const { return side_; }
+  const std::string& cache_path() const { return path_; }
+
+  std::optional<std::string> lookup(const std::string& key);
+  void remember(const std::string& key, const std::string& impl, double ms);
+  // Writes the choices remembered since the last flush; a failure to write is logged, not thrown
+  // (the cache only saves time).
+  void flush();
+
+  struct Entry {
+    std::string impl;
+    double ms = 0;
+  };
+  std::map<std::string, Entry> entries();  // every choice known (file and process)
+  std::vector<std::string> problems();     // lines of the file that were ignored, and why
+
+  struct Shared;  // the choices of one path in this process
+
+ private:
+  KernelSide side_;
+  std::string path_;
+  std::shared_ptr<Shared> shared_;
+};
+
+// The cache key of a node's problem on `device` of `backend`.
+std::string tune_key(const Backend& backend, int32_t device, const OpSchema& schema,
+                     const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
+                     const Attrs& attrs);
+
+// Runs `kernel` on zero-filled scratch buffers with the descriptors' shapes and strides (and its
+// workspace) on the device's stream, timed with the backend's events: one warm-up run, then runs
+// until about `budget_ms` has passed (at least 3, at most 100). Returns the median milliseconds
+// per run. Throws what the kernel throws.
+double time_kernel(Backend& backend, const PreparedKernel& kernel,
+                   const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
+                   int32_t device, double budget_ms = 20);
+
+}  // namespace plexus

@@ -1,0 +1,204 @@
+// Choosing among a backend's kernels (plexus/tune.hpp): the test plugin's testgood.scale has a
+// correct kernel that sleeps 3 ms per call and is flagged as a library's (registered first), a
+// fast one of its own, and one of its own that declines small nodes. "auto" times the two that
+// accept and keeps the fast one (the gap is three orders of magnitude, so the outcome does not
+// depend on this machine's load), remembers it on disk, and a second runtime takes it from there
+// without timing; "native" and "library" force a side without timing; eager calls follow the
+// cache or the order; a corrupt cache file is reported by file and line and ignored.
+#include <filesystem>
+#include <fstream>
+
+#include "plexus/error.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/tune.hpp"
+#include "support/harness.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+
+namespace {
+
+RuntimeOptions with_testdev(KernelSide side, std::string cache) {
+  RuntimeOptions o;
+  o.plugins.paths = {fixture_dir() + "/good"};
+  o.plugins.use_env = false;
+  o.plugins.use_default_dir = false;
+  o.kernels = side;
+  o.tune_cache = std::move(cache);
+  return o;
+}
+
+struct Prepared {
+  std::vector<Executable::KernelReport> choices;
+  std::vector<std::string> names;
+  std::vector<float> y;
+};
+
+// A graph y = scale(x) over n elements on testdev, prepared and run once.
+Prepared prepare_scale(Runtime& rt, int64_t n) {
+  Backend& dev = rt.backend("testdev");
+  Graph g(rt.ops());
+  const Var x = g.input("x", {PLX_F32, {n}});
+  g.mark_output(g.add1("testgood.scale", {x}, {}, "s"), "y");
+  TensorStore store;
+  Executable exe(dev, g, store);
+  std::vector<float> xs(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) xs[static_cast<size_t>(i)] = static_cast<float>(i % 7) - 3;
+  exe.tensor("x").copy_from_host(xs.data());
+  exe.run();
+  exe.sync();
+  Prepared p;
+  p.choices = exe.kernel_choices();
+  p.names = exe.kernel_names();
+  p.y = exe.tensor("y").to_vector<float>();
+  for (int64_t i = 0; i < n; ++i) REQUIRE(p.y[static_cast<size_t>(i)] == 2 * xs[static_cast<size_t>(i)]);
+  return p;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("auto times the kernels that accept a node and keeps the fastest", "[cpu][tune]") {
+  TempDir dir("tune");
+  const std::string cache = dir / "sub/kernels.tsv";  // the directory is created on write
+  {
+    Runtime rt(with_testdev(KernelSide::Auto, cache));
+    const Prepared p = prepare_scale(rt, 64);
+    REQUIRE(p.choices.size() == 1);
+    const auto& c = p.choices[0];
+    CHECK(c.node == "s");
+    CHECK(c.op == "testgood.scale");
+    CHECK(c.impl == "test-scale");
+    CHECK_FALSE(c.library);
+    REQUIRE(c.choice.how == KernelChoice::How::Tuned);
+    // The picky kernel declined; the other two were timed, fastest first.
+    REQUIRE(c.choice.times.size() == 2);
+    CHECK(c.choice.times[0].impl == "test-scale");
+    CHECK(c.choice.times[1].impl == "test-scale-slow");
+    CHECK(c.choice.times[1].library);
+    CHECK(c.choice.times[1].ms >= 3.0);  // it sleeps 3 ms a call
+    CHECK(c.choice.times[0].ms < c.choice.times[1].ms);
+    CHECK_THAT(p.names.at(0), PLX_CONTAINS("s testgood.scale: testdev/test-scale (tuned: test-scale "));
+    CHECK_THAT(p.names.at(0), PLX_CONTAINS(", test-scale-slow "));
+  }
+  // The runtime wrote its choice; the key names backend, op, dtype and shape.
+  const std::string text = read_all(cache);
+  CHECK_THAT(text, PLX_CONTAINS("# plexus kernel tuning cache v1"));
+  CHECK_THAT(text, PLX_CONTAINS("testdev|"));
+  CHECK_THAT(text, PLX_CONTAINS("|testgood.scale|f32[64]->f32[64]|"));
+  CHECK_THAT(text, PLX_CONTAINS("\ttest-scale\t"));
+
+  SECTION("a second runtime takes the choice from the file without timing") {
+    Runtime rt(with_testdev(KernelSide::Auto, cache));
+    const Prepared p = prepare_scale(rt, 64);
+    REQUIRE(p.choices.size() == 1);
+    CHECK(p.choices[0].impl == "test-scale");
+    CHECK(p.choices[0].choice.how == KernelChoice::How::Cached);
+    CHECK(p.choices[0].choice.times.empty());
+    CHECK_THAT(p.names.at(0), PLX_CONTAINS("testdev/test-scale (cached)"));
+    // Another shape is a new problem: timed, and added to the file beside the first.
+    const Prepared q = prepare_scale(rt, 100);
+    CHECK(q.choices.at(0).choice.how == KernelChoice::How::Tuned);
+  }
+  SECTION("eager calls take the cached choice, else the backend's order") {
+    Runtime rt(with_testdev(KernelSide::Auto, cache));
+    Backend& dev = rt.backend("testdev");
+    const Tensor x64 = Tensor::from_vector(dev, std::vector<float>(64, 1.0f), {64});
+    const Tensor x5 = Tensor::from_vector(dev, std::vector<float>(5, 1.0f), {5});
+    CHECK(call(dev, "testgood.scale", {x64}).at(0).to_vector<float>() == std::vector<float>(64, 2.0f));
+    CHECK(call(dev, "testgood.scale", {x5}).at(0).to_vector<float>() == std::vector<float>(5, 2.0f));
+    std::vector<plx_tensor> in{make_desc(x64.desc(), 0)}, out{make_desc(x64.desc(), 0)};
+    const OpSchema& s = rt.ops().get("testgood.scale");
+    KernelResolution cached = resolve_kernel(dev, s, in, out, s.complete_attrs({}), 0);
+    CHECK(cached.choice.how == KernelChoice::How::Cached);
+    CHECK(std::string(cached.kernel->kernel().impl) == "test-scale");
+    in = {make_desc(x5.desc(), 0)};
+    out = in;
+    KernelResolution ordered = resolve_kernel(dev, s, in, out, s.complete_attrs({}), 0);
+    CHECK(ordered.choice.how == KernelChoice::How::Ordered);
+    CHECK(std::string(ordered.kernel->kernel().impl) == "test-scale-slow");
+  }
+}
+
+TEST_CASE("native and library force a side without timing", "[cpu][tune]") {
+  {
+    Runtime rt(with_testdev(KernelSide::Native, ""));
+    const Prepared p = prepare_scale(rt, 64);
+    REQUIRE(p.choices.size() == 1);
+    CHECK(p.choices[0].impl == "test-scale");
+    CHECK(p.choices[0].choice.how == KernelChoice::How::Ordered);
+    CHECK(p.choices[0].choice.times.empty());
+    CHECK_THAT(p.names.at(0), PLX_CONTAINS("testdev/test-scale (ordered)"));
+  }
+  {
+    Runtime rt(with_testdev(KernelSide::Library, ""));
+    const Prepared p = prepare_scale(rt, 64);
+    REQUIRE(p.choices.size() == 1);
+    CHECK(p.choices[0].impl == "test-scale-slow");
+    CHECK(p.choices[0].library);
+    CHECK(p.choices[0].choice.how == KernelChoice::How::Ordered);
+  }
+  // A side with no kernel for an op runs the other side's: relu has one native kernel.
+  {
+    Runtime rt(with_testdev(KernelSide::Library, ""));
+    Backend& dev = rt.backend("testdev");
+    const Tensor x = Tensor::from_vector(dev, std::vector<float>{-1, 2}, {2});
+    CHECK(call(dev, "relu", {x}).at(0).to_vector<float>() == std::vector<float>{0, 2});
+  }
+}
+
+TEST_CASE("a corrupt tuning cache is reported by file and line and ignored", "[cpu][tune]") {
+  TempDir dir("tune");
+  const std::string cache = dir / "kernels.tsv";
+  {
+    std::ofstream f(cache);
+    f << "# plexus kernel tuning cache v1\n"
+      << "only two\tfields\n"
+      << "key\timpl\tfast\n"
+      << "testdev|x\ttest-scale\t0.5\n";
+  }
+  KernelTuner t(KernelSide::Auto, cache);
+  const auto problems = t.problems();
+  REQUIRE(problems.size() == 2);
+  CHECK_THAT(problems[0], PLX_CONTAINS(cache + ":2: expected 3 tab-separated fields"));
+  CHECK_THAT(problems[1], PLX_CONTAINS(cache + ":3: the time 'fast' is not a non-negative number"));
+  CHECK(t.lookup("testdev|x") == std::optional<std::string>("test-scale"));
+  // Writing keeps the good line and drops the bad ones.
+  t.remember("testdev|y", "test-scale-slow", 4.0);
+  t.flush();
+  const std::string text = read_all(cache);
+  CHECK_THAT(text, PLX_CONTAINS("testdev|x\ttest-scale\t0.5\n"));
+  CHECK_THAT(text, PLX_CONTAINS("testdev|y\ttest-scale-slow\t4\n"));
+  CHECK(text.find("fast") == std::string::npos);
+  CHECK(dir.entries() == std::set<std::string>{"kernels.tsv"});  // no temporary file left
+
+  // The cache's choice is used only while it still accepts the node: an unknown kernel name is
+  // timed again.
+  Runtime rt(with_testdev(KernelSide::Auto, cache));
+  const Prepared p = prepare_scale(rt, 8);
+  CHECK(p.choices.at(0).choice.how == KernelChoice::How::Tuned);
+}
+
+TEST_CASE("backend.kernels and backend.tune_cache are read from the config", "[cpu][tune][config]") {
+  CHECK(parse_kernel_side("auto") == KernelSide::Auto);
+  CHECK(parse_kernel_side("native") == KernelSide::Native);
+  CHECK(parse_kernel_side("library") == KernelSide::Library);
+  REQUIRE_THROWS_AS(parse_kernel_side("fastest"), ConfigError);
+  REQUIRE_THROWS_WITH(parse_kernel_side("fastest"),
+                      PLX_CONTAINS("backend.kernels: 'fastest' is not a kernel side; expected \"auto\""));
+  Config c = Config::parse("[backend]\nkernels = \"native\"\ntune_cache = \"off\"\n", "t.toml");
+  RuntimeOptions o = runtime_options(c);
+  CHECK(o.kernels == KernelSide::Native);
+  CHECK(o.tune_cache.empty());
+  c = Config::parse("[backend]\ntune_cache = \"/x/k.tsv\"\n", "t.toml");
+  o = runtime_options(c);
+  CHECK(o.kernels == KernelSide::Auto);
+  CHECK(o.tune_cache == "/x/k.tsv");
+  REQUIRE_THROWS_WITH(Config::parse("[backend]\nkernels = \"fast\"\n", "t.toml"),
+                      PLX_CONTAINS("backend.kernels"));
+}
