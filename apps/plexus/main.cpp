@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "plexus/comm_bench.hpp"
+#include "plexus/kernel_bench.hpp"
 #include "plexus/compare.hpp"
 #include "plexus/communicator.hpp"
 #include "plexus/parallel.hpp"
@@ -83,6 +84,29 @@ plexus::CommBenchOptions bench_comm_options(const BenchCommArgs& a) {
   o.dtype = plexus::parse_dtype("--dtype", a.dtype);
   (void)plexus::comm_bench_comm_name(o);
   plexus::check_comm_bench_options(o);
+  return o;
+}
+
+// `plexus bench kernels` as typed.
+struct BenchKernelsArgs {
+  std::string config, backend, gemm, dtype, json;
+  int32_t device = -1;
+  bool no_step = false, all = false;
+  double budget_ms = 50;
+};
+
+plexus::KernelBenchOptions bench_kernels_options(const BenchKernelsArgs& a) {
+  plexus::KernelBenchOptions o;
+  o.backend = a.backend;
+  o.device = a.device;
+  o.step = !a.no_step;
+  o.all = a.all;
+  o.gemm = plexus::parse_gemm_shapes(a.gemm);
+  if (!a.dtype.empty()) o.gemm_dtype = plexus::parse_dtype("--dtype", a.dtype);
+  if (!(a.budget_ms > 0)) throw plexus::ConfigError("--budget-ms: expected a time > 0");
+  o.budget_ms = a.budget_ms;
+  if (!o.step && o.gemm.empty())
+    throw plexus::ConfigError("--no-step: nothing left to time; give --gemm shapes");
   return o;
 }
 
@@ -233,6 +257,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm->add_option("--json", bca.json, "Also write the rows as JSON to this file (rank 0)");
 
+  CLI::App* bench_kernels = bench->add_subcommand(
+      "kernels",
+      "Every candidate kernel of each problem of the config's training step (and of --gemm "
+      "shapes) timed side by side: our kernels against cuBLAS/cuDNN/OpenBLAS, in ms and GFLOP/s");
+  BenchKernelsArgs bka;
+  bench_kernels->add_option("CONFIG", bka.config, "Training config (same as -c)")->check(CLI::ExistingFile);
+  bench_kernels->add_option("--backend", bka.backend, "Backend (default: the config's backend.name)");
+  bench_kernels->add_option("--device", bka.device, "Device (default: the config's backend.device)");
+  bench_kernels->add_option("--gemm", bka.gemm,
+                            "GEMM shapes as linear layers: N (square) or MxNxK, comma-separated");
+  bench_kernels->add_option("--dtype", bka.dtype, "dtype of the GEMMs (default: train.precision's)");
+  bench_kernels->add_flag("--no-step", bka.no_step, "Only the --gemm shapes");
+  bench_kernels->add_flag("--all", bka.all, "Also the step's problems that have a single kernel");
+  bench_kernels->add_option("--budget-ms", bka.budget_ms, "Timing per candidate")->capture_default_str();
+  bench_kernels->add_option("--json", bka.json, "Also write the rows as JSON to this file");
+
   CLI::App* compare = app.add_subcommand(
       "compare",
       "The same work on two backends side by side: every op of a suite (forward and backward), "
@@ -294,6 +334,23 @@ int main(int argc, char** argv) {
     }
     common.config_file = cma.config;
   }
+  if (bench_kernels->parsed() && !bka.config.empty()) {
+    if (!common.config_file.empty() && common.config_file != bka.config) {
+      std::fprintf(stderr, "plexus bench kernels: two configs given (%s and -c %s)\n",
+                   bka.config.c_str(), common.config_file.c_str());
+      return 2;
+    }
+    common.config_file = bka.config;
+  }
+  plexus::KernelBenchOptions kernel_bench_opts;
+  if (bench_kernels->parsed()) {
+    try {
+      kernel_bench_opts = bench_kernels_options(bka);
+    } catch (const plexus::ConfigError& e) {
+      std::fprintf(stderr, "plexus bench kernels: %s\n", e.what());
+      return 2;
+    }
+  }
   plexus::CompareOptions compare_opts;
   if (compare->parsed()) {
     try {
@@ -338,6 +395,22 @@ int main(int argc, char** argv) {
                        "communicator moved wrong data\n",
                        static_cast<unsigned long long>(r.wrong));
         return 1;
+      }
+      return 0;
+    }
+    if (bench_kernels->parsed()) {
+      plexus::Runtime rt(plexus::runtime_options(cfg));
+      const plexus::KernelBenchReport r = plexus::run_kernel_bench(rt, cfg, kernel_bench_opts, &std::cout);
+      std::cout.flush();
+      if (!bka.json.empty()) {
+        std::ofstream f(bka.json);
+        f << plexus::kernel_bench_json(r) << "\n";
+        f.close();
+        if (!f) {
+          std::fprintf(stderr, "plexus bench kernels: --json: cannot write '%s': %s\n",
+                       bka.json.c_str(), std::strerror(errno));
+          return 1;
+        }
       }
       return 0;
     }

@@ -2,16 +2,39 @@
 
 #include <toml++/toml.h>
 
+#include <cstdio>
 #include <sstream>
 
 #include "plexus/allocator.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/version.hpp"
+#include "text.hpp"
 
 namespace plexus {
 
 namespace {
+
+// "conv2d f32" -> "im2col_blas [library], direct [native]" for every (op, dtype) of the backend
+// with more than one kernel.
+std::vector<std::pair<std::string, std::string>> kernel_candidates(const Backend& b) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const OpRegistry& ops = b.runtime().ops();
+  for (const auto& [name, dts] : b.supported_ops()) {
+    const OpSchema& s = ops.get(name);
+    for (plx_dtype d : dts) {
+      const auto ks = b.kernels(s.id, d);
+      if (ks.size() < 2) continue;
+      std::string list;
+      for (const plx_kernel* k : ks)
+        list += (list.empty() ? "" : ", ") + std::string(k->impl ? k->impl : "?") +
+                (is_library_kernel(*k) ? " [library]" : " [native]");
+      out.emplace_back(name + " " + dtype_name(d), list);
+    }
+  }
+  return out;
+}
+
 std::string dtypes_string(const std::vector<plx_dtype>& ds) {
   std::string s;
   for (plx_dtype d : ds) s += (s.empty() ? "" : " ") + std::string(dtype_name(d));
@@ -59,6 +82,35 @@ std::string info_text(const Runtime& rt) {
       if (!from.empty()) os << "  (kernel from plugin " << from << ")";
       os << "\n";
     }
+  }
+  // Ops with several kernels: what backend.kernels chooses among.
+  for (Backend* b : rt.backends()) {
+    const auto cands = kernel_candidates(*b);
+    if (cands.empty()) continue;
+    os << "\nKernel candidates on " << b->name() << " (backend.kernels = "
+       << kernel_side_name(rt.options().kernels) << "):\n";
+    for (const auto& [what, list] : cands) {
+      std::string padded = what;
+      if (padded.size() < 36) padded.resize(36, ' ');
+      os << "  " << padded << " " << list << "\n";
+    }
+  }
+  {
+    KernelTuner& t = rt.tuner();
+    const auto entries = t.entries();
+    os << "\nTuned kernel choices (" << entries.size() << ") in "
+       << (t.cache_path().empty() ? std::string("this process only") : t.cache_path()) << ":\n";
+    for (const auto& [key, e] : entries) {
+      const auto f = text::split(key, '|');
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.4g ms", e.ms);
+      if (f.size() == 6)
+        os << "  " << f[0] << " " << f[3] << " " << f[4] << (f[5].empty() ? "" : " " + f[5]) << ": "
+           << e.impl << " (" << ms << ")\n";
+      else
+        os << "  " << key << ": " << e.impl << " (" << ms << ")\n";
+    }
+    for (const std::string& p : t.problems()) os << "  ignored: " << p << "\n";
   }
   os << "\nKernel extensions (" << rt.extension_kernels().size() << "):\n";
   for (const ExtensionKernel& x : rt.extension_kernels()) {
@@ -120,6 +172,9 @@ std::string info_json(const Runtime& rt) {
       ops.insert(name, a);
     }
     bt.insert("ops", ops);
+    toml::table cands;
+    for (const auto& [what, list] : kernel_candidates(*b)) cands.insert(what, list);
+    bt.insert("kernel_candidates", cands);
     backends.push_back(bt);
   }
   root.insert("backends", backends);
@@ -132,6 +187,15 @@ std::string info_json(const Runtime& rt) {
     extensions.push_back(xt);
   }
   root.insert("extension_kernels", extensions);
+  {
+    KernelTuner& t = rt.tuner();
+    toml::array choices;
+    for (const auto& [key, e] : t.entries())
+      choices.push_back(toml::table{{"key", key}, {"kernel", e.impl}, {"ms", e.ms}});
+    root.insert("kernel_choice", toml::table{{"side", kernel_side_name(rt.options().kernels)},
+                                             {"cache", t.cache_path()},
+                                             {"tuned", choices}});
+  }
   toml::array comms;
   for (Communicator* c : rt.communicators()) {
     toml::array bs;

@@ -40,6 +40,7 @@ class CpuBackend final : public sdk::HostBackend {
     register_binary(kernels());
     register_reduce(kernels());
     register_conv(kernels());
+    register_conv_direct(kernels());  // after im2col: candidates for the tuner
     register_pool(kernels());
     register_gemm(kernels());
     register_softmax(kernels());

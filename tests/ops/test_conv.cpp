@@ -3,6 +3,7 @@
 // and the backward ops' own gradients) against finite differences; errors naming op and problem.
 #include <cmath>
 
+#include "plexus/dispatch.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -304,4 +305,96 @@ TEST_CASE("conv2d backward ops reject shapes that do not match the forward",
   REQUIRE_THROWS_WITH(
       call(cpu(), "conv2d_backward_weight", {dy, random_tensor({1, 4, 5, 5}, PLX_F64, 4)}, b),
       PLX_CONTAINS("op 'conv2d_backward_weight': input 'x' is f64, expected f32"));
+}
+
+namespace {
+
+// Runs every kernel the CPU backend registers for `op` that accepts the node (not only the one
+// dispatch would pick), each on its own output; returns (impl, output) pairs.
+std::vector<std::pair<std::string, Tensor>> run_each_kernel(const std::string& op,
+                                                            const std::vector<Tensor>& ins,
+                                                            const Attrs& given) {
+  const OpSchema& s = cpu().runtime().ops().get(op);
+  const Attrs attrs = s.complete_attrs(given);
+  std::vector<TensorDesc> in_descs;
+  std::vector<plx_tensor> in_views, in_desc_views;
+  for (const Tensor& t : ins) {
+    in_descs.push_back(t.defined() ? t.desc() : TensorDesc{});
+    in_views.push_back(t.defined() ? t.view() : Tensor().view());
+    plx_tensor d = in_views.back();
+    d.data = nullptr;
+    in_desc_views.push_back(d);
+  }
+  const TensorDesc out = s.infer_outputs(in_descs, attrs).at(0);
+  const plx_tensor out_desc = make_desc(out, 0);
+  AttrPack pack(attrs);
+  plx_node_info node{};
+  node.struct_size = sizeof node;
+  node.op = s.name.c_str();
+  node.num_inputs = static_cast<int32_t>(in_desc_views.size());
+  node.inputs = in_desc_views.data();
+  node.num_outputs = 1;
+  node.outputs = &out_desc;
+  node.attrs = pack.data();
+  node.num_attrs = pack.size();
+  std::vector<std::pair<std::string, Tensor>> results;
+  for (const plx_kernel* k : cpu().kernels(s.id, ins.at(0).dtype())) {
+    void* state = nullptr;
+    uint64_t ws = 0;
+    if (k->create(cpu().kernel_ctx(k), k->user, &node, &state, &ws) != PLX_OK) continue;
+    PreparedKernel pk(cpu(), op, k, state, ws);
+    Tensor y = Tensor::empty(cpu(), out.shape, out.dtype);
+    const Tensor work = Tensor::empty(cpu(), {static_cast<int64_t>(std::max<uint64_t>(ws, 1))}, PLX_U8);
+    const plx_tensor yv = y.view();
+    pk.run(in_views.data(), static_cast<int32_t>(in_views.size()), &yv, 1, ws ? work.data() : nullptr,
+           cpu().stream(0));
+    results.emplace_back(k->impl, y);
+  }
+  return results;
+}
+
+}  // namespace
+
+// The tuner may run any kernel that accepts a node, so each must be right on its own: im2col's
+// GEMMs and the direct loops (conv_direct.cpp, for few taps) against the double loops.
+TEST_CASE("every conv kernel candidate matches the direct loop", "[cpu][ops][conv][tune]") {
+  std::vector<ConvCase> cases = kCases;
+  // The models' first layers, where the direct kernels are meant to win.
+  cases.push_back({.x = {4, 1, 28, 28}, .w = {32, 1, 3, 3}, .bias = true, .padding = {1, 1}});
+  cases.push_back({.x = {3, 1, 28, 28}, .w = {16, 1, 3, 3}, .bias = true});
+  cases.push_back({.x = {2, 3, 300, 17}, .w = {5, 3, 3, 3}, .stride = {1, 1}, .padding = {1, 1}});
+  int direct_runs = 0;
+  for (const ConvCase& k : cases) {
+    for (plx_dtype d : kFloatDtypes) {
+      INFO("conv2d candidates " << dtype_name(d) << " " << k.str());
+      const Tensor x = random_tensor(k.x, d, 31);
+      const Tensor w = random_tensor(k.w, d, 32);
+      const Tensor b = k.bias ? random_tensor({k.w[0]}, d, 33) : Tensor();
+      const Tensor dy = random_tensor(k.y(), d, 34);
+      const std::vector<double> bv = k.bias ? b.to_doubles() : std::vector<double>{};
+      const std::vector<double> y_want =
+          ref_conv2d(k, x.to_doubles(), w.to_doubles(), k.bias ? &bv : nullptr);
+      std::vector<double> dx_want, dw_want;
+      ref_conv2d_backward(k, x.to_doubles(), w.to_doubles(), dy.to_doubles(), dx_want, dw_want);
+
+      const auto ys = run_each_kernel("conv2d", {x, w, b}, k.attrs());
+      REQUIRE_FALSE(ys.empty());
+      for (const auto& [impl, y] : ys) {
+        INFO("kernel " << impl);
+        direct_runs += impl == "direct";
+        CHECK_ALLCLOSE(y.to_doubles(), round_to(y_want, d), conv_tol(d, k.w[1] * k.w[2] * k.w[3] + 1));
+      }
+      Attrs a = k.attrs();
+      a.set("weight_shape", k.w);
+      const auto dws = run_each_kernel("conv2d_backward_weight", {dy, x}, a);
+      REQUIRE_FALSE(dws.empty());
+      for (const auto& [impl, dw] : dws) {
+        INFO("kernel " << impl);
+        direct_runs += impl == "direct";
+        CHECK_ALLCLOSE(dw.to_doubles(), round_to(dw_want, d),
+                       conv_tol(d, k.x[0] * k.y()[2] * k.y()[3]));
+      }
+    }
+  }
+  CHECK(direct_runs > 40);  // the direct kernels took the small cases, in every dtype
 }

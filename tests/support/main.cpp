@@ -24,6 +24,9 @@ void note_skipped(const char* why) {
 }  // namespace plexus::test
 
 int main(int argc, char** argv) {
+  // Tuned kernel choices of the plexus commands the tests start go to the build tree, not the
+  // user's cache (tests that check the cache give their own path).
+  setenv("PLEXUS_CACHE_DIR", PLEXUS_BINARY_DIR "/test-cache", 0);
   const int rc = Catch::Session().run(argc, argv);
 #ifdef CATCH_CONFIG_RUNNER
   if (rc == 0 && plexus::test::g_skipped) return 77;

@@ -61,6 +61,14 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                                 const std::vector<plx_tensor>& outputs, const Attrs& attrs,
                                 int32_t device, bool tune = false);
 
+// Times every kernel the backend registers for the node, whichever side, on scratch buffers
+// (time_kernel): one entry per kernel in the backend's order, with ms < 0 and the reason in
+// `error` for those that decline ("declined: ...") or fail. For `plexus bench kernels`.
+std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& schema,
+                                            const std::vector<plx_tensor>& inputs,
+                                            const std::vector<plx_tensor>& outputs,
+                                            const Attrs& attrs, int32_t device, double budget_ms);
+
 // Runs `op` once on `backend`: completes attributes, infers outputs, resolves a kernel (falling
 // back to the runtime's fallback backend if configured), allocates outputs and workspace, and
 // enqueues the kernel on the backend's stream. Undefined tensors stand for absent optional

@@ -63,7 +63,7 @@ class Runtime {
   const std::vector<std::string>& searched() const { return searched_; }
   const RuntimeOptions& options() const { return options_; }
   // The side and cache that choose among a backend's kernels (backend.kernels).
-  KernelTuner& tuner() { return tuner_; }
+  KernelTuner& tuner() const { return tuner_; }
 
   // Every kernel extension the loaded plugins give, in load order, attached or not.
   const std::vector<ExtensionKernel>& extension_kernels() const { return extensions_; }
@@ -101,7 +101,7 @@ class Runtime {
   std::vector<SkippedPlugin> skipped_;
   std::vector<std::string> searched_;
   std::vector<ExtensionKernel> extensions_;
-  KernelTuner tuner_;
+  mutable KernelTuner tuner_;  // thread-safe; its cache fills as graphs are prepared
   mutable std::mutex fallback_mu_;
   std::map<std::string, uint64_t> fallback_counts_;
 };

@@ -5,7 +5,8 @@
 // shapes, and a vendor library's (flagged PLX_KERNEL_LIBRARY). With `backend.kernels = "auto"`
 // (the default) a graph times, when it is prepared, every kernel that accepts a node on scratch
 // buffers of the node's shapes and keeps the fastest, as cuDNN's benchmark mode or PyTorch's
-// `cudnn.benchmark` do; the choice is kept on disk by problem (backend, device, plugin version and
+// `cudnn.benchmark` do (the backend's first choice stays unless another takes at most 90% of its
+// time: closer than that, the order flips with the machine's noise); the choice is kept on disk by problem (backend, device, plugin version and
 // options, op, dtypes, shapes, strides, attributes), so a shape is timed once per machine.
 // "native" and "library" put that side's kernels first and take the first that accepts, with no
 // timing; a node no kernel of that side accepts runs on the other side. Eager calls never time:

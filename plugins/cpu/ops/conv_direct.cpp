@@ -1,0 +1,219 @@
+// CPU kernels: direct convolution for layers with few taps (C·KH·KW small), candidates beside
+// the im2col+OpenBLAS kernels (conv.cpp) that the core's tuner times against them
+// (backend.kernels, docs/training.md).
+//
+// Why: the first layer of an image model has one or three input channels, so its GEMMs have a
+// reduction of 9 to 27 (C·KH·KW) against hundreds of output pixels. OpenBLAS packs both operands
+// for such a GEMM and its micro-kernel runs a few iterations per tile, while the direct loops
+// below stream each input row once per tap with the output row kept in registers and L1:
+//   forward          y[n, o, oh, :] = b[o] + Σ_{c, kh, kw} w[o, c, kh, kw] · x[n, c, ih, iw(:)]
+//   backward weight  dw[o, c, kh, kw] = Σ_{n, oh} dy[n, o, oh, :] · x[n, c, ih, iw(:)]
+// with ih = oh·sh - ph + kh·dh and iw(ow) = ow·sw - pw + kw·dw. With stride 1 the inner loops
+// run over contiguous memory and vectorise.
+//
+// Both decline groups > 1 and more than kMaxTaps taps, where im2col's GEMMs are the better
+// algorithm and timing a hopeless candidate would only slow graph preparation. The forward
+// splits (image, output channel) pairs over the threads; backward weight splits output channels,
+// each thread summing its channels' taps over the whole batch in a fixed order, so both are
+// deterministic. Sums are in the accumulation type (f32 for 16-bit storage) and each output is
+// rounded once. The order of the sums differs from the GEMMs', so results agree with im2col's to
+// rounding, not to the bit.
+#include <vector>
+
+#include "common.hpp"
+
+namespace plexus::cpu {
+
+namespace {
+
+// Most taps (C·KH·KW) the direct kernels take.
+constexpr int64_t kMaxTaps = 64;
+// Output columns summed at a time: a row chunk of accumulators that stays in L1.
+constexpr int64_t kChunk = 256;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+
+struct DirectGeom : sdk::Conv2dParams {
+  // Per kw: the output columns [lo, hi) whose input column lies inside the image.
+  std::vector<int64_t> ow_lo, ow_hi;
+
+  DirectGeom(const plx_tensor& x, const plx_tensor& w, const NodeInfo& node)
+      : sdk::Conv2dParams(x.shape, w.shape, node) {
+    PLX_DECLINE_UNLESS(groups == 1, "groups = %lld: grouped convolutions run on im2col's GEMMs",
+                       static_cast<long long>(groups));
+    const int64_t taps = C * KH * KW;
+    PLX_DECLINE_UNLESS(taps <= kMaxTaps,
+                       "%lld taps (C·KH·KW); the direct kernel takes at most %lld, beyond which "
+                       "a GEMM is faster",
+                       static_cast<long long>(taps), static_cast<long long>(kMaxTaps));
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const int64_t off = kw * dw - pw;
+      const int64_t lo = std::clamp<int64_t>(ceil_div(-off, sw), 0, OW);
+      const int64_t hi = std::clamp<int64_t>(ceil_div(W - off, sw), lo, OW);
+      ow_lo.push_back(lo);
+      ow_hi.push_back(hi);
+    }
+  }
+};
+
+void require_4d(const NodeInfo& node) {
+  PLX_REQUIRE(node.input(0).ndim == 4 && node.input(1).ndim == 4, "%s: x and w must be 4-D",
+              node.op());
+}
+
+template <class T>
+class DirectConv2dKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit DirectConv2dKernel(const NodeInfo& node)
+      : g_((require_4d(node), node.input(0)), node.input(1), node), has_bias_(node.has_input(2)) {}
+
+  void compute(const KernelCall& call) override {
+    const DirectGeom& g = g_;
+    const T* x = sdk::data<T>(call.in(0));
+    const T* w = sdk::data<T>(call.in(1));
+    const T* bias = has_bias_ ? sdk::data<T>(call.in(2)) : nullptr;
+    T* y = sdk::data<T>(call.out(0));
+    const int64_t taps = g.C * g.KH * g.KW;
+    const int64_t work = g.OH * g.OW * taps;  // multiply-adds per (image, channel)
+    parallel_for(g.N * g.O, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(work, 1)),
+                 [&](int64_t begin, int64_t end) {
+      A acc[kChunk];
+      A wv[kMaxTaps];
+      for (int64_t no = begin; no < end; ++no) {
+        const int64_t n = no / g.O, o = no % g.O;
+        for (int64_t t = 0; t < taps; ++t) wv[t] = load(w, o * taps + t);
+        const A b0 = bias ? load(bias, o) : A(0);
+        T* yrow0 = y + (n * g.O + o) * g.OH * g.OW;
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          for (int64_t c0 = 0; c0 < g.OW; c0 += kChunk) {
+            const int64_t c1 = std::min(g.OW, c0 + kChunk);
+            for (int64_t ow = c0; ow < c1; ++ow) acc[ow - c0] = b0;
+            for (int64_t c = 0; c < g.C; ++c) {
+              for (int64_t kh = 0; kh < g.KH; ++kh) {
+                const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+                if (ih < 0 || ih >= g.H) continue;
+                const T* xrow = x + ((n * g.C + c) * g.H + ih) * g.W;
+                for (int64_t kw = 0; kw < g.KW; ++kw) {
+                  const A wt = wv[(c * g.KH + kh) * g.KW + kw];
+                  const int64_t lo = std::max(c0, g.ow_lo[static_cast<size_t>(kw)]);
+                  const int64_t hi = std::min(c1, g.ow_hi[static_cast<size_t>(kw)]);
+                  const int64_t off = kw * g.dw - g.pw;
+                  if (g.sw == 1) {
+                    const T* xs = xrow + off;
+                    for (int64_t ow = lo; ow < hi; ++ow) acc[ow - c0] += wt * load(xs, ow);
+                  } else {
+                    for (int64_t ow = lo; ow < hi; ++ow)
+                      acc[ow - c0] += wt * load(xrow, ow * g.sw + off);
+                  }
+                }
+              }
+            }
+            T* yrow = yrow0 + oh * g.OW;
+            for (int64_t ow = c0; ow < c1; ++ow) store(yrow, ow, acc[ow - c0]);
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  DirectGeom g_;
+  bool has_bias_;
+};
+
+// inputs (dy, x) -> dw; attrs as conv2d; dw has w's shape.
+template <class T>
+class DirectConv2dBackwardWeightKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  explicit DirectConv2dBackwardWeightKernel(const NodeInfo& node)
+      : g_(checked_x(node), node.output(0), node) {
+    PLX_REQUIRE(node.input(0).ndim == 4 && node.input(0).shape[0] == g_.N &&
+                    node.input(0).shape[1] == g_.O && node.input(0).shape[2] == g_.OH &&
+                    node.input(0).shape[3] == g_.OW,
+                "%s: dy must be (N, O, OH, OW)", node.op());
+  }
+
+  // Per output channel, a row of accumulators per tap: the products are summed elementwise
+  // along the output row (which vectorises; a running scalar sum would not, without reordering
+  // the float additions) and each row is reduced once at the end.
+  uint64_t workspace_bytes() const override {
+    return static_cast<uint64_t>(g_.O * g_.C * g_.KH * g_.KW * chunk()) * sizeof(A);
+  }
+
+  void compute(const KernelCall& call) override {
+    const DirectGeom& g = g_;
+    const T* dy = sdk::data<T>(call.in(0));
+    const T* x = sdk::data<T>(call.in(1));
+    T* dw = sdk::data<T>(call.out(0));
+    A* rows = static_cast<A*>(call.workspace);
+    const int64_t taps = g.C * g.KH * g.KW;
+    const int64_t cw = chunk();
+    parallel_for(g.O, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        A* acc = rows + o * taps * cw;  // (taps, cw)
+        std::fill(acc, acc + taps * cw, A(0));
+        for (int64_t c0 = 0; c0 < g.OW; c0 += cw) {
+          const int64_t c1 = std::min(g.OW, c0 + cw);
+          for (int64_t n = 0; n < g.N; ++n) {
+            for (int64_t oh = 0; oh < g.OH; ++oh) {
+              const T* dyrow = dy + ((n * g.O + o) * g.OH + oh) * g.OW;
+              for (int64_t c = 0; c < g.C; ++c) {
+                for (int64_t kh = 0; kh < g.KH; ++kh) {
+                  const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+                  if (ih < 0 || ih >= g.H) continue;
+                  const T* xrow = x + ((n * g.C + c) * g.H + ih) * g.W;
+                  for (int64_t kw = 0; kw < g.KW; ++kw) {
+                    A* r = acc + ((c * g.KH + kh) * g.KW + kw) * cw - c0;
+                    const int64_t lo = std::max(c0, g.ow_lo[static_cast<size_t>(kw)]);
+                    const int64_t hi = std::min(c1, g.ow_hi[static_cast<size_t>(kw)]);
+                    const int64_t off = kw * g.dw - g.pw;
+                    if (g.sw == 1) {
+                      const T* xs = xrow + off;
+                      for (int64_t ow = lo; ow < hi; ++ow) r[ow] += load(dyrow, ow) * load(xs, ow);
+                    } else {
+                      for (int64_t ow = lo; ow < hi; ++ow)
+                        r[ow] += load(dyrow, ow) * load(xrow, ow * g.sw + off);
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+        for (int64_t t = 0; t < taps; ++t) {
+          A s = A(0);
+          for (int64_t i = 0; i < cw; ++i) s += acc[t * cw + i];
+          store(dw, o * taps + t, s);
+        }
+      }
+    });
+  }
+
+ private:
+  static const plx_tensor& checked_x(const NodeInfo& node) {
+    PLX_REQUIRE(node.input(1).ndim == 4 && node.output(0).ndim == 4,
+                "%s: x and dw must be 4-D", node.op());
+    return node.input(1);
+  }
+
+  int64_t chunk() const { return std::min(g_.OW, kChunk); }
+
+  DirectGeom g_;
+};
+
+}  // namespace
+
+void register_conv_direct(KernelRegistry& r) {
+  // After im2col's: without the tuner the GEMMs stay the default.
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_float_kernels<DirectConv2dKernel>(r, "conv2d", "direct", f);
+  add_float_kernels<DirectConv2dBackwardWeightKernel>(r, "conv2d_backward_weight", "direct", f);
+}
+
+}  // namespace plexus::cpu
