@@ -1,8 +1,9 @@
 // CUDA kernels: an implicit-GEMM convolution of our own on the Tensor Cores (mma.sync
 // m16n8k16, f16 and bf16 in, f32 accumulation), as candidates beside cuDNN for
 //
-//   conv2d                 y  = conv(x, w) (+ b)
-//   conv2d_backward_data   dx = convᵀ(dy, w)   (stride 1 only: see below)
+//   conv2d                   y  = conv(x, w) (+ b)
+//   conv2d_backward_data     dx = convᵀ(dy, w)   (stride 1 only: see below)
+//   conv2d_backward_weight   dw = Σ_n dy_n ⋆ x_n (split-K with a fixed-order sum; see its kernel)
 //
 // The GEMM view of the forward: M = N·OH·OW output pixels, N_gemm = O output channels,
 // K = KH·KW·C taps times input channels, with k = (kh·KW + kw)·C + c. Row m of A is the receptive
@@ -334,6 +335,208 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   }
 }
 
+// ---- the weight-gradient kernel ----
+//
+// dw[o, kh, kw, c] = Σ over pixels p = (n, oh, ow) of dy[n, oh, ow, o]·x[n, oh·sh-ph+kh,
+// ow·sw-pw+kw, c]: a GEMM with M = O, N_gemm = J = KH·KW·C (j = (kh·KW + kw)·C + c) and
+// K = P = N·OH·OW. Both operands are contiguous along M and N rather than K (dy in NHWC holds the
+// O channels of a pixel together, x the C channels of a tap), so a stage is stored k-major,
+// As[k][m] and Bs[k][n], and ldmatrix.trans turns 8x8 blocks of it into the row-major A and
+// column-major B fragments. K is long (10^5 pixels and more) and the output small, so the K range
+// is split over gridDim.z slices; each slice writes its f32 partial tile to the workspace and a
+// second kernel adds the slices in slice order: deterministic, no atomics.
+template <class T>
+struct WgradArgs {
+  const T* dy;    // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
+  const T* x;     // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
+  float* part;    // [slices][O][J]
+  int H, W, C, O, KW, OW, sh, sw, ph, pw;
+  int J;          // KH·KW·C
+  int P;          // N·OH·OW
+  int OHW;        // OH·OW
+  int kt_per;     // K tiles per slice
+};
+
+// Four 8x8 b16 matrices, transposed: register j of lane l receives rows 2(l%4) and 2(l%4)+1,
+// column l/4, of matrix j (whose row addresses lanes 8j..8j+7 give).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <class TL>
+struct WgradSmem {
+  static constexpr int LDA = TL::BM + 8, LDB = TL::BN + 8;  // 16 bytes of padding per k row
+  static constexpr int BYTES = TL::STAGES * TL::BK * (LDA + LDB) * 2;
+  static constexpr int CA = TL::BM / 8, CB = TL::BN / 8;    // 16-byte chunks per k row
+  static constexpr int A_ITERS = TL::BK * CA / TL::THREADS, B_ITERS = TL::BK * CB / TL::THREADS;
+  static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0, "fixed chunk column per thread");
+  static_assert((TL::BK * CA) % TL::THREADS == 0 && (TL::BK * CB) % TL::THREADS == 0,
+                "the copies of a stage spread evenly over the threads");
+};
+
+// Grid: x over O tiles, y over J tiles, z over K slices.
+template <class T, class TL>
+__global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
+  using S = WgradSmem<TL>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const As = reinterpret_cast<T*>(smem_raw);        // [STAGES][BK][LDA]
+  T* const Bs = As + TL::STAGES * TL::BK * S::LDA;     // [STAGES][BK][LDB]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % TL::WARPS_M, wn = warp / TL::WARPS_M;
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int KT = (a.P + TL::BK - 1) / TL::BK;
+  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
+  const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
+
+  // Copy assignment: chunk column fixed per thread, k rows (pixels) row + i·step. The B column
+  // j is fixed too, so its tap and channel are decomposed once.
+  const int a_ccol = tid % S::CA, a_crow = tid / S::CA;
+  const int b_ccol = tid % S::CB, b_crow = tid / S::CB;
+  constexpr int kAStep = TL::THREADS / S::CA, kBStep = TL::THREADS / S::CB;
+  const int oa = m0 + a_ccol * 8;
+  const bool oin = oa < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
+  const int jb = n0 + b_ccol * 8;
+  const bool jin = jb < a.J;  // J % 8 == 0 likewise
+  int bc = 0, bkh = 0, bkw = 0;
+  if (jin) {
+    const int tap = jb / a.C;
+    bc = jb - tap * a.C;
+    bkh = tap / a.KW;
+    bkw = tap - bkh * a.KW;
+  }
+
+  auto load_tile = [&](int st, int kt) {
+    T* const as = As + st * TL::BK * S::LDA;
+#pragma unroll
+    for (int i = 0; i < S::A_ITERS; ++i) {
+      const int r = a_crow + i * kAStep;
+      const int p = kt * TL::BK + r;
+      const bool ok = oin && p < a.P;
+      const T* src = ok ? a.dy + static_cast<int64_t>(p) * a.O + oa : a.dy;
+      cp_async16(smem_addr(as + r * S::LDA + a_ccol * 8), src, ok);
+    }
+    T* const bs = Bs + st * TL::BK * S::LDB;
+#pragma unroll
+    for (int i = 0; i < S::B_ITERS; ++i) {
+      const int r = b_crow + i * kBStep;
+      const int p = kt * TL::BK + r;
+      bool ok = jin && p < a.P;
+      const T* src = a.x;
+      if (ok) {
+        const int n = p / a.OHW;
+        const int q = p - n * a.OHW;
+        const int oh = q / a.OW, ow = q - oh * a.OW;
+        const int ih = oh * a.sh - a.ph + bkh, iw = ow * a.sw - a.pw + bkw;
+        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+        if (ok) src = a.x + ((static_cast<int64_t>(n) * a.H + ih) * a.W + iw) * a.C + bc;
+      }
+      cp_async16(smem_addr(bs + r * S::LDB + b_ccol * 8), src, ok);
+    }
+  };
+
+  float acc[TL::MI][TL::NI][4];
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const int nk = kt1 - kt0;
+#pragma unroll
+  for (int s = 0; s < TL::STAGES - 1; ++s) {
+    if (s < nk) load_tile(s, kt0 + s);
+    cp_async_commit();
+  }
+
+  // ldmatrix.trans row addresses per lane (matrix q = lane / 8, its row lane % 8):
+  // A: a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15), stored as
+  //   k rows: lane l points at k (l % 8) + 8·(l / 16), m 8·((l / 8) % 2).
+  // B: b0, b1 of n tile j, then of j+1 = (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
+  //   (k 8-15, n 8-15): lane l points at k (l % 8) + 8·((l / 8) % 2), n 8·(l / 16).
+  const int a_k = (lane & 7) + ((lane >> 4) << 3);
+  const int a_m = wm * TL::WM + ((lane >> 3) & 1) * 8;
+  const int b_k = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int b_n = wn * TL::WN + ((lane >> 4) << 3);
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<TL::STAGES - 2>();
+    __syncthreads();
+    {
+      const int next = it + TL::STAGES - 1;
+      if (next < nk) load_tile(next % TL::STAGES, kt0 + next);
+      cp_async_commit();
+    }
+    const int st = it % TL::STAGES;
+    const T* const as = As + st * TL::BK * S::LDA;
+    const T* const bs = Bs + st * TL::BK * S::LDB;
+#pragma unroll
+    for (int kk = 0; kk < TL::BK; kk += 16) {
+      uint32_t af[TL::MI][4];
+      uint32_t bf[TL::NI][2];
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+        ldmatrix_x4_trans(af[i], smem_addr(as + (kk + a_k) * S::LDA + a_m + i * 16));
+#pragma unroll
+      for (int j = 0; j < TL::NI; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, smem_addr(bs + (kk + b_k) * S::LDB + b_n + j * 8));
+        bf[j][0] = r[0], bf[j][1] = r[1];
+        bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < TL::NI; ++j) mma16816<T>(acc[i][j], af[i], bf[j]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // The slice's partial tile, f32, two columns per store (J even and j even: j + 1 < J).
+  float* const part = a.part + static_cast<int64_t>(blockIdx.z) * a.O * a.J;
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int o = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      if (o >= a.O) continue;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int jj = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+        if (jj >= a.J) continue;
+        *reinterpret_cast<float2*>(part + static_cast<int64_t>(o) * a.J + jj) =
+            make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+      }
+    }
+  }
+}
+
+// dw = Σ over slices 0..S-1, in that order, of the partials; rounded once into w's layout
+// (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
+template <class T>
+__global__ void wgrad_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw, int64_t O,
+                                    int64_t J, int slices, int64_t C, int64_t KHW,
+                                    bool channels_last) {
+  const int64_t total = O * J;
+  PLX_GRID_STRIDE(i, total) {
+    float s = 0.f;
+    for (int z = 0; z < slices; ++z) s += part[z * total + i];
+    int64_t dst = i;
+    if (!channels_last) {
+      const int64_t o = i / J, j = i - o * J;
+      const int64_t tap = j / C, c = j - tap * C;
+      dst = o * J + c * KHW + tap;
+    }
+    dw[dst] = from_accum<T>(s);
+  }
+}
+
 // ---- staging kernels (layout conversion into the workspace) ----
 
 // x (N, C, HW) -> y (N, HW, C) through a 32 x 32 shared tile, so both the reads (along HW) and
@@ -410,6 +613,15 @@ constexpr uint64_t kWsAlign = 256;
 uint64_t align_up(uint64_t v) { return (v + kWsAlign - 1) / kWsAlign * kWsAlign; }
 
 bool fits_i32(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+template <class T>
+void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream_t s) {
+  const int64_t N = d[0], C = d[1], HW = d[2];
+  const dim3 grid(static_cast<unsigned>((HW + 31) / 32), static_cast<unsigned>((C + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  nchw_to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, N, C, HW);
+  PLX_CUDA_LAUNCH_CHECK();
+}
 
 template <class T, class TL, Dir D>
 class IgemmConvKernel final : public Kernel {
@@ -553,11 +765,7 @@ class IgemmConvKernel final : public Kernel {
     unsigned char* ws = static_cast<unsigned char*>(c.workspace);
     if (stage_act_) {
       T* dst = reinterpret_cast<T*>(ws);
-      const int64_t N = act_dims_[0], C = act_dims_[1], HW = act_dims_[2];
-      const dim3 grid(static_cast<unsigned>((HW + 31) / 32), static_cast<unsigned>((C + 31) / 32),
-                      static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-      nchw_to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, s>>>(a.x, dst, N, C, HW);
-      PLX_CUDA_LAUNCH_CHECK();
+      launch_nchw_to_nhwc(a.x, dst, act_dims_, s);
       a.x = dst;
     }
     if (stage_w_) {
@@ -593,6 +801,163 @@ class IgemmConvKernel final : public Kernel {
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
 };
 
+// conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW).
+template <class T, class TL>
+class IgemmWgradKernel final : public Kernel {
+  using S = WgradSmem<TL>;
+
+ public:
+  IgemmWgradKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+    const char* op = "conv2d_backward_weight";
+    const plx_tensor& y = node.input(0);
+    const plx_tensor& x = node.input(1);
+    const plx_tensor& w = node.output(0);
+    PLX_REQUIRE(x.ndim == 4 && w.ndim == 4 && y.ndim == 4, "%s: x, w and y must be 4-D", op);
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    int64_t ws[4];
+    {
+      const std::vector<int64_t> v = node.attr_ints("weight_shape");
+      PLX_REQUIRE(v.size() == 4, "%s: weight_shape must have 4 values", op);
+      for (int i = 0; i < 4; ++i) ws[i] = v[static_cast<size_t>(i)];
+    }
+    const sdk::Conv2dParams g(xs, ws, node);
+    const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
+    for (int i = 0; i < 4; ++i)
+      PLX_REQUIRE(y.shape[i] == want_y[i] && w.shape[i] == ws[i],
+                  "%s: tensor shapes do not match the convolution", op);
+    const plx_tensor* all[3] = {&x, &w, &y};
+    bool nhwc[3];
+    for (int i = 0; i < 3; ++i) {
+      PLX_DECLINE_UNLESS(all[i]->dtype == dtype_v<T>, "%s: igemm kernels take one dtype, %s", op,
+                         plexus::dtype_name(dtype_v<T>));
+      const bool nchw_ok = sdk::is_contiguous(*all[i]);
+      nhwc[i] = is_channels_last(*all[i]);
+      PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
+    }
+    PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
+                       static_cast<long long>(g.groups));
+    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
+                       op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
+    PLX_DECLINE_UNLESS(g.C > 0 && g.C % 8 == 0 && g.O > 0 && g.O % 8 == 0,
+                       "%s: igemm needs C and O to be positive multiples of 8 (16-byte cp.async "
+                       "rows), got C = %lld, O = %lld",
+                       op, static_cast<long long>(g.C), static_cast<long long>(g.O));
+    out_elems_ = numel(w);
+    out_bytes_ = static_cast<uint64_t>(out_elems_) * sizeof(T);
+    const int64_t P = g.N * g.OH * g.OW;
+    trivial_ = P == 0;  // an empty batch: dw = 0
+    if (trivial_) return;
+
+    const int64_t J = g.KH * g.KW * g.C;
+    PLX_DECLINE_UNLESS(fits_i32(P) && fits_i32(J) && fits_i32(g.O * J) &&
+                           fits_i32(g.H + 2 * g.ph) && fits_i32(g.W + 2 * g.pw) &&
+                           fits_i32(g.OH * g.sh + g.ph) && fits_i32(g.OW * g.sw + g.pw),
+                       "%s: sizes beyond igemm's 32-bit index math", op);
+    const int64_t tiles_m = (g.O + TL::BM - 1) / TL::BM, tiles_n = (J + TL::BN - 1) / TL::BN;
+    PLX_DECLINE_UNLESS(tiles_m <= INT_MAX && tiles_n <= 65535, "%s: too many tiles for the grid",
+                       op);
+    PLX_DECLINE_UNLESS(std::max(g.C, g.O) / 32 < 65535,
+                       "%s: too many channels for the staging transpose", op);
+
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
+    PLX_DECLINE_UNLESS(static_cast<size_t>(S::BYTES) <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: %d bytes of shared memory per block are more than the device allows",
+                       op, S::BYTES);
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::BYTES));
+
+    // Split K so that about two blocks per SM are in flight, each slice at least 4 K tiles.
+    const int64_t KT = (P + TL::BK - 1) / TL::BK;
+    const int64_t want = 2 * std::max(1, ctx.prop.multiProcessorCount);
+    int64_t slices = std::clamp<int64_t>((want + tiles_m * tiles_n - 1) / (tiles_m * tiles_n), 1,
+                                         std::max<int64_t>(1, KT / 4));
+    slices = std::min<int64_t>(slices, 1024);
+    const int64_t kt_per = (KT + slices - 1) / slices;
+    slices = (KT + kt_per - 1) / kt_per;  // no empty slice
+
+    a_ = WgradArgs<T>{};
+    a_.H = static_cast<int>(g.H), a_.W = static_cast<int>(g.W), a_.C = static_cast<int>(g.C);
+    a_.O = static_cast<int>(g.O), a_.KW = static_cast<int>(g.KW), a_.OW = static_cast<int>(g.OW);
+    a_.sh = static_cast<int>(g.sh), a_.sw = static_cast<int>(g.sw);
+    a_.ph = static_cast<int>(g.ph), a_.pw = static_cast<int>(g.pw);
+    a_.J = static_cast<int>(J);
+    a_.P = static_cast<int>(P);
+    a_.OHW = static_cast<int>(g.OH * g.OW);
+    a_.kt_per = static_cast<int>(kt_per);
+    grid_ = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
+                 static_cast<unsigned>(slices));
+    slices_ = static_cast<int>(slices);
+    KHW_ = g.KH * g.KW;
+    w_nhwc_ = nhwc[1];
+
+    // Workspace: dy and x in NHWC where they are NCHW, then the f32 partials.
+    stage_y_ = !nhwc[2];
+    stage_x_ = !nhwc[0];
+    y_dims_[0] = g.N, y_dims_[1] = g.O, y_dims_[2] = g.OH * g.OW;
+    x_dims_[0] = g.N, x_dims_[1] = g.C, x_dims_[2] = g.H * g.W;
+    y_bytes_ = stage_y_ ? align_up(static_cast<uint64_t>(P * g.O) * sizeof(T)) : 0;
+    x_bytes_ = stage_x_ ? align_up(static_cast<uint64_t>(g.N * g.H * g.W * g.C) * sizeof(T)) : 0;
+    part_bytes_ = align_up(static_cast<uint64_t>(slices * g.O * J) * sizeof(float));
+  }
+
+  uint64_t workspace_bytes() const override {
+    return trivial_ ? 0 : y_bytes_ + x_bytes_ + part_bytes_;
+  }
+
+  void compute(const KernelCall& c) override {
+    if (out_elems_ == 0) return;
+    use_device(device_);
+    const cudaStream_t s = native(c.stream);
+    if (trivial_) {
+      // Both layouts of dw are dense: one block of memory.
+      PLX_CUDA_CHECK(cudaMemsetAsync(c.out(0).data, 0, out_bytes_, s));
+      return;
+    }
+    WgradArgs<T> a = a_;
+    a.dy = static_cast<const T*>(c.in(0).data);
+    a.x = static_cast<const T*>(c.in(1).data);
+    unsigned char* ws = static_cast<unsigned char*>(c.workspace);
+    if (stage_y_) {
+      T* dst = reinterpret_cast<T*>(ws);
+      launch_nchw_to_nhwc(a.dy, dst, y_dims_, s);
+      a.dy = dst;
+    }
+    if (stage_x_) {
+      T* dst = reinterpret_cast<T*>(ws + y_bytes_);
+      launch_nchw_to_nhwc(a.x, dst, x_dims_, s);
+      a.x = dst;
+    }
+    a.part = reinterpret_cast<float*>(ws + y_bytes_ + x_bytes_);
+    const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    if ((addr(a.dy) | addr(a.x) | addr(a.part)) & 15u)
+      throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
+                       "igemm convolution: dy, x and the workspace must be 16-byte aligned");
+    igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, S::BYTES, s>>>(a);
+    PLX_CUDA_LAUNCH_CHECK();
+    const int64_t total = static_cast<int64_t>(a.O) * a.J;
+    wgrad_reduce_kernel<T><<<grid_for(total), kBlock, 0, s>>>(
+        a.part, static_cast<T*>(c.out(0).data), a.O, a.J, slices_, a.C, KHW_, w_nhwc_);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  int64_t out_elems_ = 0;
+  uint64_t out_bytes_ = 0;
+  bool trivial_ = false;
+  WgradArgs<T> a_{};
+  dim3 grid_;
+  int slices_ = 1;
+  int64_t KHW_ = 1;
+  bool w_nhwc_ = false;
+  bool stage_y_ = false, stage_x_ = false;
+  int64_t y_dims_[3] = {0, 0, 0}, x_dims_[3] = {0, 0, 0};
+  uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;
+};
+
 template <class T, class TL>
 void add_tile(KernelRegistry& r, plx_dtype d) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
@@ -601,6 +966,8 @@ void add_tile(KernelRegistry& r, plx_dtype d) {
                                                         PLX_LAYOUT_NHWC);
   r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d,
                                                             name.c_str(), f, PLX_LAYOUT_NHWC);
+  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f,
+                                              PLX_LAYOUT_NHWC);
 }
 
 template <class T>

@@ -1,7 +1,7 @@
 // The plugin's own implicit-GEMM convolution on the Tensor Cores (ops/igemm_conv.cu): candidate
-// kernels for conv2d and conv2d_backward_data in f16 and bf16, one per tile configuration,
-// registered after the cuDNN kernels (so the first-accepting rule keeps cuDNN; the autotuner or
-// backend.kernels = "native" picks these).
+// kernels for conv2d, conv2d_backward_data and conv2d_backward_weight in f16 and bf16, one per
+// tile configuration, registered after the cuDNN kernels (so the first-accepting rule keeps
+// cuDNN; the autotuner or backend.kernels = "native" picks these).
 #pragma once
 
 #include "common.hpp"
