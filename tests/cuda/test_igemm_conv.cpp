@@ -119,6 +119,7 @@ std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kernel* k,
     const std::string why = gpu.kernel_plugin(k).last_error();
     return why.empty() ? "declined without a reason" : why;
   }
+  INFO("create failed: " << gpu.kernel_plugin(k).last_error());
   REQUIRE(st == PLX_OK);
   PreparedKernel pk(gpu, "op '" + s.name + "'", k, state, ws);
   Tensor wsbuf;

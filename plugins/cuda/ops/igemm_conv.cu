@@ -673,13 +673,12 @@ class IgemmConvKernel final : public Kernel {
                          "%s: the bias must be contiguous and of the input's dtype", op);
     }
 
-    // The GEMM problem: an activation `act` (N, Ca, Hi, Wi) convolved into an output `out`
+    // The GEMM problem: an activation (N, Ca, Hi, Wi) convolved into an output `out`
     // (N, Co, Ho, Wo).
-    const plx_tensor* act;
     const plx_tensor* out;
     int64_t Ca, Co, Hi, Wi, Ho, Wo, sh, sw, ph, pw;
     if constexpr (D == Dir::Fwd) {
-      act = x, out = y;
+      out = y;
       Ca = g.C, Co = g.O, Hi = g.H, Wi = g.W, Ho = g.OH, Wo = g.OW;
       sh = g.sh, sw = g.sw, ph = g.ph, pw = g.pw;
     } else {
@@ -691,7 +690,7 @@ class IgemmConvKernel final : public Kernel {
                          "%s: igemm needs padding below the kernel size (it pads dy by "
                          "KH-1-ph, KW-1-pw)",
                          op);
-      act = y, out = x;
+      out = x;
       Ca = g.O, Co = g.C, Hi = g.OH, Wi = g.OW, Ho = g.H, Wo = g.W;
       sh = 1, sw = 1, ph = g.KH - 1 - g.ph, pw = g.KW - 1 - g.pw;
     }
