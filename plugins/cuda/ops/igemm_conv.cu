@@ -23,15 +23,15 @@
 // Layouts. The core has no layout planner yet (it hands every kernel contiguous NCHW outputs and,
 // unless a producer made them otherwise, NCHW inputs), so these kernels take both layouts a
 // cuDNN kernel takes rather than only NHWC:
-// - x (dy): channels-last is read in place; NCHW contiguous is transposed to NHWC in the
-//   workspace first (a tiled transpose, one extra read and write of the activation);
+// - x and dy (the activations a kernel reads): channels-last is read in place; NCHW contiguous
+//   is transposed to NHWC in the workspace first (a tiled transpose, one extra read and write);
 // - w: channels-last (O, KH, KW, C) is read in place for the forward; otherwise (and always for
 //   backward data) it is rearranged in the workspace (small);
-// - y (dx): written in its own layout by the epilogue (NHWC with paired stores, NCHW with
-//   scalar stores along the pixel dimension).
-// The input channel count of the GEMM (C for the forward, O for backward data) must be a
-// multiple of 8, so that every 16-byte row piece stays inside one pixel and is 16-byte aligned;
-// other nodes (the first layer of our models has C = 1) are declined.
+// - y and dx: written in their own layout by the epilogue (NHWC with paired stores, NCHW with
+//   scalar stores along the pixel dimension); dw through the slice sum, in either layout.
+// The channel counts the 16-byte copies run along (C for the forward, O for backward data, both
+// for the weight gradient) must be multiples of 8, so that every 16-byte piece stays inside one
+// pixel and is aligned; other nodes (the first layer of our models has C = 1) are declined.
 //
 // Pipeline: STAGES shared-memory buffers per operand, filled by cp.async groups; iteration kt
 // waits for group kt (cp.async.wait_group STAGES-2), syncs the block, issues the copy of tile
