@@ -39,6 +39,7 @@
 #include "common.hpp"
 #include "ops/conv_algo_cache.hpp"
 #include "ops/gemm_bias.hpp"
+#include "ops/igemm_conv.hpp"
 
 namespace plexus::cuda {
 
@@ -612,6 +613,9 @@ void register_conv(KernelRegistry& r) {
     r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn", f | PLX_KERNEL_LIBRARY);
     r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn", f | PLX_KERNEL_LIBRARY);
   }
+  // The plugin's own Tensor Core kernels come after cuDNN: the first accepting kernel stays
+  // cuDNN's until the autotuner (or backend.kernels = "native") chooses otherwise.
+  register_igemm_conv(r);
 }
 
 }  // namespace plexus::cuda

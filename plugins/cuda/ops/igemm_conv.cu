@@ -1,0 +1,988 @@
+// CUDA kernels: an implicit-GEMM convolution of our own on the Tensor Cores (mma.sync
+// m16n8k16, f16 and bf16 in, f32 accumulation), as candidates beside cuDNN for
+//
+//   conv2d                   y  = conv(x, w) (+ b)
+//   conv2d_backward_data     dx = convᵀ(dy, w)   (stride 1 only: see below)
+//   conv2d_backward_weight   dw = Σ_n dy_n ⋆ x_n (split-K with a fixed-order sum; see its kernel)
+//
+// The GEMM view of the forward: M = N·OH·OW output pixels, N_gemm = O output channels,
+// K = KH·KW·C taps times input channels, with k = (kh·KW + kw)·C + c. Row m of A is the receptive
+// field of pixel m gathered from x in NHWC (channels innermost, so 8 consecutive k are 16
+// contiguous bytes of one pixel of one tap); column o of B is the filter of output channel o in
+// channels-last order (O, KH, KW, C), which is exactly a row-major (O, K) matrix. Both tiles are
+// therefore K-contiguous, the "TN" case: each is copied to shared memory with 16-byte cp.async
+// (zero-filled where the tap falls in the padding, past M, past O or past K), then read with
+// ldmatrix (no transpose) straight into mma.sync's A and B fragments.
+//
+// conv2d_backward_data with stride 1 is the same kernel: dx = conv(dy, w'), with the filter
+// flipped and transposed, w'[c, kh, kw, o] = w[o, c, KH-1-kh, KW-1-kw], and padding KH-1-ph,
+// KW-1-pw (which needs ph <= KH-1, pw <= KW-1). With a stride above 1 dx is a sum over a
+// stride-dependent subset of taps per output pixel (a strided "dgrad" kernel); that is not done
+// here and such nodes are declined.
+//
+// Layouts. The core has no layout planner yet (it hands every kernel contiguous NCHW outputs and,
+// unless a producer made them otherwise, NCHW inputs), so these kernels take both layouts a
+// cuDNN kernel takes rather than only NHWC:
+// - x and dy (the activations a kernel reads): channels-last is read in place; NCHW contiguous
+//   is transposed to NHWC in the workspace first (a tiled transpose, one extra read and write);
+// - w: channels-last (O, KH, KW, C) is read in place for the forward; otherwise (and always for
+//   backward data) it is rearranged in the workspace (small);
+// - y and dx: written in their own layout by the epilogue (NHWC with paired stores, NCHW with
+//   scalar stores along the pixel dimension); dw through the slice sum, in either layout.
+// The channel counts the 16-byte copies run along (C for the forward, O for backward data, both
+// for the weight gradient) must be multiples of 8, so that every 16-byte piece stays inside one
+// pixel and is aligned; other nodes (the first layer of our models has C = 1) are declined.
+//
+// Pipeline: STAGES shared-memory buffers per operand, filled by cp.async groups; iteration kt
+// waits for group kt (cp.async.wait_group STAGES-2), syncs the block, issues the copy of tile
+// kt+STAGES-1 into the buffer computed at iteration kt-1 (free, since every thread has passed
+// the barrier after computing it), then computes tile kt. Shared rows are padded by 16 bytes
+// (BK + 8 elements), which makes ldmatrix's eight 16-byte row reads hit 32 distinct banks.
+//
+// Epilogue: the f32 accumulator, plus the bias (in f32), optionally through a ReLU (a template
+// option, for a future conv2d+relu fusion), is rounded once to the output dtype. No atomics and
+// a fixed summation order: deterministic. Nothing is allocated and nothing synchronised:
+// capturable.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "device.cuh"
+#include "ops/igemm_conv.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+// ---- tile configurations ----
+//
+// BM x BN output tile per block, BK deep per pipeline stage; each warp computes WM x WN of it as
+// (WM/16) x (WN/8) mma tiles of 16 x 8.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
+  static constexpr int LDS = BK + 8;              // shared row length in elements (16 B pad)
+  static constexpr int CPR = BK / 8;              // 16-byte chunks per row of a stage
+  static constexpr int A_ITERS = BM * CPR / THREADS, B_ITERS = BN * CPR / THREADS;
+  static constexpr int SMEM = STAGES * (BM + BN) * LDS * 2;  // bytes (2-byte elements)
+
+  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the block tile");
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: 16-row A and pairs of 8-column B");
+  static_assert(BK % 16 == 0, "BK is a multiple of the mma's K (16)");
+  static_assert(THREADS % CPR == 0, "each thread keeps one chunk column");
+  static_assert((BM * CPR) % THREADS == 0 && (BN * CPR) % THREADS == 0,
+                "the copies of a stage spread evenly over the threads");
+  static_assert(STAGES >= 2, "at least double buffering");
+
+  static std::string name() {
+    return "igemm_mma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" + std::to_string(BK);
+  }
+};
+
+// The candidates: O = 32, 64, 128 in our models (simplecnn, convnet), M = N·OH·OW in the
+// thousands to hundreds of thousands, K = 144 to 576.
+using Tile128x128 = Tile<128, 128, 32, 64, 32, 3>;  // 8 warps, 60 KiB shared (opt-in)
+using Tile128x64 = Tile<128, 64, 32, 64, 32, 3>;    // 4 warps, 45 KiB
+using Tile64x64 = Tile<64, 64, 32, 32, 32, 4>;      // 4 warps, 40 KiB
+using Tile128x32 = Tile<128, 32, 32, 32, 32, 3>;    // 4 warps, 37.5 KiB
+
+// ---- the GEMM problem ----
+template <class T>
+struct IgemmArgs {
+  const T* x;     // activation, NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
+  const T* w;     // filter (O, KH, KW, C) contiguous = row-major (O, K), 16-byte aligned
+  const T* bias;  // (O), or null
+  T* y;           // output element (n, o, p), p = oh·OW + ow, at n·y_n + o·y_c + p·y_p
+  int H, W, C, O, KH, KW, OW, sh, sw, ph, pw;
+  int K;          // KH·KW·C
+  int64_t M;      // N·OH·OW
+  int64_t OHW;    // OH·OW
+  int64_t y_n, y_c, y_p;
+  bool pair;      // y_c == 1, O even and y 4-byte aligned: store two channels at once
+};
+
+// ---- PTX wrappers ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; with `full` false nothing is read and the 16 bytes are
+// zero-filled (src-size 0), which is how padding and out-of-range rows become zeros.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool full) {
+  const int bytes = full ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Four 8x8 b16 matrices; lanes 8j..8j+7 give the row addresses of matrix j, and register j of
+// lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of matrix j.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// d += a·b on a 16x8x16 tile, f32 accumulation.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    static_assert(std::is_same_v<T, f16>, "f16 or bf16");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, float a, float b) {
+  if constexpr (std::is_same_v<T, bf16>)
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  else
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+// ---- the main kernel ----
+//
+// Grid: x over M tiles, y over O tiles. Block: TL::THREADS threads; warp (wm, wn) =
+// (warp % WARPS_M, warp / WARPS_M) owns rows wm·WM.. and columns wn·WN.. of the block tile.
+template <class T, class TL, bool RELU>
+__global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs<T> a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const As = reinterpret_cast<T*>(smem_raw);       // [STAGES][BM][LDS]
+  T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;   // [STAGES][BN][LDS]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % TL::WARPS_M, wn = warp / TL::WARPS_M;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+
+  // Copy assignment: thread tid copies chunk column `ccol` (8 elements of k) of rows
+  // tid / CPR + i·(THREADS / CPR) of A and of B. The pixel of each A row is fixed for the whole
+  // K loop: decompose it once.
+  const int ccol = tid % TL::CPR;
+  const int crow = tid / TL::CPR;
+  constexpr int kRowStep = TL::THREADS / TL::CPR;
+  int64_t a_base[TL::A_ITERS];  // offset of pixel (n, 0, 0, 0) in x
+  int a_ih[TL::A_ITERS], a_iw[TL::A_ITERS];
+  uint32_t a_valid = 0;  // bit i: row i is a pixel (m < M)
+#pragma unroll
+  for (int i = 0; i < TL::A_ITERS; ++i) {
+    const int64_t m = m0 + crow + i * kRowStep;
+    a_base[i] = 0, a_ih[i] = 0, a_iw[i] = 0;
+    if (m < a.M) {
+      const int64_t n = m / a.OHW;
+      const int p = static_cast<int>(m - n * a.OHW);
+      const int oh = p / a.OW, ow = p - oh * a.OW;
+      a_base[i] = n * a.H * a.W * a.C;
+      a_ih[i] = oh * a.sh - a.ph;
+      a_iw[i] = ow * a.sw - a.pw;
+      a_valid |= 1u << i;
+    }
+  }
+
+  const int KT = (a.K + TL::BK - 1) / TL::BK;
+
+  // Issues the copies of K tile kt into stage `st` (no commit).
+  auto load_tile = [&](int st, int kt) {
+    const int k = kt * TL::BK + ccol * 8;
+    const bool kin = k < a.K;  // K % 8 == 0: a chunk is wholly inside K or wholly past it
+    int c = 0, kh = 0, kw = 0;
+    if (kin) {
+      const int tap = k / a.C;
+      c = k - tap * a.C;
+      kh = tap / a.KW;
+      kw = tap - kh * a.KW;
+    }
+    T* const as = As + st * TL::BM * TL::LDS;
+#pragma unroll
+    for (int i = 0; i < TL::A_ITERS; ++i) {
+      const int row = crow + i * kRowStep;
+      const int ih = a_ih[i] + kh, iw = a_iw[i] + kw;
+      const bool ok = kin && ((a_valid >> i) & 1u) && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                      static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+      // A zero-filled copy reads nothing, but still gets a valid address.
+      const T* src = ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : a.x;
+      cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
+    }
+    T* const bs = Bs + st * TL::BN * TL::LDS;
+#pragma unroll
+    for (int i = 0; i < TL::B_ITERS; ++i) {
+      const int row = crow + i * kRowStep;
+      const int o = n0 + row;
+      const bool ok = kin && o < a.O;
+      const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
+      cp_async16(smem_addr(bs + row * TL::LDS + ccol * 8), src, ok);
+    }
+  };
+
+  float acc[TL::MI][TL::NI][4];
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  // Prologue: tiles 0..STAGES-2 in flight, one commit group each (empty groups past KT keep the
+  // group count, and so the wait below, uniform).
+#pragma unroll
+  for (int s = 0; s < TL::STAGES - 1; ++s) {
+    if (s < KT) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // ldmatrix row addresses within a stage, per lane (see ldmatrix_x4):
+  // A (16 x 16 per mma): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+  //   (rows 8-15, k 8-15) are a0..a3 of the m16n8k16 A fragment; lane l points at row l % 16,
+  //   k 8·(l / 16).
+  // B (two 8-column n tiles x 16 k per x4): matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
+  //   (n 8-15, k 0-7), (n 8-15, k 8-15) are b0, b1 of tile j and b0, b1 of tile j+1; lane l
+  //   points at n (l % 8) + 8·(l / 16), k 8·((l / 8) % 2).
+  const int a_row = wm * TL::WM + (lane & 15);
+  const int a_col = (lane >> 4) * 8;
+  const int b_row = wn * TL::WN + (lane & 7) + ((lane >> 4) << 3);
+  const int b_col = ((lane >> 3) & 1) * 8;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<TL::STAGES - 2>();  // this thread's copies of tile kt have landed
+    __syncthreads();                  // everyone's have; stage (kt-1) % STAGES is free
+    {
+      const int next = kt + TL::STAGES - 1;
+      if (next < KT) load_tile(next % TL::STAGES, next);
+      cp_async_commit();
+    }
+    const int st = kt % TL::STAGES;
+    const T* const as = As + st * TL::BM * TL::LDS;
+    const T* const bs = Bs + st * TL::BN * TL::LDS;
+#pragma unroll
+    for (int kk = 0; kk < TL::BK; kk += 16) {
+      uint32_t af[TL::MI][4];
+      uint32_t bf[TL::NI][2];
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+        ldmatrix_x4(af[i], smem_addr(as + (a_row + i * 16) * TL::LDS + kk + a_col));
+#pragma unroll
+      for (int j = 0; j < TL::NI; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, smem_addr(bs + (b_row + j * 8) * TL::LDS + kk + b_col));
+        bf[j][0] = r[0], bf[j][1] = r[1];
+        bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < TL::NI; ++j) mma16816<T>(acc[i][j], af[i], bf[j]);
+    }
+  }
+  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+  // Epilogue. Accumulator fragment of mma tile (i, j): c0, c1 at row lane/4, columns
+  // 2(lane%4), +1; c2, c3 at row lane/4 + 8, the same columns.
+  float bias[TL::NI][2];
+#pragma unroll
+  for (int j = 0; j < TL::NI; ++j) {
+    const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      if (m >= a.M) continue;
+      const int64_t n = m / a.OHW;
+      const int64_t p = m - n * a.OHW;
+      T* const row = a.y + n * a.y_n + p * a.y_p;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+        if (o >= a.O) continue;
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          v[e] = acc[i][j][h * 2 + e] + bias[j][e];
+          if constexpr (RELU) v[e] = v[e] < 0.f ? 0.f : v[e];  // NaN stays NaN
+        }
+        if (a.pair) {
+          store_pair<T>(row + o, v[0], v[1]);  // o even and O even: o + 1 < O
+        } else {
+          row[o * a.y_c] = from_accum<T>(v[0]);
+          if (o + 1 < a.O) row[(o + 1) * a.y_c] = from_accum<T>(v[1]);
+        }
+      }
+    }
+  }
+}
+
+// ---- the weight-gradient kernel ----
+//
+// dw[o, kh, kw, c] = Σ over pixels p = (n, oh, ow) of dy[n, oh, ow, o]·x[n, oh·sh-ph+kh,
+// ow·sw-pw+kw, c]: a GEMM with M = O, N_gemm = J = KH·KW·C (j = (kh·KW + kw)·C + c) and
+// K = P = N·OH·OW. Both operands are contiguous along M and N rather than K (dy in NHWC holds the
+// O channels of a pixel together, x the C channels of a tap), so a stage is stored k-major,
+// As[k][m] and Bs[k][n], and ldmatrix.trans turns 8x8 blocks of it into the row-major A and
+// column-major B fragments. K is long (10^5 pixels and more) and the output small, so the K range
+// is split over gridDim.z slices; each slice writes its f32 partial tile to the workspace and a
+// second kernel adds the slices in slice order: deterministic, no atomics.
+template <class T>
+struct WgradArgs {
+  const T* dy;    // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
+  const T* x;     // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
+  float* part;    // [slices][O][J]
+  int H, W, C, O, KW, OW, sh, sw, ph, pw;
+  int J;          // KH·KW·C
+  int P;          // N·OH·OW
+  int OHW;        // OH·OW
+  int kt_per;     // K tiles per slice
+};
+
+// Four 8x8 b16 matrices, transposed: register j of lane l receives rows 2(l%4) and 2(l%4)+1,
+// column l/4, of matrix j (whose row addresses lanes 8j..8j+7 give).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <class TL>
+struct WgradSmem {
+  static constexpr int LDA = TL::BM + 8, LDB = TL::BN + 8;  // 16 bytes of padding per k row
+  static constexpr int BYTES = TL::STAGES * TL::BK * (LDA + LDB) * 2;
+  static constexpr int CA = TL::BM / 8, CB = TL::BN / 8;    // 16-byte chunks per k row
+  static constexpr int A_ITERS = TL::BK * CA / TL::THREADS, B_ITERS = TL::BK * CB / TL::THREADS;
+  static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0, "fixed chunk column per thread");
+  static_assert((TL::BK * CA) % TL::THREADS == 0 && (TL::BK * CB) % TL::THREADS == 0,
+                "the copies of a stage spread evenly over the threads");
+};
+
+// Grid: x over O tiles, y over J tiles, z over K slices.
+template <class T, class TL>
+__global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
+  using S = WgradSmem<TL>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const As = reinterpret_cast<T*>(smem_raw);        // [STAGES][BK][LDA]
+  T* const Bs = As + TL::STAGES * TL::BK * S::LDA;     // [STAGES][BK][LDB]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % TL::WARPS_M, wn = warp / TL::WARPS_M;
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int KT = (a.P + TL::BK - 1) / TL::BK;
+  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
+  const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
+
+  // Copy assignment: chunk column fixed per thread, k rows (pixels) row + i·step. The B column
+  // j is fixed too, so its tap and channel are decomposed once.
+  const int a_ccol = tid % S::CA, a_crow = tid / S::CA;
+  const int b_ccol = tid % S::CB, b_crow = tid / S::CB;
+  constexpr int kAStep = TL::THREADS / S::CA, kBStep = TL::THREADS / S::CB;
+  const int oa = m0 + a_ccol * 8;
+  const bool oin = oa < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
+  const int jb = n0 + b_ccol * 8;
+  const bool jin = jb < a.J;  // J % 8 == 0 likewise
+  int bc = 0, bkh = 0, bkw = 0;
+  if (jin) {
+    const int tap = jb / a.C;
+    bc = jb - tap * a.C;
+    bkh = tap / a.KW;
+    bkw = tap - bkh * a.KW;
+  }
+
+  auto load_tile = [&](int st, int kt) {
+    T* const as = As + st * TL::BK * S::LDA;
+#pragma unroll
+    for (int i = 0; i < S::A_ITERS; ++i) {
+      const int r = a_crow + i * kAStep;
+      const int p = kt * TL::BK + r;
+      const bool ok = oin && p < a.P;
+      const T* src = ok ? a.dy + static_cast<int64_t>(p) * a.O + oa : a.dy;
+      cp_async16(smem_addr(as + r * S::LDA + a_ccol * 8), src, ok);
+    }
+    T* const bs = Bs + st * TL::BK * S::LDB;
+#pragma unroll
+    for (int i = 0; i < S::B_ITERS; ++i) {
+      const int r = b_crow + i * kBStep;
+      const int p = kt * TL::BK + r;
+      bool ok = jin && p < a.P;
+      const T* src = a.x;
+      if (ok) {
+        const int n = p / a.OHW;
+        const int q = p - n * a.OHW;
+        const int oh = q / a.OW, ow = q - oh * a.OW;
+        const int ih = oh * a.sh - a.ph + bkh, iw = ow * a.sw - a.pw + bkw;
+        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+        if (ok) src = a.x + ((static_cast<int64_t>(n) * a.H + ih) * a.W + iw) * a.C + bc;
+      }
+      cp_async16(smem_addr(bs + r * S::LDB + b_ccol * 8), src, ok);
+    }
+  };
+
+  float acc[TL::MI][TL::NI][4];
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const int nk = kt1 - kt0;
+#pragma unroll
+  for (int s = 0; s < TL::STAGES - 1; ++s) {
+    if (s < nk) load_tile(s, kt0 + s);
+    cp_async_commit();
+  }
+
+  // ldmatrix.trans row addresses per lane (matrix q = lane / 8, its row lane % 8):
+  // A: a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15), stored as
+  //   k rows: lane l points at k (l % 8) + 8·(l / 16), m 8·((l / 8) % 2).
+  // B: b0, b1 of n tile j, then of j+1 = (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
+  //   (k 8-15, n 8-15): lane l points at k (l % 8) + 8·((l / 8) % 2), n 8·(l / 16).
+  const int a_k = (lane & 7) + ((lane >> 4) << 3);
+  const int a_m = wm * TL::WM + ((lane >> 3) & 1) * 8;
+  const int b_k = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int b_n = wn * TL::WN + ((lane >> 4) << 3);
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<TL::STAGES - 2>();
+    __syncthreads();
+    {
+      const int next = it + TL::STAGES - 1;
+      if (next < nk) load_tile(next % TL::STAGES, kt0 + next);
+      cp_async_commit();
+    }
+    const int st = it % TL::STAGES;
+    const T* const as = As + st * TL::BK * S::LDA;
+    const T* const bs = Bs + st * TL::BK * S::LDB;
+#pragma unroll
+    for (int kk = 0; kk < TL::BK; kk += 16) {
+      uint32_t af[TL::MI][4];
+      uint32_t bf[TL::NI][2];
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+        ldmatrix_x4_trans(af[i], smem_addr(as + (kk + a_k) * S::LDA + a_m + i * 16));
+#pragma unroll
+      for (int j = 0; j < TL::NI; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, smem_addr(bs + (kk + b_k) * S::LDB + b_n + j * 8));
+        bf[j][0] = r[0], bf[j][1] = r[1];
+        bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < TL::NI; ++j) mma16816<T>(acc[i][j], af[i], bf[j]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // The slice's partial tile, f32, two columns per store (J even and j even: j + 1 < J).
+  float* const part = a.part + static_cast<int64_t>(blockIdx.z) * a.O * a.J;
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int o = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      if (o >= a.O) continue;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int jj = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+        if (jj >= a.J) continue;
+        *reinterpret_cast<float2*>(part + static_cast<int64_t>(o) * a.J + jj) =
+            make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+      }
+    }
+  }
+}
+
+// dw = Σ over slices 0..S-1, in that order, of the partials; rounded once into w's layout
+// (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
+template <class T>
+__global__ void wgrad_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw, int64_t O,
+                                    int64_t J, int slices, int64_t C, int64_t KHW,
+                                    bool channels_last) {
+  const int64_t total = O * J;
+  PLX_GRID_STRIDE(i, total) {
+    float s = 0.f;
+    for (int z = 0; z < slices; ++z) s += part[z * total + i];
+    int64_t dst = i;
+    if (!channels_last) {
+      const int64_t o = i / J, j = i - o * J;
+      const int64_t tap = j / C, c = j - tap * C;
+      dst = o * J + c * KHW + tap;
+    }
+    dw[dst] = from_accum<T>(s);
+  }
+}
+
+// ---- staging kernels (layout conversion into the workspace) ----
+
+// x (N, C, HW) -> y (N, HW, C) through a 32 x 32 shared tile, so both the reads (along HW) and
+// the writes (along C) are coalesced. Block 32 x 8; grid (HW tiles, C tiles, min(N, 65535)).
+template <class T>
+__global__ void nchw_to_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t N,
+                                    int64_t C, int64_t HW) {
+  __shared__ T tile[32][33];
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * 32;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32;
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  for (int64_t n = blockIdx.z; n < N; n += gridDim.z) {
+    for (int j = ty; j < 32; j += 8) {
+      const int64_t c = c0 + j, p = p0 + tx;
+      if (c < C && p < HW) tile[j][tx] = x[(n * C + c) * HW + p];
+    }
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8) {
+      const int64_t p = p0 + j, c = c0 + tx;
+      if (p < HW && c < C) y[(n * HW + p) * C + c] = tile[tx][j];
+    }
+    __syncthreads();  // the tile is rewritten for the next n
+  }
+}
+
+// The GEMM's B: out (Co, KH, KW, Ca) contiguous from a filter w (O, C, KH, KW) with element
+// strides s0..s3. Forward (flip false): out[o, kh, kw, c] = w[o, c, kh, kw]. Backward data
+// (flip true, Co = C, Ca = O): out[c, kh, kw, o] = w[o, c, KH-1-kh, KW-1-kw].
+template <class T>
+__global__ void stage_filter_kernel(const T* __restrict__ w, T* __restrict__ out, int64_t Co,
+                                    int64_t KH, int64_t KW, int64_t Ca, int64_t s0, int64_t s1,
+                                    int64_t s2, int64_t s3, bool flip) {
+  const int64_t total = Co * KH * KW * Ca;
+  PLX_GRID_STRIDE(i, total) {
+    int64_t r = i;
+    const int64_t ca = r % Ca;
+    r /= Ca;
+    const int64_t kw = r % KW;
+    r /= KW;
+    const int64_t kh = r % KH;
+    const int64_t co = r / KH;
+    const int64_t src = flip ? ca * s0 + co * s1 + (KH - 1 - kh) * s2 + (KW - 1 - kw) * s3
+                             : co * s0 + ca * s1 + kh * s2 + kw * s3;
+    out[i] = w[src];
+  }
+}
+
+// ---- host side ----
+
+enum class Dir { Fwd, BwdData };
+
+// Strides of a logical (d0, d1, d2, d3) tensor stored as (d0, d2, d3, d1): channels last.
+bool is_channels_last(const plx_tensor& t) {
+  if (numel(t) == 0) return true;
+  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
+  const int64_t want[4] = {H * W * C, 1, W * C, C};
+  for (int i = 0; i < 4; ++i)
+    if (t.shape[i] != 1 && t.strides[i] != want[i]) return false;
+  return true;
+}
+
+// Canonical element strides of a logical (d0, d1, d2, d3) tensor in either layout. For a tensor
+// that satisfies both patterns (size-1 dimensions) the two give the same offsets for every valid
+// index, so either choice is right.
+void canonical_strides(const int64_t (&d)[4], bool channels_last, int64_t (&s)[4]) {
+  if (channels_last) {
+    s[0] = d[2] * d[3] * d[1], s[1] = 1, s[2] = d[3] * d[1], s[3] = d[1];
+  } else {
+    s[0] = d[1] * d[2] * d[3], s[1] = d[2] * d[3], s[2] = d[3], s[3] = 1;
+  }
+}
+
+constexpr uint64_t kWsAlign = 256;
+uint64_t align_up(uint64_t v) { return (v + kWsAlign - 1) / kWsAlign * kWsAlign; }
+
+bool fits_i32(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+template <class T>
+void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream_t s) {
+  const int64_t N = d[0], C = d[1], HW = d[2];
+  const dim3 grid(static_cast<unsigned>((HW + 31) / 32), static_cast<unsigned>((C + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  nchw_to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, N, C, HW);
+  PLX_CUDA_LAUNCH_CHECK();
+}
+
+template <class T, class TL, Dir D>
+class IgemmConvKernel final : public Kernel {
+ public:
+  IgemmConvKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+    const char* op = D == Dir::Fwd ? "conv2d" : "conv2d_backward_data";
+    // Tensors by their forward roles: x (N, C, H, W), w (O, C, KH, KW), y (N, O, OH, OW).
+    const plx_tensor* x;
+    const plx_tensor* y;
+    const plx_tensor* w = &node.input(1);
+    if constexpr (D == Dir::Fwd) {
+      x = &node.input(0), y = &node.output(0);
+      has_bias_ = node.has_input(2);
+    } else {
+      y = &node.input(0), x = &node.output(0);
+    }
+    PLX_REQUIRE(x->ndim == 4 && w->ndim == 4 && y->ndim == 4, "%s: x, w and y must be 4-D", op);
+    int64_t xs[4] = {x->shape[0], x->shape[1], x->shape[2], x->shape[3]};
+    const int64_t ws[4] = {w->shape[0], w->shape[1], w->shape[2], w->shape[3]};
+    if constexpr (D == Dir::BwdData) {
+      const std::vector<int64_t> v = node.attr_ints("input_shape");
+      PLX_REQUIRE(v.size() == 4, "%s: input_shape must have 4 values", op);
+      for (int i = 0; i < 4; ++i) xs[i] = v[static_cast<size_t>(i)];
+    }
+    const sdk::Conv2dParams g(xs, ws, node);
+    const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
+    for (int i = 0; i < 4; ++i)
+      PLX_REQUIRE(y->shape[i] == want_y[i] && x->shape[i] == xs[i],
+                  "%s: tensor shapes do not match the convolution", op);
+
+    const plx_tensor* all[3] = {x, w, y};
+    for (const plx_tensor* t : all)
+      PLX_DECLINE_UNLESS(t->dtype == dtype_v<T>, "%s: igemm kernels take one dtype, %s", op,
+                         plexus::dtype_name(dtype_v<T>));
+    PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
+                       static_cast<long long>(g.groups));
+    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
+                       op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
+    bool nhwc[3];
+    for (int i = 0; i < 3; ++i) {
+      const bool nchw_ok = sdk::is_contiguous(*all[i]);
+      nhwc[i] = is_channels_last(*all[i]);
+      PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
+    }
+    if (has_bias_) {
+      const plx_tensor& b = node.input(2);
+      PLX_DECLINE_UNLESS(b.ndim == 1 && b.dtype == dtype_v<T> && (b.shape[0] <= 1 || b.strides[0] == 1),
+                         "%s: the bias must be contiguous and of the input's dtype", op);
+    }
+
+    // The GEMM problem: an activation (N, Ca, Hi, Wi) convolved into an output `out`
+    // (N, Co, Ho, Wo).
+    const plx_tensor* out;
+    int64_t Ca, Co, Hi, Wi, Ho, Wo, sh, sw, ph, pw;
+    if constexpr (D == Dir::Fwd) {
+      out = y;
+      Ca = g.C, Co = g.O, Hi = g.H, Wi = g.W, Ho = g.OH, Wo = g.OW;
+      sh = g.sh, sw = g.sw, ph = g.ph, pw = g.pw;
+    } else {
+      PLX_DECLINE_UNLESS(g.sh == 1 && g.sw == 1,
+                         "%s: igemm handles stride 1 only (dx as a convolution of dy), not "
+                         "[%lld, %lld]",
+                         op, static_cast<long long>(g.sh), static_cast<long long>(g.sw));
+      PLX_DECLINE_UNLESS(g.ph <= g.KH - 1 && g.pw <= g.KW - 1,
+                         "%s: igemm needs padding below the kernel size (it pads dy by "
+                         "KH-1-ph, KW-1-pw)",
+                         op);
+      out = x;
+      Ca = g.O, Co = g.C, Hi = g.OH, Wi = g.OW, Ho = g.H, Wo = g.W;
+      sh = 1, sw = 1, ph = g.KH - 1 - g.ph, pw = g.KW - 1 - g.pw;
+    }
+    const bool act_nhwc = D == Dir::Fwd ? nhwc[0] : nhwc[2];
+    const bool out_nhwc = D == Dir::Fwd ? nhwc[2] : nhwc[0];
+    PLX_DECLINE_UNLESS(Ca > 0 && Ca % 8 == 0,
+                       "%s: igemm needs the reduced channel count to be a positive multiple of 8 "
+                       "(16-byte cp.async rows), got %lld",
+                       op, static_cast<long long>(Ca));
+
+    out_elems_ = numel(*out);
+    if (out_elems_ == 0) return;  // nothing to write (N, Co, Ho or Wo is 0)
+
+    // 32-bit index math inside the kernel: every size, and each padded extent, fits an int.
+    const int64_t K = g.KH * g.KW * Ca;
+    PLX_DECLINE_UNLESS(fits_i32(Hi + 2 * ph) && fits_i32(Wi + 2 * pw) && fits_i32(Co) &&
+                           fits_i32(K) && fits_i32(Ho * sh + ph) && fits_i32(Wo * sw + pw) &&
+                           fits_i32(Ho * Wo) && fits_i32(Co * K),
+                       "%s: sizes beyond igemm's 32-bit index math", op);
+    const int64_t M = g.N * Ho * Wo;
+    PLX_DECLINE_UNLESS((M + TL::BM - 1) / TL::BM <= INT_MAX && (Co + TL::BN - 1) / TL::BN <= 65535,
+                       "%s: too many tiles for the grid", op);
+    PLX_DECLINE_UNLESS(Ca / 32 < 65535, "%s: too many channels for the staging transpose", op);
+
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
+    PLX_DECLINE_UNLESS(static_cast<size_t>(TL::SMEM) <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: %d bytes of shared memory per block are more than the device allows",
+                       op, TL::SMEM);
+    // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM));
+
+    a_ = IgemmArgs<T>{};
+    a_.H = static_cast<int>(Hi), a_.W = static_cast<int>(Wi), a_.C = static_cast<int>(Ca);
+    a_.O = static_cast<int>(Co), a_.KH = static_cast<int>(g.KH), a_.KW = static_cast<int>(g.KW);
+    a_.OW = static_cast<int>(Wo);
+    a_.sh = static_cast<int>(sh), a_.sw = static_cast<int>(sw);
+    a_.ph = static_cast<int>(ph), a_.pw = static_cast<int>(pw);
+    a_.K = static_cast<int>(K);
+    a_.M = M;
+    a_.OHW = Ho * Wo;
+    const int64_t od[4] = {g.N, Co, Ho, Wo};
+    int64_t os[4];
+    canonical_strides(od, out_nhwc, os);
+    a_.y_n = os[0], a_.y_c = os[1], a_.y_p = os[3];  // p = oh·Wo + ow: offset oh·s2 + ow·s3 = p·s3
+
+    // Staging in the workspace: the activation when it is NCHW, the filter unless the forward
+    // can read a channels-last one in place.
+    stage_act_ = !act_nhwc;
+    act_dims_[0] = g.N, act_dims_[1] = Ca, act_dims_[2] = Hi * Wi;
+    act_bytes_ = stage_act_ ? align_up(static_cast<uint64_t>(g.N * Hi * Wi * Ca) * sizeof(T)) : 0;
+    stage_w_ = D == Dir::BwdData || !nhwc[1];
+    const int64_t wd[4] = {g.O, g.C, g.KH, g.KW};
+    canonical_strides(wd, nhwc[1], w_strides_);
+    w_bytes_ = stage_w_ ? align_up(static_cast<uint64_t>(Co * K) * sizeof(T)) : 0;
+  }
+
+  uint64_t workspace_bytes() const override { return act_bytes_ + w_bytes_; }
+
+  void compute(const KernelCall& c) override {
+    if (out_elems_ == 0) return;
+    use_device(device_);
+    const cudaStream_t s = native(c.stream);
+    IgemmArgs<T> a = a_;
+    a.x = static_cast<const T*>(c.in(0).data);
+    a.w = static_cast<const T*>(c.in(1).data);
+    a.bias = has_bias_ ? static_cast<const T*>(c.in(2).data) : nullptr;
+    a.y = static_cast<T*>(c.out(0).data);
+    unsigned char* ws = static_cast<unsigned char*>(c.workspace);
+    if (stage_act_) {
+      T* dst = reinterpret_cast<T*>(ws);
+      launch_nchw_to_nhwc(a.x, dst, act_dims_, s);
+      a.x = dst;
+    }
+    if (stage_w_) {
+      T* dst = reinterpret_cast<T*>(ws + act_bytes_);
+      const int64_t total = static_cast<int64_t>(a.O) * a.K;
+      stage_filter_kernel<T><<<grid_for(total), kBlock, 0, s>>>(
+          a.w, dst, a.O, a.KH, a.KW, a.C, w_strides_[0], w_strides_[1], w_strides_[2],
+          w_strides_[3], D == Dir::BwdData);
+      PLX_CUDA_LAUNCH_CHECK();
+      a.w = dst;
+    }
+    // cp.async moves 16 aligned bytes; the allocator's buffers and the workspace are aligned far
+    // more, so only an offset view could break this.
+    const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    if ((addr(a.x) | addr(a.w)) & 15u)
+      throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
+                       "igemm convolution: the activation and filter must be 16-byte aligned");
+    a.pair = a.y_c == 1 && a.O % 2 == 0 && (addr(a.y) & 3u) == 0;
+    const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
+                    static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
+    igemm_conv_kernel<T, TL, false><<<grid, TL::THREADS, TL::SMEM, s>>>(a);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  bool has_bias_ = false;
+  int64_t out_elems_ = 0;
+  IgemmArgs<T> a_{};
+  bool stage_act_ = false, stage_w_ = false;
+  int64_t act_dims_[3] = {0, 0, 0};  // N, C, H·W of the NCHW activation to transpose
+  int64_t w_strides_[4] = {0, 0, 0, 0};
+  uint64_t act_bytes_ = 0, w_bytes_ = 0;
+};
+
+// conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW).
+template <class T, class TL>
+class IgemmWgradKernel final : public Kernel {
+  using S = WgradSmem<TL>;
+
+ public:
+  IgemmWgradKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+    const char* op = "conv2d_backward_weight";
+    const plx_tensor& y = node.input(0);
+    const plx_tensor& x = node.input(1);
+    const plx_tensor& w = node.output(0);
+    PLX_REQUIRE(x.ndim == 4 && w.ndim == 4 && y.ndim == 4, "%s: x, w and y must be 4-D", op);
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    int64_t ws[4];
+    {
+      const std::vector<int64_t> v = node.attr_ints("weight_shape");
+      PLX_REQUIRE(v.size() == 4, "%s: weight_shape must have 4 values", op);
+      for (int i = 0; i < 4; ++i) ws[i] = v[static_cast<size_t>(i)];
+    }
+    const sdk::Conv2dParams g(xs, ws, node);
+    const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
+    for (int i = 0; i < 4; ++i)
+      PLX_REQUIRE(y.shape[i] == want_y[i] && w.shape[i] == ws[i],
+                  "%s: tensor shapes do not match the convolution", op);
+    const plx_tensor* all[3] = {&x, &w, &y};
+    bool nhwc[3];
+    for (int i = 0; i < 3; ++i) {
+      PLX_DECLINE_UNLESS(all[i]->dtype == dtype_v<T>, "%s: igemm kernels take one dtype, %s", op,
+                         plexus::dtype_name(dtype_v<T>));
+      const bool nchw_ok = sdk::is_contiguous(*all[i]);
+      nhwc[i] = is_channels_last(*all[i]);
+      PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
+    }
+    PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
+                       static_cast<long long>(g.groups));
+    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
+                       op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
+    PLX_DECLINE_UNLESS(g.C > 0 && g.C % 8 == 0 && g.O > 0 && g.O % 8 == 0,
+                       "%s: igemm needs C and O to be positive multiples of 8 (16-byte cp.async "
+                       "rows), got C = %lld, O = %lld",
+                       op, static_cast<long long>(g.C), static_cast<long long>(g.O));
+    out_elems_ = numel(w);
+    out_bytes_ = static_cast<uint64_t>(out_elems_) * sizeof(T);
+    const int64_t P = g.N * g.OH * g.OW;
+    trivial_ = P == 0;  // an empty batch: dw = 0
+    if (trivial_) return;
+
+    const int64_t J = g.KH * g.KW * g.C;
+    PLX_DECLINE_UNLESS(fits_i32(P) && fits_i32(J) && fits_i32(g.O * J) &&
+                           fits_i32(g.H + 2 * g.ph) && fits_i32(g.W + 2 * g.pw) &&
+                           fits_i32(g.OH * g.sh + g.ph) && fits_i32(g.OW * g.sw + g.pw),
+                       "%s: sizes beyond igemm's 32-bit index math", op);
+    const int64_t tiles_m = (g.O + TL::BM - 1) / TL::BM, tiles_n = (J + TL::BN - 1) / TL::BN;
+    PLX_DECLINE_UNLESS(tiles_m <= INT_MAX && tiles_n <= 65535, "%s: too many tiles for the grid",
+                       op);
+    PLX_DECLINE_UNLESS(std::max(g.C, g.O) / 32 < 65535,
+                       "%s: too many channels for the staging transpose", op);
+
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
+    PLX_DECLINE_UNLESS(static_cast<size_t>(S::BYTES) <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: %d bytes of shared memory per block are more than the device allows",
+                       op, S::BYTES);
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::BYTES));
+
+    // Split K so that about two blocks per SM are in flight, each slice at least 4 K tiles.
+    const int64_t KT = (P + TL::BK - 1) / TL::BK;
+    const int64_t want = 2 * std::max(1, ctx.prop.multiProcessorCount);
+    int64_t slices = std::clamp<int64_t>((want + tiles_m * tiles_n - 1) / (tiles_m * tiles_n), 1,
+                                         std::max<int64_t>(1, KT / 4));
+    slices = std::min<int64_t>(slices, 1024);
+    const int64_t kt_per = (KT + slices - 1) / slices;
+    slices = (KT + kt_per - 1) / kt_per;  // no empty slice
+
+    a_ = WgradArgs<T>{};
+    a_.H = static_cast<int>(g.H), a_.W = static_cast<int>(g.W), a_.C = static_cast<int>(g.C);
+    a_.O = static_cast<int>(g.O), a_.KW = static_cast<int>(g.KW), a_.OW = static_cast<int>(g.OW);
+    a_.sh = static_cast<int>(g.sh), a_.sw = static_cast<int>(g.sw);
+    a_.ph = static_cast<int>(g.ph), a_.pw = static_cast<int>(g.pw);
+    a_.J = static_cast<int>(J);
+    a_.P = static_cast<int>(P);
+    a_.OHW = static_cast<int>(g.OH * g.OW);
+    a_.kt_per = static_cast<int>(kt_per);
+    grid_ = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
+                 static_cast<unsigned>(slices));
+    slices_ = static_cast<int>(slices);
+    KHW_ = g.KH * g.KW;
+    w_nhwc_ = nhwc[1];
+
+    // Workspace: dy and x in NHWC where they are NCHW, then the f32 partials.
+    stage_y_ = !nhwc[2];
+    stage_x_ = !nhwc[0];
+    y_dims_[0] = g.N, y_dims_[1] = g.O, y_dims_[2] = g.OH * g.OW;
+    x_dims_[0] = g.N, x_dims_[1] = g.C, x_dims_[2] = g.H * g.W;
+    y_bytes_ = stage_y_ ? align_up(static_cast<uint64_t>(P * g.O) * sizeof(T)) : 0;
+    x_bytes_ = stage_x_ ? align_up(static_cast<uint64_t>(g.N * g.H * g.W * g.C) * sizeof(T)) : 0;
+    part_bytes_ = align_up(static_cast<uint64_t>(slices * g.O * J) * sizeof(float));
+  }
+
+  uint64_t workspace_bytes() const override {
+    return trivial_ ? 0 : y_bytes_ + x_bytes_ + part_bytes_;
+  }
+
+  void compute(const KernelCall& c) override {
+    if (out_elems_ == 0) return;
+    use_device(device_);
+    const cudaStream_t s = native(c.stream);
+    if (trivial_) {
+      // Both layouts of dw are dense: one block of memory.
+      PLX_CUDA_CHECK(cudaMemsetAsync(c.out(0).data, 0, out_bytes_, s));
+      return;
+    }
+    WgradArgs<T> a = a_;
+    a.dy = static_cast<const T*>(c.in(0).data);
+    a.x = static_cast<const T*>(c.in(1).data);
+    unsigned char* ws = static_cast<unsigned char*>(c.workspace);
+    if (stage_y_) {
+      T* dst = reinterpret_cast<T*>(ws);
+      launch_nchw_to_nhwc(a.dy, dst, y_dims_, s);
+      a.dy = dst;
+    }
+    if (stage_x_) {
+      T* dst = reinterpret_cast<T*>(ws + y_bytes_);
+      launch_nchw_to_nhwc(a.x, dst, x_dims_, s);
+      a.x = dst;
+    }
+    a.part = reinterpret_cast<float*>(ws + y_bytes_ + x_bytes_);
+    const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    if ((addr(a.dy) | addr(a.x) | addr(a.part)) & 15u)
+      throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
+                       "igemm convolution: dy, x and the workspace must be 16-byte aligned");
+    igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, S::BYTES, s>>>(a);
+    PLX_CUDA_LAUNCH_CHECK();
+    const int64_t total = static_cast<int64_t>(a.O) * a.J;
+    wgrad_reduce_kernel<T><<<grid_for(total), kBlock, 0, s>>>(
+        a.part, static_cast<T*>(c.out(0).data), a.O, a.J, slices_, a.C, KHW_, w_nhwc_);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  int64_t out_elems_ = 0;
+  uint64_t out_bytes_ = 0;
+  bool trivial_ = false;
+  WgradArgs<T> a_{};
+  dim3 grid_;
+  int slices_ = 1;
+  int64_t KHW_ = 1;
+  bool w_nhwc_ = false;
+  bool stage_y_ = false, stage_x_ = false;
+  int64_t y_dims_[3] = {0, 0, 0}, x_dims_[3] = {0, 0, 0};
+  uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;
+};
+
+template <class T, class TL>
+void add_tile(KernelRegistry& r, plx_dtype d) {
+  const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
+  const std::string name = TL::name();
+  r.add<IgemmConvKernel<T, TL, Dir::Fwd>, CudaBackend>("conv2d", d, name.c_str(), f,
+                                                        PLX_LAYOUT_NHWC);
+  r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d,
+                                                            name.c_str(), f, PLX_LAYOUT_NHWC);
+  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f,
+                                              PLX_LAYOUT_NHWC);
+}
+
+template <class T>
+void add_dtype(KernelRegistry& r) {
+  constexpr plx_dtype d = dtype_v<T>;
+  add_tile<T, Tile128x128>(r, d);
+  add_tile<T, Tile128x64>(r, d);
+  add_tile<T, Tile64x64>(r, d);
+  add_tile<T, Tile128x32>(r, d);
+}
+
+}  // namespace
+
+void register_igemm_conv(KernelRegistry& r) {
+  add_dtype<f16>(r);
+  add_dtype<bf16>(r);
+}
+
+}  // namespace plexus::cuda

@@ -1,0 +1,14 @@
+// The plugin's own implicit-GEMM convolution on the Tensor Cores (ops/igemm_conv.cu): candidate
+// kernels for conv2d, conv2d_backward_data and conv2d_backward_weight in f16 and bf16, one per
+// tile configuration, registered after the cuDNN kernels (so the first-accepting rule keeps
+// cuDNN; the autotuner or backend.kernels = "native" picks these).
+#pragma once
+
+#include "common.hpp"
+
+namespace plexus::cuda {
+
+// Adds the igemm_mma_* candidates to `r`; called by register_conv after the cuDNN kernels.
+void register_igemm_conv(KernelRegistry& r);
+
+}  // namespace plexus::cuda

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Tensor Core kernels of the CUDA plugin must really use the Tensor Cores: for every architecture
+# the plugin was built for, every kernel whose mangled name matches one of the given patterns
+# must contain HMMA instructions in its SASS and must not spill to local memory. Needs no GPU:
+# it reads the plugin file with cuobjdump.
+#
+#   sass_check_conv.sh PLUGIN.so 80,90 PATTERN...
+#
+# ARCHS: the plugin's CUDA architectures, separated by commas or semicolons ("90-real" counts as
+# 90).
+# PATTERN is an awk regular expression matched against the mangled kernel names (the conv
+# kernels: igemm_conv_kernel igemm_wgrad_kernel); each pattern must match at least one kernel per
+# architecture. Prints one line per matching kernel: architecture, HMMA count, registers per
+# thread, local memory (spills), then the demangled name.
+#
+# cuobjdump is taken from $CUOBJDUMP, PATH, the CUDA toolkit's bin directory or the pip package
+# nvidia-cuda-cuobjdump; its --dump-sass needs nvdisasm, from $NVDISASM_PATH, PATH, the toolkit
+# or the pip package nvidia-cuda-nvdisasm. Without them the check is skipped (exit 77), saying so.
+set -euo pipefail
+
+usage="usage: sass_check_conv.sh PLUGIN.so ARCHS PATTERN..."
+so=${1:?$usage}
+archs=${2:?$usage}
+shift 2
+[[ $# -gt 0 ]] || { echo "$usage"; exit 2; }
+patterns=("$@")
+
+# A tool: the first executable among the candidates, then the pip packages' copies.
+find_tool() {
+  local name=$1
+  shift
+  local c
+  for c in "$@" "$(command -v "$name" || true)" "/usr/local/cuda/bin/$name"; do
+    if [[ -n "$c" && -x "$c" ]]; then echo "$c"; return 0; fi
+  done
+  command -v python3 > /dev/null || return 0
+  python3 - "$name" << 'PY' 2> /dev/null || true
+import glob, os, site, sys
+name = sys.argv[1]
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for p in sorted(glob.glob(os.path.join(r, "nvidia", "*", "bin", name))):
+        if os.access(p, os.X_OK):
+            print(p)
+            sys.exit(0)
+PY
+}
+
+cuobjdump=$(find_tool cuobjdump "${CUOBJDUMP:-}")
+if [[ -z "$cuobjdump" ]]; then
+  echo "skipped: no cuobjdump (the CUDA toolkit's, or: pip install nvidia-cuda-cuobjdump)"
+  exit 77
+fi
+nvdisasm=$(find_tool nvdisasm "${NVDISASM_PATH:+$NVDISASM_PATH/nvdisasm}" "$(dirname "$cuobjdump")/nvdisasm")
+if [[ -z "$nvdisasm" ]]; then
+  echo "skipped: no nvdisasm, which cuobjdump --dump-sass runs (pip install nvidia-cuda-nvdisasm)"
+  exit 77
+fi
+export PATH="$(dirname "$nvdisasm"):$PATH"
+[[ -f "$so" ]] || { echo "FAIL: no plugin file $so"; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$cuobjdump" --dump-sass "$so" > "$tmp/sass"
+"$cuobjdump" --dump-resource-usage "$so" > "$tmp/res"
+
+# The patterns as one awk alternation.
+alt=$(IFS='|'; echo "${patterns[*]}")
+
+# Per (arch, function): the HMMA count. cuobjdump prints "code for sm_XX" before each cubin and
+# "Function : NAME" before each kernel.
+awk -v re="$alt" '
+  /code for sm_/ { match($0, /sm_[0-9]+a?/); arch = substr($0, RSTART, RLENGTH) }
+  /Function :/ { fn = $NF; if (fn ~ re) n[arch " " fn] += 0 }
+  /HMMA/ { if (fn ~ re) n[arch " " fn]++ }
+  END { for (k in n) print k, n[k] }
+' "$tmp/sass" | sort > "$tmp/hmma"
+# Per (arch, function): registers and local memory.
+awk -v re="$alt" '
+  /code for sm_|arch = sm_/ { if (match($0, /sm_[0-9]+a?/)) arch = substr($0, RSTART, RLENGTH) }
+  /Function / { fn = $2; sub(/:$/, "", fn) }
+  /REG:/ {
+    if (fn !~ re) next
+    reg = $0; sub(/.*REG:/, "", reg); sub(/ .*/, "", reg)
+    loc = $0; sub(/.*LOCAL:/, "", loc); sub(/ .*/, "", loc)
+    print arch, fn, reg, loc
+  }
+' "$tmp/res" | sort > "$tmp/regs"
+
+fail=0
+printf '%-6s %5s %4s %5s  %s\n' arch HMMA REG LOCAL kernel
+while read -r arch fn count; do
+  read -r reg loc < <(awk -v a="$arch" -v f="$fn" '$1 == a && $2 == f { print $3, $4; exit }' "$tmp/regs") || true
+  # Demangled, without the return type, the namespaces and the parameter list.
+  name=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
+  name=$(echo "$name" | sed -e 's/^void //' -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' \
+    -e 's/(.*$//')
+  printf '%-6s %5s %4s %5s  %s\n' "$arch" "$count" "${reg:-?}" "${loc:-?}" "$name"
+  if [[ "$count" -eq 0 ]]; then echo "FAIL: $arch $name has no HMMA instruction"; fail=1; fi
+  if [[ -n "${loc:-}" && "$loc" != 0 ]]; then
+    echo "FAIL: $arch $name spills ($loc bytes of local memory)"
+    fail=1
+  fi
+done < "$tmp/hmma"
+
+# Every pattern matches kernels on every requested architecture (a missing architecture would
+# run JIT-compiled PTX, or nothing).
+IFS=';, ' read -r -a want <<< "$archs"
+for a in "${want[@]}"; do
+  a=${a%%-*}  # "90-real" -> "90"
+  for p in "${patterns[@]}"; do
+    n=$(awk -v a="sm_$a" -v re="$p" '($1 == a || $1 == a "a") && $2 ~ re' "$tmp/hmma" | wc -l)
+    echo "sm_$a: $n kernels matching $p"
+    if [[ "$n" -eq 0 ]]; then echo "FAIL: no kernel matching $p in the SASS for sm_$a"; fail=1; fi
+  done
+done
+if [[ "$fail" -ne 0 ]]; then exit 1; fi
+echo "OK: every matching kernel has HMMA instructions and no spills"

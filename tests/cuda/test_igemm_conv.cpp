@@ -1,0 +1,332 @@
+// The CUDA plugin's own implicit-GEMM convolutions (plugins/cuda/ops/igemm_conv.cu): every
+// igemm_* candidate of conv2d, conv2d_backward_data and conv2d_backward_weight, created
+// explicitly one by one (the ordinary dispatch would take cuDNN, registered first), run against
+// the CPU plugin on shapes with ragged tile edges, padding and stride variants, with and without
+// bias, in every layout mix the kernels take (NCHW contiguous or channels-last per tensor), in f16
+// and bf16. Outputs start as NaN (0xFF bytes) so an element a kernel leaves unwritten fails, and
+// the workspace starts as NaN too so a kernel that reads it before writing fails.
+//
+// The ReLU epilogue of the forward kernel is a template option that no registered op reaches yet
+// (the fusion API gives a fused group one kernel, not candidates), so it has no test here.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/plugin.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+
+namespace {
+
+constexpr const char* kPrefix = "igemm_";
+
+struct Geo {
+  Shape x;  // N, C, H, W
+  int64_t o, kh, kw;
+  Ints stride, padding;
+};
+
+// Our models' convolutions (simplecnn's and convnet's second and third layers, at a small
+// batch) and shapes that leave ragged edges in M = N·OH·OW, in O, in K = KH·KW·C and in the
+// weight gradient's J = KH·KW·C, for every tile (128x128, 128x64, 64x64, 128x32, BK 32).
+const std::vector<Geo>& geometries() {
+  static const std::vector<Geo> g = {
+      {{2, 16, 13, 13}, 32, 3, 3, {1, 1}, {0, 0}},    // simplecnn conv2 (K = 144: K tail)
+      {{2, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}},    // convnet conv2 (M = 1568)
+      {{2, 64, 14, 14}, 128, 3, 3, {1, 1}, {1, 1}},   // convnet conv3
+      {{3, 8, 7, 9}, 16, 3, 3, {2, 2}, {1, 1}},       // stride 2, small O
+      {{2, 24, 9, 6}, 8, 3, 2, {1, 2}, {2, 1}},       // rectangular kernel, mixed stride
+      {{1, 8, 5, 5}, 200, 1, 1, {1, 1}, {0, 0}},      // 1x1, O over two 128 tiles, ragged
+      {{2, 40, 11, 10}, 24, 5, 5, {3, 3}, {2, 2}},    // large stride and padding
+      {{2, 16, 6, 6}, 16, 3, 3, {1, 1}, {2, 2}},      // padding = KH - 1 (dy padded by 0)
+      {{1, 8, 3, 3}, 8, 3, 3, {1, 1}, {0, 0}},        // one output pixel
+      {{0, 16, 5, 5}, 8, 3, 3, {1, 1}, {1, 1}},       // empty batch
+  };
+  return g;
+}
+
+Attrs geo_attrs(const Geo& g) {
+  return Attrs{{"stride", g.stride}, {"padding", g.padding}, {"dilation", Ints{1, 1}},
+               {"groups", int64_t{1}}};
+}
+
+Shape out_shape(const Geo& g) {
+  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.kh) / g.stride[0] + 1;
+  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.kw) / g.stride[1] + 1;
+  return {g.x[0], g.o, oh, ow};
+}
+
+std::string describe(const Geo& g) {
+  auto s = [](const Shape& v) {
+    std::string r = "(";
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+    return r + ")";
+  };
+  return "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) + "x" +
+         std::to_string(g.kw) + " stride " + s(g.stride) + " padding " + s(g.padding);
+}
+
+// `t` (a CPU tensor, logical NCHW) on the GPU, NCHW contiguous or channels-last (NHWC in memory,
+// the same logical shape).
+Tensor on_gpu(Backend& gpu, const Tensor& t, bool channels_last) {
+  if (!channels_last) return t.to(gpu);
+  return t.permute({0, 2, 3, 1}).contiguous().to(gpu).permute({0, 3, 1, 2});
+}
+
+// A GPU buffer of logical shape `s` in the layout, every byte 0xFF (NaN in f16 and bf16).
+Tensor poisoned(Backend& gpu, const Shape& s, plx_dtype d, bool channels_last) {
+  const Shape mem = channels_last ? Shape{s[0], s[2], s[3], s[1]} : s;
+  Tensor t = Tensor::empty(gpu, mem, d);
+  if (t.nbytes() > 0) {
+    const std::vector<uint8_t> ff(t.nbytes(), 0xFF);
+    t.copy_from_host(ff.data());
+  }
+  return channels_last ? t.permute({0, 3, 1, 2}) : t;
+}
+
+// Creates kernel `k` for the node and, if it accepts, runs it. Returns the decline reason, or ""
+// when it ran (the outputs then hold its result).
+std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kernel* k,
+                          const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                          const Attrs& attrs) {
+  const Attrs full = s.complete_attrs(attrs);
+  const AttrPack pack(full);
+  std::vector<plx_tensor> in_views, out_views;
+  for (const Tensor& t : in) in_views.push_back(t.view());
+  for (const Tensor& t : out) out_views.push_back(t.view());
+  // create() sees descriptors only, as in resolve_kernel().
+  std::vector<plx_tensor> in_desc = in_views, out_desc = out_views;
+  for (plx_tensor& v : in_desc) v.data = nullptr;
+  for (plx_tensor& v : out_desc) v.data = nullptr;
+  plx_node_info node{};
+  node.struct_size = sizeof node;
+  node.device = 0;
+  node.op = s.name.c_str();
+  node.num_inputs = static_cast<int32_t>(in_desc.size());
+  node.inputs = in_desc.data();
+  node.num_outputs = static_cast<int32_t>(out_desc.size());
+  node.outputs = out_desc.data();
+  node.attrs = pack.data();
+  node.num_attrs = pack.size();
+  void* state = nullptr;
+  uint64_t ws = 0;
+  const plx_status st = k->create(gpu.kernel_ctx(k), k->user, &node, &state, &ws);
+  if (st == PLX_ERR_UNSUPPORTED) {
+    const std::string why = gpu.kernel_plugin(k).last_error();
+    return why.empty() ? "declined without a reason" : why;
+  }
+  INFO("create failed: " << gpu.kernel_plugin(k).last_error());
+  REQUIRE(st == PLX_OK);
+  PreparedKernel pk(gpu, "op '" + s.name + "'", k, state, ws);
+  Tensor wsbuf;
+  if (ws > 0) {
+    wsbuf = Tensor::empty(gpu, {static_cast<int64_t>(ws)}, PLX_U8);
+    const std::vector<uint8_t> ff(ws, 0xFF);
+    wsbuf.copy_from_host(ff.data());
+  }
+  pk.run(in_views.data(), static_cast<int32_t>(in_views.size()), out_views.data(),
+         static_cast<int32_t>(out_views.size()), wsbuf.defined() ? wsbuf.data() : nullptr,
+         gpu.stream(0));
+  gpu.sync(0);
+  return "";
+}
+
+std::vector<const plx_kernel*> candidates(Backend& gpu, const OpSchema& s, plx_dtype d) {
+  std::vector<const plx_kernel*> out;
+  for (const plx_kernel* k : gpu.kernels(s.id, d))
+    if (k->impl && std::string(k->impl).rfind(kPrefix, 0) == 0) out.push_back(k);
+  return out;
+}
+
+// Layout mixes: (x, w, y) channels-last or not. All NCHW is what the executor hands today;
+// all channels-last is the fast path; the mixed ones exercise each staging step alone.
+struct Layouts {
+  bool x, w, y;
+};
+const Layouts kLayouts[] = {
+    {false, false, false}, {true, true, true}, {true, false, false}, {false, true, true}};
+
+std::string layout_name(const Layouts& l) {
+  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
+  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
+}
+
+// Runs every candidate of `op` for one node; checks that each one accepts when `must_accept`,
+// and compares each result with `want`.
+void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
+                      const std::vector<Tensor>& in, const Shape& out_shape, bool out_nhwc,
+                      const Attrs& attrs, const Tensor& want, int64_t terms, bool must_accept,
+                      const std::string& what, int* ran) {
+  const OpSchema& s = runtime().ops().get(op);
+  const std::vector<const plx_kernel*> ks = candidates(gpu, s, d);
+  REQUIRE(ks.size() >= 4);  // one per tile
+  for (const plx_kernel* k : ks) {
+    INFO(op << " " << dtype_name(d) << " " << k->impl << ": " << what);
+    CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);
+    CHECK((k->flags & PLX_KERNEL_DETERMINISTIC) != 0);
+    CHECK((k->flags & PLX_KERNEL_CAPTURABLE) != 0);
+    CHECK(k->layout == PLX_LAYOUT_NHWC);
+    Tensor out = poisoned(gpu, out_shape, d, out_nhwc);
+    const std::string why = run_candidate(gpu, s, k, in, {out}, attrs);
+    if (!why.empty()) {
+      INFO("declined: " << why);
+      CHECK_FALSE(must_accept);
+      continue;
+    }
+    ++*ran;
+    const Tensor got = out.contiguous().to(cpu());
+    const std::string diff = cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, false));
+    INFO(diff);
+    CHECK(diff.empty());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  uint64_t seed = 20261123;
+  int ran_fwd = 0, ran_bd = 0, ran_bw = 0;
+  for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+    for (const Geo& g : geometries()) {
+      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+      const Shape y_shape = out_shape(g);
+      const Tensor x = random_tensor(g.x, d, ++seed);
+      const Tensor w = random_tensor(w_shape, d, ++seed);
+      const Tensor b = random_tensor({g.o}, d, ++seed);
+      const Tensor dy = random_tensor(y_shape, d, ++seed);
+      const Attrs geo = geo_attrs(g);
+      Attrs bd_attrs = geo;
+      bd_attrs.set("input_shape", Ints(g.x));
+      Attrs bw_attrs = geo;
+      bw_attrs.set("weight_shape", Ints(w_shape));
+      // The CPU reference, once per node.
+      const Tensor want_y = call(cpu(), "conv2d", {x, w, Tensor()}, geo)[0];
+      const Tensor want_yb = call(cpu(), "conv2d", {x, w, b}, geo)[0];
+      const Tensor want_dx = call(cpu(), "conv2d_backward_data", {dy, w}, bd_attrs)[0];
+      const Tensor want_dw = call(cpu(), "conv2d_backward_weight", {dy, x}, bw_attrs)[0];
+      const bool stride1 = g.stride[0] == 1 && g.stride[1] == 1;
+      for (const Layouts& l : kLayouts) {
+        const std::string what = describe(g) + ", " + layout_name(l);
+        const Tensor gx = on_gpu(gpu, x, l.x), gw = on_gpu(gpu, w, l.w);
+        const Tensor gdy = on_gpu(gpu, dy, l.y);
+        const Tensor gb = b.to(gpu);
+        check_candidates(gpu, "conv2d", d, {gx, gw, Tensor()}, y_shape, l.y, geo, want_y,
+                         g.x[1] * g.kh * g.kw + 1, true, what, &ran_fwd);
+        check_candidates(gpu, "conv2d", d, {gx, gw, gb}, y_shape, l.y, geo, want_yb,
+                         g.x[1] * g.kh * g.kw + 1, true, what + ", bias", &ran_fwd);
+        // Backward data: stride 1 only (dx as a convolution of dy); dx in x's layout.
+        check_candidates(gpu, "conv2d_backward_data", d, {gdy, gw}, g.x, l.x, bd_attrs, want_dx,
+                         g.o * g.kh * g.kw, stride1, what, &ran_bd);
+        // Backward weight: dw in w's layout.
+        check_candidates(gpu, "conv2d_backward_weight", d, {gdy, gx}, w_shape, l.w, bw_attrs,
+                         want_dw, std::max<int64_t>(1, y_shape[0] * y_shape[2] * y_shape[3]), true,
+                         what, &ran_bw);
+      }
+    }
+  }
+  CHECK(ran_fwd > 0);
+  CHECK(ran_bd > 0);
+  CHECK(ran_bw > 0);
+}
+
+// The same candidate twice on the same inputs gives the same bits (the flags say deterministic:
+// no atomics, and the weight gradient's split-K slices are summed in a fixed order).
+TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const Geo g = {{4, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}};
+  const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+  const Shape y_shape = out_shape(g);
+  for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+    const Tensor x = random_tensor(g.x, d, 7).to(gpu);
+    const Tensor dy = random_tensor(y_shape, d, 8).to(gpu);
+    Attrs bw_attrs = geo_attrs(g);
+    bw_attrs.set("weight_shape", Ints(w_shape));
+    const OpSchema& s = runtime().ops().get("conv2d_backward_weight");
+    for (const plx_kernel* k : candidates(gpu, s, d)) {
+      INFO(dtype_name(d) << " " << k->impl);
+      std::vector<uint8_t> first;
+      for (int rep = 0; rep < 2; ++rep) {
+        Tensor out = poisoned(gpu, w_shape, d, false);
+        REQUIRE(run_candidate(gpu, s, k, {dy, x}, {out}, bw_attrs).empty());
+        std::vector<uint8_t> bytes(out.nbytes());
+        out.copy_to_host(bytes.data());
+        if (rep == 0)
+          first = bytes;
+        else
+          CHECK(bytes == first);
+      }
+    }
+  }
+}
+
+// What the kernels do not handle they decline, with the reason, and cuDNN takes the node.
+TEST_CASE("cuda igemm convolution candidates decline what they do not handle", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const plx_dtype d = PLX_BF16;
+  const OpSchema& s = runtime().ops().get("conv2d");
+  struct Decline {
+    Shape x;
+    int64_t o;
+    Attrs attrs;
+    std::string reason;
+  };
+  const std::vector<Decline> cases = {
+      // The first layer of our models: one input channel.
+      {{2, 1, 28, 28}, 32, Attrs{{"padding", Ints{1, 1}}}, "multiple of 8"},
+      {{2, 16, 8, 8}, 16, Attrs{{"groups", int64_t{2}}}, "groups"},
+      {{2, 16, 12, 12}, 16, Attrs{{"dilation", Ints{2, 2}}}, "dilation"},
+  };
+  for (const Decline& c : cases) {
+    const int64_t groups = c.attrs.has("groups") ? c.attrs.get_int("groups") : 1;
+    const Shape w_shape = {c.o, c.x[1] / groups, 3, 3};
+    const Tensor x = random_tensor(c.x, d, 1).to(gpu);
+    const Tensor w = random_tensor(w_shape, d, 2).to(gpu);
+    const Shape y_shape = call(gpu, "conv2d", {x, w, Tensor()}, c.attrs)[0].shape();  // cuDNN
+    for (const plx_kernel* k : candidates(gpu, s, d)) {
+      INFO(k->impl << ": expecting a decline naming " << c.reason);
+      Tensor out = poisoned(gpu, y_shape, d, false);
+      const std::string why = run_candidate(gpu, s, k, {x, w, Tensor()}, {out}, c.attrs);
+      CHECK_THAT(why, PLX_CONTAINS(c.reason));
+    }
+  }
+  // f32 has no igemm candidate (it would be TF32).
+  CHECK(candidates(gpu, s, PLX_F32).empty());
+}
+
+// Registration, checked on any machine where the plugin was built (no device needed): four
+// tiles per op and 16-bit dtype, native (no PLX_KERNEL_LIBRARY), after cuDNN so that the
+// first-accepting rule keeps cuDNN until the tuner or backend.kernels = "native" chooses.
+TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]") {
+  if (!cuda::plugin_built()) PLX_SKIP("the CUDA plugin was not built (no nvcc or cuDNN at configure time)");
+  Backend* b = cuda::backend();
+  INFO("loader: " << cuda::skip_reason());
+  REQUIRE(b != nullptr);
+  const std::vector<std::string> tiles = {"igemm_mma_128x128x32", "igemm_mma_128x64x32",
+                                          "igemm_mma_64x64x32", "igemm_mma_128x32x32"};
+  for (const char* op : {"conv2d", "conv2d_backward_data", "conv2d_backward_weight"}) {
+    const OpSchema& s = runtime().ops().get(op);
+    for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+      INFO(op << " " << dtype_name(d));
+      std::vector<std::string> impls;
+      for (const plx_kernel* k : b->kernels(s.id, d)) impls.push_back(k->impl ? k->impl : "?");
+      REQUIRE_FALSE(impls.empty());
+      CHECK(impls.front() == "cudnn");
+      std::vector<std::string> igemm;
+      for (const std::string& i : impls)
+        if (i.rfind(kPrefix, 0) == 0) igemm.push_back(i);
+      CHECK(igemm == tiles);
+      for (const plx_kernel* k : candidates(*b, s, d)) {
+        CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);
+        CHECK((k->flags & PLX_KERNEL_STRIDED) != 0);
+        CHECK((k->flags & PLX_KERNEL_DETERMINISTIC) != 0);
+        CHECK((k->flags & PLX_KERNEL_CAPTURABLE) != 0);
+      }
+    }
+    CHECK(candidates(*b, s, PLX_F32).empty());
+  }
+}
