@@ -5,12 +5,12 @@
 # (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
-#   PHASES="build tests sanitize compare train torch" (default: all)   EPOCHS=3 (benchmarks)
+#   PHASES="build tests sanitize compare kernels train torch" (default: all)   EPOCHS=3 (benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-PHASES=${PHASES:-"build tests sanitize compare train torch"}
+PHASES=${PHASES:-"build tests sanitize compare kernels train torch"}
 EPOCHS=${EPOCHS:-3}
 DATA=$PWD/.deps/fashion-mnist
 B=build-gpu
@@ -73,6 +73,47 @@ if has compare; then
     --plot "$OUT/compare.png" > "$OUT/compare.log" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -vE ' pass ' "$OUT/compare.log" | tail -40 | tee -a "$OUT/summary.txt"
+fi
+
+if has kernels; then
+  # Issue 7: our Tensor Core kernels against cuBLAS and cuDNN, candidate by candidate, on the
+  # square GEMMs and on every problem of the two models' training steps; then training with each
+  # side forced and with the tuner (its choices in the manifest's kernel_choice).
+  for dtype in bf16 f16; do
+    stamp "plexus bench kernels: GEMMs in $dtype"
+    timeout 400 $B/bin/plexus bench kernels --backend cuda --no-step --dtype $dtype \
+      --gemm 1024,2048,4096,8192,128x10x800,128x256x6272,1024x256x6272,1024x10x256 \
+      --json "$OUT/bench-kernels-gemm-$dtype.json" > "$OUT/bench-kernels-gemm-$dtype.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-$dtype.log" | tee -a "$OUT/summary.txt"
+  done
+  stamp "plexus bench kernels: GEMMs in tf32"
+  timeout 300 $B/bin/plexus bench kernels --backend cuda --no-step --dtype f32 \
+    --set train.precision=\"tf32\" --gemm 1024,4096,8192 \
+    > "$OUT/bench-kernels-gemm-tf32.log" 2>&1
+  grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-tf32.log" | tee -a "$OUT/summary.txt"
+  for model in simplecnn convnet; do
+    for batch in 128 1024; do
+      tag="$model-b$batch-bf16"
+      stamp "plexus bench kernels: the $tag training step"
+      timeout 300 $B/bin/plexus bench kernels configs/$model.toml --backend cuda \
+        --set train.batch_size=$batch --set train.precision=\"bf16\" --set data.path=\"$DATA\" \
+        --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
+      echo "exit $?" | tee -a "$OUT/summary.txt"
+      grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
+    done
+  done
+  for side in library native auto; do
+    tag="convnet-b1024-bf16-kernels-$side"
+    stamp "plexus train $tag"
+    $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.epochs=$EPOCHS \
+      --set train.batch_size=1024 --set train.precision=\"bf16\" --set backend.kernels=\"$side\" \
+      --set backend.tune_cache=\"$OUT/kernels.tsv\" --set data.path=\"$DATA\" \
+      --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    tail -3 "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
+  done
+  cp -f "$OUT/kernels.tsv" "$OUT/kernels-tuned.tsv" 2> /dev/null
 fi
 
 if has train; then

@@ -26,6 +26,10 @@ Runtime& runtime() {
     o.plugins.paths = {plugin_dir()};
     o.plugins.use_env = false;
     o.plugins.use_default_dir = false;
+    // No timing: the tuner would choose each node's kernel by this machine's load, and the many
+    // tests that hold two runs equal bit for bit (fused and unfused, resumed and uninterrupted)
+    // need both on the same kernels. tests/core/test_tune.cpp tests the tuner.
+    o.kernels = KernelSide::Library;
     // PLEXUS_TEST_CPU_THREADS runs the suite with more (or fewer) threads than this machine has
     // cores, to exercise the multi-threaded split paths of kernels on small machines.
     if (const char* t = std::getenv("PLEXUS_TEST_CPU_THREADS")) o.plugins.options["cpu"]["threads"] = t;
