@@ -330,3 +330,89 @@ TEST_CASE("plexus bench comm over a communicator without a native baseline says 
           "# max overhead at >= 1 MiB: n/a (communicator 'threads' has no native baseline)"));
   CHECK_THAT(r.output, PLX_CONTAINS("# results checked: all correct"));
 }
+
+namespace {
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+TEST_CASE("plexus bench kernels times every candidate of the step and of GEMM shapes",
+          "[cpu][cli][tune]") {
+  TempDir dir("bench-kernels");
+  const fs::path json = dir.path / "k.json";
+  const Run r = run_plexus("bench kernels " + source_dir() + "/configs/simplecnn.toml --backend cpu " +
+                           "--set train.batch_size=8 --gemm 16x8x32,24 --budget-ms 1 --json " +
+                           json.string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("Training step of model 'simplecnn', batch 8, f32"));
+  CHECK_THAT(r.output, PLX_CONTAINS("conv2d_1  conv2d  f32[8x1x28x28] f32[16x1x3x3] f32[16] -> f32[8x16x26x26]"));
+  CHECK_THAT(r.output, PLX_CONTAINS("GEMMs as linear"));
+  const plexus::JsonValue j = plexus::parse_json(read_text(json));
+  CHECK(j.at("backend").string == "cpu");
+  const auto& rows = j.at("rows").items;
+  // conv2d_1 and conv2d_2 forward, their two weight gradients, two GEMMs.
+  REQUIRE(rows.size() == 6);
+  bool direct_timed = false, declined = false;
+  for (const auto& row : rows) {
+    for (const auto& k : row.at("kernels").items) {
+      if (k.find("ms")) CHECK(k.at("ms").number > 0);
+      if (k.at("kernel").string == "direct" && k.find("ms")) direct_timed = true;
+      if (const auto* e = k.find("error")) declined = declined || e->string.find("declined: ") == 0;
+    }
+    if (row.at("op").string == "linear") {
+      CHECK(row.at("where").string.rfind("gemm ", 0) == 0);
+      CHECK(row.at("kernels").items.at(0).at("kernel").string == "openblas");
+      CHECK(row.at("gflop").number > 0);
+    }
+  }
+  CHECK(direct_timed);  // the first layer's 9 taps
+  CHECK(declined);      // the second's 144 taps are too many for the direct kernel
+  CHECK(rows.at(4).at("where").string == "gemm 16x8x32");
+  CHECK(rows.at(5).at("where").string == "gemm 24x24x24");
+
+  const Run bad = run_plexus("bench kernels --gemm 12x3");
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, PLX_CONTAINS("--gemm: '12x3' has 2 sizes; expected N (square) or MxNxK"));
+}
+
+TEST_CASE("a run's manifest says how each kernel was chosen, and a second run takes the cache's",
+          "[cpu][cli][tune]") {
+  TempDir dir("tune-cli");
+  const std::string cache = (dir.path / "kernels.tsv").string();
+  const std::string cfg = (dir.path / "tune.toml").string();
+  std::ofstream(cfg) << "[model]\nname = \"simplecnn\"\n[data]\ndataset = \"synthetic\"\n"
+                        "synthetic_samples = 64\n[train]\nepochs = 1\nbatch_size = 16\neval = false\n"
+                        "[backend]\nname = \"cpu\"\ntune_cache = \""
+                     << cache << "\"\n[logging]\nprogress = \"none\"\n";
+  for (int run = 0; run < 2; ++run) {
+    const fs::path out = dir.path / ("run" + std::to_string(run));
+    const Run r = run_plexus("train " + cfg + " --set output.dir=\\\"" + out.string() + "\\\"");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const plexus::JsonValue m = plexus::parse_json(read_text(out / "manifest.json"));
+    const plexus::JsonValue& kc = m.at("kernel_choice");
+    CHECK(kc.at("side").string == "auto");
+    CHECK(kc.at("cache").string == cache);
+    // conv2d_1's weight gradient has two candidates (the convolutions are fused with their
+    // ReLUs, whose kernels the backend chooses).
+    REQUIRE(kc.at("nodes").items.size() >= 1);
+    const plexus::JsonValue& n = kc.at("nodes").items.at(0);
+    CHECK(n.at("op").string == "conv2d_backward_weight");
+    if (run == 0) {
+      CHECK(kc.at("tuned").integer >= 1);
+      CHECK(n.at("how").string == "tuned");
+      CHECK(n.at("ms").members.size() == 2);
+    } else {
+      CHECK(kc.at("tuned").integer == 0);
+      CHECK(n.at("how").string == "cached");
+    }
+  }
+  const Run info = run_plexus("info --config " + cfg);
+  CHECK_THAT(info.output, PLX_CONTAINS("Kernel candidates on cpu (backend.kernels = auto):"));
+  CHECK_THAT(info.output, PLX_CONTAINS("im2col_blas [library], direct [native]"));
+  CHECK_THAT(info.output, PLX_CONTAINS("in " + cache + ":"));
+  CHECK_THAT(info.output, PLX_CONTAINS("cpu conv2d_backward_weight f32[16x16x26x26],f32[16x1x28x28]->f32[16x1x3x3]"));
+}
