@@ -202,3 +202,42 @@ TEST_CASE("backend.kernels and backend.tune_cache are read from the config", "[c
   REQUIRE_THROWS_WITH(Config::parse("[backend]\nkernels = \"fast\"\n", "t.toml"),
                       PLX_CONTAINS("backend.kernels"));
 }
+
+// Inside a fused kernel the backend runs each node with the kernel the host chose for it
+// (plx_graph_node.kernel_hint): the tuner's with "auto", the forced side's first otherwise.
+TEST_CASE("a fused kernel runs its nodes on the kernels the host chose", "[cpu][tune][fusion]") {
+  for (KernelSide side : {KernelSide::Auto, KernelSide::Library, KernelSide::Native}) {
+    INFO(kernel_side_name(side));
+    RuntimeOptions o = with_testdev(side, "");
+    o.plugins.options["testgood"]["claims"] = "0,1";  // scale and relu as one kernel
+    Runtime rt(o);
+    Backend& dev = rt.backend("testdev");
+    auto slow_calls = reinterpret_cast<int64_t (*)()>(
+        dev.table().get_proc_address(dev.table().ctx, "testgood.slow_scale_calls"));
+    REQUIRE(slow_calls != nullptr);
+    Graph g(rt.ops());
+    const Var x = g.input("x", {PLX_F32, {32}});
+    const Var s = g.add1("testgood.scale", {x}, {}, "s");
+    g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+    TensorStore store;
+    Executable exe(dev, g, store);
+    REQUIRE(exe.plan().fused_kernels == 1);
+    const int64_t before = slow_calls();
+    std::vector<float> xs(32);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 16;
+    exe.tensor("x").copy_from_host(xs.data());
+    for (int run = 0; run < 3; ++run) exe.run();
+    exe.sync();
+    const std::vector<float> y = exe.tensor("y").to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == std::max(0.0f, 2 * xs[i]));
+    // The library side runs the slow kernel; auto and native the fast one.
+    CHECK(slow_calls() - before == (side == KernelSide::Library ? 3 : 0));
+    const auto choices = exe.kernel_choices();
+    REQUIRE(choices.size() == 1);
+    CHECK(choices[0].node == "s");
+    CHECK(choices[0].impl == (side == KernelSide::Library ? "test-scale-slow" : "test-scale"));
+    CHECK(choices[0].choice.how ==
+          (side == KernelSide::Auto ? KernelChoice::How::Tuned : KernelChoice::How::Ordered));
+    CHECK_THAT(exe.kernel_names().at(0), PLX_CONTAINS("; s on " + choices[0].impl));
+  }
+}

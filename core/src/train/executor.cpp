@@ -81,12 +81,21 @@ void initialize(Tensor& t, const InitSpec& init, uint64_t seed, std::string_view
 
 // ---- the executable ----
 
+// A node inside a fused kernel whose kernel the host chose among several (kernel_hint).
+struct MemberChoice {
+  int32_t node = -1;
+  std::string impl;
+  bool library = false;
+  KernelChoice choice;
+};
+
 struct Executable::Step {
   int32_t node = -1;           // the node it runs; a fused step: its group's last node
   std::vector<int32_t> fused;  // a fused step: every node it runs, in graph order
   std::string label;           // a fused step: for errors
   std::unique_ptr<PreparedKernel> kernel;
   KernelChoice choice;  // how the kernel was chosen among the backend's
+  std::vector<MemberChoice> members;  // a fused step: its nodes' chosen kernels
   std::vector<Var> in_vars, out_vars;  // the values bound to in and out (invalid: absent)
   std::vector<plx_tensor> in, out;
 };
@@ -96,6 +105,7 @@ struct Executable::Fused {
   std::string name;            // the backend's
   std::vector<Var> in, out;    // the values crossing its boundary, in compute() order
   std::unique_ptr<PreparedKernel> kernel;
+  std::vector<MemberChoice> members;
 };
 
 namespace {
@@ -276,6 +286,29 @@ std::vector<Executable::Fused> Executable::fuse() {
           out_ids.push_back(v.id);
       }
     }
+    // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first),
+    // for the backend to run inside the fused kernel.
+    for (size_t k = 0; k < f.nodes.size(); ++k) {
+      const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
+      if (!node.schema) continue;
+      std::vector<plx_tensor> nin, nout;
+      for (Var v : node.inputs) nin.push_back(v.valid() ? values[static_cast<size_t>(v.id)] : Tensor().view());
+      for (Var v : node.outputs) nout.push_back(values[static_cast<size_t>(v.id)]);
+      const int32_t dt = nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
+      if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
+      KernelResolution r;
+      try {
+        r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune);
+      } catch (const std::exception& e) {
+        rethrow_for_node(e, node);
+      }
+      if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
+      const plx_kernel* chosen = &r.kernel->kernel();
+      for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
+        if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
+      f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?", is_library_kernel(*chosen),
+                           std::move(r.choice)});
+    }
     plx_graph_view sv = view;
     sv.nodes = sub.data();
     sv.num_nodes = static_cast<int32_t>(sub.size());
@@ -394,6 +427,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       st.in_vars = f.in;
       st.out_vars = f.out;
       st.kernel = std::move(f.kernel);
+      st.members = std::move(f.members);
       st.label = "fused kernel '" + f.name + "'";
       descs(st);
     } else {
@@ -697,18 +731,22 @@ std::vector<std::string> Executable::kernel_names() const {
       what += "]";
     }
     what += ": " + backend_.name() + "/" + (impl ? impl : "?");
-    const KernelChoice& c = st.choice;
-    if (c.how == KernelChoice::How::Tuned) {
-      what += " (tuned:";
-      for (size_t i = 0; i < c.times.size(); ++i) {
-        char ms[32];
-        std::snprintf(ms, sizeof ms, "%.4g ms", c.times[i].ms);
-        what += (i ? ", " : " ") + c.times[i].impl + " " + (c.times[i].ms >= 0 ? ms : "failed");
+    auto how = [](const KernelChoice& c) -> std::string {
+      if (c.how == KernelChoice::How::Tuned) {
+        std::string s = " (tuned:";
+        for (size_t i = 0; i < c.times.size(); ++i) {
+          char ms[32];
+          std::snprintf(ms, sizeof ms, "%.4g ms", c.times[i].ms);
+          s += (i ? ", " : " ") + c.times[i].impl + " " + (c.times[i].ms >= 0 ? ms : "failed");
+        }
+        return s + ")";
       }
-      what += ")";
-    } else if (c.how != KernelChoice::How::Only) {
-      what += std::string(" (") + choice_how_name(c.how) + ")";
-    }
+      if (c.how != KernelChoice::How::Only) return std::string(" (") + choice_how_name(c.how) + ")";
+      return "";
+    };
+    what += how(st.choice);
+    for (const MemberChoice& m : st.members)
+      what += "; " + graph_.nodes()[static_cast<size_t>(m.node)].name + " on " + m.impl + how(m.choice);
     out.push_back(std::move(what));
   }
   return out;
@@ -717,6 +755,11 @@ std::vector<std::string> Executable::kernel_names() const {
 std::vector<Executable::KernelReport> Executable::kernel_choices() const {
   std::vector<KernelReport> out;
   for (const Step& st : steps_) {
+    for (const MemberChoice& m : st.members) {
+      const GraphNode& node = graph_.nodes()[static_cast<size_t>(m.node)];
+      if (m.choice.how != KernelChoice::How::Only)
+        out.push_back({node.name, node.schema->name, m.impl, m.library, m.choice});
+    }
     if (st.choice.how == KernelChoice::How::Only) continue;
     const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
     const plx_kernel& k = st.kernel->kernel();

@@ -67,7 +67,12 @@ typedef struct plx_graph_node {
   int32_t num_inputs;
   int32_t num_outputs;
   int32_t num_attrs;
-  int32_t reserved0;
+  /* In create_fused's view: 1 + the index (get_kernel) of the kernel the host chose for this
+   * node among the backend's candidates (backend.kernels: the tuner's choice, or the forced
+   * side's first), for the backend to use inside the fused kernel; 0: no choice, the backend's
+   * own order. Hosts before it leave it 0 (it was reserved); backends may ignore it. 0 in
+   * get_capability's view. */
+  int32_t kernel_hint;
 } plx_graph_node;
 
 typedef struct plx_graph_view {

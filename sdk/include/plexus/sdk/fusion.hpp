@@ -151,10 +151,17 @@ class OwnedNodeInfo {
 // type input is not input 0, docs/ops.md, create the kernel yourself.)
 class NodeKernel {
  public:
-  NodeKernel(Backend& backend, const plx_node_info& node) {
+  // `hint`: plx_graph_node.kernel_hint, the host's choice among the backend's kernels (tried
+  // first when it is a kernel of this op and dtype); 0: the registration order alone.
+  NodeKernel(Backend& backend, const plx_node_info& node, int32_t hint = 0) {
     const int32_t dtype = node.num_inputs > 0 ? node.inputs[0].dtype : PLX_F32;
     std::string declines;
-    for (const plx_kernel* k : backend.kernels().find(node.op, dtype)) {
+    std::vector<const plx_kernel*> order = backend.kernels().find(node.op, dtype);
+    if (const plx_kernel* h = hint > 0 ? backend.kernels().get(hint - 1) : nullptr) {
+      auto it = std::find(order.begin(), order.end(), h);
+      if (it != order.end()) std::rotate(order.begin(), it, it + 1);
+    }
+    for (const plx_kernel* k : order) {
       void* state = nullptr;
       uint64_t ws = 0;
       const plx_status s = k->create(static_cast<void*>(&backend), k->user, &node, &state, &ws);
@@ -373,7 +380,7 @@ class EpilogueChain final : public Kernel {
     for (int32_t n = 0; n < v.num_nodes; ++n) {
       OwnedNodeInfo info(g, n);
       Step st;
-      st.kernel = std::make_unique<NodeKernel>(backend, info.get());
+      st.kernel = std::make_unique<NodeKernel>(backend, info.get(), v.nodes[n].kernel_hint);
       flags_ &= st.kernel->table().flags;
       workspace_ = std::max(workspace_, st.kernel->workspace_bytes());
       const plx_graph_node& node = v.nodes[n];
