@@ -6,12 +6,14 @@
 //    all parameters, up to kMultiTensorCapacity tensors per launch, instead of one launch per
 //    parameter;
 //  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
-//    (ops/gemm.cpp);
+//    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
+//    own GEMM): then a chain, as below;
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm or
 //    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
 //    the activation runs there in place (sdk::EpilogueChain), so the pre-activation tensor is
 //    never allocated.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common.hpp"
@@ -166,7 +168,12 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   }
   std::string name;
   for (int32_t n = 0; n < g.num_nodes(); ++n) name += (n ? "+" : "") + std::string(g.node(n).op);
-  if (g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu")) {
+  // The host's choice for the linear node (kernel_hint): cuBLASLt's epilogue when it chose
+  // cuBLASLt or nothing; another kernel (our own GEMM) runs as a chain with the ReLU in place.
+  const int32_t hint = g.node(0).kernel_hint;
+  const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
+  const bool lt = !hinted || std::string_view(hinted->impl) == "cublaslt";
+  if (g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu") && lt) {
     uint32_t flags = 0;
     auto k = make_linear_relu(*this, g, b, flags);
     fused_.give("linear+relu:cublaslt-epilogue", dtype, flags, std::move(k), kernel, state,
