@@ -29,9 +29,13 @@
 // - Pointers are only known in compute(). Operands that are not 16-byte aligned (a view into the
 //   middle of a tensor) go to a plain SIMT kernel with the same epilogue (simt_gemm_kernel), so a
 //   misaligned call is slow, never wrong.
-// - Deterministic (each output is summed by one thread in a fixed order: no split-K, no atomics)
-//   and capturable (compute() only launches). Shared memory beyond 48 KiB is opted into once, at
+// - Split-K (the "mma_sync_32x32x64_splitk" candidate, for outputs too small to fill the
+//   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and a second
+//   kernel adds the splits in order and applies the epilogue. No atomics anywhere.
+// - Deterministic (each output is summed in a fixed order that depends only on the shape) and
+//   capturable (compute() only launches). Shared memory beyond 48 KiB is opted into once, at
 //   creation.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -113,6 +117,13 @@ struct MmaArgs {
   int64_t sa, sb, sy;     // batch strides (elements); 0 for an operand the batch shares
   float alpha;
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
+  // Split-K: grid z is batch x splits, split s sums K in [s·k_split, (s + 1)·k_split) into
+  // partial[(s·batch + z) M N ...] (f32, no epilogue), and splitk_reduce_kernel finishes.
+  // Without it: splits = 1, k_split >= K, partial unused.
+  int64_t batch;
+  int64_t k_split;  // a multiple of BK
+  int32_t splits;
+  float* partial;
 };
 
 // ---- PTX wrappers (sm_80 and later) ----
@@ -260,7 +271,7 @@ extern __shared__ __align__(16) unsigned char mma_smem[];
 
 // AK: A is K-major (else M-major). BKM: B is K-major (else N-major). Grid: x over M tiles, y
 // over N tiles, z over the batch.
-template <class T, class TL, bool AK, bool BKM, MmaAct ACT>
+template <class T, class TL, bool AK, bool BKM, MmaAct ACT, bool SPLIT>
 __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
     mma_gemm_kernel(const MmaArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -278,14 +289,19 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
   const int warp_m = warp % C::WARPS_M, warp_n = warp / C::WARPS_M;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * BM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * BN;
-  const int64_t z = blockIdx.z;
+  const int64_t split = static_cast<int64_t>(blockIdx.z) % p.splits;
+  const int64_t z = static_cast<int64_t>(blockIdx.z) / p.splits;
   const T* A = static_cast<const T*>(p.a) + z * p.sa;
   const T* B = static_cast<const T*>(p.b) + z * p.sb;
   T* Y = static_cast<T*>(p.y) + z * p.sy;
   const int64_t M = p.M, N = p.N, K = p.K;
+  // This block's K range. k_split is a multiple of BK, so no tile straddles two splits and the
+  // only bound a chunk needs is K itself.
+  const int64_t k_begin = split * p.k_split;
+  const int64_t k_end = k_begin + p.k_split < K ? k_begin + p.k_split : K;
 
   auto load_stage = [&](int stage, int64_t kt) {
-    const int64_t k0 = kt * BK;
+    const int64_t k0 = k_begin + kt * BK;
     T* a = sA + stage * kAElems;
     T* b = sB + stage * kBElems;
     if constexpr (AK)
@@ -306,7 +322,7 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  const int64_t ktiles = (K + BK - 1) / BK;
+  const int64_t ktiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
   // Prologue: tiles 0 .. S-2 in flight, one commit group each (empty past the end, so that the
   // count of groups, and with it wait_group's meaning, is the same in every thread and step).
 #pragma unroll
@@ -419,19 +435,46 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
   cp_async_wait<0>();  // only empty groups can be left; drain them before the block exits
 
   // Accumulator fragment (both shapes): c0, c1 at row g, columns 2t, 2t + 1; c2, c3 at row g + 8.
-  const T* bias = static_cast<const T*>(p.bias);
   const int g = lane >> 2, t = lane & 3;
+  if constexpr (SPLIT) {
+    // Raw f32 sums into this split's slice; pairs as one 8-byte store where aligned (always,
+    // for an aligned workspace and even N: col is even).
+    float* part = p.partial + (split * p.batch + z) * M * N;
 #pragma unroll
-  for (int mi = 0; mi < C::MI; ++mi) {
+    for (int mi = 0; mi < C::MI; ++mi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = m0 + warp_m * C::WM + mi * 16 + g + 8 * h;
-      if (row >= M) continue;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = m0 + warp_m * C::WM + mi * 16 + g + 8 * h;
+        if (row >= M) continue;
 #pragma unroll
-      for (int ni = 0; ni < C::NI; ++ni) {
-        const int64_t col = n0 + warp_n * C::WN + ni * 8 + 2 * t;
-        if (col >= N) continue;
-        store_pair<T, ACT>(p, Y, bias, row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        for (int ni = 0; ni < C::NI; ++ni) {
+          const int64_t col = n0 + warp_n * C::WN + ni * 8 + 2 * t;
+          if (col >= N) continue;
+          float* out = part + row * N + col;
+          if (col + 1 < N && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+            *reinterpret_cast<float2*>(out) =
+                make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          } else {
+            out[0] = acc[mi][ni][2 * h];
+            if (col + 1 < N) out[1] = acc[mi][ni][2 * h + 1];
+          }
+        }
+      }
+    }
+  } else {
+    const T* bias = static_cast<const T*>(p.bias);
+#pragma unroll
+    for (int mi = 0; mi < C::MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = m0 + warp_m * C::WM + mi * 16 + g + 8 * h;
+        if (row >= M) continue;
+#pragma unroll
+        for (int ni = 0; ni < C::NI; ++ni) {
+          const int64_t col = n0 + warp_n * C::WN + ni * 8 + 2 * t;
+          if (col >= N) continue;
+          store_pair<T, ACT>(p, Y, bias, row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
       }
     }
   }
@@ -475,6 +518,23 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
 }
 
+// The end of a split-K GEMM: y = act(alpha · sum of the splits' partials, in split order, +
+// bias), one rounding. y is contiguous, so element i of the batch's outputs is y[i].
+template <class T, MmaAct ACT>
+__global__ void splitk_reduce_kernel(const MmaArgs p) {
+  const int64_t mn = p.M * p.N, total = p.batch * mn;
+  const float* part = p.partial;
+  T* Y = static_cast<T*>(p.y);
+  const T* bias = static_cast<const T*>(p.bias);
+  PLX_GRID_STRIDE(i, total) {
+    float v = 0.f;
+    for (int32_t s = 0; s < p.splits; ++s) v += part[s * total + i];
+    v *= p.alpha;
+    if (bias) v += to_accum<T>(bias[i % p.N]);
+    Y[i] = from_accum<T>(activate<ACT>(v));
+  }
+}
+
 // ---- host side ----
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -494,15 +554,15 @@ using SimtFn = void (*)(MmaArgs, int64_t, int64_t, int64_t, int64_t);
 
 // The activations are only for linear (both operands K-major): the other layouts are built
 // for MmaAct::None alone.
-template <class T, class TL, MmaAct ACT>
+template <class T, class TL, MmaAct ACT, bool SPLIT>
 MmaFn pick_kernel(bool ak, bool bk) {
-  if (ak && bk) return mma_gemm_kernel<T, TL, true, true, ACT>;
+  if (ak && bk) return mma_gemm_kernel<T, TL, true, true, ACT, SPLIT>;
   if constexpr (ACT != MmaAct::None) {
     throw sdk::Unsupported("an epilogue activation needs both operands K-major (linear)");
   } else {
-    if (ak) return mma_gemm_kernel<T, TL, true, false, ACT>;
-    if (bk) return mma_gemm_kernel<T, TL, false, true, ACT>;
-    return mma_gemm_kernel<T, TL, false, false, ACT>;
+    if (ak) return mma_gemm_kernel<T, TL, true, false, ACT, SPLIT>;
+    if (bk) return mma_gemm_kernel<T, TL, false, true, ACT, SPLIT>;
+    return mma_gemm_kernel<T, TL, false, false, ACT, SPLIT>;
   }
 }
 template <class T, class TL>
@@ -514,9 +574,17 @@ int smem_for(bool ak, bool bk) {
   return C::template smem_bytes<false, false>();
 }
 
-// The launch of one MmaShape with tile TL and activation ACT: checks at creation whether the
-// kernel can take it (declining otherwise), then launches with no further checks.
-template <class T, class TL, MmaAct ACT>
+// Split-K (the "_splitk" candidate): only when the output tiles alone leave the device idle.
+// Enough splits for about two blocks per SM, at least kMinTilesPerSplit K tiles each (fewer
+// would leave the pipeline nothing to overlap), at most kMaxSplits (each split adds M·N f32 of
+// workspace and of reduction reads).
+constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int64_t kMaxSplits = 16;
+
+// The launch of one MmaShape with tile TL and activation ACT (and split K with SPLIT): checks
+// at creation whether the kernel can take it (declining otherwise), then launches with no
+// further checks.
+template <class T, class TL, MmaAct ACT, bool SPLIT>
 class MmaPlan {
  public:
   using C = Cfg<T, TL>;
@@ -554,15 +622,40 @@ class MmaPlan {
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %s needs %d bytes of shared memory, the device allows %zu", op,
                        TL::kName, smem_, static_cast<size_t>(ctx.prop.sharedMemPerBlockOptin));
-    kernel_ = pick_kernel<T, TL, ACT>(s.a_kmajor, s.b_kmajor);
+    if constexpr (SPLIT) {
+      const int64_t blocks = ((s.M + C::BM - 1) / C::BM) * ((s.N + C::BN - 1) / C::BN) * s.batch;
+      const int64_t ktiles = (s.K + C::BK - 1) / C::BK;
+      PLX_DECLINE_UNLESS(blocks > 0 && ktiles > 0, "%s: nothing to split", op);
+      const int64_t sms = ctx.prop.multiProcessorCount;
+      const int64_t want = (2 * sms + blocks - 1) / blocks;
+      const int64_t splits = std::min({want, ktiles / kMinTilesPerSplit, kMaxSplits});
+      PLX_DECLINE_UNLESS(splits >= 2,
+                         "%s: %lld output tiles fill %lld SMs without splitting K, or K has "
+                         "too few tiles (%lld)",
+                         op, static_cast<long long>(blocks), static_cast<long long>(sms),
+                         static_cast<long long>(ktiles));
+      const int64_t per = (ktiles + splits - 1) / splits;  // K tiles per split
+      k_split_ = per * C::BK;
+      splits_ = static_cast<int32_t>((ktiles + per - 1) / per);  // none left empty
+      PLX_DECLINE_UNLESS(splits_ >= 2 && s.batch * splits_ <= 65535,
+                         "%s: %d splits of a batch of %lld do not fit the grid", op, splits_,
+                         static_cast<long long>(s.batch));
+      workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
+                   sizeof(float);
+    }
+    kernel_ = pick_kernel<T, TL, ACT, SPLIT>(s.a_kmajor, s.b_kmajor);
     // Once per kernel and device: the attribute stays set for every later launch.
     if (smem_ > 48 * 1024)
       PLX_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_),
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
   }
 
-  // y (batch, M, N) from a, b (and bias, null if none), on `stream`.
-  void run(const void* a, const void* b, void* y, const void* bias, cudaStream_t stream) const {
+  // f32 partial sums of the splits (0 without split-K).
+  uint64_t workspace_bytes() const { return workspace_; }
+
+  // y (batch, M, N) from a, b (and bias, null if none), on `stream`; ws: workspace_bytes().
+  void run(const void* a, const void* b, void* y, const void* bias, void* ws,
+           cudaStream_t stream) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
     MmaArgs p{};
     p.a = a, p.b = b, p.y = y, p.bias = s_.bias ? bias : nullptr;
@@ -572,15 +665,24 @@ class MmaPlan {
     p.ldy = s_.N;
     p.sa = s_.sa, p.sb = s_.sb, p.sy = s_.M * s_.N;
     p.alpha = s_.alpha;
+    p.batch = s_.batch;
+    p.splits = splits_;
+    p.k_split = SPLIT ? k_split_ : s_.K;
+    p.partial = static_cast<float*>(ws);
     // Two columns at once need y's row starts (and batch entries) aligned to two elements.
     p.pair = s_.N % 2 == 0 &&
              reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
     if (aligned16(a) && aligned16(b)) {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
-                      static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z);
+                      static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z * splits_);
       kernel_<<<grid, C::kThreads, static_cast<size_t>(smem_), stream>>>(p);
+      if constexpr (SPLIT) {
+        PLX_CUDA_LAUNCH_CHECK();
+        splitk_reduce_kernel<T, ACT><<<grid_for(s_.batch * s_.M * s_.N), kBlock, 0, stream>>>(p);
+      }
     } else {
+      // One pass, no partials: the fallback sums all of K itself.
       const int64_t sam = s_.a_kmajor ? p.lda : 1, sak = s_.a_kmajor ? 1 : p.lda;
       const int64_t sbk = s_.b_kmajor ? 1 : p.ldb, sbn = s_.b_kmajor ? p.ldb : 1;
       const dim3 grid(static_cast<unsigned>((s_.M + kSimtTile - 1) / kSimtTile),
@@ -595,6 +697,9 @@ class MmaPlan {
   int32_t device_;
   int smem_ = 0;
   MmaFn kernel_ = nullptr;
+  int32_t splits_ = 1;
+  int64_t k_split_ = 0;
+  uint64_t workspace_ = 0;
 };
 
 void require_dtype(const plx_tensor& t, plx_dtype d, const char* op, const char* what) {
@@ -605,15 +710,17 @@ void require_dtype(const plx_tensor& t, plx_dtype d, const char* op, const char*
 // y (..., M, N) = alpha op(a) op(b): one GEMM when the batch folds into rows or is 1, a strided
 // batch (grid z) when each operand's batch dims are all full or all broadcast; declines batch
 // dims that broadcast partially (cuBLASLt's kernel loops over those).
-template <class T, class TL>
+template <class T, class TL, bool SPLIT>
 class MmaMatmul final : public Kernel {
  public:
   MmaMatmul(const NodeInfo& node, CudaBackend& backend)
       : device_(node.device()), plan_(shape(node), device_, backend, "matmul") {}
 
+  uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
+
   void compute(const KernelCall& c) override {
     use_device(device_);
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, nullptr, native(c.stream));
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, nullptr, c.workspace, native(c.stream));
   }
 
  private:
@@ -656,22 +763,24 @@ class MmaMatmul final : public Kernel {
   }
 
   int32_t device_;
-  MmaPlan<T, TL, MmaAct::None> plan_;
+  MmaPlan<T, TL, MmaAct::None, SPLIT> plan_;
 };
 
 // y (..., out) = act(x (..., in) wᵀ + b): one GEMM over all rows of x, the bias and the
 // activation in the epilogue. Registered with MmaAct::None; the other activations are for fused
 // linear -> activation groups (make_mma_linear).
-template <class T, class TL, MmaAct ACT>
+template <class T, class TL, MmaAct ACT, bool SPLIT>
 class MmaLinear final : public Kernel {
  public:
   MmaLinear(const NodeInfo& node, CudaBackend& backend)
       : device_(node.device()), plan_(shape(node), device_, backend, "linear") {}
 
+  uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
+
   void compute(const KernelCall& c) override {
     use_device(device_);
     const void* bias = c.has_in(2) ? c.in(2).data : nullptr;
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, native(c.stream));
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, c.workspace, native(c.stream));
   }
 
  private:
@@ -696,20 +805,20 @@ class MmaLinear final : public Kernel {
   }
 
   int32_t device_;
-  MmaPlan<T, TL, ACT> plan_;
+  MmaPlan<T, TL, ACT, SPLIT> plan_;
 };
 
 template <class T, class TL>
 std::unique_ptr<Kernel> make_linear_for(const NodeInfo& node, CudaBackend& backend, MmaAct act) {
   switch (act) {
     case MmaAct::None:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::None>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::None, false>>(node, backend);
     case MmaAct::Relu:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::Relu>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::Relu, false>>(node, backend);
     case MmaAct::Gelu:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::Gelu>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::Gelu, false>>(node, backend);
     case MmaAct::GeluTanh:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::GeluTanh>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::GeluTanh, false>>(node, backend);
   }
   throw sdk::Unsupported("linear: unknown epilogue activation");
 }
@@ -723,18 +832,23 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
   throw sdk::Unsupported(sdk::format("linear: no Tensor Core tile named '%s'", tile.c_str()));
 }
 
-template <class T, class TL>
-void add_tile(KernelRegistry& r, uint32_t flags) {
+template <class T, class TL, bool SPLIT>
+void add_tile(KernelRegistry& r, const char* name, uint32_t flags) {
   constexpr plx_dtype d = dtype_v<T>;
-  r.add<MmaMatmul<T, TL>, CudaBackend>("matmul", d, TL::kName, flags);
-  r.add<MmaLinear<T, TL, MmaAct::None>, CudaBackend>("linear", d, TL::kName, flags);
+  r.add<MmaMatmul<T, TL, SPLIT>, CudaBackend>("matmul", d, name, flags);
+  r.add<MmaLinear<T, TL, MmaAct::None, SPLIT>, CudaBackend>("linear", d, name, flags);
 }
+
+// The split-K candidate: the small tile with K spread over grid z, for outputs too small to
+// fill the device (128 x 128 is 16 blocks of 32 x 32); it declines the shapes that need no split.
+constexpr const char* kSplitName = "mma_sync_32x32x64_splitk";
 
 template <class T>
 void add_dtype(KernelRegistry& r, uint32_t flags) {
-  add_tile<T, TileLarge>(r, flags);
-  add_tile<T, TileMid>(r, flags);
-  add_tile<T, TileSmall>(r, flags);
+  add_tile<T, TileLarge, false>(r, TileLarge::kName, flags);
+  add_tile<T, TileMid, false>(r, TileMid::kName, flags);
+  add_tile<T, TileSmall, false>(r, TileSmall::kName, flags);
+  add_tile<T, TileSmall, true>(r, kSplitName, flags);
 }
 
 }  // namespace
@@ -760,7 +874,8 @@ std::unique_ptr<Kernel> make_mma_linear(const NodeInfo& node, CudaBackend& backe
 }
 
 void register_mma_gemm(KernelRegistry& r) {
-  // No PLX_KERNEL_LIBRARY: these are the "native" side of backend.kernels.
+  // No PLX_KERNEL_LIBRARY: these are the "native" side of backend.kernels. Split-K stays
+  // deterministic: the partials are summed in split order by one thread per output.
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   add_dtype<bf16>(r, f);
   add_dtype<f16>(r, f);
