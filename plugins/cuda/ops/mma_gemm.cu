@@ -269,8 +269,9 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int64_t 
 
 extern __shared__ __align__(16) unsigned char mma_smem[];
 
-// AK: A is K-major (else M-major). BKM: B is K-major (else N-major). Grid: x over M tiles, y
-// over N tiles, z over the batch.
+// AK: A is K-major (else M-major). BKM: B is K-major (else N-major). SPLIT: write the raw sums
+// of this block's K range to p.partial (split-K) instead of the epilogue. Grid: x over M tiles,
+// y over N tiles, z over batch x splits (split = z % splits).
 template <class T, class TL, bool AK, bool BKM, MmaAct ACT, bool SPLIT>
 __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
     mma_gemm_kernel(const MmaArgs p) {
