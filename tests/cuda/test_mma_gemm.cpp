@@ -112,7 +112,7 @@ std::vector<GemmCase> gemm_cases() {
   mm({80, 96}, {136, 80}, 1, 1);
   mm({33, 24}, {24, 40}, 0, 0, 0.5);
   mm({200, 264}, {264, 72}, 0, 0, -2);
-  mm({136, 8}, {8, 200}, 1, 0);
+  mm({8, 136}, {8, 200}, 1, 0);  // K = 8, a quarter of one K tile
   mm({10, 16}, {10, 24}, 1, 0);  // K = 10 is no operand's contiguous dimension here
   mm({3, 0}, {0, 8}, 0, 0);  // K = 0: zeros
   mm({0, 8}, {8, 16}, 0, 0);
