@@ -38,7 +38,7 @@ struct GemmCase {
   Shape a, b;      // matmul: a, b; linear: x, w
   int64_t ta = 0, tb = 0;
   double alpha = 1;
-  bool bias = false;  // linear
+  bool bias = false;     // linear
   bool decline = false;  // every Tensor Core candidate must decline it
   // Offsets (in elements) of the first input and of the output inside their buffers: 1 makes
   // them misaligned (the first input then goes to the SIMT fallback).
@@ -114,7 +114,7 @@ std::vector<GemmCase> gemm_cases() {
   mm({200, 264}, {264, 72}, 0, 0, -2);
   mm({8, 136}, {8, 200}, 1, 0);  // K = 8, a quarter of one K tile
   mm({10, 16}, {10, 24}, 1, 0);  // K = 10 is no operand's contiguous dimension here
-  mm({3, 0}, {0, 8}, 0, 0);  // K = 0: zeros
+  mm({3, 0}, {0, 8}, 0, 0);      // K = 0: zeros
   mm({0, 8}, {8, 16}, 0, 0);
   // The square shapes of the large tile.
   mm({1024, 1024}, {1024, 1024}, 0, 0);
@@ -309,8 +309,8 @@ TEST_CASE("every cuda tensor core gemm candidate matches the cpu", "[cuda]") {
         // f32 without TF32: every candidate declines. With TF32 on, as 16-bit.
         for (bool tf32 : d == PLX_F32 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
           cuda::set_tf32(gpu, tf32);
-          const std::string label = c.what() + " [" + dtype_name(d) + ", " + k->impl +
-                                    (tf32 ? ", tf32" : "") + "]";
+          const std::string label =
+              c.what() + " [" + dtype_name(d) + ", " + k->impl + (tf32 ? ", tf32" : "") + "]";
           INFO(label);
           if (c.decline) {
             const Outcome o = run_candidate(gpu, k, c, in, want, tf32);

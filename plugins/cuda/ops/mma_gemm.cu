@@ -74,7 +74,7 @@ struct Cfg {
   static constexpr int WARPS_M = TL::WARPS_M, WARPS_N = TL::WARPS_N;
   static constexpr int kThreads = WARPS_M * WARPS_N * 32;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // a warp's outputs
-  static constexpr int MI = WM / 16, NI = WN / 8;              // its m16n8 MMA tiles
+  static constexpr int MI = WM / 16, NI = WN / 8;             // its m16n8 MMA tiles
   static constexpr bool kF32 = sizeof(T) == 4;
   static constexpr int kStages = kF32 ? TL::kStages32 : TL::kStages16;
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per cp.async
@@ -218,7 +218,7 @@ __device__ __forceinline__ float activate(float x) {
 // col + 1 < N; v0, v1 are the raw sums.
 template <class T, MmaAct ACT>
 __device__ __forceinline__ void store_pair(const MmaArgs& p, T* y, const T* bias, int64_t row,
-                                          int64_t col, float v0, float v1) {
+                                           int64_t col, float v0, float v1) {
   const bool two = col + 1 < p.N;
   v0 *= p.alpha;
   v1 *= p.alpha;
@@ -273,8 +273,7 @@ extern __shared__ __align__(16) unsigned char mma_smem[];
 // of this block's K range to p.partial (split-K) instead of the epilogue. Grid: x over M tiles,
 // y over N tiles, z over batch x splits (split = z % splits).
 template <class T, class TL, bool AK, bool BKM, MmaAct ACT, bool SPLIT>
-__global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
-    mma_gemm_kernel(const MmaArgs p) {
+__global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const MmaArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async, ldmatrix and these MMAs need sm_80; the host declines older devices
 #else
@@ -405,12 +404,16 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads)
         // is a scalar shared load (conflict-free, see kPadK / kPadMN).
         const int g = lane >> 2, t = lane & 3;
         auto a_at = [&](int m, int k) -> float {
-          if constexpr (AK) return a_s[m * C::kLdK + k];
-          else return a_s[k * C::kLdM + m];
+          if constexpr (AK)
+            return a_s[m * C::kLdK + k];
+          else
+            return a_s[k * C::kLdM + m];
         };
         auto b_at = [&](int n, int k) -> float {
-          if constexpr (BKM) return b_s[n * C::kLdK + k];
-          else return b_s[k * C::kLdN + n];
+          if constexpr (BKM)
+            return b_s[n * C::kLdK + k];
+          else
+            return b_s[k * C::kLdN + n];
         };
 #pragma unroll
         for (int mi = 0; mi < C::MI; ++mi) {
@@ -538,7 +541,9 @@ __global__ void splitk_reduce_kernel(const MmaArgs p) {
 
 // ---- host side ----
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // One GEMM (or a strided batch of them) as the kernels see it, fixed at creation.
 struct MmaShape {
@@ -617,8 +622,7 @@ class MmaPlan {
                        static_cast<long long>(s.batch));
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with cp.async needs sm_80 or newer",
-                       op);
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with cp.async needs sm_80 or newer", op);
     smem_ = smem_for<T, TL>(s.a_kmajor, s.b_kmajor);
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %s needs %d bytes of shared memory, the device allows %zu", op,
@@ -671,8 +675,7 @@ class MmaPlan {
     p.k_split = SPLIT ? k_split_ : s_.K;
     p.partial = static_cast<float*>(ws);
     // Two columns at once need y's row starts (and batch entries) aligned to two elements.
-    p.pair = s_.N % 2 == 0 &&
-             reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
+    p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
     if (aligned16(a) && aligned16(b)) {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
