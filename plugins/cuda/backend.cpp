@@ -80,6 +80,9 @@ CudaBackend::CudaBackend(CudaOptions options) : sdk::Backend("cuda"), options_(s
   register_norm(kernels());
   register_pool(kernels());
   register_gemm(kernels());
+  // After cuBLASLt: without the autotuner the first accepting kernel wins, so ours only run
+  // when the tuner or backend.kernels = "native" picks them.
+  register_mma_gemm(kernels());
   register_conv(kernels());
 }
 

@@ -174,6 +174,7 @@ void register_softmax(KernelRegistry& r);      // softmax, log_softmax, cross-en
 void register_norm(KernelRegistry& r);         // batch_norm, layer_norm
 void register_pool(KernelRegistry& r);         // max/avg pooling
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
+void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)
 
 // The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.

@@ -1,0 +1,26 @@
+// Our own Tensor Core GEMM (ops/mma_gemm.cu): the pieces other host code may use beside the
+// registered matmul and linear candidates.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace plexus::cuda {
+
+// The activation the kernel's epilogue applies after the bias, before the one rounding to the
+// output dtype (the formulas and NaN behaviour of the relu and gelu ops).
+enum class MmaAct { None, Relu, Gelu, GeluTanh };
+
+// The tile configurations, as their impl names ("mma_sync_128x128x32", ...).
+std::vector<std::string> mma_tile_names();
+
+// A linear node's kernel on the Tensor Core GEMM with tile `tile` (one of mma_tile_names()) and
+// `act` applied in the epilogue, for a fused linear -> activation group. Throws Unsupported
+// (a decline) where the registered linear candidate of that tile would.
+std::unique_ptr<Kernel> make_mma_linear(const NodeInfo& node, CudaBackend& backend,
+                                        const std::string& tile, MmaAct act);
+
+}  // namespace plexus::cuda
