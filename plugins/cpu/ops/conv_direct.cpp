@@ -69,14 +69,91 @@ class DirectConv2dKernel final : public Kernel {
 
  public:
   explicit DirectConv2dKernel(const NodeInfo& node)
-      : g_((require_4d(node), node.input(0)), node.input(1), node), has_bias_(node.has_input(2)) {}
+      : g_((require_4d(node), node.input(0)), node.input(1), node), has_bias_(node.has_input(2)) {
+    wide_ = g_.sh == 1 && g_.sw == 1;
+    Hp_ = g_.H + 2 * g_.ph;
+    Wp_ = g_.W + 2 * g_.pw;
+    workers_ = std::max<int64_t>(1, std::min<int64_t>(threads(), g_.N));
+  }
+
+  // Stride 1: per worker, the image zero-padded (C planes of Hp·Wp, plus the slack the last
+  // taps read past the end) and one output plane of accumulators OH·Wp wide.
+  uint64_t workspace_bytes() const override {
+    return wide_ ? static_cast<uint64_t>(workers_ * per_worker()) * sizeof(A) : 0;
+  }
 
   void compute(const KernelCall& call) override {
-    const DirectGeom& g = g_;
     const T* x = sdk::data<T>(call.in(0));
     const T* w = sdk::data<T>(call.in(1));
     const T* bias = has_bias_ ? sdk::data<T>(call.in(2)) : nullptr;
     T* y = sdk::data<T>(call.out(0));
+    if (g_.N == 0) return;
+    if (wide_) wide(x, w, bias, y, static_cast<A*>(call.workspace));
+    else rows(x, w, bias, y);
+  }
+
+ private:
+  int64_t plane() const { return Hp_ * Wp_; }
+  int64_t slack() const { return (g_.KW - 1) * g_.dw; }
+  int64_t per_worker() const { return g_.C * plane() + slack() + g_.OH * Wp_; }
+
+  // Stride 1: output row oh, column ow reads padded input (oh + kh·dh, ow + kw·dw), so over the
+  // padded width Wp the whole plane is one contiguous run per tap:
+  //   acc[oh·Wp + ow] += w · xp[kh·dh·Wp + kw·dw + oh·Wp + ow],
+  // a loop of OH·Wp that vectorises. Columns ow >= OW read across a row's end: they are
+  // computed and never stored.
+  void wide(const T* x, const T* w, const T* bias, T* y, A* ws) const {
+    const DirectGeom& g = g_;
+    const int64_t taps = g.C * g.KH * g.KW, span = g.OH * Wp_;
+    parallel_for(workers_, 1, [&](int64_t b, int64_t e) {
+      for (int64_t wk = b; wk < e; ++wk) {
+        A* xp = ws + wk * per_worker();
+        A* acc = xp + g.C * plane() + slack();
+        std::fill(xp, xp + g.C * plane() + slack(), A(0));
+        for (int64_t n = g.N * wk / workers_; n < g.N * (wk + 1) / workers_; ++n) {
+          for (int64_t c = 0; c < g.C; ++c)
+            for (int64_t h = 0; h < g.H; ++h) {
+              const T* src = x + ((n * g.C + c) * g.H + h) * g.W;
+              A* dst = xp + c * plane() + (h + g.ph) * Wp_ + g.pw;
+              for (int64_t i = 0; i < g.W; ++i) dst[i] = load(src, i);
+            }
+          for (int64_t o = 0; o < g.O; ++o) {
+            // Blocks of kBlock outputs summed over every tap in registers, then stored once.
+            A wv[kMaxTaps];
+            int64_t toff[kMaxTaps];
+            for (int64_t t = 0; t < taps; ++t) {
+              const int64_t c = t / (g.KH * g.KW), kh = t / g.KW % g.KH, kw = t % g.KW;
+              wv[t] = load(w, o * taps + t);
+              toff[t] = c * plane() + kh * g.dh * Wp_ + kw * g.dw;
+            }
+            const A b0 = bias ? load(bias, o) : A(0);
+            constexpr int64_t kBlock = 64;
+            for (int64_t i0 = 0; i0 < span; i0 += kBlock) {
+              const int64_t len = std::min(kBlock, span - i0);
+              A blk[kBlock];
+              for (int64_t i = 0; i < kBlock; ++i) blk[i] = b0;
+              for (int64_t t = 0; t < taps; ++t) {
+                const A* src = xp + toff[t] + i0;
+                const A wt = wv[t];
+                if (len == kBlock)
+                  for (int64_t i = 0; i < kBlock; ++i) blk[i] += wt * src[i];
+                else
+                  for (int64_t i = 0; i < len; ++i) blk[i] += wt * src[i];
+              }
+              std::copy(blk, blk + len, acc + i0);
+            }
+            T* out = y + (n * g.O + o) * g.OH * g.OW;
+            for (int64_t oh = 0; oh < g.OH; ++oh)
+              for (int64_t ow = 0; ow < g.OW; ++ow) store(out, oh * g.OW + ow, acc[oh * Wp_ + ow]);
+          }
+        }
+      }
+    });
+  }
+
+  // Any stride: a chunk of an output row at a time, each tap adding its input row into it.
+  void rows(const T* x, const T* w, const T* bias, T* y) const {
+    const DirectGeom& g = g_;
     const int64_t taps = g.C * g.KH * g.KW;
     const int64_t work = g.OH * g.OW * taps;  // multiply-adds per (image, channel)
     parallel_for(g.N * g.O, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(work, 1)),
@@ -102,13 +179,8 @@ class DirectConv2dKernel final : public Kernel {
                   const int64_t lo = std::max(c0, g.ow_lo[static_cast<size_t>(kw)]);
                   const int64_t hi = std::min(c1, g.ow_hi[static_cast<size_t>(kw)]);
                   const int64_t off = kw * g.dw - g.pw;
-                  if (g.sw == 1) {
-                    const T* xs = xrow + off;
-                    for (int64_t ow = lo; ow < hi; ++ow) acc[ow - c0] += wt * load(xs, ow);
-                  } else {
-                    for (int64_t ow = lo; ow < hi; ++ow)
-                      acc[ow - c0] += wt * load(xrow, ow * g.sw + off);
-                  }
+                  for (int64_t ow = lo; ow < hi; ++ow)
+                    acc[ow - c0] += wt * load(xrow, ow * g.sw + off);
                 }
               }
             }
@@ -120,9 +192,10 @@ class DirectConv2dKernel final : public Kernel {
     });
   }
 
- private:
   DirectGeom g_;
   bool has_bias_;
+  bool wide_ = false;
+  int64_t Hp_ = 0, Wp_ = 0, workers_ = 1;
 };
 
 // inputs (dy, x) -> dw; attrs as conv2d; dw has w's shape.
