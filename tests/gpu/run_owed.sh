@@ -37,6 +37,9 @@ if has tests; then
   $B/bin/plexus_tests "[cuda]" -s > "$OUT/cuda-tests-verbose.log" 2>&1
   $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests.log" 2>&1
   tail -40 "$OUT/cuda-tests.log" | tee -a "$OUT/summary.txt"
+  stamp "cuda tests on our own kernels first (PLEXUS_TEST_KERNELS=native)"
+  PLEXUS_TEST_KERNELS=native $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests-native.log" 2>&1
+  tail -40 "$OUT/cuda-tests-native.log" | tee -a "$OUT/summary.txt"
   stamp "nccl conformance (one GPU, id bootstrapped over mpi)"
   if command -v mpirun > /dev/null; then
     timeout 300 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus_comm_conformance \

@@ -30,6 +30,9 @@ Runtime& runtime() {
     // tests that hold two runs equal bit for bit (fused and unfused, resumed and uninterrupted)
     // need both on the same kernels. tests/core/test_tune.cpp tests the tuner.
     o.kernels = KernelSide::Library;
+    // PLEXUS_TEST_KERNELS=native runs the suite on the backends' own kernels first (our CUDA
+    // GEMM and convolutions instead of cuBLASLt and cuDNN wherever they accept the node).
+    if (const char* k = std::getenv("PLEXUS_TEST_KERNELS")) o.kernels = parse_kernel_side(k, "PLEXUS_TEST_KERNELS");
     // PLEXUS_TEST_CPU_THREADS runs the suite with more (or fewer) threads than this machine has
     // cores, to exercise the multi-threaded split paths of kernels on small machines.
     if (const char* t = std::getenv("PLEXUS_TEST_CPU_THREADS")) o.plugins.options["cpu"]["threads"] = t;
