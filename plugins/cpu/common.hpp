@@ -126,6 +126,9 @@ void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_u
 std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& graph,
                                    const sdk::Boundary& boundary, plx_dtype& dtype,
                                    uint32_t& flags, std::string& name);
+// relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cpp).
+std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
+                                                    plx_dtype& dtype);
 // The multi-tensor sgd_update / adamw_update kernel for a group of update nodes (ops/optim.cpp).
 std::unique_ptr<Kernel> make_multi_update(const sdk::GraphView& g, const sdk::Boundary& b,
                                           plx_dtype& dtype);

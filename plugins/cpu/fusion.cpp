@@ -1,13 +1,16 @@
 // The CPU backend's fusion (the contract is in sdk/fusion.hpp and abi/backend.h).
 //
-// It claims two things:
+// It claims three things:
 //  - the optimizer's per-parameter updates (every sgd_update, or every adamw_update, sharing
 //    attributes and learning rate), run as one multi-tensor kernel: one parallel loop over all
 //    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
 //  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm or
 //    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
-//    the activation runs there in place, so the pre-activation tensor is never allocated.
-// Both run the same element loops as the per-node kernels: fused and unfused steps agree to the
+//    the activation runs there in place, so the pre-activation tensor is never allocated;
+//  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, whose kernel
+//    applies the ReLU's mask as it reads the gradient (ops/pool.cpp), so the masked gradient is
+//    never written.
+// All run the same element loops as the per-node kernels: fused and unfused steps agree to the
 // bit (tests/core/test_fusion.cpp).
 #include "common.hpp"
 
@@ -28,6 +31,9 @@ void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_u
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  // The backward of ReLU with pooling: the pool's gradient reads the ReLU's mask as it goes.
+  for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
+    claim(host_user, pair.data(), 2, "relu_backward+max_pool2d_backward");
   for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
     std::string name;
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
@@ -44,6 +50,11 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
     name = g.is(0, "sgd_update") ? "multi_tensor_sgd" : "multi_tensor_adamw";
     flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
     return make_multi_update(g, boundary, dtype);
+  }
+  if (g.is(0, "relu_backward")) {
+    name = "relu_backward+max_pool2d_backward";
+    flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+    return make_relu_max_pool_backward(g, boundary, dtype);
   }
   auto chain = std::make_unique<sdk::EpilogueChain>(backend, g, boundary);
   dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);

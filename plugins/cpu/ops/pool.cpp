@@ -178,55 +178,88 @@ class MaxPool2dKernel final : public Kernel {
 
 // dx = max_pool2d_backward(dy, indices): each input element gathers the dy of the windows whose
 // index names it.
+// dx = max_pool2d_backward(g(o), indices), where g(o) is the output gradient at output o: dy
+// itself, or relu_backward(dy, y) = (y > 0 ? dy : 0) applied as it is read when the ReLU's
+// backward is fused in (make_relu_max_pool_backward), with the same value, so the two agree to
+// the bit.
+template <class T, class Grad>
+void max_pool_backward(const PoolGeom& g, bool disjoint, const Grad& grad, const int32_t* idx,
+                       T* dx) {
+  using A = acc_t<T>;
+  const int64_t OW = g.w.out;
+  parallel_for(g.planes, g.grain(g.in_plane() * 4), [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      const int64_t base = pl * g.out_plane();            // of the plane's outputs
+      const int32_t* src_idx = idx + pl * g.out_plane();  // (OH, OW)
+      T* dst = dx + pl * g.in_plane();                    // (H, W)
+      if (disjoint) {
+        // At most one window covers each element: scatter onto zeros, where the one addition
+        // is exact. Indices outside the plane (-1: a window of padding only) are skipped.
+        std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
+        for (int64_t o = 0; o < g.out_plane(); ++o) {
+          const int64_t i = src_idx[o];
+          if (i >= 0 && i < g.in_plane()) store(dst, i, load(dst, i) + grad(base + o));
+        }
+        continue;
+      }
+      for (int64_t ih = 0; ih < g.h.in; ++ih) {
+        const size_t uh = static_cast<size_t>(ih);
+        for (int64_t iw = 0; iw < g.w.in; ++iw) {
+          const size_t uw = static_cast<size_t>(iw);
+          const int64_t here = ih * g.w.in + iw;
+          A sum = 0;
+          for (int64_t oh = g.h.win_lo[uh]; oh < g.h.win_hi[uh]; ++oh)
+            for (int64_t ow = g.w.win_lo[uw]; ow < g.w.win_hi[uw]; ++ow)
+              if (src_idx[oh * OW + ow] == here) sum += grad(base + oh * OW + ow);
+          store(dst, here, sum);
+        }
+      }
+    }
+  });
+}
+
 template <class T>
 class MaxPool2dBackwardKernel final : public Kernel {
-  using A = acc_t<T>;
-
  public:
   explicit MaxPool2dBackwardKernel(const NodeInfo& node)
       : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
         disjoint_(g_.disjoint()) {}
 
   void compute(const KernelCall& c) override {
-    const PoolGeom& g = g_;
-    const T* dy = sdk::data<T>(c.in(0));               // (N·C, OH, OW)
-    const int32_t* idx = sdk::data<int32_t>(c.in(1));  // (N·C, OH, OW)
-    T* dx = sdk::data<T>(c.out(0));                    // (N·C, H, W)
-    const int64_t OW = g.w.out;
-    parallel_for(g.planes, g.grain(g.in_plane() * 4), [&](int64_t b, int64_t e) {
-      for (int64_t pl = b; pl < e; ++pl) {
-        const T* src = dy + pl * g.out_plane();             // (OH, OW)
-        const int32_t* src_idx = idx + pl * g.out_plane();  // (OH, OW)
-        T* dst = dx + pl * g.in_plane();                    // (H, W)
-        if (disjoint_) {
-          // At most one window covers each element: scatter onto zeros, where the one addition
-          // is exact. Indices outside the plane (-1: a window of padding only) are skipped.
-          std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
-          for (int64_t o = 0; o < g.out_plane(); ++o) {
-            const int64_t i = src_idx[o];
-            if (i >= 0 && i < g.in_plane()) store(dst, i, load(dst, i) + load(src, o));
-          }
-          continue;
-        }
-        for (int64_t ih = 0; ih < g.h.in; ++ih) {
-          const size_t uh = static_cast<size_t>(ih);
-          for (int64_t iw = 0; iw < g.w.in; ++iw) {
-            const size_t uw = static_cast<size_t>(iw);
-            const int64_t here = ih * g.w.in + iw;
-            A sum = 0;
-            for (int64_t oh = g.h.win_lo[uh]; oh < g.h.win_hi[uh]; ++oh)
-              for (int64_t ow = g.w.win_lo[uw]; ow < g.w.win_hi[uw]; ++ow)
-                if (src_idx[oh * OW + ow] == here) sum += load(src, oh * OW + ow);
-            store(dst, here, sum);
-          }
-        }
-      }
-    });
+    const T* dy = sdk::data<T>(c.in(0));  // (N·C, OH, OW)
+    max_pool_backward(g_, disjoint_, [dy](int64_t o) { return load(dy, o); },
+                      sdk::data<int32_t>(c.in(1)), sdk::data<T>(c.out(0)));
   }
 
  private:
   PoolGeom g_;
   bool disjoint_;
+};
+
+// relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel: the ReLU's gradient is
+// never written (the backward of ReLU with pooling, fused). Its inputs are wherever the fused
+// group's boundary puts dy, y and the indices.
+template <class T>
+class ReluMaxPool2dBackwardKernel final : public Kernel {
+  using A = acc_t<T>;
+
+ public:
+  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, int32_t dy, int32_t y, int32_t idx, int32_t dx)
+      : g_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
+        disjoint_(g_.disjoint()), dy_(dy), y_(y), idx_(idx), dx_(dx) {}
+
+  void compute(const KernelCall& c) override {
+    const T* dy = sdk::data<T>(c.in(dy_));
+    const T* y = sdk::data<T>(c.in(y_));
+    max_pool_backward(g_, disjoint_,
+                      [dy, y](int64_t o) { return load(y, o) > A(0) ? load(dy, o) : A(0); },
+                      sdk::data<int32_t>(c.in(idx_)), sdk::data<T>(c.out(dx_)));
+  }
+
+ private:
+  PoolGeom g_;
+  bool disjoint_;
+  int32_t dy_, y_, idx_, dx_;
 };
 
 bool flag(const NodeInfo& node, const char* name) {
@@ -380,6 +413,32 @@ class AvgPool2dBackwardKernel final : public Kernel {
 };
 
 }  // namespace
+
+std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g,
+                                                    const sdk::Boundary& b, plx_dtype& dtype) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "max_pool2d_backward"),
+                     "not relu_backward then max_pool2d_backward");
+  const plx_graph_node& relu = g.node(0);
+  const plx_graph_node& pool = g.node(1);
+  PLX_DECLINE_UNLESS(b.output(relu.outputs[0]) < 0, "the ReLU's gradient is needed outside");
+  const int32_t dy = b.input(relu.inputs[0]), y = b.input(relu.inputs[1]);
+  const int32_t idx = b.input(pool.inputs[1]), dx = b.output(pool.outputs[0]);
+  PLX_DECLINE_UNLESS(dy >= 0 && y >= 0 && idx >= 0 && dx >= 0, "an input or output is not at the boundary");
+  const plx_tensor& tdy = g.value(relu.inputs[0]);
+  const plx_tensor& ty = g.value(relu.inputs[1]);
+  PLX_DECLINE_UNLESS(tdy.dtype == ty.dtype && numel(tdy) == numel(ty), "dy and y differ");
+  dtype = static_cast<plx_dtype>(tdy.dtype);
+  const sdk::OwnedNodeInfo info(g, 1);
+  const NodeInfo node(&info.get());
+  switch (dtype) {
+    case PLX_F32: return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, dy, y, idx, dx);
+    case PLX_F64: return std::make_unique<ReluMaxPool2dBackwardKernel<double>>(node, dy, y, idx, dx);
+    case PLX_F16: return std::make_unique<ReluMaxPool2dBackwardKernel<half>>(node, dy, y, idx, dx);
+    case PLX_BF16: return std::make_unique<ReluMaxPool2dBackwardKernel<bfloat16>>(node, dy, y, idx, dx);
+    default: break;
+  }
+  throw sdk::Unsupported(sdk::format("relu_backward+max_pool2d_backward: no %s kernel", dtype_name(dtype)));
+}
 
 void register_pool(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;

@@ -357,6 +357,27 @@ inline std::vector<std::vector<int32_t>> find_epilogue_chains(
   return chains;
 }
 
+// Pairs {a, b}: a node of op `first` whose output 0 is read by nobody but a node b of op
+// `second`, as b's input `input` (and through no other input of b). For a consumer that can
+// apply an elementwise producer as it reads, e.g. relu_backward feeding max_pool2d_backward.
+inline std::vector<std::vector<int32_t>> find_feeding_pairs(const GraphView& g,
+                                                            std::string_view first,
+                                                            std::string_view second,
+                                                            int32_t input) {
+  std::vector<std::vector<int32_t>> pairs;
+  for (int32_t a = 0; a < g.num_nodes(); ++a) {
+    if (!g.is(a, first) || g.node(a).num_outputs < 1) continue;
+    const int32_t v = g.node(a).outputs[0];
+    const auto& rd = g.readers(v);
+    if (rd.size() != 1 || !g.is(rd[0], second)) continue;
+    const plx_graph_node& b = g.node(rd[0]);
+    int32_t uses = 0;
+    for (int32_t k = 0; k < b.num_inputs; ++k) uses += b.inputs[k] == v;
+    if (input < b.num_inputs && b.inputs[input] == v && uses == 1) pairs.push_back({a, rd[0]});
+  }
+  return pairs;
+}
+
 // A producer and in-place epilogues from find_epilogue_chains(), run by the backend's own
 // kernels: the producer writes into the last epilogue's output buffer and each epilogue runs over
 // it in place, so the intermediates never exist. Declines (Unsupported) when an intermediate is
