@@ -173,6 +173,9 @@ void register_reduce(KernelRegistry& r);       // sum, mean, argmax
 void register_softmax(KernelRegistry& r);      // softmax, log_softmax, cross-entropy
 void register_norm(KernelRegistry& r);         // batch_norm, layer_norm
 void register_pool(KernelRegistry& r);         // max/avg pooling
+// relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cu), for fusion.
+std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
+                                                    plx_dtype& dtype);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)

@@ -11,7 +11,9 @@
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm or
 //    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
 //    the activation runs there in place (sdk::EpilogueChain), so the pre-activation tensor is
-//    never allocated.
+//    never allocated;
+//  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
+//    kernel that masks each gradient as it reads it (ops/pool.cu).
 #include <string>
 #include <string_view>
 #include <vector>
@@ -136,6 +138,9 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
     if (is_f32_group(g, grp))
       claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
+  for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
+    claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
   for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
     std::string name;
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
@@ -163,6 +168,14 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor adamw_update: f32 only, got %s", dtype_name(dtype));
     fused_.give("multi_tensor_adamw", dtype, optim_flags,
                 std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
+                workspace_bytes);
+    return;
+  }
+  if (g.is(0, "relu_backward")) {
+    plx_dtype dt = dtype;
+    auto k = make_relu_max_pool_backward(g, b, dt);
+    fused_.give("relu_backward+max_pool2d_backward", dt,
+                PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
                 workspace_bytes);
     return;
   }

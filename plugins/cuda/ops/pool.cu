@@ -164,9 +164,12 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
 
 // dx = max_pool2d_backward(dy, indices); one thread per input element, gathering the dy of the
 // windows that cover it and whose index names it.
+// With `relu_y` (the backward of ReLU with pooling, fused): each dy is first masked by the ReLU
+// as relu_backward does (y > 0 ? dy : 0, in f32), so the sum equals the two ops' to the bit.
 template <class T, class I>
 __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
-                                         T* __restrict__ dx, PoolGeom g, I total) {
+                                         T* __restrict__ dx, PoolGeom g, I total,
+                                         const T* __restrict__ relu_y) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I sh = static_cast<I>(g.sh), sw = static_cast<I>(g.sw);
@@ -186,7 +189,10 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t
     for (I oh = oh_lo; oh < oh_hi; ++oh)
       for (I ow = ow_lo; ow < ow_hi; ++ow) {
         const I o = out_base + oh * OW + ow;
-        if (idx[o] == here) sum += to_accum<T>(dy[o]);
+        if (idx[o] == here) {
+          const float v = to_accum<T>(dy[o]);
+          sum += relu_y && !(to_accum<T>(relu_y[o]) > 0.0f) ? 0.0f : v;
+        }
       }
     dx[i] = from_accum<T>(sum);
   }
@@ -296,25 +302,46 @@ class MaxPool2dBackwardKernel final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
+    launch(ptr<T>(c.in(0)), ptr<int32_t>(c.in(1)), ptr<T>(c.out(0)), nullptr, c.stream);
+  }
+
+  // dy, idx (N·C, OH, OW) -> dx (N·C, H, W); relu_y: the fused ReLU's output, or null.
+  void launch(const T* dy, const int32_t* idx, T* dx, const T* relu_y, plx_stream stream) const {
     const int64_t total = g_.planes * g_.H * g_.W;
     if (total == 0) return;
     use_device(device_);
-    const T* dy = ptr<T>(c.in(0));               // (N·C, OH, OW)
-    const int32_t* idx = ptr<int32_t>(c.in(1));  // (N·C, OH, OW)
-    T* dx = ptr<T>(c.out(0));                    // (N·C, H, W)
-    const cudaStream_t s = native(c.stream);
+    const cudaStream_t s = native(stream);
     if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
-      max_pool_backward_kernel<T, int32_t>
-          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, static_cast<int32_t>(total));
+      max_pool_backward_kernel<T, int32_t><<<grid_for(total), kBlock, 0, s>>>(
+          dy, idx, dx, g_, static_cast<int32_t>(total), relu_y);
     else
       max_pool_backward_kernel<T, int64_t>
-          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, total);
+          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, total, relu_y);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
   int32_t device_;
   PoolGeom g_;
+};
+
+// relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel (the backward of ReLU
+// with pooling): the masked gradient is never written. Inputs and output at the fused group's
+// boundary slots.
+template <class T>
+class ReluMaxPool2dBackwardKernel final : public Kernel {
+ public:
+  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, int32_t dy, int32_t y, int32_t idx, int32_t dx)
+      : pool_(pool), dy_(dy), y_(y), idx_(idx), dx_(dx) {}
+
+  void compute(const KernelCall& c) override {
+    pool_.launch(ptr<T>(c.in(dy_)), ptr<int32_t>(c.in(idx_)), ptr<T>(c.out(dx_)), ptr<T>(c.in(y_)),
+                 c.stream);
+  }
+
+ private:
+  MaxPool2dBackwardKernel<T> pool_;
+  int32_t dy_, y_, idx_, dx_;
 };
 
 template <class T>
@@ -383,6 +410,33 @@ void add_float(KernelRegistry& r, const char* op, uint32_t flags) {
 }
 
 }  // namespace
+
+std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
+                                                    plx_dtype& dtype) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "max_pool2d_backward"),
+                     "not relu_backward then max_pool2d_backward");
+  const plx_graph_node& relu = g.node(0);
+  const plx_graph_node& pool = g.node(1);
+  PLX_DECLINE_UNLESS(b.output(relu.outputs[0]) < 0, "the ReLU's gradient is needed outside");
+  const int32_t dy = b.input(relu.inputs[0]), y = b.input(relu.inputs[1]);
+  const int32_t idx = b.input(pool.inputs[1]), dx = b.output(pool.outputs[0]);
+  PLX_DECLINE_UNLESS(dy >= 0 && y >= 0 && idx >= 0 && dx >= 0,
+                     "an input or output is not at the boundary");
+  const plx_tensor& tdy = g.value(relu.inputs[0]);
+  const plx_tensor& ty = g.value(relu.inputs[1]);
+  PLX_DECLINE_UNLESS(tdy.dtype == ty.dtype && sdk::numel(tdy) == sdk::numel(ty), "dy and y differ");
+  dtype = static_cast<plx_dtype>(tdy.dtype);
+  const sdk::OwnedNodeInfo info(g, 1);
+  const NodeInfo node(&info.get());
+  switch (dtype) {
+    case PLX_F32: return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, dy, y, idx, dx);
+    case PLX_F16: return std::make_unique<ReluMaxPool2dBackwardKernel<f16>>(node, dy, y, idx, dx);
+    case PLX_BF16: return std::make_unique<ReluMaxPool2dBackwardKernel<bf16>>(node, dy, y, idx, dx);
+    default: break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("relu_backward+max_pool2d_backward: no %s kernel", plexus::dtype_name(dtype)));
+}
 
 void register_pool(KernelRegistry& r) {
   // Gathers without atomics: bit-identical run to run.
