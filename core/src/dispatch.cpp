@@ -49,17 +49,14 @@ std::string no_kernel_message(const Backend& backend, const OpSchema& schema, pl
 }
 
 namespace {
+
 // What a kernel must take, as a fraction of the backend's first choice's time, to replace it.
 constexpr double kTuneMargin = 0.9;
-}  // namespace
 
-KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
-                                const std::vector<plx_tensor>& inputs,
-                                const std::vector<plx_tensor>& outputs, const Attrs& attrs,
-                                int32_t device, bool tune) {
-  KernelResolution r;
-  const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
-  AttrPack pack(attrs);
+// The ABI's view of a node, valid while its arguments live.
+plx_node_info node_info(const OpSchema& schema, const std::vector<plx_tensor>& inputs,
+                        const std::vector<plx_tensor>& outputs, const AttrPack& pack,
+                        int32_t device) {
   plx_node_info node{};
   node.struct_size = sizeof node;
   node.device = device;
@@ -70,6 +67,19 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   node.outputs = outputs.data();
   node.attrs = pack.data();
   node.num_attrs = pack.size();
+  return node;
+}
+
+}  // namespace
+
+KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
+                                const std::vector<plx_tensor>& inputs,
+                                const std::vector<plx_tensor>& outputs, const Attrs& attrs,
+                                int32_t device, bool tune) {
+  KernelResolution r;
+  const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
+  AttrPack pack(attrs);
+  const plx_node_info node = node_info(schema, inputs, outputs, pack, device);
 
   // The order to try: the backend's, with the forced side's kernels first.
   KernelTuner& tuner = backend.runtime().tuner();
@@ -193,16 +203,7 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
                                             const Attrs& attrs, int32_t device, double budget_ms) {
   const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
   AttrPack pack(attrs);
-  plx_node_info node{};
-  node.struct_size = sizeof node;
-  node.device = device;
-  node.op = schema.name.c_str();
-  node.num_inputs = static_cast<int32_t>(inputs.size());
-  node.inputs = inputs.data();
-  node.num_outputs = static_cast<int32_t>(outputs.size());
-  node.outputs = outputs.data();
-  node.attrs = pack.data();
-  node.num_attrs = pack.size();
+  const plx_node_info node = node_info(schema, inputs, outputs, pack, device);
   std::vector<CandidateTime> out;
   for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
     CandidateTime t;

@@ -50,6 +50,7 @@
 
 #include "device.cuh"
 #include "ops/igemm_conv.hpp"
+#include "ops/mma_ptx.cuh"
 
 namespace plexus::cuda {
 
@@ -105,51 +106,8 @@ struct IgemmArgs {
   bool pair;      // y_c == 1, O even and y 4-byte aligned: store two channels at once
 };
 
-// ---- PTX wrappers ----
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, bypassing L1; with `full` false nothing is read and the 16 bytes are
-// zero-filled (src-size 0), which is how padding and out-of-range rows become zeros.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool full) {
-  const int bytes = full ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Four 8x8 b16 matrices; lanes 8j..8j+7 give the row addresses of matrix j, and register j of
-// lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of matrix j.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += a·b on a 16x8x16 tile, f32 accumulation.
-template <class T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    static_assert(std::is_same_v<T, f16>, "f16 or bf16");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
+// ---- PTX wrappers: ops/mma_ptx.cuh ----
+using namespace ptx;
 
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, float a, float b) {
@@ -290,7 +248,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 #pragma unroll
       for (int i = 0; i < TL::MI; ++i)
 #pragma unroll
-        for (int j = 0; j < TL::NI; ++j) mma16816<T>(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
@@ -356,14 +314,6 @@ struct WgradArgs {
   int OHW;        // OH·OW
   int kt_per;     // K tiles per slice
 };
-
-// Four 8x8 b16 matrices, transposed: register j of lane l receives rows 2(l%4) and 2(l%4)+1,
-// column l/4, of matrix j (whose row addresses lanes 8j..8j+7 give).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 template <class TL>
 struct WgradSmem {
@@ -493,7 +443,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
 #pragma unroll
       for (int i = 0; i < TL::MI; ++i)
 #pragma unroll
-        for (int j = 0; j < TL::NI; ++j) mma16816<T>(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
     }
   }
   cp_async_wait<0>();
