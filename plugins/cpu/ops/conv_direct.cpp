@@ -210,16 +210,86 @@ class DirectConv2dBackwardWeightKernel final : public Kernel {
                     node.input(0).shape[1] == g_.O && node.input(0).shape[2] == g_.OH &&
                     node.input(0).shape[3] == g_.OW,
                 "%s: dy must be (N, O, OH, OW)", node.op());
+    wide_ = g_.sh == 1 && g_.sw == 1;
+    Hp_ = g_.H + 2 * g_.ph;
+    Wp_ = g_.W + 2 * g_.pw;
+    workers_ = std::max<int64_t>(1, std::min<int64_t>(threads(), g_.O));
   }
 
-  // Per output channel, a row of accumulators per tap: the products are summed elementwise
-  // along the output row (which vectorises; a running scalar sum would not, without reordering
-  // the float additions) and each row is reduced once at the end.
   uint64_t workspace_bytes() const override {
+    if (wide_) return static_cast<uint64_t>(workers_ * per_worker()) * sizeof(A);
     return static_cast<uint64_t>(g_.O * g_.C * g_.KH * g_.KW * chunk()) * sizeof(A);
   }
 
   void compute(const KernelCall& call) override {
+    if (wide_) wide(call);
+    else rows(call);
+  }
+
+ private:
+  static constexpr int64_t kLanes = 16;  // partial sums per tap, so the dot products vectorise
+
+  int64_t plane() const { return Hp_ * Wp_; }
+  int64_t slack() const { return (g_.KW - 1) * g_.dw; }
+  int64_t per_worker() const { return g_.C * plane() + slack() + g_.OH * Wp_ + kLanes; }
+
+  // Stride 1, as the forward's wide path: dy's row is widened to Wp with zeros past OW, so each
+  // tap's sum over a whole image is one dot product of two contiguous runs of OH·Wp,
+  //   dw[o, c, kh, kw] += Σ_i dyw[i] · xp[c][kh·dh·Wp + kw·dw + i],
+  // summed in kLanes partial sums (elementwise, so it vectorises) reduced in a fixed order.
+  // Workers split the output channels; each pads every image once for its channels.
+  void wide(const KernelCall& call) const {
+    const DirectGeom& g = g_;
+    const T* dy = sdk::data<T>(call.in(0));
+    const T* x = sdk::data<T>(call.in(1));
+    T* dw = sdk::data<T>(call.out(0));
+    A* ws = static_cast<A*>(call.workspace);
+    const int64_t taps = g.C * g.KH * g.KW, span = g.OH * Wp_;
+    parallel_for(workers_, 1, [&](int64_t b, int64_t e) {
+      for (int64_t wk = b; wk < e; ++wk) {
+        const int64_t o0 = g.O * wk / workers_, o1 = g.O * (wk + 1) / workers_;
+        A* xp = ws + wk * per_worker();
+        A* dyw = xp + g.C * plane() + slack();
+        std::fill(xp, xp + g.C * plane() + slack() + span, A(0));
+        A sums[kMaxTaps][kLanes];
+        // One output channel at a time, its taps' partial sums over every image (the images are
+        // padded again per channel: cheap next to the dot products at these few taps).
+        for (int64_t o = o0; o < o1; ++o) {
+          for (int64_t t = 0; t < taps; ++t)
+            for (int64_t l = 0; l < kLanes; ++l) sums[t][l] = A(0);
+          for (int64_t n = 0; n < g.N; ++n) {
+            for (int64_t c = 0; c < g.C; ++c)
+              for (int64_t h = 0; h < g.H; ++h) {
+                const T* src = x + ((n * g.C + c) * g.H + h) * g.W;
+                A* dst = xp + c * plane() + (h + g.ph) * Wp_ + g.pw;
+                for (int64_t i = 0; i < g.W; ++i) dst[i] = load(src, i);
+              }
+            const T* dyo = dy + (n * g.O + o) * g.OH * g.OW;
+            for (int64_t oh = 0; oh < g.OH; ++oh)
+              for (int64_t ow = 0; ow < g.OW; ++ow) dyw[oh * Wp_ + ow] = load(dyo, oh * g.OW + ow);
+            for (int64_t t = 0; t < taps; ++t) {
+              const int64_t c = t / (g.KH * g.KW), kh = t / g.KW % g.KH, kw = t % g.KW;
+              const A* src = xp + c * plane() + kh * g.dh * Wp_ + kw * g.dw;
+              A* part = sums[t];
+              int64_t i = 0;
+              for (; i + kLanes <= span; i += kLanes)
+                for (int64_t l = 0; l < kLanes; ++l) part[l] += dyw[i + l] * src[i + l];
+              for (; i < span; ++i) part[i % kLanes] += dyw[i] * src[i];
+            }
+          }
+          for (int64_t t = 0; t < taps; ++t) {
+            A s = A(0);
+            for (int64_t l = 0; l < kLanes; ++l) s += sums[t][l];
+            store(dw, o * taps + t, s);
+          }
+        }
+      }
+    });
+  }
+
+  // Any stride: per output channel, a row of accumulators per tap, summed elementwise along the
+  // output row and reduced once at the end.
+  void rows(const KernelCall& call) const {
     const DirectGeom& g = g_;
     const T* dy = sdk::data<T>(call.in(0));
     const T* x = sdk::data<T>(call.in(1));
@@ -268,7 +338,6 @@ class DirectConv2dBackwardWeightKernel final : public Kernel {
     });
   }
 
- private:
   static const plx_tensor& checked_x(const NodeInfo& node) {
     PLX_REQUIRE(node.input(1).ndim == 4 && node.output(0).ndim == 4,
                 "%s: x and dw must be 4-D", node.op());
@@ -278,6 +347,8 @@ class DirectConv2dBackwardWeightKernel final : public Kernel {
   int64_t chunk() const { return std::min(g_.OW, kChunk); }
 
   DirectGeom g_;
+  bool wide_ = false;
+  int64_t Hp_ = 0, Wp_ = 0, workers_ = 1;
 };
 
 }  // namespace
