@@ -143,8 +143,8 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   }
   if (accepted.empty()) return r;
   if (accepted.size() == 1) {
-    r.choice.how = several ? KernelChoice::How::Ordered : KernelChoice::How::Only;
-    if (time_them) r.choice.how = KernelChoice::How::Only;  // the others declined
+    // Chosen by order only when others were not tried; when timing, the others declined.
+    r.choice.how = several && !time_them ? KernelChoice::How::Ordered : KernelChoice::How::Only;
     r.kernel = std::move(accepted.front());
     return r;
   }

@@ -19,6 +19,7 @@
 #include "plexus/error.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/sdk/dtype.hpp"
+#include "plexus/sdk/tensor.hpp"
 #include "plexus/tensor.hpp"
 #include "text.hpp"
 
@@ -233,14 +234,8 @@ void put_tensor(std::ostringstream& os, const plx_tensor& t) {
     return;
   }
   os << dtype_name(t.dtype) << "[";
-  bool contiguous = true;
-  int64_t expect = 1;
-  for (int32_t i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) contiguous = false;
-    expect *= t.shape[i];
-  }
   for (int32_t i = 0; i < t.ndim; ++i) os << (i ? "x" : "") << t.shape[i];
-  if (!contiguous) {
+  if (!sdk::is_contiguous(t)) {  // strides only where they are not row-major's
     os << "/";
     for (int32_t i = 0; i < t.ndim; ++i) os << (i ? "," : "") << t.strides[i];
   }

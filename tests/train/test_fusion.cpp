@@ -55,6 +55,24 @@ struct StepResult {
   std::vector<std::string> kernels;
 };
 
+// Runs steps 1 to 3 (`before(step)` feeds what changes per step) and keeps each step's loss,
+// then every parameter and state, as bytes.
+template <class F>
+void run_steps(Executable& exe, const TensorStore& store, StepResult& r, F&& before) {
+  for (int step = 1; step <= 3; ++step) {
+    before(step);
+    exe.run();
+    exe.sync();
+    const Tensor l = exe.tensor("loss_out");
+    r.bytes.emplace_back(l.nbytes());
+    l.copy_to_host(r.bytes.back().data());
+  }
+  for (const auto& [name, t] : store.all()) {
+    r.bytes.emplace_back(t.nbytes());
+    t.copy_to_host(r.bytes.back().data());
+  }
+}
+
 StepResult train(bool fuse, const std::string& optimizer, plx_dtype d) {
   const int64_t n = 4;
   Graph g(runtime().ops());
@@ -77,18 +95,9 @@ StepResult train(bool fuse, const std::string& optimizer, plx_dtype d) {
   fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 72), 7));
   exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 1, 2, 3}.data());
   fill(exe.tensor("lr"), {0.05});
-  for (int step = 1; step <= 3; ++step) {
+  run_steps(exe, store, r, [&](int step) {
     if (optimizer == "adamw") fill(exe.tensor("step"), {static_cast<double>(step)});
-    exe.run();
-    exe.sync();
-    const Tensor l = exe.tensor("loss_out");
-    r.bytes.emplace_back(l.nbytes());
-    l.copy_to_host(r.bytes.back().data());
-  }
-  for (const auto& [name, t] : store.all()) {
-    r.bytes.emplace_back(t.nbytes());
-    t.copy_to_host(r.bytes.back().data());
-  }
+  });
   return r;
 }
 
@@ -253,17 +262,7 @@ StepResult train_relu_pool(bool fuse, plx_dtype d, int64_t pool_k, int64_t pool_
   fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 98), 9));
   exe.tensor("labels").copy_from_host(std::vector<int32_t>{0, 4, 2}.data());
   fill(exe.tensor("lr"), {0.1});
-  for (int step = 0; step < 3; ++step) {
-    exe.run();
-    exe.sync();
-    const Tensor l = exe.tensor("loss_out");
-    r.bytes.emplace_back(l.nbytes());
-    l.copy_to_host(r.bytes.back().data());
-  }
-  for (const auto& [name, t] : store.all()) {
-    r.bytes.emplace_back(t.nbytes());
-    t.copy_to_host(r.bytes.back().data());
-  }
+  run_steps(exe, store, r, [](int) {});
   return r;
 }
 

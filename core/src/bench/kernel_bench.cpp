@@ -13,6 +13,7 @@
 #include "plexus/json.hpp"
 #include "plexus/runtime.hpp"
 #include "plexus/sdk/dtype.hpp"
+#include "plexus/sdk/tensor.hpp"
 #include "../text.hpp"
 
 namespace plexus {
@@ -43,28 +44,22 @@ std::vector<std::array<int64_t, 3>> parse_gemm_shapes(const std::string& list,
 
 namespace {
 
-int64_t numel(const plx_tensor& t) {
-  int64_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return n;
-}
-
 // Multiply-adds times two of one run, for the ops whose speed is counted in FLOP/s.
 double gflop(const std::string& op, const std::vector<plx_tensor>& in,
              const std::vector<plx_tensor>& out, const Attrs& attrs) {
   auto last = [](const plx_tensor& t, int32_t from_end) { return t.shape[t.ndim - from_end]; };
   double f = 0;
   if (op == "linear" && in.size() >= 2 && in[1].ndim == 2) {
-    f = 2.0 * static_cast<double>(numel(out[0])) * static_cast<double>(in[1].shape[1]);
+    f = 2.0 * static_cast<double>(sdk::numel(out[0])) * static_cast<double>(in[1].shape[1]);
   } else if (op == "matmul" && !in.empty() && in[0].ndim >= 2) {
     const AttrValue* ta = attrs.find("trans_a");
     const bool t = ta && std::get_if<int64_t>(ta) && *std::get_if<int64_t>(ta) != 0;
-    f = 2.0 * static_cast<double>(numel(out[0])) * static_cast<double>(t ? last(in[0], 2) : last(in[0], 1));
+    f = 2.0 * static_cast<double>(sdk::numel(out[0])) * static_cast<double>(t ? last(in[0], 2) : last(in[0], 1));
   } else if ((op == "conv2d" || op == "conv2d_backward_data") && in.size() >= 2 && in[1].ndim == 4) {
     const plx_tensor& y = op == "conv2d" ? out[0] : in[0];
-    f = 2.0 * static_cast<double>(numel(y)) * static_cast<double>(in[1].shape[1] * in[1].shape[2] * in[1].shape[3]);
+    f = 2.0 * static_cast<double>(sdk::numel(y)) * static_cast<double>(in[1].shape[1] * in[1].shape[2] * in[1].shape[3]);
   } else if (op == "conv2d_backward_weight" && !out.empty() && out[0].ndim == 4) {
-    f = 2.0 * static_cast<double>(numel(in[0])) *
+    f = 2.0 * static_cast<double>(sdk::numel(in[0])) *
         static_cast<double>(out[0].shape[1] * out[0].shape[2] * out[0].shape[3]);
   }
   return f / 1e9;

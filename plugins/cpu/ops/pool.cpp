@@ -244,9 +244,9 @@ class ReluMaxPool2dBackwardKernel final : public Kernel {
   using A = acc_t<T>;
 
  public:
-  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, int32_t dy, int32_t y, int32_t idx, int32_t dx)
+  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s)
       : g_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
-        disjoint_(g_.disjoint()), dy_(dy), y_(y), idx_(idx), dx_(dx) {}
+        disjoint_(g_.disjoint()), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {}
 
   void compute(const KernelCall& c) override {
     const T* dy = sdk::data<T>(c.in(dy_));
@@ -416,25 +416,15 @@ class AvgPool2dBackwardKernel final : public Kernel {
 
 std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g,
                                                     const sdk::Boundary& b, plx_dtype& dtype) {
-  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "max_pool2d_backward"),
-                     "not relu_backward then max_pool2d_backward");
-  const plx_graph_node& relu = g.node(0);
-  const plx_graph_node& pool = g.node(1);
-  PLX_DECLINE_UNLESS(b.output(relu.outputs[0]) < 0, "the ReLU's gradient is needed outside");
-  const int32_t dy = b.input(relu.inputs[0]), y = b.input(relu.inputs[1]);
-  const int32_t idx = b.input(pool.inputs[1]), dx = b.output(pool.outputs[0]);
-  PLX_DECLINE_UNLESS(dy >= 0 && y >= 0 && idx >= 0 && dx >= 0, "an input or output is not at the boundary");
-  const plx_tensor& tdy = g.value(relu.inputs[0]);
-  const plx_tensor& ty = g.value(relu.inputs[1]);
-  PLX_DECLINE_UNLESS(tdy.dtype == ty.dtype && numel(tdy) == numel(ty), "dy and y differ");
-  dtype = static_cast<plx_dtype>(tdy.dtype);
+  const sdk::ReluMaxPoolBackwardSlots sl = sdk::relu_max_pool_backward_slots(g, b);
+  dtype = sl.dtype;
   const sdk::OwnedNodeInfo info(g, 1);
   const NodeInfo node(&info.get());
   switch (dtype) {
-    case PLX_F32: return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, dy, y, idx, dx);
-    case PLX_F64: return std::make_unique<ReluMaxPool2dBackwardKernel<double>>(node, dy, y, idx, dx);
-    case PLX_F16: return std::make_unique<ReluMaxPool2dBackwardKernel<half>>(node, dy, y, idx, dx);
-    case PLX_BF16: return std::make_unique<ReluMaxPool2dBackwardKernel<bfloat16>>(node, dy, y, idx, dx);
+    case PLX_F32: return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, sl);
+    case PLX_F64: return std::make_unique<ReluMaxPool2dBackwardKernel<double>>(node, sl);
+    case PLX_F16: return std::make_unique<ReluMaxPool2dBackwardKernel<half>>(node, sl);
+    case PLX_BF16: return std::make_unique<ReluMaxPool2dBackwardKernel<bfloat16>>(node, sl);
     default: break;
   }
   throw sdk::Unsupported(sdk::format("relu_backward+max_pool2d_backward: no %s kernel", dtype_name(dtype)));

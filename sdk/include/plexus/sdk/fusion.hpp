@@ -276,6 +276,33 @@ class Boundary {
   std::vector<int32_t> in_, out_;
 };
 
+// A fused group relu_backward(dy, y) -> max_pool2d_backward(., indices) (find_feeding_pairs):
+// where create_fused()'s boundary puts dy, y, the indices and dx, and the dtype. Declines
+// (Unsupported) any other group, or one whose masked gradient is needed outside it.
+struct ReluMaxPoolBackwardSlots {
+  int32_t dy = -1, y = -1, indices = -1, dx = -1;  // boundary input / output slots
+  plx_dtype dtype = PLX_DTYPE_NONE;
+};
+inline ReluMaxPoolBackwardSlots relu_max_pool_backward_slots(const GraphView& g, const Boundary& b) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "max_pool2d_backward"),
+                     "not relu_backward then max_pool2d_backward");
+  const plx_graph_node& relu = g.node(0);
+  const plx_graph_node& pool = g.node(1);
+  PLX_DECLINE_UNLESS(b.output(relu.outputs[0]) < 0, "the ReLU's gradient is needed outside");
+  ReluMaxPoolBackwardSlots s;
+  s.dy = b.input(relu.inputs[0]);
+  s.y = b.input(relu.inputs[1]);
+  s.indices = b.input(pool.inputs[1]);
+  s.dx = b.output(pool.outputs[0]);
+  PLX_DECLINE_UNLESS(s.dy >= 0 && s.y >= 0 && s.indices >= 0 && s.dx >= 0,
+                     "an input or output is not at the boundary");
+  const plx_tensor& tdy = g.value(relu.inputs[0]);
+  const plx_tensor& ty = g.value(relu.inputs[1]);
+  PLX_DECLINE_UNLESS(tdy.dtype == ty.dtype && numel(tdy) == numel(ty), "dy and y differ");
+  s.dtype = static_cast<plx_dtype>(tdy.dtype);
+  return s;
+}
+
 // For a group of independent nodes (from same_op_groups): where each node's inputs are among
 // create_fused()'s inputs, so compute() finds node n's input k. Every present input must come
 // from outside the group.
