@@ -137,6 +137,10 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.loss_scale_window", ConfigType::Int, "2000",
         "f16: finite steps in a row after which the loss scale doubles")
         .min = 1;
+    add("train.recompute", ConfigType::StringList, "[]",
+        "Ops whose outputs backward computes again instead of keeping them from the forward, "
+        "where that frees memory: any of relu, gelu, sigmoid, tanh, cast, max_pool2d, "
+        "avg_pool2d, add, sub, mul, scale (docs/training.md, \"Memory\")");
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
     // ---- parallel training (docs/parallel.md) ----

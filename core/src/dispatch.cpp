@@ -53,6 +53,13 @@ namespace {
 // What a kernel must take, as a fraction of the backend's first choice's time, to replace it.
 constexpr double kTuneMargin = 0.9;
 
+// Why a kernel of `source` is not offered a node that sets an attribute newer than its ABI.
+std::string too_old(const LoadedPlugin& source, const std::string& newer) {
+  return "plugin '" + source.name() + "' was built against plugin ABI " +
+         std::to_string(source.abi_major()) + "." + std::to_string(source.abi_minor()) +
+         ", before the node's " + newer + "; rebuild it against this SDK";
+}
+
 // The ABI's view of a node, valid while its arguments live.
 plx_node_info node_info(const OpSchema& schema, const std::vector<plx_tensor>& inputs,
                         const std::vector<plx_tensor>& outputs, const AttrPack& pack,
@@ -106,11 +113,18 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     }
   }
 
+  std::string newer;
+  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer);
   auto try_create = [&](const plx_kernel* k) -> std::unique_ptr<PreparedKernel> {
     void* state = nullptr;
     uint64_t ws = 0;
     // A kernel extension gets the ctx of the plugin that gave it, and explains itself there.
     const LoadedPlugin& source = backend.kernel_plugin(k);
+    if (source.abi_minor() < need_minor) {
+      r.declines.push_back(std::string(k->impl ? k->impl : "?") + ": " +
+                           too_old(source, newer));
+      return nullptr;
+    }
     const plx_status s = k->create(backend.kernel_ctx(k), k->user, &node, &state, &ws);
     const char* impl = k->impl ? k->impl : "?";
     if (s == PLX_OK) {
@@ -205,6 +219,8 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
   AttrPack pack(attrs);
   const plx_node_info node = node_info(schema, inputs, outputs, pack, device);
   std::vector<CandidateTime> out;
+  std::string newer;
+  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer);
   for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
     CandidateTime t;
     t.impl = k->impl ? k->impl : "?";
@@ -212,6 +228,11 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
     void* state = nullptr;
     uint64_t ws = 0;
     const LoadedPlugin& source = backend.kernel_plugin(k);
+    if (source.abi_minor() < need_minor) {
+      t.error = "declined: " + too_old(source, newer);
+      out.push_back(std::move(t));
+      continue;
+    }
     const plx_status s = k->create(backend.kernel_ctx(k), k->user, &node, &state, &ws);
     if (s != PLX_OK) {
       t.error = (s == PLX_ERR_UNSUPPORTED ? "declined: " : "failed: ") + source.last_error();

@@ -319,6 +319,25 @@ AttrDef attr(std::string name, plx_attr_type type, std::optional<AttrValue> def,
   return AttrDef{std::move(name), type, std::move(def), std::move(doc)};
 }
 
+AttrDef since_abi(AttrDef a, uint16_t minor) {
+  a.since_abi_minor = minor;
+  return a;
+}
+
+uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why) {
+  uint16_t need = 0;
+  for (const AttrDef& d : schema.attrs) {
+    if (d.since_abi_minor <= need || !d.default_value || !attrs.has(d.name)) continue;
+    const AttrValue* v = attrs.find(d.name);
+    if (!v || *v == *d.default_value) continue;
+    need = d.since_abi_minor;
+    if (why)
+      *why = "attribute '" + d.name + "' = " + attr_value_string(*v) + " (ABI " +
+             std::to_string(PLX_ABI_MAJOR) + "." + std::to_string(need) + ")";
+  }
+  return need;
+}
+
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
   const size_t n = std::max(a.size(), b.size());
   Shape r(n);

@@ -330,6 +330,10 @@ void pool(Table& t) {
     const Shape xs = c.x;
     t.add("max_pool2d", w, a, [xs](Gen& g) -> Inputs { return {g.uniform(xs)}; });
     t.add("max_pool2d", w + " ties", a, [xs](Gen& g) -> Inputs { return {g.ints(xs, g.T, 0, 3)}; });
+    // The indices carry a ReLU's mask: -1 where the maximum is not positive.
+    Attrs rm = a;
+    rm.set("relu_mask", int64_t{1});
+    t.add("max_pool2d", w + " relu_mask", rm, [xs](Gen& g) -> Inputs { return {g.uniform(xs)}; });
     Attrs ba = a;
     ba.set("input_shape", Ints(c.x));
     const int64_t k = c.kernel[0] * c.kernel[1];

@@ -186,6 +186,49 @@ TEST_CASE("max_pool2d backward sends dy to the indexed elements", "[cpu][ops][po
   }
 }
 
+TEST_CASE("max_pool2d relu_mask: index -1 where y is not positive, the ReLU's backward", "[cpu][ops][pool]") {
+  int kept = 0, dropped = 0;
+  for (const PoolCase& k : kCases) {
+    for (plx_dtype d : kFloatDtypes) {
+      INFO("max_pool2d relu_mask " << dtype_name(d) << " " << k.str());
+      // A ReLU's output: zeros where x was negative, and a NaN (ReLU passes it on).
+      const Tensor x = call(cpu(), "relu", {random_tensor(k.x, d, 45)}).at(0);
+      std::vector<double> xs = x.to_doubles();
+      if (!xs.empty()) xs[xs.size() / 2] = std::nan("");
+      const Tensor r = from_doubles(xs, k.x, d);
+      const std::vector<Tensor> plain = call(cpu(), "max_pool2d", {r}, k.max_attrs());
+      Attrs ma = k.max_attrs();
+      ma.set("relu_mask", int64_t{1});
+      const std::vector<Tensor> masked = call(cpu(), "max_pool2d", {r}, ma);
+      const std::vector<double> y = plain[0].to_doubles(), idx = plain[1].to_doubles(),
+                                ym = masked[0].to_doubles(), idxm = masked[1].to_doubles();
+      REQUIRE(idxm.size() == idx.size());
+      for (size_t o = 0; o < idx.size(); ++o) {
+        INFO("output " << o << " y " << y[o]);
+        CHECK((ym[o] == y[o] || (std::isnan(ym[o]) && std::isnan(y[o]))));
+        CHECK(idxm[o] == (y[o] > 0 ? idx[o] : -1.0));
+        (y[o] > 0 ? kept : dropped) += 1;
+      }
+      // The backward of the masked indices is relu_backward on the pooled gradient, then the
+      // pool's backward: the graph rewrite's identity (graph.cpp).
+      const Tensor dy = random_tensor(k.y(), d, 46);
+      Attrs ba = k.max_attrs();
+      ba.set("input_shape", k.x);
+      const Tensor got = call(cpu(), "max_pool2d_backward", {dy, masked[1]}, ba).at(0);
+      const Tensor dr = call(cpu(), "relu_backward", {dy, plain[0]}).at(0);
+      const Tensor want = call(cpu(), "max_pool2d_backward", {dr, plain[1]}, ba).at(0);
+      CHECK_ALLCLOSE(got.to_doubles(), want.to_doubles(), (Tol{0, 0}));
+    }
+  }
+  CHECK(kept > 0);
+  CHECK(dropped > 0);
+  Attrs bad;
+  bad.set("kernel", Ints{2, 2});
+  bad.set("relu_mask", int64_t{2});
+  CHECK_THROWS_WITH(call(cpu(), "max_pool2d", {random_tensor({1, 1, 4, 4}, PLX_F32, 1)}, bad),
+                    PLX_CONTAINS("relu_mask must be 0 or 1, got 2"));
+}
+
 TEST_CASE("max_pool2d: NaN is the maximum, padding-only windows give -inf", "[cpu][ops][pool]") {
   for (plx_dtype d : kFloatDtypes) {
     INFO(dtype_name(d));

@@ -67,6 +67,16 @@ struct MemoryPlan {
   int32_t fused_nodes = 0;        // the nodes they run
   int32_t internal_values = 0;    // values only a fused kernel reads: never allocated
   std::vector<int64_t> offset;    // per value id: byte offset in the arena, -1 if not in it
+  // Where the arena is fullest: the most activation bytes live at once (at a kernel's run, the
+  // buffers it reads and writes included), which no packing can go under (arena_bytes >= it),
+  // the node whose kernel runs then, and what is live there, largest first.
+  uint64_t live_peak_bytes = 0;
+  std::string peak_node;  // "conv2d_2.grad (conv2d_backward_data)"
+  struct LiveValue {
+    std::string value;  // "conv2d_2.grad conv2d_backward_data f32(1024, 32, 28, 28)"
+    uint64_t bytes = 0;
+  };
+  std::vector<LiveValue> peak_live;
   // What this executable adds to the device's memory.
   uint64_t total_bytes() const { return arena_bytes + workspace_bytes + persistent_bytes; }
 };

@@ -102,6 +102,10 @@ class Graph : public Emitter {
   }
   // A view of `v` with another shape of the same element count (no copy, no kernel).
   Var reshape(Var v, const Shape& shape) override;
+  // Sets attribute `name` of node `node` (an op, not a view) to `value`, checked by its schema
+  // as add() checks; the node's outputs must keep their dtypes and shapes (OpError otherwise).
+  // For rewrites that change what a node computes but not its outputs' descriptors.
+  void set_attr(int32_t node, const std::string& name, AttrValue value);
 
   // Emitter: gradient formulas call this; nodes are named "<scope>" (see set_scope).
   std::vector<Var> emit(std::string_view op, const std::vector<Var>& inputs,
@@ -159,5 +163,22 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt);
 // The same from a given gradient of `loss` (a value of loss's dtype and shape, e.g. an input
 // holding what the next pipeline stage sent back) instead of ones.
 std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad);
+
+struct BackwardOptions {
+  Var seed_grad;  // invalid: ones
+  // Ops (of recomputable_ops()) whose outputs backward computes again instead of keeping them
+  // from the forward (train.recompute). A node of such an op is recomputed when backward reads
+  // an output of it (none a graph output) and each of its inputs is persistent, recomputed
+  // itself, or kept to a backward reader at or after the copy's place anyway: the copy, made by
+  // the same op on the same inputs just before the first backward node that reads the output,
+  // is bit for bit the forward's value and lengthens no other value's life. Reverse mode runs
+  // once on a copy of the graph to learn what backward reads. OpError for an op not in the list.
+  std::vector<std::string> recompute;
+};
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
+                          const BackwardOptions& opts);
+// The ops train.recompute may name: elementwise activations, casts, pools and elementwise
+// arithmetic, whose outputs cost less to compute than to keep.
+const std::vector<std::string>& recomputable_ops();
 
 }  // namespace plexus

@@ -53,6 +53,10 @@ struct AttrDef {
   plx_attr_type type;
   std::optional<AttrValue> default_value;  // none: required
   std::string doc;
+  // The plugin ABI minor that gave an existing op this attribute (0: the op always had it). A
+  // kernel built against an older minor never reads it, so a node that sets it to anything but
+  // its default goes to none of that plugin's kernels (see abi_minor_needed).
+  uint16_t since_abi_minor = 0;
 };
 
 struct OpSchema;
@@ -211,6 +215,12 @@ ArgDef opt(std::string name, uint32_t dtypes = 0);  // optional input
 ArgDef out(std::string name, uint32_t dtypes = 0, uint32_t flags = 0);
 AttrDef attr(std::string name, plx_attr_type type, std::optional<AttrValue> def,
              std::string doc = "");
+// `a` as an attribute added to its op in plugin ABI 1.`minor`.
+AttrDef since_abi(AttrDef a, uint16_t minor);
+// The plugin ABI minor a kernel must be built against to honour `attrs` (complete, as a node
+// holds them): the largest since_abi_minor among attributes not at their default, else 0. `why`
+// (if given) names the attribute that needs it: "attribute 'relu_mask' = 1 (ABI 1.3)".
+uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why = nullptr);
 // Broadcast shape of a and b by NumPy rules, or nullopt if they do not broadcast.
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
 // Normalises a possibly negative axis against ndim; throws via ctx.fail if out of range.

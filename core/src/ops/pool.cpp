@@ -95,6 +95,8 @@ void max_pool_infer(InferContext& c) {
   c.require(x[2] * x[3] <= std::numeric_limits<int32_t>::max(),
             "an input plane of " + std::to_string(x[2] * x[3]) +
                 " elements is too large for i32 indices");
+  const int64_t relu_mask = c.attrs().get_int("relu_mask");
+  c.require(relu_mask == 0 || relu_mask == 1, "relu_mask must be 0 or 1, got " + std::to_string(relu_mask));
   c.out(0, c.in(0).dtype, y);
   c.out(1, PLX_I32, y);
 }
@@ -113,10 +115,12 @@ void avg_pool_backward_infer(InferContext& c) {
   c.out(0, c.in(0).dtype, backward_input_shape(c, false));
 }
 
-// `attrs` plus input_shape, for the backward op.
+// `attrs` plus input_shape, for the backward op (less relu_mask, which only the forward has: the
+// backward skips the -1 indices it writes as it skips a window of padding only).
 Attrs with_input_shape(const Attrs& attrs, const Shape& shape) {
   Attrs a;
-  for (const auto& [k, v] : attrs) a.set(k, v);
+  for (const auto& [k, v] : attrs)
+    if (k != "relu_mask") a.set(k, v);
   a.set("input_shape", shape);
   return a;
 }
@@ -136,6 +140,12 @@ void register_pool(OpRegistry& r) {
   const AttrDef input_shape =
       attr("input_shape", PLX_ATTR_INTS, std::nullopt, "the forward's x shape (N, C, H, W)");
   const std::vector<AttrDef> max_attrs = {kernel, stride, padding, dilation, ceil_mode};
+  // Reverse mode sets it on a pool of a ReLU's output that nothing else reads (graph.cpp):
+  // then the indices carry the ReLU's mask, and backward needs neither tensor.
+  const AttrDef relu_mask = since_abi(
+      attr("relu_mask", PLX_ATTR_INT, int64_t{0},
+           "1: index -1 (no gradient) where y is not > 0, the mask of the ReLU that x comes from"),
+      3);
   const std::vector<AttrDef> avg_attrs = {kernel, stride, padding, ceil_mode, count_include_pad};
   auto plus_shape = [&](std::vector<AttrDef> v) {
     v.insert(v.begin(), input_shape);
@@ -148,7 +158,11 @@ void register_pool(OpRegistry& r) {
              "first maximum in its plane",
       .inputs = {in("x", kFloatTypes)},
       .outputs = {out("y"), out("indices", dtype_bit(PLX_I32), PLX_ARG_NO_GRAD)},
-      .attrs = max_attrs,
+      .attrs = [&] {
+        auto v = max_attrs;
+        v.push_back(relu_mask);
+        return v;
+      }(),
       .infer = max_pool_infer,
       .grad =
           [](GradContext& g) {

@@ -1,6 +1,9 @@
 #include "plexus/graph.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <cstring>
 #include <sstream>
 
@@ -220,6 +223,31 @@ std::vector<Var> Graph::add(std::string_view op, const std::vector<Var>& inputs,
   return nodes_.back().outputs;
 }
 
+void Graph::set_attr(int32_t n, const std::string& name, AttrValue value) {
+  if (n < 0 || n >= static_cast<int32_t>(nodes_.size()))
+    throw Error("set_attr: no node " + std::to_string(n) + " (the graph has " +
+                std::to_string(nodes_.size()) + ")");
+  GraphNode& node = nodes_[static_cast<size_t>(n)];
+  if (!node.schema) throw OpError("node '" + node.name + "': a reshape view has no attributes");
+  try {
+    Attrs a = node.attrs;
+    a.set(name, std::move(value));
+    a = node.schema->complete_attrs(a);
+    std::vector<TensorDesc> descs;
+    for (Var v : node.inputs) descs.push_back(v.valid() ? values_[static_cast<size_t>(v.id)].desc : TensorDesc{});
+    const std::vector<TensorDesc> outs = node.schema->infer_outputs(descs, a);
+    for (size_t i = 0; i < outs.size() && i < node.outputs.size(); ++i) {
+      const TensorDesc& was = values_[static_cast<size_t>(node.outputs[i].id)].desc;
+      if (outs[i].dtype != was.dtype || outs[i].shape != was.shape)
+        throw OpError("attribute '" + name + "' would change output " + std::to_string(i) +
+                      " from " + desc_string(was) + " to " + desc_string(outs[i]));
+    }
+    node.attrs = std::move(a);
+  } catch (const OpError& e) {
+    throw OpError("node '" + node.name + "': " + e.what());
+  }
+}
+
 Var Graph::reshape(Var v, const Shape& shape_in) {
   const std::string name = scope_.empty() ? "reshape" : scope_;
   check_var(v, "node '" + name + "'");
@@ -339,7 +367,34 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt) {
   return backward(g, loss, wrt, Var{});
 }
 
-std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad) {
+namespace {
+
+// The graph as gradient formulas see it when values are recomputed: every node a formula adds
+// reads, in place of a recomputed forward value, its copy (made on first use). The formula
+// itself still sees the forward's values (input(i), output(i)), so only what it actually reads
+// is recomputed.
+class Recomputing final : public Emitter {
+ public:
+  Recomputing(Graph& g, std::function<Var(Var)> fetch) : g_(g), fetch_(std::move(fetch)) {}
+  std::vector<Var> emit(std::string_view op, const std::vector<Var>& inputs,
+                        const Attrs& attrs) override {
+    std::vector<Var> in = inputs;
+    for (Var& v : in) v = fetch_(v);
+    return g_.emit(op, in, attrs);
+  }
+  TensorDesc desc(Var v) const override { return g_.desc(v); }
+  Var reshape(Var v, const Shape& shape) override { return g_.reshape(fetch_(v), shape); }
+
+ private:
+  Graph& g_;
+  std::function<Var(Var)> fetch_;
+};
+
+// Reverse mode (backward() below). `recompute`, when given, marks forward values (by storage
+// root, indexed by value id) that the gradient formulas must not read from the forward: each is
+// computed again, by a copy of its node, just before the first backward node that reads it.
+std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad,
+                               const std::vector<char>* recompute) {
   const TensorDesc loss_desc = g.desc(loss);
   if (seed_grad.valid() && (g.desc(seed_grad).dtype != loss_desc.dtype ||
                             g.desc(seed_grad).shape != loss_desc.shape))
@@ -402,11 +457,13 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
 
   // A ReLU read only by max-pools (conv, ReLU, pool): the pool's output is positive exactly
   // where the ReLU passed the element each window picked, and every other element gets no
-  // gradient from the pool. So the ReLU's mask is applied to the pooled gradient
-  // (relu_backward(dy, pooled)) and the pool's gradient goes straight to the ReLU's input:
-  // bit for bit the same gradient, from a tensor a quarter the size, and the ReLU's output has
-  // no reader in backward, so its memory is free as soon as the pools have run (for convnet,
-  // the largest activation of the step).
+  // gradient from the pool. So the pool writes index -1 (no gradient) where its output is not
+  // positive (its attribute relu_mask) and its gradient goes straight to the ReLU's input: the
+  // same gradient (up to the sign of a zero sum), and backward reads neither the ReLU's output
+  // nor the pool's, so the first is free once the pools have run (for convnet, the largest
+  // activation of the step) and the second once the next layer's backward has read it. Before
+  // relu_mask the mask came from relu_backward(dy, pooled), which kept the pooled output to the
+  // pool's backward.
   std::vector<int32_t> relu_of_pool(forward_nodes, -1);  // pool node -> the ReLU node it reads
   {
     std::vector<int32_t> readers(nvalues, 0), pool_readers(nvalues, 0);
@@ -428,10 +485,39 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
       if (in.producer < 0) continue;
       const GraphNode& r = g.nodes()[static_cast<size_t>(in.producer)];
       const size_t id = static_cast<size_t>(node.inputs[0].id);
-      if (r.schema && r.schema->name == "relu" && readers[id] == pool_readers[id])
+      // The indices are for the pool's backward alone: relu_mask changes them.
+      if (r.schema && r.schema->name == "relu" && readers[id] == pool_readers[id] &&
+          readers[static_cast<size_t>(node.outputs[1].id)] == 0)
         relu_of_pool[n] = in.producer;
     }
+    // Before any recomputed copy of a pool is made, so the copies carry it.
+    for (size_t n = 0; n < forward_nodes; ++n)
+      if (relu_of_pool[n] >= 0) g.set_attr(static_cast<int32_t>(n), "relu_mask", int64_t{1});
   }
+
+  // What a gradient formula reads for forward value v: v, or its recomputed copy.
+  std::vector<Var> copy_of(recompute ? recompute->size() : 0);
+  auto fetch = [&](auto& self, Var v) -> Var {
+    if (!recompute || !v.valid() || static_cast<size_t>(v.id) >= copy_of.size()) return v;
+    if (!(*recompute)[static_cast<size_t>(g.storage_root(v).id)]) return v;
+    if (copy_of[static_cast<size_t>(v.id)].valid()) return copy_of[static_cast<size_t>(v.id)];
+    const GraphValue value = g.value(v);  // copies: adding nodes moves the vectors
+    const GraphNode src = g.nodes()[static_cast<size_t>(value.producer)];
+    std::vector<Var> ins;
+    for (Var i : src.inputs) ins.push_back(self(self, i));
+    const std::string scope = g.scope();
+    g.set_scope(src.name + ".recompute");
+    if (!src.schema) {
+      copy_of[static_cast<size_t>(v.id)] = g.reshape(ins.at(0), value.desc.shape);
+    } else {
+      const std::vector<Var> outs = g.add(src.schema->name, ins, src.attrs);
+      for (size_t k = 0; k < outs.size(); ++k)
+        copy_of[static_cast<size_t>(src.outputs[k].id)] = outs[k];
+    }
+    g.set_scope(scope);
+    return copy_of[static_cast<size_t>(v.id)];
+  };
+  Recomputing recomputing(g, [&](Var v) { return fetch(fetch, v); });
 
   for (size_t n = forward_nodes; n-- > 0;) {
     const GraphNode node = g.nodes()[n];  // a copy: appending nodes moves the vector
@@ -466,11 +552,10 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
     }
     // Where the gradient of input i goes: the input, or past a ReLU read only by pools.
     std::vector<Var> targets = node.inputs;
-    if (const int32_t relu = relu_of_pool[n]; relu >= 0 && gouts[0].valid()) {
-      gouts[0] = g.add1("relu_backward", {gouts[0], node.outputs[0]});
+    if (const int32_t relu = relu_of_pool[n]; relu >= 0 && gouts[0].valid())
       targets[0] = g.nodes()[static_cast<size_t>(relu)].inputs[0];  // depends on wrt, as the ReLU does
-    }
-    GradContext ctx(g, *node.schema, node.attrs, node.inputs, node.outputs, gouts, needs);
+    GradContext ctx(recompute ? static_cast<Emitter&>(recomputing) : g, *node.schema, node.attrs,
+                    node.inputs, node.outputs, gouts, needs);
     try {
       node.schema->grad(ctx);
     } catch (const OpError& e) {
@@ -493,6 +578,83 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var s
   std::vector<Var> out;
   for (Var w : wrt) out.push_back(grad_of(w));
   return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& recomputable_ops() {
+  static const std::vector<std::string> ops = {"relu", "gelu",       "sigmoid", "tanh",
+                                               "cast", "max_pool2d", "avg_pool2d", "add",
+                                               "sub",  "mul",        "scale"};
+  return ops;
+}
+
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt, Var seed_grad) {
+  BackwardOptions o;
+  o.seed_grad = seed_grad;
+  return backward(g, loss, wrt, o);
+}
+
+std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
+                          const BackwardOptions& opts) {
+  if (opts.recompute.empty()) return backward_impl(g, loss, wrt, opts.seed_grad, nullptr);
+  const auto& allowed = recomputable_ops();
+  for (const std::string& op : opts.recompute)
+    if (std::find(allowed.begin(), allowed.end(), op) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      throw OpError("backward: op '" + op + "' cannot be recomputed (it can be one of: " + list +
+                    ")");
+    }
+
+  // Which forward values backward reads, and when: reverse mode on a copy of the graph.
+  const size_t nv = static_cast<size_t>(g.num_values());
+  const size_t nf = g.nodes().size();
+  Graph probe = g;
+  backward_impl(probe, loss, wrt, opts.seed_grad, nullptr);
+  constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> first(nv, kNever), last(nv, -1);  // per root: backward readers' span
+  for (size_t n = nf; n < probe.nodes().size(); ++n)
+    for (Var in : probe.nodes()[n].inputs) {
+      if (!in.valid()) continue;
+      const size_t r = static_cast<size_t>(probe.storage_root(in).id);
+      if (r >= nv) continue;
+      first[r] = std::min(first[r], static_cast<int32_t>(n));
+      last[r] = std::max(last[r], static_cast<int32_t>(n));
+    }
+  std::vector<char> is_output(nv, 0);
+  for (const auto& [name, v] : g.outputs())
+    if (static_cast<size_t>(v.id) < nv) is_output[static_cast<size_t>(g.storage_root(v).id)] = 1;
+
+  // A node of a listed op is recomputed when backward reads an output of it (none a graph
+  // output) and every input it reads is persistent, recomputed itself, or kept for a backward
+  // reader at or after the copy's place anyway: the copy then costs a kernel and never
+  // lengthens another value's life, and the outputs are free from their last forward reader
+  // until backward needs them.
+  std::vector<char> rec(nv, 0);
+  for (size_t n = 0; n < nf; ++n) {
+    const GraphNode& node = g.nodes()[n];
+    if (!node.schema || std::find(opts.recompute.begin(), opts.recompute.end(),
+                                  node.schema->name) == opts.recompute.end())
+      continue;
+    int32_t first_use = kNever;
+    bool ok = true;
+    for (Var o : node.outputs) {
+      const size_t r = static_cast<size_t>(o.id);
+      ok = ok && !is_output[r];
+      first_use = std::min(first_use, first[r]);
+    }
+    if (!ok || first_use == kNever) continue;
+    for (Var in : node.inputs) {
+      if (!in.valid()) continue;
+      const Var r = g.storage_root(in);
+      if (g.value(r).kind != ValueKind::Activation || rec[static_cast<size_t>(r.id)]) continue;
+      if (last[static_cast<size_t>(r.id)] < first_use) ok = false;
+    }
+    if (ok)
+      for (Var o : node.outputs) rec[static_cast<size_t>(o.id)] = 1;
+  }
+  return backward_impl(g, loss, wrt, opts.seed_grad, &rec);
 }
 
 }  // namespace plexus

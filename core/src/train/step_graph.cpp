@@ -1,5 +1,6 @@
 #include "step_graph.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "plexus/error.hpp"
@@ -55,6 +56,19 @@ plx_dtype compute_dtype(const Config& cfg) {
   return PLX_F32;
 }
 
+std::vector<std::string> recompute_ops(const Config& cfg) {
+  std::vector<std::string> ops = cfg.get_strings("train.recompute");
+  const auto& allowed = recomputable_ops();
+  for (const std::string& op : ops)
+    if (std::find(allowed.begin(), allowed.end(), op) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      throw ConfigError(cfg.origin("train.recompute") + ": train.recompute: '" + op +
+                        "' is not an op backward can recompute; expected any of: " + list);
+    }
+  return ops;
+}
+
 bool enable_tf32(Backend& backend) {
   const plx_backend& t = backend.table();
   if (!t.get_proc_address) return false;
@@ -80,7 +94,9 @@ OptimizerOptions optimizer_options(const Config& cfg) {
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled, plx_dtype compute,
-                                      bool loss_scaling) {
+                                      bool loss_scaling, const std::vector<std::string>& recompute) {
+  BackwardOptions bo;
+  bo.recompute = recompute;
   auto m = std::make_unique<StepGraph>(ops);
   Graph& g = m->graph;
   Shape xs = {batch};
@@ -111,7 +127,7 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
         g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
     const Var unscale = g.input(kGradUnscaleInput, scalar);
     m->params = g.parameters();
-    const std::vector<Var> grads = backward(g, scaled_loss, m->params);
+    const std::vector<Var> grads = backward(g, scaled_loss, m->params, bo);
     m->update = std::make_unique<Graph>(ops);
     std::vector<Var> update_params, update_grads;
     Var check;
@@ -137,7 +153,7 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
     add_optimizer(*m->update, update_params, update_grads, opt);
   } else if (training) {
     m->params = g.parameters();
-    m->grads = backward(g, m->loss, m->params);
+    m->grads = backward(g, m->loss, m->params, bo);
     add_optimizer(g, m->params, m->grads, opt);
   }
   g.mark_output(m->loss, "loss_value");

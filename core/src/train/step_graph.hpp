@@ -34,6 +34,10 @@ DataSets load_data(const Config& cfg, const ModelSpec& spec, bool with_test);
 // train.precision: the dtype the model computes in (f32 for "f32" and "tf32").
 plx_dtype compute_dtype(const Config& cfg);
 
+// train.recompute, checked: ConfigError naming where it was set and the op that cannot be
+// recomputed.
+std::vector<std::string> recompute_ops(const Config& cfg);
+
 // train.precision = "tf32": TF32 matrix math for the kernels prepared from now on, through the
 // backend's "<backend>.set_tf32" extra (docs/cuda.md). False where the backend has none (the CPU,
 // which computes f32).
@@ -66,9 +70,12 @@ struct StepGraph {
 // parameters and the optimizer are f32. `loss_scaling` (a training step): the step is split as
 // StepGraph::update describes, with the inputs kGradScaleInput and kGradUnscaleInput and the
 // output kGradCheckOutput (step_pipeline.hpp).
+// `recompute`: train.recompute, the ops whose outputs backward computes again
+// (BackwardOptions::recompute).
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled = false,
-                                      plx_dtype compute = PLX_F32, bool loss_scaling = false);
+                                      plx_dtype compute = PLX_F32, bool loss_scaling = false,
+                                      const std::vector<std::string>& recompute = {});
 
 }  // namespace plexus

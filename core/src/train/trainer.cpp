@@ -416,9 +416,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   int64_t n_params = 0;
   uint64_t train_plan_bytes = 0;
   std::string stages_text;
+  if (pipelined && !recompute_ops(cfg).empty())
+    spdlog::warn("train.recompute ({}) is not used with parallel.pipeline_stages > 1: a stage "
+                 "already computes its forward again in backward",
+                 cfg.origin("train.recompute"));
   if (!pipelined) {
     train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt,
-                             par.active(), compute, loss_scaling);
+                             par.active(), compute, loss_scaling, recompute_ops(cfg));
     train_exe = std::make_unique<Executable>(backend, train_model->graph, store, eo);
     if (train_model->update)
       update_exe = std::make_unique<Executable>(backend, *train_model->update, store, eo);
@@ -637,6 +641,24 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     m.add("train_samples", train_loader.samples());
     m.add("batches_per_epoch", per_epoch);
     m.add("memory_plan_bytes", static_cast<int64_t>(train_plan_bytes));
+    // The training step's plan in parts, and where its arena is fullest (docs/training.md,
+    // "Memory"): what to look at before turning train.recompute on.
+    if (train_exe) {
+      const MemoryPlan& pl = train_exe->plan();
+      JsonArray peak;
+      for (size_t i = 0; i < pl.peak_live.size() && i < 12; ++i)
+        peak.push(JsonObject()
+                      .add("value", pl.peak_live[i].value)
+                      .add("bytes", static_cast<int64_t>(pl.peak_live[i].bytes)));
+      m.add("memory_plan", JsonObject()
+                               .add("arena_bytes", static_cast<int64_t>(pl.arena_bytes))
+                               .add("unplanned_bytes", static_cast<int64_t>(pl.unplanned_bytes))
+                               .add("workspace_bytes", static_cast<int64_t>(pl.workspace_bytes))
+                               .add("persistent_bytes", static_cast<int64_t>(pl.persistent_bytes))
+                               .add("live_peak_bytes", static_cast<int64_t>(pl.live_peak_bytes))
+                               .add("peak_node", pl.peak_node)
+                               .add("peak_live", peak));
+    }
     // What the steps compute in: train.precision, whether TF32 was turned on, the dtypes.
     m.add("precision", JsonObject()
                            .add("name", precision)

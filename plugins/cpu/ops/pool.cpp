@@ -108,7 +108,7 @@ class MaxPool2dKernel final : public Kernel {
  public:
   explicit MaxPool2dKernel(const NodeInfo& node)
       : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, true)),
-        pairs_(g_.pairs()) {}
+        pairs_(g_.pairs()), relu_mask_(node.attr_int_or("relu_mask", 0) != 0) {}
 
   void compute(const KernelCall& c) override {
     const PoolGeom& g = g_;
@@ -116,6 +116,9 @@ class MaxPool2dKernel final : public Kernel {
     T* y = sdk::data<T>(c.out(0));                // (N·C, OH, OW)
     int32_t* idx = sdk::data<int32_t>(c.out(1));  // (N·C, OH, OW)
     const int64_t W = g.w.in;
+    // relu_mask: index -1 where y is not > 0, the mask relu_backward(dy, y) would apply (best is
+    // a loaded T, so it is y exactly).
+    const bool rm = relu_mask_;
     parallel_for(g.planes, g.grain(g.out_plane() * g.h.k * g.w.k), [&](int64_t b, int64_t e) {
       for (int64_t pl = b; pl < e; ++pl) {
         const T* src = x + pl * g.in_plane();  // (H, W)
@@ -142,7 +145,8 @@ class MaxPool2dKernel final : public Kernel {
               m = beats(d, best);
               best = m ? d : best, off = m ? w32 + 1 : off;
               store(out, ow, best);
-              out_idx[ow] = row + 2 * static_cast<int32_t>(ow) + off;
+              const int32_t at = row + 2 * static_cast<int32_t>(ow) + off;
+              out_idx[ow] = rm && !(best > A(0)) ? -1 : at;
             }
           }
           continue;
@@ -164,7 +168,7 @@ class MaxPool2dKernel final : public Kernel {
               }
             }
             store(dst, oh * g.w.out + ow, best);
-            dst_idx[oh * g.w.out + ow] = static_cast<int32_t>(at);
+            dst_idx[oh * g.w.out + ow] = rm && !(best > A(0)) ? -1 : static_cast<int32_t>(at);
           }
         }
       }
@@ -174,6 +178,7 @@ class MaxPool2dKernel final : public Kernel {
  private:
   PoolGeom g_;
   bool pairs_;
+  bool relu_mask_;
 };
 
 // dx = max_pool2d_backward(dy, indices): each input element gathers the dy of the windows whose

@@ -130,7 +130,7 @@ __device__ __forceinline__ bool beats(float v, float best) {
 // y, indices = max_pool2d(x); one thread per output element.
 template <class T, class I>
 __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                int32_t* __restrict__ idx, PoolGeom g, I total) {
+                                int32_t* __restrict__ idx, PoolGeom g, I total, bool relu_mask) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
@@ -158,7 +158,9 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
       }
     }
     y[i] = from_accum<T>(best);
-    idx[i] = static_cast<int32_t>(at);
+    // relu_mask: index -1 where y is not > 0, the mask relu_backward(dy, y) would apply (best
+    // is a loaded T, so it is y exactly).
+    idx[i] = relu_mask && !(best > 0.0f) ? -1 : static_cast<int32_t>(at);
   }
 }
 
@@ -265,7 +267,8 @@ class MaxPool2dKernel final : public Kernel {
  public:
   explicit MaxPool2dKernel(const NodeInfo& node)
       : device_(node.device()),
-        g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)) {
+        g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)),
+        relu_mask_(node.attr_int_or("relu_mask", 0) != 0) {
     // The schema limits planes to what i32 indices can name; the kernel relies on it.
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
   }
@@ -280,15 +283,17 @@ class MaxPool2dKernel final : public Kernel {
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
       max_pool_kernel<T, int32_t>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total));
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total), relu_mask_);
     else
-      max_pool_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total);
+      max_pool_kernel<T, int64_t>
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
   int32_t device_;
   PoolGeom g_;
+  bool relu_mask_;
 };
 
 template <class T>

@@ -76,6 +76,11 @@ class NodeInfo {
     return nullptr;
   }
   int64_t attr_int(std::string_view name) const { return get(name, PLX_ATTR_INT).i; }
+  // An attribute newer than some hosts (a host of an older ABI minor never sends it): `fallback`,
+  // its default, where the node has none.
+  int64_t attr_int_or(std::string_view name, int64_t fallback) const {
+    return find_attr(name) ? attr_int(name) : fallback;
+  }
   double attr_float(std::string_view name) const { return get(name, PLX_ATTR_FLOAT).f; }
   std::string attr_string(std::string_view name) const { return get(name, PLX_ATTR_STRING).s; }
   std::vector<int64_t> attr_ints(std::string_view name) const {
