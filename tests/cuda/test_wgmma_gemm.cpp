@@ -128,7 +128,7 @@ std::vector<WgCase> wg_cases() {
   mm({8, 136}, {8, 200}, 1, 0);
   mm({8, 136}, {200, 8}, 1, 1);
   mm({10, 16}, {10, 24}, 1, 0);  // K = 10 is no operand's contiguous dimension here
-  mm({0, 8}, {8, 16}, 0, 0);  // no rows
+  mm({0, 8}, {8, 16}, 0, 0);     // no rows
   // Batches: folded into rows, strided (both full), a shared, b shared with trans_a.
   mm({3, 40, 48}, {48, 72}, 0, 0);
   mm({2, 3, 40, 48}, {2, 3, 48, 72}, 0, 0);

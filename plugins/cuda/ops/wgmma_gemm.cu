@@ -61,6 +61,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "device.cuh"
 #include "ops/mma_ptx.cuh"
@@ -89,13 +90,17 @@ struct TileN256 {
 template <class TL>
 struct Cfg {
   static constexpr int BN = TL::BN, S = TL::kStages;
-  static constexpr int kABytes = kBM * kBK * 2;            // one stage of A (16-bit elements)
-  static constexpr int kBBytes = BN * kBK * 2;             // one stage of B
-  static constexpr int kStageBytes = kABytes + kBBytes;    // what the TMA of one stage delivers
-  static constexpr int kBarBytes = 2 * S * 8;              // full[S], empty[S]
+  static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
+  static constexpr int kBBytes = BN * kBK * 2;           // one stage of B
+  static constexpr int kStageBytes = kABytes + kBBytes;  // what the TMA of one stage delivers
+  static constexpr int kBarBytes = 2 * S * 8;            // full[S], empty[S]
   // + 1024: the dynamic shared memory is realigned to the 1024-byte swizzle atom in the kernel.
   static constexpr int kSmemBytes = S * kStageBytes + kBarBytes + 1024;
   static constexpr int kAcc = BN / 2;  // f32 accumulators per consumer thread (64 x BN / 128)
+  // The epilogue parks the f32 tile (two warp groups x 64 rows) in the ring, rows padded to
+  // BN + 8 floats (conflict-free, see the kernel).
+  static constexpr int kLdPark = BN + 8;
+  static_assert(2 * 64 * kLdPark * 4 <= S * kStageBytes, "the parked tile fits the ring");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
   static_assert(BN % 64 == 0 && BN <= 256, "wgmma n and the TMA box (at most 256 rows)");
 };
@@ -109,12 +114,12 @@ struct WgArgs {
   void* y;
   const void* bias;  // null: none
   int64_t M, N, K;
-  int64_t sy;        // batch stride of y (elements)
-  int64_t mt, nt;    // M and N tiles
-  int32_t za, zb;    // 1: the operand has a batch dimension in its tensor map; 0: shared
+  int64_t sy;      // batch stride of y (elements)
+  int64_t mt, nt;  // M and N tiles
+  int32_t za, zb;  // 1: the operand has a batch dimension in its tensor map; 0: shared
   float alpha;
-  int32_t act;       // MmaAct
-  int32_t pair;      // y's rows allow storing two adjacent columns as one aligned access
+  int32_t act;   // MmaAct
+  int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
 };
 
 // ---- PTX wrappers (sm_90a) ----
@@ -191,59 +196,68 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 // TA: A is M-major (else K-major); TB: B is N-major (else K-major). scale-d = 1 always: the
 // accumulators start at zero.
 // (Generated: every accumulator register is an in/out operand of the one instruction.)
-#define PLX_WGMMA_N128(TY)    \
-  asm volatile(                                                                  \
-      "{\n"                                                                      \
-      ".reg .pred p;\n"                                                          \
-      "setp.ne.b32 p, %66, 0;\n"                                                  \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
-      "}, %64, %65, p, 1, 1, %67, %68;\n"                                \
-      "}\n"                                                                      \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+#define PLX_WGMMA_N128(TY)                                                                         \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %66, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"             \
+      "}, %64, %65, p, 1, 1, %67, %68;\n"                                                          \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])                                                                                \
       : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N256(TY)    \
-  asm volatile(                                                                  \
-      "{\n"                                                                      \
-      ".reg .pred p;\n"                                                          \
-      "setp.ne.b32 p, %130, 0;\n"                                                  \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
-      "}, %128, %129, p, 1, 1, %131, %132;\n"                                \
-      "}\n"                                                                      \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+#define PLX_WGMMA_N256(TY)                                                                         \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %130, 0;\n"                                                                  \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "     \
+      "%111, "                                                                                     \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+      "%127"                                                                                       \
+      "}, %128, %129, p, 1, 1, %131, %132;\n"                                                      \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])         \
       : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
 
 template <class T, int BN, bool TA, bool TB>
@@ -321,7 +335,7 @@ extern __shared__ unsigned char wgmma_smem[];
 template <class T, class TL, bool AK, bool BKM>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
-                      const __grid_constant__ CUtensorMap tma_b, const WgArgs p) {
+                        const __grid_constant__ CUtensorMap tma_b, const WgArgs p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma and setmaxnreg need sm_90a; the host declines every other device
 #else
@@ -340,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the TMA's bytes)
+      mbar_init(full0 + 8 * s, 1);   // the producer's arrive.expect_tx (+ the TMA's bytes)
       mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp (2 warp groups x 4)
     }
     // The inits visible to the other threads and to the TMA unit (the async proxy).
@@ -361,7 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t m0 = (first_m + in_group % group_m) * kBM;
   const int64_t n0 = (in_group / group_m) * BN;
   const int32_t z = static_cast<int32_t>(blockIdx.y);
-  const int64_t ktiles = (p.K + kBK - 1) / kBK;  // K >= 1 (creation declines K = 0)
+  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. Tile kt sits in stage kt % S, filled
+  // for the (kt / S)-th time: both loops below step (stage, phase = that count's parity) along.
+  const int ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
 
   if (wg == 0) {
     // The producer: 40 registers are plenty for one thread's address arithmetic; the rest go to
@@ -374,13 +390,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                    : "memory");
       const int32_t za = z * p.za, zb = z * p.zb;
       const int32_t mc = static_cast<int32_t>(m0), nc = static_cast<int32_t>(n0);
-      for (int64_t kt = 0; kt < ktiles; ++kt) {
-        const int s = static_cast<int>(kt % S);
-        const uint32_t round = static_cast<uint32_t>(kt / S);
-        mbar_wait(empty0 + 8 * s, (round & 1) ^ 1);  // the consumers are done with its last use
+      int s = 0;
+      uint32_t phase = 0;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        // The consumers are done with the stage's previous tile (kt - S); in the first round
+        // the wait on parity 1 returns at once.
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
         const uint32_t full = full0 + 8 * s;
         mbar_arrive_expect_tx(full, C::kStageBytes);
-        const int32_t kc = static_cast<int32_t>(kt * kBK);
+        const int32_t kc = kt * kBK;
         if constexpr (AK) {
           tma_load_3d(stage_a(s), &tma_a, kc, mc, za, full);  // box (64 of K, 128 of M)
         } else {
@@ -394,6 +412,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j)  // boxes (64 of N, 64 of K)
             tma_load_3d(stage_b(s) + j * kMnBoxBytes, &tma_b, nc + 64 * j, kc, zb, full);
+        }
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
         }
       }
     }
@@ -412,18 +434,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This warp group's A rows: K-major, 64 rows of 128 bytes = 8 atoms from row 64 cw; M-major,
   // the cw-th 64-wide box. Both start 8192 cw bytes into the stage.
   const uint32_t a_off = static_cast<uint32_t>(cw) * 8192u;
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    const int s = static_cast<int>(kt % S);
-    mbar_wait(full0 + 8 * s, static_cast<uint32_t>(kt / S) & 1);
+  int s = 0, prev = S - 1;  // the stages of tiles kt and kt - 1
+  uint32_t phase = 0;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    mbar_wait(full0 + 8 * s, phase);  // tile kt has landed
     fence_acc(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
       // K-major: the 16-column slice kk starts 32 kk bytes into each row (LBO unused: 16);
       // MN-major: 16 K rows of 128 bytes further (2048 kk), LBO = the next 64-wide box.
-      const uint64_t da =
-          AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
-             : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
+      const uint64_t da = AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
+                             : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
       const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
                               : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
       wgmma_tile<T, BN, !AK, !BKM>(acc, da, db);
@@ -433,26 +455,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     // At most one group (this K tile's) still running: the previous tile's stage may be reused.
     wgmma_wait<1>();
     fence_acc(acc);
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * static_cast<int>((kt - 1) % S));
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+    prev = s;
+    if (++s == S) {
+      s = 0;
+      phase ^= 1;
+    }
   }
   wgmma_wait<0>();
   fence_acc(acc);
 
+  // The epilogue goes through shared memory: each warp parks its f32 sums there, then stores its
+  // 16 rows with consecutive lanes on consecutive column pairs (a warp writes 32 pairs of one
+  // row: coalesced), and the activation's code exists once instead of once per register.
+  // The ring is free once both consumer warp groups are past their last wgmma (the other group
+  // may still read the last stages) and every TMA has landed (each was waited for).
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");                // the 256 consumer threads
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads before our writes
+  float* park = reinterpret_cast<float*>(wgmma_smem + (base - raw)) + cw * 64 * C::kLdPark;
+
   // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
   // holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + {0, 1}] are row 16 w + g,
   // columns 8 i + 2 t + {0, 1} (t = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
-  const T* bias = static_cast<const T*>(p.bias);
-  T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
+  // Row stride kLdPark = 8 (mod 32) words: a half warp's 8-byte stores (g = 0..3, t = 0..3) hit
+  // banks 8 g + 2 t + {0, 1}, all distinct.
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t row = m0 + 64 * cw + 16 * warp + g + 8 * h;
-    if (row >= p.M) continue;
+    float* prow = park + (16 * warp + g + 8 * h) * C::kLdPark + 2 * t;
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-      const int64_t col = n0 + 8 * i + 2 * t;
-      if (col >= p.N) continue;
-      store_pair<T>(p, Y, bias, row, col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+    for (int i = 0; i < BN / 8; ++i)
+      *reinterpret_cast<float2*>(prow + 8 * i) =
+          make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+  }
+  __syncwarp();  // each warp reads back only its own 16 rows
+
+  const T* bias = static_cast<const T*>(p.bias);
+  T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
+  constexpr int kPairs = BN / 2;  // column pairs per row, a multiple of 32
+#pragma unroll 4
+  for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+    const int rl = 16 * warp + idx / kPairs, c = 2 * (idx % kPairs);
+    const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
+    if (row < p.M && col < p.N) {
+      const float2 v = *reinterpret_cast<const float2*>(park + rl * C::kLdPark + c);
+      store_pair<T>(p, Y, bias, row, col, v.x, v.y);
     }
   }
 #endif
@@ -804,6 +851,55 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
+// A fused linear -> relu group whose linear node the host gave to a wgmma candidate: that
+// candidate's kernel with the ReLU in its epilogue, writing the relu's output directly (the
+// pre-activation is never stored).
+class WgLinearReluGroup final : public Kernel {
+ public:
+  WgLinearReluGroup(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b,
+                    const std::string& tile) {
+    PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu"),
+                       "not a linear -> relu pair");
+    const plx_graph_node& lin = g.node(0);
+    const plx_graph_node& act = g.node(1);
+    PLX_DECLINE_UNLESS(act.inputs[0] == lin.outputs[0] && b.output(lin.outputs[0]) < 0,
+                       "linear's output is needed outside the pair");
+    out_ = b.output(act.outputs[0]);
+    PLX_DECLINE_UNLESS(out_ >= 0, "relu's output is not among the fused outputs");
+    for (int32_t k = 0; k < lin.num_inputs; ++k) {
+      const int32_t v = lin.inputs[k];
+      in_.push_back(g.valid(v) ? b.input(v) : -1);
+      PLX_DECLINE_UNLESS(!g.valid(v) || in_.back() >= 0, "linear's input %d is not an input", k);
+    }
+    const sdk::OwnedNodeInfo li(g, 0);
+    linear_ = make_wgmma_linear(NodeInfo(&li.get()), backend, tile, MmaAct::Relu);
+  }
+
+  void compute(const KernelCall& c) override {
+    args_.clear();
+    for (int32_t k : in_) {
+      plx_tensor t{};
+      if (k >= 0)
+        t = c.in(k);
+      else
+        t.dtype = PLX_DTYPE_NONE;
+      args_.push_back(t);
+    }
+    y_.assign(1, c.out(out_));
+    const KernelCall lc{args_.data(), static_cast<int32_t>(args_.size()),
+                        y_.data(),    1,
+                        c.workspace,  c.workspace_bytes,
+                        c.stream};
+    linear_->compute(lc);
+  }
+
+ private:
+  std::vector<int32_t> in_;  // linear's inputs among the fused inputs (-1: absent bias)
+  int32_t out_ = 0;
+  std::unique_ptr<Kernel> linear_;
+  std::vector<plx_tensor> args_, y_;  // per call
+};
+
 template <class T, class TL>
 void add_tile(KernelRegistry& r, uint32_t flags) {
   constexpr plx_dtype d = dtype_v<T>;
@@ -829,6 +925,11 @@ std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& bac
   }
   throw sdk::Unsupported(sdk::format("linear: the wgmma kernels take f16 or bf16, not %s",
                                      dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
+}
+
+std::unique_ptr<Kernel> make_wgmma_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& tile) {
+  return std::make_unique<WgLinearReluGroup>(backend, g, b, tile);
 }
 
 void register_wgmma_gemm(KernelRegistry& r) {
