@@ -620,9 +620,11 @@ class WgPlan {
                        "%s: the contiguous dimension of the second operand (%lld %s) is not a "
                        "multiple of 16 bytes, as TMA needs",
                        op, static_cast<long long>(b_row), dtype_name(kDtype));
-    // TMA coordinates are int32; grid x spans the tiles (2^31 - 1), grid y (and z of the
+    // TMA coordinates are int32 (a tile's last box starts up to 256 past its first row, and
+    // kt * 64 up to 63 past K); grid x spans the tiles (2^31 - 1), grid y (and z of the
     // fallback) the batch (65535); the fallback's grid y spans N / 16.
-    PLX_DECLINE_UNLESS(s.M <= INT32_MAX && s.N <= INT32_MAX && s.K <= INT32_MAX &&
+    constexpr int64_t kMaxDim = INT32_MAX - 512;
+    PLX_DECLINE_UNLESS(s.M <= kMaxDim && s.N <= kMaxDim && s.K <= kMaxDim &&
                            s.batch <= 65535 && (s.N + kSimtTile - 1) / kSimtTile <= 65535,
                        "%s: (%lld x %lld x %lld, batch %lld) exceeds the TMA coordinates or the "
                        "grid",
