@@ -30,8 +30,9 @@
 //   K-major operand (rows of BK = 64 elements = 128 bytes): one box of (rows, 64), atoms of 8
 //   rows stacked every 1024 bytes (the descriptor's stride byte offset, SBO); the leading byte
 //   offset is unused for swizzled K-major layouts. The k-th 16-column slice starts 32 k bytes
-//   into the row: the hardware applies the swizzle to the full address, so advancing the start
-//   address inside the atom is the documented way to step K (atoms are 1024-byte aligned).
+//   into the row: the hardware applies the swizzle to the full address bits, so advancing the
+//   start address inside a 1024-byte-aligned atom steps K (as CUTLASS's descriptor iterator
+//   does; the descriptor's base offset stays 0).
 //   MN-major operand (rows of M or N): boxes of (64 K rows, 64 elements = 128 bytes), one per 64
 //   of M or N, each 8 KiB; in the descriptor SBO = 1024 (the next 8 K rows) and LBO = 8192 (the
 //   next 64 of M or N). The k-th 16-row slice starts 2048 k bytes in.
@@ -48,9 +49,10 @@
 //   8 elements: declined otherwise) and base addresses: operands that are not 16-byte aligned
 //   (a view into the middle of a tensor) go to a plain SIMT kernel with the same epilogue, so a
 //   misaligned call is slow, never wrong.
-// - Epilogue, in registers: alpha, the bias (along N), the activation (a kernel argument: none,
-//   ReLU, GELU erf or tanh, as the relu and gelu ops compute them), one rounding to T; pairs of
-//   columns are stored together when y's rows allow.
+// - Epilogue: the f32 sums are parked in the (then free) ring and each warp stores whole rows
+//   (coalesced): alpha, the bias (along N), the activation (a kernel argument: none, ReLU, GELU
+//   erf or tanh, as the relu and gelu ops compute them), one rounding to T; pairs of columns are
+//   stored together when y's rows allow.
 // - Deterministic (each output is one fixed sequence of wgmmas over K) and capturable (compute()
 //   encodes two tensor maps on the host and launches). The >48 KiB shared memory is opted into
 //   once, at creation.
