@@ -9,6 +9,9 @@
 #include <string>
 
 #include "common.hpp"
+#ifdef PLEXUS_CUDA_WGMMA
+#include "ops/wgmma_gemm.hpp"
+#endif
 
 
 namespace plexus::cuda {
@@ -83,6 +86,10 @@ CudaBackend::CudaBackend(CudaOptions options) : sdk::Backend("cuda"), options_(s
   // After cuBLASLt: without the autotuner the first accepting kernel wins, so ours only run
   // when the tuner or backend.kernels = "native" picks them.
   register_mma_gemm(kernels());
+#ifdef PLEXUS_CUDA_WGMMA
+  // The Hopper GEMM (sm_90a only; it declines other devices), after the mma.sync candidates.
+  register_wgmma_gemm(kernels());
+#endif
   register_conv(kernels());
 }
 

@@ -4,7 +4,10 @@
 # must contain HMMA instructions in its SASS and must not spill to local memory. Needs no GPU:
 # it reads the plugin file with cuobjdump.
 #
-#   sass_check_conv.sh PLUGIN.so 80,90 PATTERN...
+#   [SASS_MMA=HGMMA] sass_check_conv.sh PLUGIN.so 80,90 PATTERN...
+#
+# SASS_MMA: the Tensor Core instruction to count (an awk regular expression), HMMA (mma.sync)
+# unless set; the Hopper GEMM's wgmma kernels (built for sm_90a only: ARCHS 90) need HGMMA.
 #
 # ARCHS: the plugin's CUDA architectures, separated by commas or semicolons ("90-real" counts as
 # 90).
@@ -24,6 +27,7 @@ archs=${2:?$usage}
 shift 2
 [[ $# -gt 0 ]] || { echo "$usage"; exit 2; }
 patterns=("$@")
+mma=${SASS_MMA:-HMMA}
 
 # A tool: the first executable among the candidates, then the pip packages' copies.
 find_tool() {
@@ -69,10 +73,10 @@ alt=$(IFS='|'; echo "${patterns[*]}")
 
 # Per (arch, function): the HMMA count. cuobjdump prints "code for sm_XX" before each cubin and
 # "Function : NAME" before each kernel.
-awk -v re="$alt" '
+awk -v re="$alt" -v mma="$mma" '
   /code for sm_/ { match($0, /sm_[0-9]+a?/); arch = substr($0, RSTART, RLENGTH) }
   /Function :/ { fn = $NF; if (fn ~ re) n[arch " " fn] += 0 }
-  /HMMA/ { if (fn ~ re) n[arch " " fn]++ }
+  $0 ~ mma { if (fn ~ re) n[arch " " fn]++ }
   END { for (k in n) print k, n[k] }
 ' "$tmp/sass" | sort > "$tmp/hmma"
 # Per (arch, function): registers and local memory.
@@ -88,7 +92,7 @@ awk -v re="$alt" '
 ' "$tmp/res" | sort > "$tmp/regs"
 
 fail=0
-printf '%-6s %5s %4s %5s  %s\n' arch HMMA REG LOCAL kernel
+printf '%-6s %5s %4s %5s  %s\n' arch "$mma" REG LOCAL kernel
 while read -r arch fn count; do
   read -r reg loc < <(awk -v a="$arch" -v f="$fn" '$1 == a && $2 == f { print $3, $4; exit }' "$tmp/regs") || true
   # Demangled, without the return type, the namespaces and the parameter list.
@@ -96,7 +100,7 @@ while read -r arch fn count; do
   name=$(echo "$name" | sed -e 's/^void //' -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' \
     -e 's/(.*$//')
   printf '%-6s %5s %4s %5s  %s\n' "$arch" "$count" "${reg:-?}" "${loc:-?}" "$name"
-  if [[ "$count" -eq 0 ]]; then echo "FAIL: $arch $name has no HMMA instruction"; fail=1; fi
+  if [[ "$count" -eq 0 ]]; then echo "FAIL: $arch $name has no $mma instruction"; fail=1; fi
   if [[ -n "${loc:-}" && "$loc" != 0 ]]; then
     echo "FAIL: $arch $name spills ($loc bytes of local memory)"
     fail=1
@@ -115,4 +119,4 @@ for a in "${want[@]}"; do
   done
 done
 if [[ "$fail" -ne 0 ]]; then exit 1; fi
-echo "OK: every matching kernel has HMMA instructions and no spills"
+echo "OK: every matching kernel has $mma instructions and no spills"

@@ -7,7 +7,8 @@
 //    parameter;
 //  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
 //    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
-//    own GEMM): then a chain, as below;
+//    own GEMM): then a chain, as below, except for our Hopper GEMM (ops/wgmma_gemm.cu), whose
+//    epilogue applies the ReLU itself;
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm or
 //    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
 //    the activation runs there in place (sdk::EpilogueChain), so the pre-activation tensor is
@@ -20,6 +21,9 @@
 
 #include "common.hpp"
 #include "ops/optim_fused.hpp"
+#ifdef PLEXUS_CUDA_WGMMA
+#include "ops/wgmma_gemm.hpp"
+#endif
 
 namespace plexus::cuda {
 
@@ -193,6 +197,25 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
                 workspace_bytes);
     return;
   }
+#ifdef PLEXUS_CUDA_WGMMA
+  // The host gave the linear node to our Hopper GEMM: its epilogue applies the ReLU (one kernel,
+  // no pre-activation). Where it declines the group, the chain below.
+  if (g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu") && hinted &&
+      std::string_view(hinted->impl).starts_with("wgmma_")) {
+    std::unique_ptr<Kernel> k;
+    try {
+      k = make_wgmma_linear_relu(*this, g, b, hinted->impl);
+    } catch (const sdk::Unsupported&) {
+      k = nullptr;
+    }
+    if (k) {
+      fused_.give(std::string("linear+relu:") + hinted->impl + "-epilogue", dtype,
+                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
+                  workspace_bytes);
+      return;
+    }
+  }
+#endif
   auto chain = std::make_unique<sdk::EpilogueChain>(*this, g, b);
   const uint32_t flags = chain->flags();
   fused_.give(name, dtype, flags, std::move(chain), kernel, state, workspace_bytes);

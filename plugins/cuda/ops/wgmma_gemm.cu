@@ -1,0 +1,948 @@
+// CUDA kernels: our Hopper GEMM for matmul and linear (see docs/ops.md), bf16 and f16 with f32
+// accumulation, registered as "native" candidates after cuBLASLt's and after our mma.sync ones
+// (ops/mma_gemm.cu), one per tile ("wgmma_128x128x64", "wgmma_128x256x64"), so that only the
+// autotuner or backend.kernels = "native" ever picks them.
+//
+// This file's device code is built for sm_90a alone (plugins/cuda/CMakeLists.txt, only when the
+// plugin's architectures include 90): wgmma and setmaxnreg exist only there, and sm_90a code runs
+// only on compute capability 9.0, so the candidates decline every other device at creation.
+//
+// The kernel (hopper_wgmma_kernel) computes, per batch entry z,
+//   y[z] (M, N) = act(alpha · A[z] (M, K) · B[z] (K, N) + bias (N)), rounded once to T,
+// with A stored K-contiguous (matmul's a, linear's x) or M-contiguous (matmul's a with trans_a)
+// and B stored K-contiguous (matmul's b with trans_b, linear's w) or N-contiguous (matmul's b):
+// wgmma reads both "majors" of 16-bit operands from shared memory (its imm-trans-a/b), so every
+// layout runs on the same path with its own shared-memory descriptors.
+//
+// - One block: 3 warp groups (384 threads). Warp group 0 is the producer: one thread issues the
+//   TMA copies (cp.async.bulk.tensor) of each (A, B) K tile into a ring of kStages stages and
+//   gives its registers away (setmaxnreg.dec). Warp groups 1 and 2 are the consumers: each owns
+//   64 rows of the 128-row tile and all BN columns, i.e. one wgmma.m64nBNk16 per 16 of K, f32
+//   accumulators in registers (BN / 2 per thread).
+// - The pipeline: per stage a "full" mbarrier (the producer's arrive.expect_tx plus the TMA's
+//   complete_tx: the stage has landed) and an "empty" mbarrier (one arrival per consumer warp
+//   once its wgmmas reading the stage are complete: the stage may be refilled). Consumers keep
+//   one wgmma group in flight: the stage of K tile kt - 1 is released after the group of kt is
+//   committed and wgmma.wait_group 1 says kt - 1 is done.
+// - Shared memory layout: TMA writes each tile with the 128-byte swizzle (CU_TENSOR_MAP_SWIZZLE_
+//   128B: 16-byte chunk c of 128-byte row r lands at chunk c ^ (r % 8)), which is exactly the
+//   wgmma "128B swizzle" canonical layout: 8 rows of 128 bytes form a 1024-byte atom.
+//   K-major operand (rows of BK = 64 elements = 128 bytes): one box of (rows, 64), atoms of 8
+//   rows stacked every 1024 bytes (the descriptor's stride byte offset, SBO); the leading byte
+//   offset is unused for swizzled K-major layouts. The k-th 16-column slice starts 32 k bytes
+//   into the row: the hardware applies the swizzle to the full address bits, so advancing the
+//   start address inside a 1024-byte-aligned atom steps K (as CUTLASS's descriptor iterator
+//   does; the descriptor's base offset stays 0).
+//   MN-major operand (rows of M or N): boxes of (64 K rows, 64 elements = 128 bytes), one per 64
+//   of M or N, each 8 KiB; in the descriptor SBO = 1024 (the next 8 K rows) and LBO = 8192 (the
+//   next 64 of M or N). The k-th 16-row slice starts 2048 k bytes in.
+// - Edges: TMA zero-fills every element outside the tensor (also whole boxes past the edge), and
+//   counts the full box in complete_tx, so ragged M, N, K need no care in the main loop: zeros
+//   add nothing. The tensor maps are 3-D (inner, outer, batch), so a box never reads into the
+//   next batch entry. Stores are predicated per element.
+// - Tensor maps hold the global address, which is only known in compute(): they are encoded on
+//   the host per call (cuTensorMapEncodeTiled, a pure host function fetched once through
+//   cudaGetDriverEntryPointByVersion: libcuda is not linked) and passed as __grid_constant__
+//   kernel parameters, so a captured graph keeps its own copy. Creation encodes them once with a
+//   stand-in address, so that every shape the driver would refuse is declined there.
+// - TMA needs 16-byte aligned row strides (the contiguous dimension of each operand a multiple of
+//   8 elements: declined otherwise) and base addresses: operands that are not 16-byte aligned
+//   (a view into the middle of a tensor) go to a plain SIMT kernel with the same epilogue, so a
+//   misaligned call is slow, never wrong.
+// - Epilogue: the f32 sums are parked in the (then free) ring and each warp stores whole rows
+//   (coalesced): alpha, the bias (along N), the activation (a kernel argument: none, ReLU, GELU
+//   erf or tanh, as the relu and gelu ops compute them), one rounding to T; pairs of columns are
+//   stored together when y's rows allow.
+// - Deterministic (each output is one fixed sequence of wgmmas over K) and capturable (compute()
+//   encodes two tensor maps on the host and launches). The >48 KiB shared memory is opted into
+//   once, at creation.
+#include <cuda.h>          // CUtensorMap and its enums (types only: libcuda is not linked)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.cuh"
+#include "ops/mma_ptx.cuh"
+#include "ops/wgmma_gemm.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+// ---- tile configurations ----
+// BM x BN outputs per block (BM = 128: two consumer warp groups of 64 rows), BK = 64 of K per
+// stage (128 bytes of 16-bit elements: one swizzle row). Stages fill ~192 KiB of the 227 KiB a
+// block may have.
+constexpr int kBM = 128, kBK = 64;
+constexpr int kThreads = 384;  // producer warp group + 2 consumer warp groups
+
+struct TileN128 {
+  static constexpr int BN = 128, kStages = 6;
+  static constexpr const char* kName = "wgmma_128x128x64";
+};
+struct TileN256 {
+  static constexpr int BN = 256, kStages = 4;
+  static constexpr const char* kName = "wgmma_128x256x64";
+};
+
+template <class TL>
+struct Cfg {
+  static constexpr int BN = TL::BN, S = TL::kStages;
+  static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
+  static constexpr int kBBytes = BN * kBK * 2;           // one stage of B
+  static constexpr int kStageBytes = kABytes + kBBytes;  // what the TMA of one stage delivers
+  static constexpr int kBarBytes = 2 * S * 8;            // full[S], empty[S]
+  // + 1024: the dynamic shared memory is realigned to the 1024-byte swizzle atom in the kernel.
+  static constexpr int kSmemBytes = S * kStageBytes + kBarBytes + 1024;
+  static constexpr int kAcc = BN / 2;  // f32 accumulators per consumer thread (64 x BN / 128)
+  // The epilogue parks the f32 tile (two warp groups x 64 rows) in the ring, rows padded to
+  // BN + 8 floats (conflict-free, see the kernel).
+  static constexpr int kLdPark = BN + 8;
+  static_assert(2 * 64 * kLdPark * 4 <= S * kStageBytes, "the parked tile fits the ring");
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
+  static_assert(BN % 64 == 0 && BN <= 256, "wgmma n and the TMA box (at most 256 rows)");
+};
+
+// The bytes of one 8-row (K-major) or 8-K-row (MN-major) swizzle atom, and of an MN-major box.
+constexpr uint32_t kAtomBytes = 1024;
+constexpr uint32_t kMnBoxBytes = 64 * 128;  // 64 K rows of 64 elements
+
+// Arguments of one launch beside the tensor maps (pointers as void: one struct for both dtypes).
+struct WgArgs {
+  void* y;
+  const void* bias;  // null: none
+  int64_t M, N, K;
+  int64_t sy;      // batch stride of y (elements)
+  int64_t mt, nt;  // M and N tiles
+  int32_t za, zb;  // 1: the operand has a batch dimension in its tensor map; 0: shared
+  float alpha;
+  int32_t act;   // MmaAct
+  int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
+};
+
+// ---- PTX wrappers (sm_90a) ----
+using ptx::smem_addr;
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The producer's arrival: one arrival plus `bytes` the TMA will complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
+// phase "before" it (parity 1) counts as completed: the producer's first wait on each empty
+// barrier, with parity 1, returns at once.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// A 3-D box of the tensor map at (c0 inner, c1 outer, c2 batch) into shared memory at dst; the
+// bytes are counted on mbarrier bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                            int32_t c1, int32_t c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// A wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor
+// Format"): start address, leading and stride byte offsets, all >> 4; bits 49-51 (base offset)
+// 0 since every atom is 1024-byte aligned; bits 62-63 = 1: 128B swizzle.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous wgmma
+// (it sees them as plain registers): each is "rewritten" by an empty volatile asm.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x N f32, this thread's fragment) += A (64 x 16) · B (16 x N), both from shared memory.
+// TA: A is M-major (else K-major); TB: B is N-major (else K-major). scale-d = 1 always: the
+// accumulators start at zero.
+// (Generated: every accumulator register is an in/out operand of the one instruction.)
+#define PLX_WGMMA_N128(TY)                                                                         \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %66, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"             \
+      "}, %64, %65, p, 1, 1, %67, %68;\n"                                                          \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])                                                                                \
+      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
+#define PLX_WGMMA_N256(TY)                                                                         \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %130, 0;\n"                                                                  \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "     \
+      "%111, "                                                                                     \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+      "%127"                                                                                       \
+      "}, %128, %129, p, 1, 1, %131, %132;\n"                                                      \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])         \
+      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
+
+template <class T, int BN, bool TA, bool TB>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  constexpr int kTA = TA ? 1 : 0, kTB = TB ? 1 : 0;
+  if constexpr (BN == 128) {
+    if constexpr (std::is_same_v<T, bf16>)
+      PLX_WGMMA_N128("bf16");
+    else
+      PLX_WGMMA_N128("f16");
+  } else {
+    static_assert(BN == 256, "wgmma tiles: n128, n256");
+    if constexpr (std::is_same_v<T, bf16>)
+      PLX_WGMMA_N256("bf16");
+    else
+      PLX_WGMMA_N256("f16");
+  }
+}
+
+// ---- epilogue ----
+// The CPU's constants, rounded to f32 as its functors round them (as ops/mma_gemm.cu).
+constexpr float kGeluSqrt2OverPi = static_cast<float>(0.7978845608028654);
+constexpr float kGeluInvSqrt2 = static_cast<float>(0.7071067811865476);
+constexpr float kGeluCubic = static_cast<float>(0.044715);
+
+// act is uniform over the grid, so the switch costs a predictable branch per element and saves
+// one kernel instantiation per activation.
+__device__ __forceinline__ float activate(float x, int32_t act) {
+  switch (static_cast<MmaAct>(act)) {
+    case MmaAct::Relu:
+      return x > 0.f ? x : 0.f;  // NaN gives 0, as the relu op does
+    case MmaAct::Gelu:
+      return 0.5f * x * (1.f + erff(x * kGeluInvSqrt2));
+    case MmaAct::GeluTanh: {
+      const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
+      return 0.5f * x * (1.f + tanhf(u));
+    }
+    default:
+      return x;
+  }
+}
+
+// Stores outputs (row, col) and (row, col + 1) of one batch entry's y, the second only if
+// col + 1 < N; v0, v1 are the raw sums.
+template <class T>
+__device__ __forceinline__ void store_pair(const WgArgs& p, T* y, const T* bias, int64_t row,
+                                           int64_t col, float v0, float v1) {
+  const bool two = col + 1 < p.N;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if (bias) {
+    v0 += to_accum<T>(bias[col]);
+    if (two) v1 += to_accum<T>(bias[col + 1]);
+  }
+  v0 = activate(v0, p.act);
+  v1 = activate(v1, p.act);
+  T* out = y + row * p.N + col;
+  if (two && p.pair) {
+    if constexpr (std::is_same_v<T, f16>) {
+      *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
+    }
+  } else {
+    out[0] = from_accum<T>(v0);
+    if (two) out[1] = from_accum<T>(v1);
+  }
+}
+
+// ---- the kernel ----
+extern __shared__ unsigned char wgmma_smem[];
+
+// AK: A is K-major (else M-major). BKM: B is K-major (else N-major). Grid: x over the M x N
+// tiles (grouped, below), y over the batch.
+template <class T, class TL, bool AK, bool BKM>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
+                        const __grid_constant__ CUtensorMap tma_b, const WgArgs p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma and setmaxnreg need sm_90a; the host declines every other device
+#else
+  using C = Cfg<TL>;
+  constexpr int BN = C::BN, S = C::S;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid / 128;  // 0: producer, 1 and 2: consumers
+
+  // Realigned to the 1024-byte swizzle atom (the launch asked for 1024 bytes more).
+  const uint32_t raw = smem_addr(wgmma_smem);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t full0 = base + S * C::kStageBytes;  // full[s] at full0 + 8 s
+  const uint32_t empty0 = full0 + 8 * S;             // empty[s] at empty0 + 8 s
+  auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * C::kStageBytes; };
+  auto stage_b = [&](int s) { return stage_a(s) + C::kABytes; };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full0 + 8 * s, 1);   // the producer's arrive.expect_tx (+ the TMA's bytes)
+      mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp (2 warp groups x 4)
+    }
+    // The inits visible to the other threads and to the TMA unit (the async proxy).
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the producer's idle threads exit below
+
+  // Grouped order of the output tiles: bands of kGroup M tiles, M fastest within a band, then
+  // the next N tile, so that the blocks resident together share a few A row panels and B column
+  // panels in L2 (a wave of ~132 blocks reads 16 A panels and ~8 B panels, not all of A).
+  constexpr int64_t kGroup = 16;
+  const int64_t pid = blockIdx.x;
+  const int64_t per_group = kGroup * p.nt;
+  const int64_t first_m = (pid / per_group) * kGroup;
+  const int64_t group_m = p.mt - first_m < kGroup ? p.mt - first_m : kGroup;
+  const int64_t in_group = pid % per_group;
+  const int64_t m0 = (first_m + in_group % group_m) * kBM;
+  const int64_t n0 = (in_group / group_m) * BN;
+  const int32_t z = static_cast<int32_t>(blockIdx.y);
+  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. Tile kt sits in stage kt % S, filled
+  // for the (kt / S)-th time: both loops below step (stage, phase = that count's parity) along.
+  const int ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
+
+  if (wg == 0) {
+    // The producer: 40 registers are plenty for one thread's address arithmetic; the rest go to
+    // the consumers' accumulators (128 x (168 - 40) = 256 x (232 - 168)).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_a))
+                   : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_b))
+                   : "memory");
+      const int32_t za = z * p.za, zb = z * p.zb;
+      const int32_t mc = static_cast<int32_t>(m0), nc = static_cast<int32_t>(n0);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        // The consumers are done with the stage's previous tile (kt - S); in the first round
+        // the wait on parity 1 returns at once.
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
+        const uint32_t full = full0 + 8 * s;
+        mbar_arrive_expect_tx(full, C::kStageBytes);
+        const int32_t kc = kt * kBK;
+        if constexpr (AK) {
+          tma_load_3d(stage_a(s), &tma_a, kc, mc, za, full);  // box (64 of K, 128 of M)
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBM / 64; ++j)  // boxes (64 of M, 64 of K)
+            tma_load_3d(stage_a(s) + j * kMnBoxBytes, &tma_a, mc + 64 * j, kc, za, full);
+        }
+        if constexpr (BKM) {
+          tma_load_3d(stage_b(s), &tma_b, kc, nc, zb, full);  // box (64 of K, BN of N)
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)  // boxes (64 of N, 64 of K)
+            tma_load_3d(stage_b(s) + j * kMnBoxBytes, &tma_b, nc + 64 * j, kc, zb, full);
+        }
+        if (++s == S) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // A consumer warp group: rows m0 + 64 cw .. + 63, all BN columns.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg - 1;
+  const int lane = tid & 31;
+  const int warp = (tid >> 5) & 3;  // warp within the warp group
+  float acc[C::kAcc];
+#pragma unroll
+  for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
+
+  // This warp group's A rows: K-major, 64 rows of 128 bytes = 8 atoms from row 64 cw; M-major,
+  // the cw-th 64-wide box. Both start 8192 cw bytes into the stage.
+  const uint32_t a_off = static_cast<uint32_t>(cw) * 8192u;
+  int s = 0, prev = S - 1;  // the stages of tiles kt and kt - 1
+  uint32_t phase = 0;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    mbar_wait(full0 + 8 * s, phase);  // tile kt has landed
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      // K-major: the 16-column slice kk starts 32 kk bytes into each row (LBO unused: 16);
+      // MN-major: 16 K rows of 128 bytes further (2048 kk), LBO = the next 64-wide box.
+      const uint64_t da = AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
+                             : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
+      const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
+                              : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
+      wgmma_tile<T, BN, !AK, !BKM>(acc, da, db);
+    }
+    wgmma_commit();
+    fence_acc(acc);
+    // At most one group (this K tile's) still running: the previous tile's stage may be reused.
+    wgmma_wait<1>();
+    fence_acc(acc);
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+    prev = s;
+    if (++s == S) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  // The epilogue goes through shared memory: each warp parks its f32 sums there, then stores its
+  // 16 rows with consecutive lanes on consecutive column pairs (a warp writes 32 pairs of one
+  // row: coalesced), and the activation's code exists once instead of once per register.
+  // The ring is free once both consumer warp groups are past their last wgmma (the other group
+  // may still read the last stages) and every TMA has landed (each was waited for).
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");                // the 256 consumer threads
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads before our writes
+  float* park = reinterpret_cast<float*>(wgmma_smem + (base - raw)) + cw * 64 * C::kLdPark;
+
+  // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
+  // holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + {0, 1}] are row 16 w + g,
+  // columns 8 i + 2 t + {0, 1} (t = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
+  // Row stride kLdPark = 8 (mod 32) words: a half warp's 8-byte stores (g = 0..3, t = 0..3) hit
+  // banks 8 g + 2 t + {0, 1}, all distinct.
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* prow = park + (16 * warp + g + 8 * h) * C::kLdPark + 2 * t;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+      *reinterpret_cast<float2*>(prow + 8 * i) =
+          make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+  }
+  __syncwarp();  // each warp reads back only its own 16 rows
+
+  const T* bias = static_cast<const T*>(p.bias);
+  T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
+  constexpr int kPairs = BN / 2;  // column pairs per row, a multiple of 32
+#pragma unroll 4
+  for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+    const int rl = 16 * warp + idx / kPairs, c = 2 * (idx % kPairs);
+    const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
+    if (row < p.M && col < p.N) {
+      const float2 v = *reinterpret_cast<const float2*>(park + rl * C::kLdPark + c);
+      store_pair<T>(p, Y, bias, row, col, v.x, v.y);
+    }
+  }
+#endif
+}
+
+// ---- the fallback for operands that are not 16-byte aligned ----
+// A plain 16x16-tiled SIMT GEMM over element strides (A[m][k] at m·sam + k·sak, B[k][n] at
+// k·sbk + n·sbn, batch strides sa, sb), f32 accumulation; the same epilogue.
+constexpr int kSimtTile = 16;
+
+struct SimtArgs {
+  const void* a;
+  const void* b;
+  int64_t sam, sak, sbk, sbn, sa, sb;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kSimtTile* kSimtTile)
+    wgmma_simt_fallback_kernel(const WgArgs p, const SimtArgs q) {
+  __shared__ float As[kSimtTile][kSimtTile + 1];
+  __shared__ float Bs[kSimtTile][kSimtTile + 1];
+  const int tx = static_cast<int>(threadIdx.x) % kSimtTile;
+  const int ty = static_cast<int>(threadIdx.x) / kSimtTile;
+  const int64_t z = blockIdx.z;
+  const T* A = static_cast<const T*>(q.a) + z * q.sa;
+  const T* B = static_cast<const T*>(q.b) + z * q.sb;
+  T* Y = static_cast<T*>(p.y) + z * p.sy;
+  const int64_t mb = static_cast<int64_t>(blockIdx.x) * kSimtTile;
+  const int64_t nb = static_cast<int64_t>(blockIdx.y) * kSimtTile;
+  float acc = 0.f;
+  for (int64_t k0 = 0; k0 < p.K; k0 += kSimtTile) {
+    const int64_t am = mb + ty, ak = k0 + tx;
+    As[ty][tx] = am < p.M && ak < p.K ? to_accum<T>(A[am * q.sam + ak * q.sak]) : 0.f;
+    const int64_t bk = k0 + ty, bn = nb + tx;
+    Bs[ty][tx] = bk < p.K && bn < p.N ? to_accum<T>(B[bk * q.sbk + bn * q.sbn]) : 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kSimtTile; ++k) acc = fmaf(As[ty][k], Bs[k][tx], acc);
+    __syncthreads();
+  }
+  const int64_t row = mb + ty, col = nb + tx;
+  if (row >= p.M || col >= p.N) return;
+  float v = acc * p.alpha;
+  if (p.bias) v += to_accum<T>(static_cast<const T*>(p.bias)[col]);
+  Y[row * p.N + col] = from_accum<T>(activate(v, p.act));
+}
+
+// ---- host side ----
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (fetched once; null if the
+// driver lacks it).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// One operand as its tensor map sees it: `inner` contiguous elements per row, `outer` rows with
+// row stride `ld` (= inner), `batch` entries `bstride` elements apart (batch 1: shared).
+struct Operand {
+  uint64_t inner = 0, outer = 0, ld = 0, batch = 1, bstride = 0;
+  uint32_t box_inner = kBK, box_outer = 0;
+};
+
+// One GEMM (or a strided batch of them) as the kernel sees it, fixed at creation.
+struct WgShape {
+  bool a_kmajor = true;  // A stored (M, K) row-major; else (K, M)
+  bool b_kmajor = true;  // B stored (N, K) row-major; else (K, N)
+  int64_t M = 0, N = 0, K = 0, batch = 1;
+  int64_t sa = 0, sb = 0;  // batch strides of A and B (elements), 0: shared
+  bool bias = false;
+  float alpha = 1.0f;
+};
+
+using WgFn = void (*)(CUtensorMap, CUtensorMap, WgArgs);
+
+template <class T, class TL>
+WgFn pick_kernel(bool ak, bool bk) {
+  if (ak && bk) return hopper_wgmma_kernel<T, TL, true, true>;
+  if (ak) return hopper_wgmma_kernel<T, TL, true, false>;
+  if (bk) return hopper_wgmma_kernel<T, TL, false, true>;
+  return hopper_wgmma_kernel<T, TL, false, false>;
+}
+
+// The launch of one WgShape with tile TL and activation act: checks at creation whether the
+// kernel can take it (declining otherwise), then launches with no further checks.
+template <class T, class TL>
+class WgPlan {
+ public:
+  using C = Cfg<TL>;
+
+  WgPlan(const WgShape& s, int32_t device, CudaBackend& backend, const char* op, MmaAct act)
+      : s_(s), device_(device), act_(act) {
+    constexpr plx_dtype kDtype = dtype_v<T>;
+    PLX_DECLINE_UNLESS(s.K > 0, "%s: K = 0 leaves the Tensor Cores nothing to do", op);
+    // TMA row strides must be multiples of 16 bytes: the contiguous dimension of each operand a
+    // multiple of 8 elements (the cuBLASLt kernel takes the other shapes).
+    const int64_t a_row = s.a_kmajor ? s.K : s.M;
+    const int64_t b_row = s.b_kmajor ? s.K : s.N;
+    PLX_DECLINE_UNLESS(a_row % 8 == 0,
+                       "%s: the contiguous dimension of the first operand (%lld %s) is not a "
+                       "multiple of 16 bytes, as TMA needs",
+                       op, static_cast<long long>(a_row), dtype_name(kDtype));
+    PLX_DECLINE_UNLESS(b_row % 8 == 0,
+                       "%s: the contiguous dimension of the second operand (%lld %s) is not a "
+                       "multiple of 16 bytes, as TMA needs",
+                       op, static_cast<long long>(b_row), dtype_name(kDtype));
+    // TMA coordinates are int32 (a tile's last box starts up to 256 past its first row, and
+    // kt * 64 up to 63 past K); grid x spans the tiles (2^31 - 1), grid y (and z of the
+    // fallback) the batch (65535); the fallback's grid y spans N / 16.
+    constexpr int64_t kMaxDim = INT32_MAX - 512;
+    PLX_DECLINE_UNLESS(s.M <= kMaxDim && s.N <= kMaxDim && s.K <= kMaxDim &&
+                           s.batch <= 65535 && (s.N + kSimtTile - 1) / kSimtTile <= 65535,
+                       "%s: (%lld x %lld x %lld, batch %lld) exceeds the TMA coordinates or the "
+                       "grid",
+                       op, static_cast<long long>(s.M), static_cast<long long>(s.N),
+                       static_cast<long long>(s.K), static_cast<long long>(s.batch));
+    mt_ = (s.M + kBM - 1) / kBM;
+    nt_ = (s.N + C::BN - 1) / C::BN;
+    PLX_DECLINE_UNLESS(mt_ * nt_ <= INT32_MAX, "%s: %lld x %lld tiles exceed the grid", op,
+                       static_cast<long long>(mt_), static_cast<long long>(nt_));
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
+                       "%s: wgmma kernels are built for sm_90a, which runs on compute capability "
+                       "9.0 only (this device is %d.%d)",
+                       op, ctx.prop.major, ctx.prop.minor);
+    PLX_DECLINE_UNLESS(encode_fn() != nullptr,
+                       "%s: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12)", op);
+    PLX_DECLINE_UNLESS(static_cast<size_t>(C::kSmemBytes) <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: %s needs %d bytes of shared memory, the device allows %zu", op,
+                       TL::kName, C::kSmemBytes,
+                       static_cast<size_t>(ctx.prop.sharedMemPerBlockOptin));
+    // The operands' tensor maps: (inner, outer, batch) with boxes of 64 x 128 (A K-major),
+    // 64 x BN (B K-major) or 64 x 64 (MN-major, several per tile).
+    a_.inner = static_cast<uint64_t>(a_row);
+    a_.outer = static_cast<uint64_t>(s.a_kmajor ? s.M : s.K);
+    a_.box_outer = s.a_kmajor ? kBM : 64;
+    b_.inner = static_cast<uint64_t>(b_row);
+    b_.outer = static_cast<uint64_t>(s.b_kmajor ? s.N : s.K);
+    b_.box_outer = s.b_kmajor ? C::BN : 64;
+    for (Operand* o : {&a_, &b_}) o->ld = o->inner;
+    set_batch(a_, s.sa);
+    set_batch(b_, s.sb);
+    // Every check the driver makes, once, with a stand-in (aligned) address; an empty output
+    // launches nothing (and its zero dimensions are no tensor map).
+    if (s.M > 0 && s.N > 0 && s.batch > 0) {
+      void* stand_in = reinterpret_cast<void*>(uintptr_t{1} << 20);
+      CUtensorMap m;
+      PLX_DECLINE_UNLESS(encode(m, a_, stand_in) && encode(m, b_, stand_in),
+                         "%s: cuTensorMapEncodeTiled refuses these operands (%lld x %lld x %lld)",
+                         op, static_cast<long long>(s.M), static_cast<long long>(s.N),
+                         static_cast<long long>(s.K));
+    }
+    kernel_ = pick_kernel<T, TL>(s.a_kmajor, s.b_kmajor);
+    // Once per kernel and device: the attribute stays set for every later launch.
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        C::kSmemBytes));
+  }
+
+  // y (batch, M, N) from a, b (and bias, null if none), on `stream`.
+  void run(const void* a, const void* b, void* y, const void* bias, cudaStream_t stream) const {
+    if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
+    WgArgs p{};
+    p.y = y;
+    p.bias = s_.bias ? bias : nullptr;
+    p.M = s_.M, p.N = s_.N, p.K = s_.K;
+    p.sy = s_.M * s_.N;
+    p.mt = mt_, p.nt = nt_;
+    p.za = a_.batch > 1 ? 1 : 0;
+    p.zb = b_.batch > 1 ? 1 : 0;
+    p.alpha = s_.alpha;
+    p.act = static_cast<int32_t>(act_);
+    // Two columns at once need y's row starts (and batch entries) aligned to two elements.
+    p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
+    const unsigned z = static_cast<unsigned>(s_.batch);
+    CUtensorMap ma, mb;
+    if (aligned16(a) && aligned16(b) && encode(ma, a_, a) && encode(mb, b_, b)) {
+      const dim3 grid(static_cast<unsigned>(mt_ * nt_), z);
+      kernel_<<<grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream>>>(ma, mb, p);
+    } else {
+      // Creation checked everything but the addresses: misaligned operands land here.
+      SimtArgs q{};
+      q.a = a, q.b = b;
+      const int64_t lda = static_cast<int64_t>(a_.ld), ldb = static_cast<int64_t>(b_.ld);
+      q.sam = s_.a_kmajor ? lda : 1, q.sak = s_.a_kmajor ? 1 : lda;
+      q.sbk = s_.b_kmajor ? 1 : ldb, q.sbn = s_.b_kmajor ? ldb : 1;
+      q.sa = s_.sa, q.sb = s_.sb;
+      const dim3 grid(static_cast<unsigned>((s_.M + kSimtTile - 1) / kSimtTile),
+                      static_cast<unsigned>((s_.N + kSimtTile - 1) / kSimtTile), z);
+      wgmma_simt_fallback_kernel<T><<<grid, kSimtTile * kSimtTile, 0, stream>>>(p, q);
+    }
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  // A batched operand (stride != 0) gets a batch dimension; a shared one a batch of 1, whose
+  // stride the driver still checks (a multiple of 16 bytes: the whole matrix).
+  void set_batch(Operand& o, int64_t stride) const {
+    if (stride != 0 && s_.batch > 1) {
+      o.batch = static_cast<uint64_t>(s_.batch);
+      o.bstride = static_cast<uint64_t>(stride);
+    } else {
+      o.batch = 1;
+      o.bstride = o.ld * o.outer;
+    }
+  }
+
+  static bool encode(CUtensorMap& m, const Operand& o, const void* ptr) {
+    constexpr CUtensorMapDataType kType = std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const cuuint64_t dims[3] = {o.inner, o.outer, o.batch};
+    const cuuint64_t strides[2] = {o.ld * sizeof(T), o.bstride * sizeof(T)};  // bytes, dims 1, 2
+    const cuuint32_t box[3] = {o.box_inner, o.box_outer, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    return encode_fn()(&m, kType, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+
+  WgShape s_;
+  int32_t device_;
+  MmaAct act_;
+  int64_t mt_ = 0, nt_ = 0;
+  Operand a_, b_;
+  WgFn kernel_ = nullptr;
+};
+
+void require_dtype(const plx_tensor& t, plx_dtype d, const char* op, const char* what) {
+  PLX_DECLINE_UNLESS(t.dtype == d, "%s: %s is %s, the kernel takes %s", op, what,
+                     dtype_name(static_cast<plx_dtype>(t.dtype)), dtype_name(d));
+}
+
+// y (..., M, N) = alpha op(a) op(b): one GEMM when the batch folds into rows or is 1, a strided
+// batch (grid y) when each operand's batch dims are all full or all broadcast; declines batch
+// dims that broadcast partially (cuBLASLt's kernel loops over those). The same shapes as the
+// mma.sync candidates (ops/mma_gemm.cu).
+template <class T, class TL>
+class WgMatmul final : public Kernel {
+ public:
+  WgMatmul(const NodeInfo& node, CudaBackend& backend)
+      : device_(node.device()), plan_(shape(node), device_, backend, "matmul", MmaAct::None) {}
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, nullptr, native(c.stream));
+  }
+
+ private:
+  static WgShape shape(const NodeInfo& node) {
+    constexpr plx_dtype d = dtype_v<T>;
+    const plx_tensor& a = node.input(0);   // (..., M, K) or (..., K, M) with trans_a
+    const plx_tensor& b = node.input(1);   // (..., K, N) or (..., N, K) with trans_b
+    const plx_tensor& y = node.output(0);  // (batch..., M, N)
+    PLX_REQUIRE(a.ndim >= 2 && b.ndim >= 2 && y.ndim >= 2, "matmul: operands need 2 dimensions");
+    require_dtype(a, d, "matmul", "a");
+    require_dtype(b, d, "matmul", "b");
+    require_dtype(y, d, "matmul", "y");
+    const bool ta = node.attr_int("trans_a") != 0;
+    const bool tb = node.attr_int("trans_b") != 0;
+    WgShape s;
+    s.a_kmajor = !ta;
+    s.b_kmajor = tb;
+    s.M = y.shape[y.ndim - 2];
+    s.N = y.shape[y.ndim - 1];
+    s.K = ta ? a.shape[a.ndim - 2] : a.shape[a.ndim - 1];
+    s.alpha = static_cast<float>(node.attr_float("alpha"));
+    int64_t batch = 1, a_batch = 1, b_batch = 1;
+    for (int32_t i = 0; i < y.ndim - 2; ++i) batch *= y.shape[i];
+    for (int32_t i = 0; i < a.ndim - 2; ++i) a_batch *= a.shape[i];
+    for (int32_t i = 0; i < b.ndim - 2; ++i) b_batch *= b.shape[i];
+    const bool a_full = a_batch == batch, b_full = b_batch == batch;
+    if (batch > 1 && !ta && b_batch == 1 && a_full) {
+      s.M *= batch;  // one b for all, row-major a: the batch is more rows of one GEMM
+    } else if (batch > 1) {
+      PLX_DECLINE_UNLESS((a_full || a_batch == 1) && (b_full || b_batch == 1),
+                         "matmul: batch dims that broadcast partially");
+      s.batch = batch;
+      s.sa = a_full ? s.M * s.K : 0;
+      s.sb = b_full ? s.K * s.N : 0;
+    } else {
+      s.batch = batch;  // 1, or 0 for an empty batch (nothing to launch)
+    }
+    return s;
+  }
+
+  int32_t device_;
+  WgPlan<T, TL> plan_;
+};
+
+// y (..., out) = act(x (..., in) wᵀ + b): one GEMM over all rows of x, the bias and the
+// activation in the epilogue. Registered with MmaAct::None; the others are for fused
+// linear -> activation groups (make_wgmma_linear).
+template <class T, class TL>
+class WgLinear final : public Kernel {
+ public:
+  WgLinear(const NodeInfo& node, CudaBackend& backend, MmaAct act = MmaAct::None)
+      : device_(node.device()), plan_(shape(node), device_, backend, "linear", act) {}
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    const void* bias = c.has_in(2) ? c.in(2).data : nullptr;
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, native(c.stream));
+  }
+
+ private:
+  static WgShape shape(const NodeInfo& node) {
+    constexpr plx_dtype d = dtype_v<T>;
+    const plx_tensor& x = node.input(0);  // (..., in)
+    const plx_tensor& w = node.input(1);  // (out, in)
+    PLX_REQUIRE(x.ndim >= 1 && w.ndim == 2, "linear: x (..., in) and w (out, in) expected");
+    require_dtype(x, d, "linear", "x");
+    require_dtype(w, d, "linear", "w");
+    require_dtype(node.output(0), d, "linear", "y");
+    WgShape s;
+    s.bias = node.has_input(2);
+    if (s.bias) require_dtype(node.input(2), d, "linear", "the bias");
+    s.a_kmajor = true;
+    s.b_kmajor = true;
+    s.N = w.shape[0];
+    s.K = w.shape[1];
+    s.M = 1;
+    for (int32_t i = 0; i + 1 < x.ndim; ++i) s.M *= x.shape[i];
+    return s;
+  }
+
+  int32_t device_;
+  WgPlan<T, TL> plan_;
+};
+
+template <class T>
+std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& backend,
+                                         const std::string& tile, MmaAct act) {
+  if (tile == TileN128::kName) return std::make_unique<WgLinear<T, TileN128>>(node, backend, act);
+  if (tile == TileN256::kName) return std::make_unique<WgLinear<T, TileN256>>(node, backend, act);
+  throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
+}
+
+// A fused linear -> relu group whose linear node the host gave to a wgmma candidate: that
+// candidate's kernel with the ReLU in its epilogue, writing the relu's output directly (the
+// pre-activation is never stored).
+class WgLinearReluGroup final : public Kernel {
+ public:
+  WgLinearReluGroup(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b,
+                    const std::string& tile) {
+    PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu"),
+                       "not a linear -> relu pair");
+    const plx_graph_node& lin = g.node(0);
+    const plx_graph_node& act = g.node(1);
+    PLX_DECLINE_UNLESS(act.inputs[0] == lin.outputs[0] && b.output(lin.outputs[0]) < 0,
+                       "linear's output is needed outside the pair");
+    out_ = b.output(act.outputs[0]);
+    PLX_DECLINE_UNLESS(out_ >= 0, "relu's output is not among the fused outputs");
+    for (int32_t k = 0; k < lin.num_inputs; ++k) {
+      const int32_t v = lin.inputs[k];
+      in_.push_back(g.valid(v) ? b.input(v) : -1);
+      PLX_DECLINE_UNLESS(!g.valid(v) || in_.back() >= 0, "linear's input %d is not an input", k);
+    }
+    const sdk::OwnedNodeInfo li(g, 0);
+    linear_ = make_wgmma_linear(NodeInfo(&li.get()), backend, tile, MmaAct::Relu);
+  }
+
+  void compute(const KernelCall& c) override {
+    args_.clear();
+    for (int32_t k : in_) {
+      plx_tensor t{};
+      if (k >= 0)
+        t = c.in(k);
+      else
+        t.dtype = PLX_DTYPE_NONE;
+      args_.push_back(t);
+    }
+    y_.assign(1, c.out(out_));
+    const KernelCall lc{args_.data(), static_cast<int32_t>(args_.size()),
+                        y_.data(),    1,
+                        c.workspace,  c.workspace_bytes,
+                        c.stream};
+    linear_->compute(lc);
+  }
+
+ private:
+  std::vector<int32_t> in_;  // linear's inputs among the fused inputs (-1: absent bias)
+  int32_t out_ = 0;
+  std::unique_ptr<Kernel> linear_;
+  std::vector<plx_tensor> args_, y_;  // per call
+};
+
+template <class T, class TL>
+void add_tile(KernelRegistry& r, uint32_t flags) {
+  constexpr plx_dtype d = dtype_v<T>;
+  r.add<WgMatmul<T, TL>, CudaBackend>("matmul", d, TL::kName, flags);
+  r.add<WgLinear<T, TL>, CudaBackend>("linear", d, TL::kName, flags);
+}
+
+}  // namespace
+
+std::vector<std::string> wgmma_tile_names() {
+  return {TileN128::kName, TileN256::kName};
+}
+
+std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
+                                          const std::string& tile, MmaAct act) {
+  switch (static_cast<plx_dtype>(node.input(0).dtype)) {
+    case PLX_F16:
+      return make_linear_tile<f16>(node, backend, tile, act);
+    case PLX_BF16:
+      return make_linear_tile<bf16>(node, backend, tile, act);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format("linear: the wgmma kernels take f16 or bf16, not %s",
+                                     dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
+}
+
+std::unique_ptr<Kernel> make_wgmma_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& tile) {
+  return std::make_unique<WgLinearReluGroup>(backend, g, b, tile);
+}
+
+void register_wgmma_gemm(KernelRegistry& r) {
+  // No PLX_KERNEL_LIBRARY: these are the "native" side of backend.kernels.
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_tile<bf16, TileN128>(r, f);
+  add_tile<bf16, TileN256>(r, f);
+  add_tile<f16, TileN128>(r, f);
+  add_tile<f16, TileN256>(r, f);
+}
+
+}  // namespace plexus::cuda

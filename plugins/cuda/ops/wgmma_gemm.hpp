@@ -1,0 +1,34 @@
+// Our Hopper GEMM (ops/wgmma_gemm.cu, built for sm_90a only): the pieces other host code may use
+// beside the registered matmul and linear candidates. Only compiled when the plugin is built
+// for sm_90 (PLEXUS_CUDA_WGMMA is then defined for the whole plugin).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "ops/mma_gemm.hpp"
+
+namespace plexus::cuda {
+
+// Registers the "wgmma_*" candidates of matmul and linear (bf16, f16); backend.cpp calls it
+// after register_mma_gemm.
+void register_wgmma_gemm(KernelRegistry& r);
+
+// The tile configurations, as their impl names ("wgmma_128x128x64", ...).
+std::vector<std::string> wgmma_tile_names();
+
+// A linear node's kernel on the Hopper GEMM with tile `tile` (one of wgmma_tile_names()) and
+// `act` applied in the epilogue after the bias, for a fused linear -> activation group. Throws
+// Unsupported (a decline) where the registered linear candidate of that tile would.
+std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
+                                          const std::string& tile, MmaAct act);
+
+// A fused linear -> relu group (sdk::find_epilogue_chains) whose linear node the host gave to
+// the wgmma candidate `tile`: one kernel, the ReLU in the GEMM's epilogue. Throws Unsupported
+// where that candidate declines the linear node or the group is not such a pair.
+std::unique_ptr<Kernel> make_wgmma_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& tile);
+
+}  // namespace plexus::cuda

@@ -1,0 +1,347 @@
+// The CUDA plugin's Hopper GEMM (plugins/cuda/ops/wgmma_gemm.cu, sm_90a), candidate by candidate.
+//
+// The ordinary comparison (test_cuda_ops.cpp) only ever runs the first kernel that accepts a
+// node, which is cuBLASLt's. Here every "wgmma_*" candidate of matmul and linear (bf16, f16) is
+// created explicitly, as the autotuner will create it, and run against the CPU reference: the
+// square 1024 shapes in every operand layout (trans_a, trans_b), ragged shapes (M, N, K not
+// multiples of any tile: 1000 x 1000 x 1000, boxes wholly past the edge, K shorter than one
+// tile), our models' skinny layers (128 x 784 -> 256, ...), alpha, the bias, batches (folded,
+// strided, shared operands), empty outputs, and operands or outputs that are not 16-byte aligned
+// (the SIMT fallback and the unpaired stores). Outputs sit in a poisoned buffer with guard bytes,
+// so an unwritten element or a stray write fails; a second run must give the same bytes (the
+// kernels claim determinism). Shapes a candidate must decline (K = 0, rows that are not 16-byte
+// multiples, batch dims that broadcast partially) are checked to be declined with a reason.
+//
+// Skipped without a GPU, on a GPU that is not compute capability 9.0 (the candidates decline it:
+// sm_90a code runs nowhere else) and when the plugin was built without sm_90 (no candidates).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "plexus/attrs.hpp"
+#include "plexus/backend.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/plugin.hpp"
+#include "plexus/runtime.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+
+namespace {
+
+constexpr uint8_t kPoison = 0xFF;  // NaN in both 16-bit float dtypes
+constexpr uint64_t kGuard = 256;
+
+struct WgCase {
+  std::string op;  // "matmul" or "linear"
+  Shape a, b;      // matmul: a, b; linear: x, w
+  int64_t ta = 0, tb = 0;
+  double alpha = 1;
+  bool bias = false;     // linear
+  bool decline = false;  // every wgmma candidate must decline it
+  // Offsets (in elements) of the first input and of the output inside their buffers: 1 makes
+  // them misaligned (the first input then goes to the SIMT fallback).
+  int64_t in_offset = 0, out_offset = 0;
+
+  std::string what() const {
+    std::string s = op + " " + shape_string(a) + " " + shape_string(b);
+    if (ta) s += " trans_a";
+    if (tb) s += " trans_b";
+    if (alpha != 1) s += " alpha " + std::to_string(alpha);
+    if (bias) s += " bias";
+    if (in_offset) s += " input offset " + std::to_string(in_offset);
+    if (out_offset) s += " output offset " + std::to_string(out_offset);
+    return s;
+  }
+  int64_t k() const {
+    if (op == "linear") return a.back();
+    return ta ? a[a.size() - 2] : a.back();
+  }
+  Attrs attrs() const {
+    if (op == "linear") return {};
+    return {{"trans_a", ta}, {"trans_b", tb}, {"alpha", alpha}};
+  }
+};
+
+std::vector<WgCase> wg_cases() {
+  std::vector<WgCase> v;
+  auto lin = [&](Shape x, int64_t out, bool bias) {
+    WgCase c;
+    c.op = "linear";
+    c.b = {out, x.back()};
+    c.a = std::move(x);
+    c.bias = bias;
+    v.push_back(c);
+    return &v.back();
+  };
+  auto mm = [&](Shape a, Shape b, int64_t ta, int64_t tb, double alpha = 1) {
+    WgCase c;
+    c.op = "matmul";
+    c.a = std::move(a);
+    c.b = std::move(b);
+    c.ta = ta, c.tb = tb, c.alpha = alpha;
+    v.push_back(c);
+    return &v.back();
+  };
+  // Square 1024, every layout: 16 K tiles, more than either tile's stages (the ring wraps).
+  mm({1024, 1024}, {1024, 1024}, 0, 0);
+  mm({1024, 1024}, {1024, 1024}, 1, 0);
+  mm({1024, 1024}, {1024, 1024}, 0, 1);
+  mm({1024, 1024}, {1024, 1024}, 1, 1);
+  // Ragged squares: 1000 is no multiple of 64, 128 or 256 (K = 1000 keeps rows 16-byte multiples).
+  mm({1000, 1000}, {1000, 1000}, 0, 0);
+  mm({1000, 1000}, {1000, 1000}, 1, 1);
+  lin({1000, 1000}, 1000, true);
+  // Our models' layers (convnet / mlp at batch 128 and 1024): skinny, long K.
+  lin({128, 784}, 128, true);
+  lin({128, 784}, 256, true);
+  lin({1024, 3136}, 256, true);
+  lin({128, 256}, 10, true);
+  lin({1024, 784}, 512, false);
+  // Ragged everything: M, N and K past tile multiples, N = 10 and 300 (odd pairs at the edge).
+  lin({130, 200}, 300, true);
+  lin({100, 72}, 10, true);
+  lin({3, 37, 40}, 33, false);
+  lin({16}, 5, true);  // a 1-D x: one row
+  lin({1, 8}, 1, false);
+  lin({0, 16}, 8, true);  // no rows: nothing to launch
+  // Misaligned: x one element into its buffer (SIMT fallback), y one element in (single stores).
+  lin({100, 72}, 10, true)->in_offset = 1;
+  lin({130, 200}, 300, true)->out_offset = 1;
+  lin({45, 64}, 48, true)->out_offset = 1;
+  // Declined: K = 0 (nothing for the Tensor Cores), rows of 10 elements (not 16-byte multiples).
+  lin({64, 0}, 8, true)->decline = true;
+  lin({4, 10}, 3, true)->decline = true;
+
+  // matmul, every layout, ragged.
+  mm({96, 80}, {80, 136}, 0, 0);
+  mm({80, 96}, {80, 136}, 1, 0);
+  mm({96, 80}, {136, 80}, 0, 1);
+  mm({80, 96}, {136, 80}, 1, 1);
+  mm({33, 24}, {24, 40}, 0, 0, 0.5);
+  mm({200, 264}, {264, 72}, 0, 0, -2);
+  // K = 8, an eighth of one K tile; trans_a with M = 136: the second 64-wide A box of the second
+  // M tile lies wholly past the edge (TMA fills it with zeros).
+  mm({8, 136}, {8, 200}, 1, 0);
+  mm({8, 136}, {200, 8}, 1, 1);
+  mm({10, 16}, {10, 24}, 1, 0);  // K = 10 is no operand's contiguous dimension here
+  mm({0, 8}, {8, 16}, 0, 0);     // no rows
+  // Batches: folded into rows, strided (both full), a shared, b shared with trans_a.
+  mm({3, 40, 48}, {48, 72}, 0, 0);
+  mm({2, 3, 40, 48}, {2, 3, 48, 72}, 0, 0);
+  mm({2, 3, 40, 48}, {2, 3, 72, 48}, 0, 1, 0.25);
+  mm({40, 48}, {3, 48, 72}, 0, 0);
+  mm({3, 48, 40}, {48, 72}, 1, 0);
+  mm({2, 48, 40}, {2, 72, 48}, 1, 1);
+  mm({3, 40, 48}, {1, 48, 72}, 0, 0);
+  mm({4, 200, 264}, {4, 264, 136}, 0, 0);  // batched, several tiles each
+  // Misaligned a (fallback), misaligned y.
+  mm({96, 80}, {80, 136}, 0, 0)->in_offset = 1;
+  mm({80, 96}, {136, 80}, 1, 1)->in_offset = 1;
+  mm({2, 3, 40, 48}, {2, 3, 48, 72}, 0, 0)->in_offset = 1;
+  mm({96, 80}, {80, 136}, 0, 0)->out_offset = 1;
+  // Declined: batch dims that broadcast partially; rows that are not 16-byte multiples; K = 0.
+  mm({2, 1, 16, 16}, {1, 3, 16, 16}, 0, 0)->decline = true;
+  mm({7, 9}, {9, 5}, 0, 0)->decline = true;
+  mm({16, 24}, {24, 10}, 0, 0)->decline = true;
+  mm({3, 0}, {0, 8}, 0, 0)->decline = true;
+  return v;
+}
+
+bool is_wgmma(const plx_kernel* k) {
+  return k->impl && std::string(k->impl).rfind("wgmma_", 0) == 0;
+}
+
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  std::vector<uint8_t> b(t.nbytes());
+  if (!b.empty()) t.copy_to_host(b.data());
+  return b;
+}
+
+// `src` (CPU) copied onto `gpu` at `offset` elements into a larger buffer (which is kept alive
+// by the returned view).
+Tensor to_gpu_at(const Tensor& src, Backend& gpu, int64_t offset) {
+  const uint64_t es = dtype_size(src.dtype());
+  const uint64_t bytes = src.nbytes() + 16 + static_cast<uint64_t>(offset) * es;
+  Tensor buf = Tensor::empty(gpu, {static_cast<int64_t>(bytes)}, PLX_U8, 0);
+  Tensor view = buf.alias(src.dtype(), src.shape(), static_cast<uint64_t>(offset) * es);
+  const std::vector<uint8_t> b = host_bytes(src);
+  if (!b.empty()) view.copy_from_host(b.data());
+  return view;
+}
+
+struct Outcome {
+  bool declined = false;
+  std::string reason;   // why it declined
+  std::string failure;  // "" if it matched
+};
+
+// Creates candidate `k` for the case and, unless it declines, runs it twice against `want`
+// (the CPU's result; undefined for a case that must be declined, which is never run).
+Outcome run_candidate(Backend& gpu, const plx_kernel* k, const WgCase& c,
+                      const std::vector<Tensor>& cpu_in, const Tensor& want) {
+  Outcome o;
+  const OpSchema& s = gpu.runtime().ops().get(c.op);
+  const Attrs full = s.complete_attrs(c.attrs());
+  std::vector<TensorDesc> in_descs;
+  for (const Tensor& t : cpu_in) in_descs.push_back(t.defined() ? t.desc() : TensorDesc{});
+  const TensorDesc out_desc = s.infer_outputs(in_descs, full).at(0);
+  std::vector<Tensor> in;
+  for (size_t i = 0; i < cpu_in.size(); ++i)
+    in.push_back(cpu_in[i].defined() ? to_gpu_at(cpu_in[i], gpu, i == 0 ? c.in_offset : 0)
+                                     : Tensor());
+  std::vector<plx_tensor> in_views;
+  for (const Tensor& t : in) {
+    plx_tensor v{};
+    if (t.defined()) {
+      v = t.view();
+      v.data = nullptr;
+    } else {
+      v.dtype = PLX_DTYPE_NONE;
+    }
+    in_views.push_back(v);
+  }
+  std::vector<plx_tensor> out_views = {make_desc(out_desc, 0)};
+  AttrPack pack(full);
+  plx_node_info node{};
+  node.struct_size = sizeof node;
+  node.device = 0;
+  node.op = s.name.c_str();
+  node.num_inputs = static_cast<int32_t>(in_views.size());
+  node.inputs = in_views.data();
+  node.num_outputs = 1;
+  node.outputs = out_views.data();
+  node.attrs = pack.data();
+  node.num_attrs = pack.size();
+  void* state = nullptr;
+  uint64_t ws_bytes = 0;
+  const plx_status st = k->create(gpu.kernel_ctx(k), k->user, &node, &state, &ws_bytes);
+  if (st == PLX_ERR_UNSUPPORTED) {
+    o.declined = true;
+    o.reason = gpu.kernel_plugin(k).last_error();
+    return o;
+  }
+  if (st != PLX_OK) {
+    o.failure = "create failed: " + gpu.kernel_plugin(k).last_error();
+    return o;
+  }
+  const PreparedKernel prepared(gpu, "op '" + c.op + "'", k, state, ws_bytes);
+  if (!want.defined()) {
+    o.failure = "accepted a node it must decline";
+    return o;
+  }
+  if (ws_bytes != 0) {
+    o.failure = "asks for " + std::to_string(ws_bytes) + " bytes of workspace";
+    return o;
+  }
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].defined()) in_views[i] = in[i].view();
+
+  const uint64_t es = dtype_size(want.dtype());
+  const uint64_t out_off = kGuard + static_cast<uint64_t>(c.out_offset) * es;
+  const uint64_t n = want.nbytes();
+  std::vector<uint8_t> first;
+  for (int run = 0; run < 2; ++run) {
+    const plx_stream stream = gpu.stream(0);
+    Tensor buf = Tensor::empty(gpu, {static_cast<int64_t>(n + out_off + kGuard)}, PLX_U8, 0);
+    gpu.memset(0, buf.data(), kPoison, n + out_off + kGuard, stream);
+    Tensor y = buf.alias(want.dtype(), want.shape(), out_off);
+    out_views[0] = y.view();
+    try {
+      prepared.run(in_views.data(), static_cast<int32_t>(in_views.size()), out_views.data(), 1,
+                   nullptr, stream);
+      gpu.sync(0);
+    } catch (const std::exception& e) {
+      o.failure = std::string("run failed: ") + e.what();
+      return o;
+    }
+    const std::vector<uint8_t> b = host_bytes(buf);
+    for (uint64_t i = 0; i < out_off; ++i)
+      if (b[i] != kPoison) {
+        o.failure = "wrote before the output's start";
+        return o;
+      }
+    for (uint64_t i = out_off + n; i < b.size(); ++i)
+      if (b[i] != kPoison) {
+        o.failure = "wrote past the output's end";
+        return o;
+      }
+    if (run == 0) {
+      const cmp::Tolerance tol =
+          cmp::tolerance_for(want.dtype(), std::max<int64_t>(c.k(), 1) + 1, false);
+      o.failure = cmp::compare_tensors(y, want, tol);
+      if (!o.failure.empty()) return o;
+      first.assign(b.begin(), b.end());
+    } else if (b != first) {
+      o.failure = "a second run gave different bytes (the kernel claims determinism)";
+    }
+  }
+  return o;
+}
+
+// The reason the candidates give on a device that is not compute capability 9.0.
+bool is_device_decline(const std::string& reason) {
+  return reason.find("compute capability 9.0") != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const std::vector<WgCase> cases = wg_cases();
+  {
+    // Built without sm_90 in the architectures: no candidates at all.
+    const OpSchema& s = gpu.runtime().ops().get("matmul");
+    bool any = false;
+    for (const plx_kernel* k : gpu.kernels(s.id, PLX_BF16)) any = any || is_wgmma(k);
+    if (!any) PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
+    // No f32 (TF32) wgmma candidates exist.
+    for (const plx_kernel* k : gpu.kernels(s.id, PLX_F32)) CHECK_FALSE(is_wgmma(k));
+  }
+  int64_t runs = 0, declines = 0;
+  for (plx_dtype d : {PLX_BF16, PLX_F16}) {
+    for (const WgCase& c : cases) {
+      const OpSchema& s = gpu.runtime().ops().get(c.op);
+      std::vector<const plx_kernel*> mine;
+      for (const plx_kernel* k : gpu.kernels(s.id, d))
+        if (is_wgmma(k)) mine.push_back(k);
+      // One candidate per tile, native (not PLX_KERNEL_LIBRARY), deterministic and capturable,
+      // registered after cuBLASLt's (the first accepting kernel wins without the tuner).
+      REQUIRE(mine.size() == 2);
+      for (const plx_kernel* k : mine) {
+        CHECK_FALSE(k->flags & PLX_KERNEL_LIBRARY);
+        CHECK(k->flags & PLX_KERNEL_DETERMINISTIC);
+        CHECK(k->flags & PLX_KERNEL_CAPTURABLE);
+      }
+      CHECK_FALSE(is_wgmma(gpu.kernels(s.id, d).front()));
+
+      cmp::Gen g(d, 20261123 + static_cast<uint64_t>(runs + declines));
+      std::vector<Tensor> in = {g.uniform(c.a), g.uniform(c.b)};
+      if (c.op == "linear") in.push_back(c.bias ? g.uniform({c.b[0]}) : Tensor());
+      const Tensor want = c.decline ? Tensor() : call(cpu(), c.op, in, c.attrs()).at(0);
+
+      for (const plx_kernel* k : mine) {
+        const std::string label = c.what() + " [" + dtype_name(d) + ", " + k->impl + "]";
+        INFO(label);
+        const Outcome o = run_candidate(gpu, k, c, in, want);
+        if (o.declined && is_device_decline(o.reason))
+          PLX_SKIP(("the wgmma candidates decline this GPU: " + o.reason).c_str());
+        if (c.decline) {
+          INFO(o.failure);
+          CHECK(o.declined);
+          CHECK_FALSE(o.reason.empty());
+          ++declines;
+          continue;
+        }
+        INFO("declined: " << o.reason);
+        CHECK_FALSE(o.declined);
+        CHECK(o.failure == "");
+        ++runs;
+      }
+    }
+  }
+  WARN(runs << " candidate runs, " << declines << " expected declines");
+}
