@@ -243,7 +243,9 @@ void check_step_matches_cpu(Backend& gpu) {
 // Every node of the step on `gpu` against the CPU op run on that node's inputs. Every activation
 // is a graph output here, so no layer is fused with its activation; the optimizer's updates are
 // (one multi-tensor kernel), and each parameter's new value is still checked against the CPU's
-// sgd_update on that node's inputs.
+// sgd_update on that node's inputs. The classifier head is fused too, and writes every value
+// its nodes would (the logits, log_probs, the loss, dlogits), so each of its nodes is checked
+// on the values the fused kernel wrote.
 void check_nodes_match_cpu(Backend& gpu) {
   const Step s = convnet_step(3, false, false, true);
   const Graph& g = *s.graph;
