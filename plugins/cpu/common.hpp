@@ -129,6 +129,10 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
 // relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cpp).
 std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
                                                     plx_dtype& dtype);
+// linear -> [cast] -> softmax_cross_entropy [-> argmax] [-> its backward] as one kernel
+// (ops/softmax.cpp).
+std::unique_ptr<Kernel> make_linear_cross_entropy(const sdk::GraphView& g, const sdk::Boundary& b,
+                                                  plx_dtype& dtype);
 // The multi-tensor sgd_update / adamw_update kernel for a group of update nodes (ops/optim.cpp).
 std::unique_ptr<Kernel> make_multi_update(const sdk::GraphView& g, const sdk::Boundary& b,
                                           plx_dtype& dtype);

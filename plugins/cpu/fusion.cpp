@@ -10,6 +10,11 @@
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, whose kernel
 //    applies the ReLU's mask as it reads the gradient (ops/pool.cpp), so the masked gradient is
 //    never written.
+//  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
+//    the logits and the loss's backward when the graph allows (sdk::find_linear_cross_entropy):
+//    the linear's GEMM, then one pass per row for the loss, the argmax and dlogits
+//    (ops/softmax.cpp), so neither the logits nor log_probs are written when only the group
+//    reads them.
 // All run the same element loops as the per-node kernels: fused and unfused steps agree to the
 // bit (tests/core/test_fusion.cpp).
 #include "common.hpp"
@@ -34,6 +39,12 @@ void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_u
   // The backward of ReLU with pooling: the pool's gradient reads the ReLU's mask as it goes.
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(host_user, pair.data(), 2, "relu_backward+max_pool2d_backward");
+  // The classifier head: the largest of its groups the core accepts.
+  for (const auto& head : sdk::find_linear_cross_entropy(g))
+    for (const auto& grp : head.groups)
+      if (claim(host_user, grp.data(), static_cast<int32_t>(grp.size()),
+                "linear+softmax_cross_entropy") == PLX_OK)
+        break;
   for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
     std::string name;
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
@@ -55,6 +66,14 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
     name = "relu_backward+max_pool2d_backward";
     flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
     return make_relu_max_pool_backward(g, boundary, dtype);
+  }
+  if (g.is(0, "linear") && g.num_nodes() >= 2 &&
+      std::any_of(graph.nodes, graph.nodes + graph.num_nodes, [](const plx_graph_node& n) {
+        return std::string_view(n.op) == "softmax_cross_entropy";
+      })) {
+    name = "linear+softmax_cross_entropy";
+    flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+    return make_linear_cross_entropy(g, boundary, dtype);
   }
   auto chain = std::make_unique<sdk::EpilogueChain>(backend, g, boundary);
   dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);

@@ -243,7 +243,9 @@ void check_step_matches_cpu(Backend& gpu) {
 // Every node of the step on `gpu` against the CPU op run on that node's inputs. Every activation
 // is a graph output here, so no layer is fused with its activation; the optimizer's updates are
 // (one multi-tensor kernel), and each parameter's new value is still checked against the CPU's
-// sgd_update on that node's inputs.
+// sgd_update on that node's inputs. The classifier head is fused too, and writes every value
+// its nodes would (the logits, log_probs, the loss, dlogits), so each of its nodes is checked
+// on the values the fused kernel wrote.
 void check_nodes_match_cpu(Backend& gpu) {
   const Step s = convnet_step(3, false, false, true);
   const Graph& g = *s.graph;
@@ -361,10 +363,11 @@ void check_capture(Backend& gpu, bool capturable) {
   }
 }
 
-// The step with fusion (the backend's multi-tensor SGD update; conv2d+relu and linear+relu as
-// one kernel each) against the same step node by node on the same backend. `bitwise`: the fused
-// kernels run the very same arithmetic (the CPU's do; cuBLASLt's ReLU epilogue may pick another
-// GEMM algorithm, so CUDA is held to f32 tolerances).
+// The step with fusion (the backend's multi-tensor SGD update; conv2d+relu, linear+relu and the
+// classifier head as one kernel each) against the same step node by node on the same backend.
+// `bitwise`: the fused kernels run the very same arithmetic (the CPU's do; cuBLASLt's ReLU
+// epilogue may pick another GEMM algorithm, and the CUDA head sums its logits in its own order,
+// so CUDA is held to f32 tolerances).
 void check_fusion(Backend& gpu, bool bitwise) {
   const int64_t batch = 8;
   const Step s = convnet_step(batch, true, false, false);
@@ -381,11 +384,13 @@ void check_fusion(Backend& gpu, bool bitwise) {
       if (n.find("fused kernel") != std::string::npos) k += n + "\n";
     return k;
   }());
-  // Three conv2d+relu, one linear+relu, one update for all ten parameters. (The ReLUs' masks
-  // before the pools travel in the pools' indices, relu_mask: no relu_backward to fuse.)
-  CHECK(a.plan().fused_kernels == 5);
-  CHECK(a.plan().fused_nodes == 3 * 2 + 2 + 10);
-  CHECK(a.plan().internal_values == 4);  // the pre-activations
+  // Three conv2d+relu, one linear+relu, the head (the last linear, the loss and its
+  // backward), one update for all ten parameters. (The ReLUs' masks before the pools travel in
+  // the pools' indices, relu_mask: no relu_backward to fuse.)
+  CHECK(a.plan().fused_kernels == 6);
+  CHECK(a.plan().fused_nodes == 3 * 2 + 2 + 3 + 10);
+  // The pre-activations, the logits and log_probs.
+  CHECK(a.plan().internal_values == 4 + 2);
   CHECK(a.plan().unplanned_bytes < b.plan().unplanned_bytes);
   CHECK(b.plan().fused_kernels == 0);
   for (int i = 0; i < 3; ++i) {

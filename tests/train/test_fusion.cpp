@@ -17,8 +17,9 @@ using namespace plexus::test;
 namespace {
 
 // conv -> batch norm -> relu, conv -> tanh, a skip connection, pool, linear -> relu, linear,
-// cross-entropy: the CPU backend fuses bn+relu, conv2d+tanh and linear+relu, and the optimizer's
-// updates into one multi-tensor kernel.
+// cross-entropy: the CPU backend fuses bn+relu, conv2d+tanh and linear+relu, the classifier head
+// (the last linear, the loss and its backward), and the optimizer's updates into one
+// multi-tensor kernel.
 Var model(Graph& g, int64_t n, plx_dtype d) {
   const Var x = g.input("x", {d, {n, 2, 6, 6}});
   const Var labels = g.input("labels", {PLX_I32, {n}});
@@ -118,17 +119,19 @@ TEST_CASE("a step fused on the CPU equals the step run node by node, bit for bit
       const StepResult plain = train(false, optimizer, d);
       CHECK(fused.bytes == plain.bytes);
       CHECK(plain.plan.fused_kernels == 0);
-      // The optimizer's 8 updates as one kernel; bn+relu, conv2d+tanh and linear+relu.
-      CHECK(fused.plan.fused_kernels == 4);
-      CHECK(fused.plan.fused_nodes == 8 + 6);
-      CHECK(fused.plan.internal_values == 3);
-      CHECK(fused.plan.activation_buffers == plain.plan.activation_buffers - 3);
+      // The optimizer's 8 updates as one kernel; bn+relu, conv2d+tanh and linear+relu; the
+      // head: linear, loss and the loss's backward (its logits and log_probs never stored).
+      CHECK(fused.plan.fused_kernels == 5);
+      CHECK(fused.plan.fused_nodes == 8 + 6 + 3);
+      CHECK(fused.plan.internal_values == 3 + 2);
+      CHECK(fused.plan.activation_buffers == plain.plan.activation_buffers - 3 - 2);
       CHECK(fused.plan.unplanned_bytes < plain.plan.unplanned_bytes);
-      CHECK(fused.kernels.size() == plain.kernels.size() - 8 + 1 - 3);
+      CHECK(fused.kernels.size() == plain.kernels.size() - 8 + 1 - 3 - 2);
       CHECK(has_kernel(fused, "fused kernel 'multi_tensor_" + std::string(optimizer) + "'"));
       CHECK(has_kernel(fused, "[bn, relu1]: cpu/batch_norm+relu"));
       CHECK(has_kernel(fused, "[c2, tanh]: cpu/conv2d+tanh"));
       CHECK(has_kernel(fused, "[fc, relu2]: cpu/linear+relu"));
+      CHECK(has_kernel(fused, "[out, loss, loss.grad]: cpu/linear+softmax_cross_entropy"));
     }
 }
 

@@ -6,6 +6,7 @@
 // lanes is independent. With inner == 1 a lane is a contiguous row; otherwise lanes are taken in
 // tiles of up to kTile adjacent inner positions, so that every pass over the axis reads kTile
 // contiguous elements per step instead of striding through memory one lane at a time.
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -321,7 +322,181 @@ class CrossEntropyBackwardKernel final : public Kernel {
   CrossEntropyParams p_;
 };
 
+// ---- the classifier head, fused ----
+
+// linear -> [cast to f32] -> softmax_cross_entropy [-> argmax] [-> softmax_cross_entropy_backward]
+// as one kernel (the group sdk::linear_cross_entropy_slots parses). The logits come from the
+// very GEMM call LinearKernel makes (ops/gemm.cpp: the bias preloaded, beta = 1), into the
+// workspace unless they are needed outside; then one pass per row computes log-softmax, the
+// loss, the argmax and dlogits with the same arithmetic, in the same order, as the kernels
+// above and the argmax kernel, so fused and unfused agree to the bit. log_probs are rounded to
+// the loss's dtype before the backward's exp, as the unfused backward reads them from memory.
+// TL: the linear's dtype; TC: the cross-entropy's (f32 after a mixed-precision cast, else TL).
+template <class TL, class TC>
+class LinearCrossEntropyKernel final : public Kernel {
+ public:
+  LinearCrossEntropyKernel(const NodeInfo& ce, const sdk::LinearCrossEntropySlots& s)
+      : s_(s), p_(ce, ce.input(0)) {
+    PLX_DECLINE_UNLESS(s.n <= INT_MAX && s.c <= INT_MAX && s.k <= INT_MAX,
+                       "linear: a dimension exceeds the BLAS int range");
+    PLX_DECLINE_UNLESS(s.c > 0, "no classes (argmax over an empty axis is the node's error)");
+    uint64_t off = 0;
+    if (p_.reduction != Reduction::kNone) off += static_cast<uint64_t>(s.n) * sizeof(double);
+    if (s.logits < 0) {
+      logits_at_ = off;
+      off += static_cast<uint64_t>(s.n * s.c) * sizeof(TL);
+    }
+    off = (off + 63) / 64 * 64;
+    scratch_at_ = off;
+    workspace_ = off + gemm_scratch_floats<TL>(s.n, s.c, s.k) * sizeof(float);
+  }
+
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    if (s_.label_dtype == PLX_I32)
+      run<int32_t>(c);
+    else
+      run<int64_t>(c);
+  }
+
+ private:
+  using A = acc_t<TC>;
+
+  template <class T>
+  static T* out(const KernelCall& c, int32_t slot) {
+    return slot >= 0 ? sdk::data<T>(c.out(slot)) : nullptr;
+  }
+
+  template <class L>
+  void run(const KernelCall& c) {
+    const sdk::LinearCrossEntropySlots& s = s_;
+    const CrossEntropyParams& p = p_;
+    char* ws = static_cast<char*>(c.workspace);
+    const TL* x = sdk::data<TL>(c.in(s.x));  // (N, K)
+    const TL* w = sdk::data<TL>(c.in(s.w));  // (C, K)
+    const L* labels = sdk::data<L>(c.in(s.labels));                              // (N)
+    TL* z = s.logits >= 0 ? out<TL>(c, s.logits) : reinterpret_cast<TL*>(ws + logits_at_);  // (N, C)
+    TC* zc = out<TC>(c, s.cast_logits);            // (N, C), the cast's output, if needed
+    TC* loss = out<TC>(c, s.loss);                 // () or (N)
+    TC* lp = out<TC>(c, s.log_probs);              // (N, C), if needed
+    int64_t* pred = out<int64_t>(c, s.pred);       // (N)
+    TC* dx = out<TC>(c, s.dlogits);                // (N, C)
+    double* row_loss = p.reduction == Reduction::kNone ? nullptr : reinterpret_cast<double*>(ws);
+    float* scratch = reinterpret_cast<float*>(ws + scratch_at_);
+
+    // The linear, exactly as LinearKernel computes it.
+    if (s.bias >= 0) {
+      const TL* bias = sdk::data<TL>(c.in(s.bias));  // (C)
+      const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / s.c);
+      parallel_for(s.n, grain, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) std::memcpy(z + r * s.c, bias, sizeof(TL) * s.c);
+      });
+    }
+    gemm<TL>(false, true, s.n, s.c, s.k, acc_t<TL>(1), x, s.k, w, s.k,
+             s.bias >= 0 ? acc_t<TL>(1) : acc_t<TL>(0), z, s.c, scratch);
+
+    const int64_t counted = check_labels<L>("softmax_cross_entropy", p, labels);
+    const A on = A(1 - p.smoothing), off = A(p.smoothing / static_cast<double>(p.c));
+    A scale = 0;  // the backward's, of every row, unless reduction none
+    const TC* dloss = s.dloss >= 0 ? sdk::data<TC>(c.in(s.dloss)) : nullptr;  // () or (N)
+    if (dx && p.reduction == Reduction::kSum) scale = load(dloss, 0);
+    if (dx && p.reduction == Reduction::kMean && counted > 0) scale = load(dloss, 0) / A(counted);
+    const int64_t C = p.c;
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / C);
+    parallel_for(p.n, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const TL* zr = z + i * C;  // (C)
+        // The logits as the cross-entropy reads them: the linear's rounded output, widened
+        // exactly by the cast (misc.cpp) when there is one.
+        auto logit = [zr](int64_t k) { return static_cast<A>(load(zr, k)); };
+        if (zc)
+          for (int64_t k = 0; k < C; ++k) store(zc + i * C, k, logit(k));
+        // softmax_cross_entropy (CrossEntropyKernel).
+        A mx = -std::numeric_limits<A>::infinity();
+        for (int64_t k = 0; k < C; ++k) mx = std::max(mx, logit(k));
+        A sum = 0;
+        for (int64_t k = 0; k < C; ++k) sum += std::exp(logit(k) - mx);
+        const A lse = mx + std::log(sum);
+        A lp_sum = 0;
+        for (int64_t k = 0; k < C; ++k) {
+          const A v = logit(k) - lse;
+          lp_sum += v;
+          if (lp) store(lp + i * C, k, v);
+        }
+        const int64_t l = static_cast<int64_t>(labels[i]);
+        A li = 0;
+        if (l != p.ignore_index) {
+          li = -(on * (logit(l) - lse));
+          if (p.smoothing != 0) li -= off * lp_sum;
+        }
+        if (p.reduction == Reduction::kNone) {
+          if (loss) store(loss, i, li);
+        } else {
+          row_loss[i] = static_cast<double>(li);
+        }
+        // argmax: the first maximum, the first NaN if there is one (ops/reduce.cpp).
+        if (pred) {
+          int64_t best = 0;
+          A bv = logit(0);
+          for (int64_t k = 1; k < C && bv == bv; ++k) {
+            const A v = logit(k);
+            if (v > bv || v != v) {
+              bv = v;
+              best = k;
+            }
+          }
+          pred[i] = best;
+        }
+        // softmax_cross_entropy_backward (CrossEntropyBackwardKernel), from log_probs rounded
+        // to TC as it would read them.
+        if (!dx) continue;
+        TC* dr = dx + i * C;  // (C)
+        if (l == p.ignore_index) {
+          for (int64_t k = 0; k < C; ++k) store(dr, k, A(0));
+          continue;
+        }
+        const A g = p.reduction == Reduction::kNone ? load(dloss, i) : scale;
+        for (int64_t k = 0; k < C; ++k) {
+          const A lpk = convert<A>(convert<TC>(logit(k) - lse));
+          store(dr, k, g * (std::exp(lpk) - off - (k == l ? on : A(0))));
+        }
+      }
+    });
+    if (p.reduction == Reduction::kNone || !loss) return;
+    double total = 0;
+    for (int64_t i = 0; i < p.n; ++i) total += row_loss[i];
+    if (p.reduction == Reduction::kMean) total = counted > 0 ? total / counted : 0.0;
+    store(loss, 0, static_cast<A>(total));
+  }
+
+  sdk::LinearCrossEntropySlots s_;
+  CrossEntropyParams p_;
+  uint64_t logits_at_ = 0, scratch_at_ = 0, workspace_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_linear_cross_entropy(const sdk::GraphView& g, const sdk::Boundary& b,
+                                                  plx_dtype& dtype) {
+  const sdk::LinearCrossEntropySlots s = sdk::linear_cross_entropy_slots(g, b);
+  dtype = s.dtype;
+  const sdk::OwnedNodeInfo info(g, s.ce);
+  const NodeInfo ce(&info.get());
+  const bool cast = s.cast >= 0;
+  switch (s.dtype) {
+    case PLX_F32: return std::make_unique<LinearCrossEntropyKernel<float, float>>(ce, s);
+    case PLX_F64: return std::make_unique<LinearCrossEntropyKernel<double, double>>(ce, s);
+    case PLX_F16:
+      if (cast) return std::make_unique<LinearCrossEntropyKernel<half, float>>(ce, s);
+      return std::make_unique<LinearCrossEntropyKernel<half, half>>(ce, s);
+    case PLX_BF16:
+      if (cast) return std::make_unique<LinearCrossEntropyKernel<bfloat16, float>>(ce, s);
+      return std::make_unique<LinearCrossEntropyKernel<bfloat16, bfloat16>>(ce, s);
+    default: break;
+  }
+  throw sdk::Unsupported(sdk::format("linear+softmax_cross_entropy: no %s kernel", dtype_name(dtype)));
+}
 
 void register_softmax(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;

@@ -15,11 +15,16 @@
 //    never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
 //    kernel that masks each gradient as it reads it (ops/pool.cu).
+//  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
+//    the logits and the loss's backward when the graph allows (sdk::find_linear_cross_entropy):
+//    one kernel over the rows with the weight in shared memory (ops/linear_ce.cu), declined
+//    when the weight does not fit.
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common.hpp"
+#include "ops/linear_ce.hpp"
 #include "ops/optim_fused.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
@@ -145,6 +150,12 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
+  // The classifier head: the largest of its groups the core accepts.
+  for (const auto& head : sdk::find_linear_cross_entropy(g))
+    for (const auto& grp : head.groups)
+      if (claim(user, grp.data(), static_cast<int32_t>(grp.size()), "linear+softmax_cross_entropy") ==
+          PLX_OK)
+        break;
   for (const auto& chain : sdk::find_epilogue_chains(g, kProducers, kEpilogues)) {
     std::string name;
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
@@ -179,6 +190,16 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     plx_dtype dt = dtype;
     auto k = make_relu_max_pool_backward(g, b, dt);
     fused_.give("relu_backward+max_pool2d_backward", dt,
+                PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
+                workspace_bytes);
+    return;
+  }
+  bool head = false;
+  for (int32_t n = 0; n < g.num_nodes(); ++n) head = head || g.is(n, "softmax_cross_entropy");
+  if (head) {
+    plx_dtype dt = dtype;
+    auto k = make_linear_cross_entropy(*this, g, b, dt);
+    fused_.give("linear+softmax_cross_entropy", dt,
                 PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
                 workspace_bytes);
     return;

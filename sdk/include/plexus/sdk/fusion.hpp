@@ -303,6 +303,218 @@ inline ReluMaxPoolBackwardSlots relu_max_pool_backward_slots(const GraphView& g,
   return s;
 }
 
+// The classifier head: linear(x, w[, b]) -> [cast to f32] -> softmax_cross_entropy(logits,
+// labels), with argmax(logits, axis 1) and the loss's softmax_cross_entropy_backward when the
+// graph allows, as one kernel: the logits and log_probs then never exist outside it.
+//
+// find_linear_cross_entropy() gives, per head, the groups a backend may claim, largest first
+// (the backend claims them in turn until the core accepts one):
+//  - the linear's output (or the cast's, a widening f16/bf16 -> f32 cast of mixed precision,
+//    whose input nothing else reads) is read by the cross-entropy as its logits and otherwise
+//    only by one argmax over the classes (axis 1), which may join the group; any other reader:
+//    no group;
+//  - the backward may join when its log_probs are this cross-entropy's, read by nothing else,
+//    with the same labels and attributes;
+//  - a group runs where its last node runs, so no node outside it between its first and last
+//    node may read a value it writes (the core's rule). Under data parallelism the loss_scale
+//    `mul` reads the loss right after the cross-entropy: the backward and the argmax that come
+//    after it stay out, and the group is linear + cross-entropy, writing the logits for the
+//    argmax and log_probs for the backward.
+// linear_cross_entropy_slots() is the one parser of such a group for create_fused().
+struct LinearCrossEntropyCandidates {
+  std::vector<std::vector<int32_t>> groups;  // ascending node ids, largest group first
+};
+
+namespace detail {
+// Whether `nodes` (ascending) could run at the last one's place: no node outside the group
+// between the first and the last reads a value one of them writes. (The core checks more, such
+// as values written in place; this only keeps claims it would refuse out of the log.)
+inline bool runs_at_last(const GraphView& g, const std::vector<int32_t>& nodes) {
+  for (int32_t k = nodes.front() + 1; k < nodes.back(); ++k) {
+    if (std::find(nodes.begin(), nodes.end(), k) != nodes.end()) continue;
+    const plx_graph_node& other = g.node(k);
+    for (int32_t i = 0; i < other.num_inputs; ++i) {
+      const int32_t v = other.inputs[i];
+      if (!g.valid(v)) continue;
+      const int32_t p = g.producer(v);
+      if (p >= 0 && std::find(nodes.begin(), nodes.end(), p) != nodes.end()) return false;
+    }
+  }
+  return true;
+}
+// The argmax reads a 2-D tensor along axis 1 (or -1).
+inline bool argmax_over_classes(const GraphView& g, int32_t n) {
+  const plx_graph_node& a = g.node(n);
+  if (a.num_inputs < 1 || !g.valid(a.inputs[0]) || g.value(a.inputs[0]).ndim != 2) return false;
+  const plx_attr* axis = g.find_attr(n, "axis");
+  return axis && axis->type == PLX_ATTR_INT && (axis->i == 1 || axis->i == -1);
+}
+// A cast from f16/bf16 to f32: exact, so the fused kernel may widen the rounded logits itself.
+inline bool widening_cast(const GraphView& g, int32_t n) {
+  const plx_graph_node& c = g.node(n);
+  if (c.num_inputs != 1 || c.num_outputs != 1 || !g.valid(c.inputs[0])) return false;
+  const int32_t from = g.value(c.inputs[0]).dtype, to = g.value(c.outputs[0]).dtype;
+  return (from == PLX_F16 || from == PLX_BF16) && to == PLX_F32;
+}
+}  // namespace detail
+
+inline std::vector<LinearCrossEntropyCandidates> find_linear_cross_entropy(const GraphView& g) {
+  std::vector<LinearCrossEntropyCandidates> heads;
+  for (int32_t ce = 0; ce < g.num_nodes(); ++ce) {
+    if (!g.is(ce, "softmax_cross_entropy")) continue;
+    const plx_graph_node& cen = g.node(ce);
+    if (cen.num_inputs != 2 || cen.num_outputs != 2 || !g.valid(cen.inputs[0])) continue;
+    const int32_t logits = cen.inputs[0];
+    if (cen.inputs[1] == logits) continue;
+    int32_t producer = g.producer(logits), cast = -1;
+    if (producer < 0) continue;
+    if (g.is(producer, "cast")) {
+      if (!detail::widening_cast(g, producer)) continue;
+      const int32_t pre = g.node(producer).inputs[0];
+      if (g.readers(pre).size() != 1) continue;  // the rounded logits are read elsewhere
+      cast = producer;
+      producer = g.producer(pre);
+      if (producer < 0) continue;
+    }
+    if (!g.is(producer, "linear")) continue;
+    const plx_graph_node& lin = g.node(producer);
+    if (lin.num_inputs < 2 || lin.num_outputs != 1 || !g.valid(lin.inputs[0]) ||
+        !g.valid(lin.inputs[1]) || g.value(lin.inputs[0]).ndim != 2)
+      continue;
+    // The logits' other readers: at most one argmax over the classes.
+    int32_t argmax = -1;
+    bool other = false;
+    for (int32_t r : g.readers(logits)) {
+      if (r == ce) continue;
+      if (argmax < 0 && g.is(r, "argmax") && g.node(r).num_inputs == 1 &&
+          detail::argmax_over_classes(g, r))
+        argmax = r;
+      else
+        other = true;
+    }
+    if (other) continue;
+    // The backward: reads this cross-entropy's log_probs (and nothing else does), same labels
+    // and attributes, dloss from outside.
+    int32_t bwd = -1;
+    const auto& lp_readers = g.readers(cen.outputs[1]);
+    if (lp_readers.size() == 1 && g.is(lp_readers[0], "softmax_cross_entropy_backward")) {
+      const plx_graph_node& b = g.node(lp_readers[0]);
+      if (b.num_inputs == 3 && b.num_outputs == 1 && b.inputs[1] == cen.outputs[1] &&
+          b.inputs[2] == cen.inputs[1] && b.inputs[0] != cen.outputs[0] &&
+          b.inputs[0] != cen.outputs[1] && same_attrs(cen, b))
+        bwd = lp_readers[0];
+    }
+    LinearCrossEntropyCandidates head;
+    auto add = [&](bool with_argmax, bool with_bwd) {
+      std::vector<int32_t> nodes{producer, ce};
+      if (cast >= 0) nodes.push_back(cast);
+      if (with_argmax) nodes.push_back(argmax);
+      if (with_bwd) nodes.push_back(bwd);
+      std::sort(nodes.begin(), nodes.end());
+      if (detail::runs_at_last(g, nodes)) head.groups.push_back(std::move(nodes));
+    };
+    // Largest first (the backward before the argmax: it saves log_probs). An argmax left out
+    // between the first and last node reads the logits: runs_at_last() drops that group.
+    if (bwd >= 0 && argmax >= 0) add(true, true);
+    if (bwd >= 0) add(false, true);
+    if (argmax >= 0) add(true, false);
+    add(false, false);
+    if (!head.groups.empty()) heads.push_back(std::move(head));
+  }
+  return heads;
+}
+
+// Where create_fused()'s boundary puts each value of a linear + cross-entropy group, which node
+// of the group is which, and the shapes and dtypes. Outputs at -1 are internal to the group
+// (never written: they have no memory). Declines (Unsupported) any other group.
+struct LinearCrossEntropySlots {
+  // Nodes, as indices into the group's view; -1 where absent.
+  int32_t linear = -1, cast = -1, ce = -1, argmax = -1, backward = -1;
+  // Boundary inputs; bias and dloss -1 where absent.
+  int32_t x = -1, w = -1, bias = -1, labels = -1, dloss = -1;
+  // Boundary outputs: the linear's output, the cast's, the loss, log_probs, argmax's, dlogits.
+  int32_t logits = -1, cast_logits = -1, loss = -1, log_probs = -1, pred = -1, dlogits = -1;
+  plx_dtype dtype = PLX_DTYPE_NONE;       // the linear's (x, w, b, its output)
+  plx_dtype loss_dtype = PLX_DTYPE_NONE;  // the cross-entropy's (f32 after a cast, else dtype)
+  plx_dtype label_dtype = PLX_DTYPE_NONE;
+  int64_t n = 0, k = 0, c = 0;  // x (n, k), w (c, k)
+};
+inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, const Boundary& b) {
+  LinearCrossEntropySlots s;
+  for (int32_t n = 0; n < g.num_nodes(); ++n) {
+    int32_t* slot = g.is(n, "linear")                           ? &s.linear
+                    : g.is(n, "cast")                           ? &s.cast
+                    : g.is(n, "softmax_cross_entropy")          ? &s.ce
+                    : g.is(n, "argmax")                         ? &s.argmax
+                    : g.is(n, "softmax_cross_entropy_backward") ? &s.backward
+                                                                : nullptr;
+    PLX_DECLINE_UNLESS(slot && *slot < 0, "not a linear + softmax_cross_entropy group (%s)",
+                       g.node(n).op);
+    *slot = n;
+  }
+  PLX_DECLINE_UNLESS(s.linear >= 0 && s.ce >= 0, "a linear and a softmax_cross_entropy expected");
+  const plx_graph_node& lin = g.node(s.linear);
+  const plx_graph_node& ce = g.node(s.ce);
+  PLX_DECLINE_UNLESS(lin.num_inputs >= 2 && lin.num_outputs == 1 && ce.num_inputs == 2 &&
+                         ce.num_outputs == 2,
+                     "unexpected arity");
+  const int32_t z = lin.outputs[0];
+  int32_t logits = z;
+  if (s.cast >= 0) {
+    PLX_DECLINE_UNLESS(detail::widening_cast(g, s.cast) && g.node(s.cast).inputs[0] == z,
+                       "the cast is not an f16/bf16 -> f32 cast of the linear's output");
+    logits = g.node(s.cast).outputs[0];
+  }
+  PLX_DECLINE_UNLESS(ce.inputs[0] == logits, "the cross-entropy does not read the logits");
+  if (s.argmax >= 0)
+    PLX_DECLINE_UNLESS(g.node(s.argmax).num_inputs == 1 && g.node(s.argmax).inputs[0] == logits &&
+                           detail::argmax_over_classes(g, s.argmax),
+                       "the argmax is not over the logits' classes");
+  if (s.backward >= 0) {
+    const plx_graph_node& bw = g.node(s.backward);
+    PLX_DECLINE_UNLESS(bw.num_inputs == 3 && bw.num_outputs == 1 && bw.inputs[1] == ce.outputs[1] &&
+                           bw.inputs[2] == ce.inputs[1] && same_attrs(ce, bw),
+                       "the backward is not this cross-entropy's");
+    s.dloss = b.input(bw.inputs[0]);
+    PLX_DECLINE_UNLESS(s.dloss >= 0, "dloss comes from inside the group");
+    s.dlogits = b.output(bw.outputs[0]);
+  }
+  s.x = b.input(lin.inputs[0]);
+  s.w = b.input(lin.inputs[1]);
+  if (lin.num_inputs >= 3 && g.valid(lin.inputs[2])) {
+    s.bias = b.input(lin.inputs[2]);
+    PLX_DECLINE_UNLESS(s.bias >= 0, "the bias comes from inside the group");
+  }
+  s.labels = b.input(ce.inputs[1]);
+  PLX_DECLINE_UNLESS(s.x >= 0 && s.w >= 0 && s.labels >= 0,
+                     "x, w or the labels come from inside the group");
+  s.logits = b.output(z);
+  if (s.cast >= 0) s.cast_logits = b.output(logits);
+  s.loss = b.output(ce.outputs[0]);
+  s.log_probs = b.output(ce.outputs[1]);
+  if (s.argmax >= 0) s.pred = b.output(g.node(s.argmax).outputs[0]);
+  const plx_tensor& x = g.value(lin.inputs[0]);
+  const plx_tensor& w = g.value(lin.inputs[1]);
+  PLX_DECLINE_UNLESS(x.ndim == 2 && w.ndim == 2 && x.shape[1] == w.shape[1],
+                     "linear: x (N, K) and w (C, K) expected");
+  s.n = x.shape[0];
+  s.k = x.shape[1];
+  s.c = w.shape[0];
+  s.dtype = static_cast<plx_dtype>(x.dtype);
+  PLX_DECLINE_UNLESS(w.dtype == x.dtype && g.value(z).dtype == x.dtype &&
+                         (s.bias < 0 || g.value(lin.inputs[2]).dtype == x.dtype),
+                     "linear: mixed dtypes");
+  s.loss_dtype = static_cast<plx_dtype>(g.value(logits).dtype);
+  PLX_DECLINE_UNLESS(g.value(ce.outputs[0]).dtype == s.loss_dtype &&
+                         (s.backward < 0 ||
+                          g.value(g.node(s.backward).inputs[0]).dtype == s.loss_dtype),
+                     "the loss, dloss and logits differ in dtype");
+  s.label_dtype = static_cast<plx_dtype>(g.value(ce.inputs[1]).dtype);
+  PLX_DECLINE_UNLESS(s.label_dtype == PLX_I32 || s.label_dtype == PLX_I64,
+                     "labels must be i32 or i64");
+  return s;
+}
+
 // For a group of independent nodes (from same_op_groups): where each node's inputs are among
 // create_fused()'s inputs, so compute() finds node n's input k. Every present input must come
 // from outside the group.

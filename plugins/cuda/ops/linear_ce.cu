@@ -1,0 +1,338 @@
+// CUDA: the classifier head, linear -> [cast to f32] -> softmax_cross_entropy with the argmax of
+// the logits and the loss's backward, as one kernel over the rows (plus, for reduction mean or
+// sum, the one-block kernel that adds the row losses), for fusion (sdk::linear_cross_entropy_
+// slots, ops/fusion.cpp). The logits and log_probs stay on chip unless they are needed outside.
+//
+// A block stages the weight (C, K) in shared memory as f32 once, then each of its 8 warps takes
+// a row at a time: the C logits as dot products of the row of x with the weight's rows (each
+// lane a strided slice of K, 8 classes at a time, then a shuffle tree), rounded to the linear's
+// dtype as the linear node stores them (and widened exactly by the cast); then, from the logits
+// in shared memory, log-sum-exp, the row loss, the argmax and dlogits, with the arithmetic of the
+// unfused kernels (ops/softmax.cu, ops/reduce.cu). The weight must fit in shared memory beside
+// the logits (48 KiB, no opt-in): the constructor declines larger heads, which then run node by
+// node.
+//
+// Deterministic: every sum has a fixed order (per lane, then a fixed shuffle tree; the row
+// losses in f64 in row order), no atomics. The mean's count of rows not ignored, which dlogits
+// needs before any row is done, is counted by every block over all labels (a block reduction in
+// a fixed order, so every block gets the same count): N label reads per block, cheap next to
+// the block's share of x for any classifier batch. Capture-safe: no allocation, no host sync.
+#include <climits>
+#include <cmath>
+
+#include "device.cuh"
+#include "ops/linear_ce.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+using Reduction = sdk::LossReduction;
+
+constexpr int kWarps = 8;  // rows in flight per block, one per warp
+constexpr int kThreads = kWarps * 32;
+constexpr int kClassTile = 8;  // logits a lane accumulates at once
+// Dynamic shared memory: a block may have 48 KiB in all without cudaFuncSetAttribute; 1 KiB is
+// left for the kernels' static arrays.
+constexpr uint64_t kMaxShared = 47 * 1024;
+constexpr long long kNoIndex = LLONG_MAX;
+
+struct HeadArgs {
+  const void* x;       // (N, K), TL
+  const void* w;       // (C, K), TL
+  const void* bias;    // (C), TL, or null
+  const void* labels;  // (N), L
+  const void* dloss;   // () or (N), TC, or null without the backward
+  void* logits;        // (N, C), TL, or null when only the group reads them
+  void* cast_logits;   // (N, C), TC, or null
+  void* loss;          // (N) with reduction none, TC, or null
+  void* log_probs;     // (N, C), TC, or null
+  int64_t* pred;       // (N), or null
+  void* dlogits;       // (N, C), TC, or null
+  float* row_loss;     // (N) for mean and sum (the workspace), else null
+  int64_t n, k, c;
+  long long ignore;
+  float on, off;  // the target: on at the label, plus off everywhere
+  bool smoothing;
+  Reduction reduction;
+  DeviceErrorRecord* err;
+};
+
+// (v, i) beats (bv, bi) for argmax: a NaN beats any number, a larger value a smaller one, and
+// among equals (two NaNs included) the lower index. A lane with no element holds (-inf,
+// kNoIndex), which every element beats. The order is total, so every lane of the shuffle tree
+// ends with the same winner: the first NaN, else the first maximum (docs/ops.md).
+__device__ __forceinline__ bool beats(float v, long long i, float bv, long long bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || i < bi);
+  return v > bv || (v == bv && i < bi);
+}
+
+template <class TL, class TC, class L>
+__global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
+  extern __shared__ float smem[];  // the weight (C, K) in f32, then kWarps rows of C logits
+  __shared__ long long shared_count[32];
+  const int64_t C = a.c, K = a.k;
+  const TL* x = static_cast<const TL*>(a.x);
+  const TL* w = static_cast<const TL*>(a.w);
+  const TL* bias = static_cast<const TL*>(a.bias);
+  const L* labels = static_cast<const L*>(a.labels);
+  const TC* dloss = static_cast<const TC*>(a.dloss);
+  TL* logits = static_cast<TL*>(a.logits);
+  TC* cast_logits = static_cast<TC*>(a.cast_logits);
+  TC* loss = static_cast<TC*>(a.loss);
+  TC* lp = static_cast<TC*>(a.log_probs);
+  TC* dx = static_cast<TC*>(a.dlogits);
+  float* ws = smem;
+  for (int64_t i = threadIdx.x; i < C * K; i += blockDim.x) ws[i] = load(w, i);
+  // The backward's scale of every row, unless reduction none: dloss, or dloss / (rows not
+  // ignored) for mean (0 if there are none), as ce_mean_scale computes it. The condition is a
+  // kernel argument: uniform, so block_sum's barriers are reached by every thread.
+  float scale = 0.f;
+  if (dx && a.reduction == Reduction::kMean) {
+    long long count = 0;
+    for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x)
+      count += static_cast<long long>(labels[i]) != a.ignore ? 1 : 0;
+    count = block_sum(count, shared_count);
+    scale = count > 0 ? load(dloss, 0) / static_cast<float>(count) : 0.f;
+  } else if (dx && a.reduction == Reduction::kSum) {
+    scale = load(dloss, 0);
+  }
+  __syncthreads();  // the weight is staged
+
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  float* z = smem + C * K + warp * C;  // this warp's row of logits
+  // Rows are uniform over the warp: every shuffle below runs with all 32 lanes.
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.n;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const TL* xr = x + row * K;  // (K)
+    // The linear: kClassTile dot products at a time, each lane over k = lane, lane + 32, ...
+    for (int64_t c0 = 0; c0 < C; c0 += kClassTile) {
+      float acc[kClassTile];
+#pragma unroll
+      for (int j = 0; j < kClassTile; ++j) acc[j] = 0.f;
+      for (int64_t k = lane; k < K; k += 32) {
+        const float xv = load(xr, k);
+#pragma unroll
+        for (int j = 0; j < kClassTile; ++j)
+          if (c0 + j < C) acc[j] = fmaf(xv, ws[(c0 + j) * K + k], acc[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kClassTile; ++j) {
+        const float dot = warp_sum(acc[j]);
+        const int64_t col = c0 + j;
+        if (lane == 0 && col < C) {
+          // Rounded to the linear's dtype as its node stores it; the cast widens exactly.
+          const TL v = from_accum<TL>(dot + (bias ? load(bias, col) : 0.f));
+          if (logits) logits[row * C + col] = v;
+          z[col] = to_accum<TL>(v);
+          if (cast_logits) store(cast_logits, row * C + col, z[col]);
+        }
+      }
+    }
+    __syncwarp();  // z is complete
+
+    // softmax_cross_entropy (ce_forward): NaNs are skipped by the max and poison the sum.
+    float mx = -INFINITY;
+    for (int64_t k = lane; k < C; k += 32) mx = fmaxf(mx, z[k]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int64_t k = lane; k < C; k += 32) sum += expf(z[k] - mx);
+    sum = warp_sum(sum);
+    const float lse = mx + logf(sum);
+    float lp_sum = 0.f;  // sum_c lp[i, c], from the unrounded values
+    for (int64_t k = lane; k < C; k += 32) {
+      const float v = z[k] - lse;
+      lp_sum += v;
+      if (lp) store(lp, row * C + k, v);
+    }
+    if (a.smoothing) lp_sum = warp_sum(lp_sum);  // a kernel argument: uniform
+    const long long l = static_cast<long long>(labels[row]);
+    const bool ignored = l == a.ignore;
+    const bool bad = !ignored && (l < 0 || l >= C);
+    if (lane == 0) {
+      float li = 0.f;
+      if (bad) {
+        report_error(a.err, kErrCrossEntropyLabel, row, l, C);
+      } else if (!ignored) {
+        li = -(a.on * (z[l] - lse));
+        if (a.smoothing) li -= a.off * lp_sum;
+      }
+      if (a.row_loss) a.row_loss[row] = li;
+      else if (loss) store(loss, row, li);
+    }
+
+    // argmax over the row (first NaN, else first maximum).
+    if (a.pred) {
+      float bv = -INFINITY;
+      long long bi = kNoIndex;
+      for (int64_t k = lane; k < C; k += 32)
+        if (beats(z[k], k, bv, bi)) {
+          bv = z[k];
+          bi = k;
+        }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) a.pred[row] = bi;
+    }
+
+    // softmax_cross_entropy_backward (ce_backward), from log_probs rounded to TC as it would
+    // read them; 0 on ignored rows and rows whose label is out of range (reported above).
+    if (dx) {
+      TC* dr = dx + row * C;  // (C)
+      if (ignored || bad) {
+        for (int64_t k = lane; k < C; k += 32) store(dr, k, 0.f);
+      } else {
+        const float g = a.reduction == Reduction::kNone ? load(dloss, row) : scale;
+        for (int64_t k = lane; k < C; k += 32) {
+          const float lpk = to_accum<TC>(from_accum<TC>(z[k] - lse));
+          store(dr, k, g * (expf(lpk) - a.off - (k == l ? a.on : 0.f)));
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with z before the next row overwrites it
+  }
+}
+
+// One block: the sum of the row losses in a fixed order, in f64, divided for mean by the rows
+// not ignored (0 when every row is ignored), as ce_reduce (ops/softmax.cu).
+template <class TC, class L>
+__global__ void __launch_bounds__(kBlock)
+    linear_ce_reduce(const float* __restrict__ row_loss, const L* __restrict__ labels,
+                     TC* __restrict__ loss, int64_t n, long long ignore, bool mean) {
+  __shared__ double shared_sum[32];
+  __shared__ long long shared_count[32];
+  double s = 0;
+  long long count = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    s += static_cast<double>(row_loss[i]);
+    count += static_cast<long long>(labels[i]) != ignore ? 1 : 0;
+  }
+  s = block_sum(s, shared_sum);
+  count = block_sum(count, shared_count);
+  if (threadIdx.x == 0) {
+    if (mean) s = count > 0 ? s / static_cast<double>(count) : 0.0;
+    store(loss, 0, static_cast<float>(s));
+  }
+}
+
+// TL: the linear's dtype; TC: the cross-entropy's (f32 after a mixed-precision cast, else TL).
+template <class TL, class TC>
+class LinearCrossEntropyKernel final : public Kernel {
+ public:
+  LinearCrossEntropyKernel(const NodeInfo& ce, const sdk::LinearCrossEntropySlots& s,
+                           CudaBackend& backend, int32_t device)
+      : s_(s), p_(ce, ce.input(0)), device_(device) {
+    PLX_DECLINE_UNLESS(s.c > 0, "no classes (argmax over an empty axis is the node's error)");
+    PLX_DECLINE_UNLESS(s.c <= int64_t{1} << 20 && s.k <= int64_t{1} << 20,
+                       "more than 2^20 classes or inputs");
+    const uint64_t floats = static_cast<uint64_t>(s.c * s.k + kWarps * s.c);
+    smem_ = floats * sizeof(float);
+    PLX_DECLINE_UNLESS(smem_ <= kMaxShared,
+                       "the weight (%lld x %lld) and the logits need %llu bytes of shared memory, "
+                       "more than %llu",
+                       static_cast<long long>(s.c), static_cast<long long>(s.k),
+                       static_cast<unsigned long long>(smem_),
+                       static_cast<unsigned long long>(kMaxShared));
+    DeviceContext& ctx = backend.context(device);
+    err_ = ctx.error_dev;
+    // Enough blocks to fill the GPU (4 resident per SM at 48 KiB each), each looping over rows
+    // beyond that, so the weight is staged once per block rather than once per 8 rows.
+    const int64_t most = std::max<int64_t>(1, int64_t{4} * ctx.prop.multiProcessorCount);
+    grid_ = static_cast<unsigned>(std::clamp<int64_t>((s.n + kWarps - 1) / kWarps, 1, most));
+  }
+
+  // The row losses, for mean and sum.
+  uint64_t workspace_bytes() const override {
+    return p_.reduction == Reduction::kNone ? 0 : static_cast<uint64_t>(s_.n) * sizeof(float);
+  }
+
+  void compute(const KernelCall& c) override {
+    if (s_.label_dtype == PLX_I32) run<int32_t>(c);
+    else run<int64_t>(c);
+  }
+
+ private:
+  static void* out(const KernelCall& c, int32_t slot) { return slot >= 0 ? c.out(slot).data : nullptr; }
+
+  template <class L>
+  void run(const KernelCall& c) {
+    const sdk::LinearCrossEntropySlots& s = s_;
+    const bool none = p_.reduction == Reduction::kNone;
+    if (none && s.n == 0) return;
+    use_device(device_);
+    const cudaStream_t stream = native(c.stream);
+    HeadArgs a{};
+    a.x = c.in(s.x).data;
+    a.w = c.in(s.w).data;
+    a.bias = s.bias >= 0 ? c.in(s.bias).data : nullptr;
+    a.labels = c.in(s.labels).data;
+    a.dloss = s.dloss >= 0 ? c.in(s.dloss).data : nullptr;
+    a.logits = out(c, s.logits);
+    a.cast_logits = out(c, s.cast_logits);
+    a.loss = none ? out(c, s.loss) : nullptr;
+    a.log_probs = out(c, s.log_probs);
+    a.pred = static_cast<int64_t*>(out(c, s.pred));
+    a.dlogits = out(c, s.dlogits);
+    a.row_loss = none ? nullptr : static_cast<float*>(c.workspace);
+    a.n = s.n;
+    a.k = s.k;
+    a.c = s.c;
+    a.ignore = static_cast<long long>(p_.ignore_index);
+    // The target (1 - eps) one-hot + eps / C, formed in f64 and used in f32 (as ops/softmax.cu).
+    a.on = static_cast<float>(1 - p_.smoothing);
+    a.off = static_cast<float>(p_.smoothing / static_cast<double>(p_.c));
+    a.smoothing = p_.smoothing != 0;
+    a.reduction = p_.reduction;
+    a.err = err_;
+    if (s.n > 0) {
+      linear_ce_rows<TL, TC, L><<<grid_, kThreads, smem_, stream>>>(a);
+      PLX_CUDA_LAUNCH_CHECK();
+    }
+    void* loss = out(c, s.loss);
+    if (none || !loss) return;
+    linear_ce_reduce<TC, L><<<1, kBlock, 0, stream>>>(
+        a.row_loss, static_cast<const L*>(a.labels), static_cast<TC*>(loss), s.n, a.ignore,
+        p_.reduction == Reduction::kMean);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+  sdk::LinearCrossEntropySlots s_;
+  sdk::CrossEntropyParams p_;
+  int32_t device_;
+  DeviceErrorRecord* err_ = nullptr;
+  uint64_t smem_ = 0;
+  unsigned grid_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_linear_cross_entropy(CudaBackend& backend, const sdk::GraphView& g,
+                                                  const sdk::Boundary& b, plx_dtype& dtype) {
+  const sdk::LinearCrossEntropySlots s = sdk::linear_cross_entropy_slots(g, b);
+  dtype = s.dtype;
+  const sdk::OwnedNodeInfo info(g, s.ce);
+  const NodeInfo ce(&info.get());
+  const int32_t dev = g.device();
+  const bool cast = s.cast >= 0;
+  switch (s.dtype) {
+    case PLX_F32: return std::make_unique<LinearCrossEntropyKernel<float, float>>(ce, s, backend, dev);
+    case PLX_F16:
+      if (cast) return std::make_unique<LinearCrossEntropyKernel<f16, float>>(ce, s, backend, dev);
+      return std::make_unique<LinearCrossEntropyKernel<f16, f16>>(ce, s, backend, dev);
+    case PLX_BF16:
+      if (cast) return std::make_unique<LinearCrossEntropyKernel<bf16, float>>(ce, s, backend, dev);
+      return std::make_unique<LinearCrossEntropyKernel<bf16, bf16>>(ce, s, backend, dev);
+    default: break;
+  }
+  throw sdk::Unsupported(sdk::format("linear+softmax_cross_entropy: no %s kernel on CUDA",
+                                     plexus::dtype_name(dtype)));
+}
+
+}  // namespace plexus::cuda

@@ -1,0 +1,141 @@
+// The classifier head fused on CUDA (plugins/cuda/ops/linear_ce.cu): linear -> [cast to f32] ->
+// softmax_cross_entropy with the argmax and the loss's backward as one kernel, against the same
+// graph on the CPU (whose fused head equals its unfused nodes to the bit,
+// tests/train/test_fusion_head.cpp). The GEMM sums in another order, so float results are held
+// to tolerances, and a prediction may differ only where the CPU's two logits are within rounding
+// of each other (a near-tie: the 16-bit logits round to ties often). The logits are marked as a
+// graph output, so the fused kernels also write them (the group is claimed all the same).
+#include <cmath>
+#include <map>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+using namespace plexus::test::cmp;
+
+namespace {
+
+struct HeadCase {
+  plx_dtype d = PLX_F32;
+  bool mixed = false;  // the linear in d, cast to f32 for the loss
+  std::string reduction = "mean";
+  double smoothing = 0;
+  int64_t n = 7, k = 9, c = 5;
+  bool fused_on_cuda = true;  // false: the weight does not fit in shared memory, declined
+};
+
+struct Run {
+  std::map<std::string, Tensor> out;
+  std::vector<std::string> kernels;
+};
+
+Run run_head(Backend& b, const HeadCase& h, const TensorStore* params_from, TensorStore& store) {
+  Graph g(runtime().ops());
+  const plx_dtype ld = h.mixed ? PLX_F32 : h.d;
+  const Var x = g.input("x", {h.d, {h.n, h.k}});
+  const Var labels = g.input("labels", {PLX_I32, {h.n}});
+  const Var w = g.parameter("out.weight", {h.d, {h.c, h.k}}, init::xavier_uniform(h.k, h.c));
+  const Var bias = g.parameter("out.bias", {h.d, {h.c}}, init::uniform(-0.5, 0.5));
+  Var logits = g.add1("linear", {x, w, bias}, {}, "out");
+  g.mark_output(logits, "logits_out");
+  if (h.mixed) logits = g.add1("cast", {logits}, {{"dtype", std::string("f32")}}, "logits.cast");
+  Attrs la;
+  la.set("reduction", h.reduction);
+  la.set("label_smoothing", h.smoothing);
+  const Var loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
+  Attrs aa;
+  aa.set("axis", int64_t{1});
+  g.mark_output(g.add1("argmax", {logits}, aa, "pred"), "pred_out");
+  const std::vector<Var> params = g.parameters();
+  const std::vector<Var> grads = h.reduction == "none"
+                                     ? backward(g, loss, params, g.input("dloss", {ld, {h.n}}))
+                                     : backward(g, loss, params);
+  g.mark_output(loss, "loss_out");
+  g.mark_output(grads[0], "dw");
+  g.mark_output(grads[1], "db");
+  ExecutableOptions eo;
+  eo.seed = 23;
+  Executable exe(b, g, store, eo);
+  if (params_from)
+    for (const auto& [name, t] : params_from->all()) fill(store.get(name), t.to_doubles());
+  fill(exe.tensor("x"), random_doubles(static_cast<size_t>(h.n * h.k), 41, -2, 2));
+  std::vector<int32_t> lab(static_cast<size_t>(h.n));
+  for (size_t i = 0; i < lab.size(); ++i)
+    lab[i] = i % 4 == 2 ? -100 : static_cast<int32_t>((i * 7) % static_cast<size_t>(h.c));
+  exe.tensor("labels").copy_from_host(lab.data());
+  if (h.reduction == "none") fill(exe.tensor("dloss"), random_doubles(static_cast<size_t>(h.n), 43, 0.5, 1.5));
+  exe.run();
+  exe.sync();
+  Run r;
+  r.kernels = exe.kernel_names();
+  for (const char* name : {"logits_out", "pred_out", "loss_out", "dw", "db"}) r.out[name] = exe.tensor(name).to(cpu());
+  return r;
+}
+
+bool has_kernel(const Run& r, const std::string& text) {
+  for (const auto& k : r.kernels)
+    if (k.find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("the classifier head fused on cuda matches the cpu", "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  std::vector<HeadCase> cases;
+  for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_F16})
+    for (const char* red : {"mean", "sum", "none"}) {
+      HeadCase h;
+      h.d = d;
+      h.reduction = red;
+      h.smoothing = 0.1;
+      cases.push_back(h);
+    }
+  HeadCase mixed;
+  mixed.d = PLX_BF16;
+  mixed.mixed = true;
+  cases.push_back(mixed);
+  HeadCase big;  // many blocks each looping over rows; classes past one warp and one tile
+  big.n = 3000;
+  big.k = 100;
+  big.c = 100;
+  cases.push_back(big);
+  HeadCase declined = big;  // 100 x 400 f32 weights: 160 KB, more than shared memory holds
+  declined.n = 64;
+  declined.k = 400;
+  declined.fused_on_cuda = false;
+  cases.push_back(declined);
+  for (const HeadCase& h : cases) {
+    INFO(dtype_name(h.d) << (h.mixed ? " cast to f32" : "") << " reduction " << h.reduction
+                         << " n " << h.n << " k " << h.k << " c " << h.c);
+    TensorStore cpu_store, gpu_store;
+    const Run want = run_head(cpu(), h, nullptr, cpu_store);
+    const Run got = run_head(gpu, h, &cpu_store, gpu_store);
+    CHECK(has_kernel(want, "cpu/linear+softmax_cross_entropy"));
+    CHECK(has_kernel(got, "cuda/linear+softmax_cross_entropy") == h.fused_on_cuda);
+    CHECK(compare_tensors(got.out.at("logits_out"), want.out.at("logits_out"), tolerance_for(h.d, h.k, false)) == "");
+    // Predictions: equal, or a near-tie in the CPU's logits.
+    const std::vector<double> gp = got.out.at("pred_out").to_doubles();
+    const std::vector<double> wp = want.out.at("pred_out").to_doubles();
+    const std::vector<double> z = want.out.at("logits_out").to_doubles();
+    const Tolerance tz = tolerance_for(h.d, h.k, false);
+    REQUIRE(gp.size() == wp.size());
+    for (size_t i = 0; i < gp.size(); ++i) {
+      if (gp[i] == wp[i]) continue;
+      INFO("row " << i << ": cuda predicts " << gp[i] << ", the cpu " << wp[i]);
+      REQUIRE((gp[i] >= 0 && gp[i] < static_cast<double>(h.c)));
+      const double a = z[i * static_cast<size_t>(h.c) + static_cast<size_t>(gp[i])];
+      const double b = z[i * static_cast<size_t>(h.c) + static_cast<size_t>(wp[i])];
+      CHECK(std::fabs(a - b) <= 2 * (tz.atol + tz.rtol * std::fabs(b)));
+    }
+    const plx_dtype ld = h.mixed ? PLX_F32 : h.d;
+    CHECK(compare_tensors(got.out.at("loss_out"), want.out.at("loss_out"), tolerance_for(ld, h.k, false)) == "");
+    CHECK(compare_tensors(got.out.at("db"), want.out.at("db"), tolerance_for(h.d, h.n, false)) == "");
+    CHECK(compare_tensors(got.out.at("dw"), want.out.at("dw"), tolerance_for(h.d, h.n, false)) == "");
+  }
+}
