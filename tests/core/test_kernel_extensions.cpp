@@ -258,3 +258,35 @@ TEST_CASE("the SDK warns a host of ABI 1.1 that it cannot use the plugin's kerne
         "this host speaks plugin ABI 1.1, which has no kernel extensions: the "
         "plugin's 4 kernel(s) for other backends are not used");
 }
+
+TEST_CASE("a node setting an attribute newer than a plugin's ABI goes to none of its kernels",
+          "[cpu][loader][extensions][abi]") {
+  RuntimeOptions o = with("abi12");
+  o.kernels = KernelSide::Library;  // the extension (flagged library) first
+  Runtime rt(o);
+  REQUIRE(plugin_named(rt, "abi12").abi_minor() == 2);
+  Backend& cpu_b = rt.backend("cpu");
+  const Tensor x = f32(cpu_b, {-1, 0.5, -2, -4, 2, 2.5, -7, 0, 4, -10, 5, 5.5, -13, 6.5, 7, -16},
+                       {1, 1, 4, 4});
+  Attrs a;
+  a.set("kernel", Ints{2, 2});
+  // Without relu_mask the extension (a library kernel, tried first by the test side) runs.
+  const std::vector<Tensor> plain = call(cpu_b, "max_pool2d", {x}, a);
+  CHECK(plain.at(0).to_doubles() == std::vector<double>(4, 7.0));
+  // With it, the 1.2 kernel is passed over and the cpu's own computes the masked indices.
+  a.set("relu_mask", int64_t{1});
+  const std::vector<Tensor> masked = call(cpu_b, "max_pool2d", {x}, a);
+  CHECK(masked.at(0).to_doubles() == std::vector<double>{2.5, 0, 6.5, 7});
+  CHECK(masked.at(1).to_doubles() == std::vector<double>{5, -1, 13, 14});  // 0 is not > 0
+  // The decline names the plugin, its ABI and the attribute (an error lists it where no kernel
+  // is left).
+  const OpSchema& pool = rt.ops().get("max_pool2d");
+  std::vector<plx_tensor> ins = {x.view()}, outs = {masked[0].view(), masked[1].view()};
+  const KernelResolution r = resolve_kernel(cpu_b, pool, ins, outs, pool.complete_attrs(a), 0, false);
+  REQUIRE(r.kernel);
+  bool named = false;
+  for (const std::string& d : r.declines)
+    named = named || d == "ext-pool-abi12: plugin 'abi12' was built against plugin ABI 1.2, before "
+                          "the node's attribute 'relu_mask' = 1 (ABI 1.3); rebuild it against this SDK";
+  CHECK(named);
+}
