@@ -45,9 +45,12 @@ CachingAllocator::~CachingAllocator() {
 uint64_t CachingAllocator::size_class(uint64_t bytes) {
   constexpr uint64_t kGranule = 512;
   if (bytes <= 4096) return std::max<uint64_t>(kGranule, (bytes + kGranule - 1) / kGranule * kGranule);
-  // Four classes per power of two: 2^k * {1, 1.25, 1.5, 1.75}.
+  // Four classes per power of two, 2^k * {1, 1.25, 1.5, 1.75}, up to 8 MiB; above that,
+  // multiples of 2 MiB (as PyTorch rounds large blocks): a step's 399 MiB arena would otherwise
+  // take a 448 MiB block.
+  constexpr uint64_t kLargeStep = uint64_t{2} << 20;
   int k = 63 - __builtin_clzll(bytes);
-  const uint64_t step = (uint64_t{1} << k) / 4;
+  const uint64_t step = std::min((uint64_t{1} << k) / 4, kLargeStep);
   return (bytes + step - 1) / step * step;
 }
 

@@ -32,6 +32,14 @@ TEST_CASE("size classes cover the request and waste at most a quarter", "[cpu][a
     if (n > 4096) CHECK(static_cast<double>(c) <= 1.25 * static_cast<double>(n) + 1);
     prev = c;
   }
+  // Large blocks: multiples of 2 MiB, at most 2 MiB over.
+  for (uint64_t n : {(8ull << 20) + 1, 417857536ull, (1ull << 30) + 1}) {
+    INFO(n);
+    const uint64_t c = CachingAllocator::size_class(n);
+    CHECK(c % (2ull << 20) == 0);
+    CHECK(c >= n);
+    CHECK(c - n < (2ull << 20));
+  }
 }
 
 TEST_CASE("freed blocks are reused on the same stream and counted", "[cpu][allocator]") {

@@ -334,12 +334,25 @@ void pool(Table& t) {
     Attrs rm = a;
     rm.set("relu_mask", int64_t{1});
     t.add("max_pool2d", w + " relu_mask", rm, [xs](Gen& g) -> Inputs { return {g.uniform(xs)}; });
+    // u8 taps in the window (reverse mode's choice for windows of at most 255 taps).
+    Attrs wi = rm;
+    wi.set("window_index", int64_t{1});
+    t.add("max_pool2d", w + " window_index", wi, [xs](Gen& g) -> Inputs { return {g.uniform(xs)}; });
     Attrs ba = a;
     ba.set("input_shape", Ints(c.x));
     const int64_t k = c.kernel[0] * c.kernel[1];
     // Indices as the forward makes them (overlapping windows send several to one input).
     t.add("max_pool2d_backward", w, ba, [xs, a](Gen& g) -> Inputs {
       const Tensor idx = g.cpu("max_pool2d", {g.uniform(xs)}, a).at(1);
+      return {g.uniform(idx.shape()), idx};
+    }, k);
+    Attrs bu = ba;
+    bu.set("window_index", int64_t{1});
+    Attrs au = a;
+    au.set("window_index", int64_t{1});
+    au.set("relu_mask", int64_t{1});
+    t.add("max_pool2d_backward", w + " window_index", bu, [xs, au](Gen& g) -> Inputs {
+      const Tensor idx = g.cpu("max_pool2d", {g.uniform(xs)}, au).at(1);
       return {g.uniform(idx.shape()), idx};
     }, k);
   }

@@ -229,6 +229,59 @@ TEST_CASE("max_pool2d relu_mask: index -1 where y is not positive, the ReLU's ba
                     PLX_CONTAINS("relu_mask must be 0 or 1, got 2"));
 }
 
+TEST_CASE("max_pool2d window_index: u8 taps in the window name the same elements as i32", "[cpu][ops][pool]") {
+  for (const PoolCase& k : kCases) {
+    for (plx_dtype d : kFloatDtypes) {
+      for (int64_t rm : {0, 1}) {
+        INFO("max_pool2d window_index " << dtype_name(d) << " " << k.str() << " relu_mask " << rm);
+        const Tensor x = tied_tensor(k.x, d, 47);
+        Attrs a = k.max_attrs();
+        a.set("relu_mask", rm);
+        const std::vector<Tensor> wide = call(cpu(), "max_pool2d", {x}, a);
+        a.set("window_index", int64_t{1});
+        const std::vector<Tensor> narrow = call(cpu(), "max_pool2d", {x}, a);
+        REQUIRE(narrow.at(1).dtype() == PLX_U8);
+        CHECK(narrow[0].to_doubles() == wide[0].to_doubles());
+        // Each tap, decoded, is the plane position the i32 index holds.
+        const Ints kernel = k.kernel, pad = k.padding, stride = k.eff_stride(), dil = k.dilation;
+        const std::vector<double> taps = narrow[1].to_doubles(), flat = wide[1].to_doubles();
+        const int64_t oh_n = k.out(0), ow_n = k.out(1);
+        for (size_t o = 0; o < taps.size(); ++o) {
+          const int64_t oh = static_cast<int64_t>(o) / ow_n % oh_n, ow = static_cast<int64_t>(o) % ow_n;
+          const int64_t t = static_cast<int64_t>(taps[o]);
+          const int64_t pos = t == 255 ? -1
+                                       : (oh * stride[0] - pad[0] + t / kernel[1] * dil[0]) * k.x[3] +
+                                             ow * stride[1] - pad[1] + t % kernel[1] * dil[1];
+          INFO("output " << o << " tap " << t);
+          CHECK(pos == static_cast<int64_t>(flat[o]));
+        }
+        // The backward of either gives the same dx, bit for bit.
+        const Tensor dy = random_tensor(k.y(), d, 48);
+        Attrs ba = k.max_attrs();
+        ba.set("input_shape", k.x);
+        const Tensor want = call(cpu(), "max_pool2d_backward", {dy, wide[1]}, ba).at(0);
+        ba.set("window_index", int64_t{1});
+        const Tensor got = call(cpu(), "max_pool2d_backward", {dy, narrow[1]}, ba).at(0);
+        CHECK_ALLCLOSE(got.to_doubles(), want.to_doubles(), (Tol{0, 0}));
+      }
+    }
+  }
+  const Tensor x = random_tensor({1, 1, 16, 16}, PLX_F32, 3);
+  Attrs big;
+  big.set("kernel", Ints{16, 16});
+  big.set("window_index", int64_t{1});
+  CHECK_THROWS_WITH(call(cpu(), "max_pool2d", {x}, big),
+                    PLX_CONTAINS("window_index = 1 needs a window of 1 to 255 taps, got 256"));
+  // The backward's indices must be the kind its attribute says.
+  Attrs ba;
+  ba.set("kernel", Ints{2, 2});
+  ba.set("input_shape", Ints{1, 1, 16, 16});
+  ba.set("window_index", int64_t{1});
+  const Tensor i32 = call(cpu(), "max_pool2d", {x}, {{"kernel", Ints{2, 2}}}).at(1);
+  CHECK_THROWS_WITH(call(cpu(), "max_pool2d_backward", {random_tensor({1, 1, 8, 8}, PLX_F32, 4), i32}, ba),
+                    PLX_CONTAINS("indices must be u8 with window_index = 1, got i32"));
+}
+
 TEST_CASE("max_pool2d: NaN is the maximum, padding-only windows give -inf", "[cpu][ops][pool]") {
   for (plx_dtype d : kFloatDtypes) {
     INFO(dtype_name(d));

@@ -208,13 +208,19 @@ TEST_CASE("reverse mode sets relu_mask on a pool of a ReLU read by nothing else"
   const Var y2 = g.add1("max_pool2d", {g.add1("relu", {x}, {}, "r2")}, pool, "p2");
   g.mark_output(y2, "y2");  // no gradient flows through it
   const auto grads = backward(g, loss, {w});
-  auto mask_of = [&](const std::string& name) {
+  auto attr_of = [&](const std::string& name, const char* key) {
     for (const GraphNode& node : g.nodes())
-      if (node.name == name) return node.attrs.get_int("relu_mask");
+      if (node.name == name) return node.attrs.get_int(key);
     return int64_t{-1};
   };
-  CHECK(mask_of("p") == 1);
-  CHECK(mask_of("p2") == 1);  // harmless: only the pool's backward reads the indices
+  CHECK(attr_of("p", "relu_mask") == 1);
+  CHECK(attr_of("p2", "relu_mask") == 1);  // harmless: only the pool's backward reads the indices
+  // The indices of a pool whose input gets a gradient are u8 taps in the window; p2's input
+  // (x) gets none, so its indices stay as they were.
+  CHECK(attr_of("p", "window_index") == 1);
+  CHECK(attr_of("p2", "window_index") == 0);
+  for (const GraphNode& node : g.nodes())
+    if (node.name == "p") CHECK(g.value(node.outputs[1]).desc.dtype == PLX_U8);
   // And no relu_backward: the pool's gradient goes straight to the convolution.
   for (const GraphNode& node : g.nodes()) CHECK(node.op_name() != "relu_backward");
   (void)grads;
@@ -228,6 +234,8 @@ TEST_CASE("reverse mode sets relu_mask on a pool of a ReLU read by nothing else"
   REQUIRE(p >= 0);
   CHECK_THROWS_WITH(g.set_attr(p, "relu_mask", int64_t{3}), PLX_CONTAINS("relu_mask must be 0 or 1"));
   CHECK_THROWS_WITH(g.set_attr(p, "kernel", Ints{3, 3}), PLX_CONTAINS("would change output 0"));
+  CHECK_THROWS_WITH(g.set_attr(p, "window_index", int64_t{0}),
+                    PLX_CONTAINS("would change output 1 from u8(2, 2, 2, 2) to i32(2, 2, 2, 2), which is read"));
   CHECK_THROWS_WITH(g.set_attr(p, "no_such", int64_t{1}), PLX_CONTAINS("node 'p'"));
 }
 

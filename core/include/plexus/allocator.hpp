@@ -2,7 +2,7 @@
 // mem_alloc/mem_free, so that every backend gets pooling without writing it.
 //
 // Requests are rounded up to a size class (512 B granules below 4 KiB, then four classes per
-// power of two, so at most 25% is wasted). A freed block goes back to the free list of the
+// power of two up to 8 MiB, so at most 25% is wasted, then multiples of 2 MiB). A freed block goes back to the free list of the
 // stream it was allocated on and is reused by the next request of that stream whose class fits
 // (never more than twice the request). When the backend reports out of memory, or the limit
 // would be passed, the cached blocks are released and the allocation is tried once more.

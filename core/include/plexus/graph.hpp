@@ -103,8 +103,9 @@ class Graph : public Emitter {
   // A view of `v` with another shape of the same element count (no copy, no kernel).
   Var reshape(Var v, const Shape& shape) override;
   // Sets attribute `name` of node `node` (an op, not a view) to `value`, checked by its schema
-  // as add() checks; the node's outputs must keep their dtypes and shapes (OpError otherwise).
-  // For rewrites that change what a node computes but not its outputs' descriptors.
+  // as add() checks; an output read by a node or marked as a graph output must keep its dtype
+  // and shape (OpError otherwise), one nothing reads yet takes the new ones. For rewrites of
+  // what a node computes (reverse mode's max_pool2d relu_mask and window_index).
   void set_attr(int32_t node, const std::string& name, AttrValue value);
 
   // Emitter: gradient formulas call this; nodes are named "<scope>" (see set_scope).

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "plexus/op_schema.hpp"
+#include "plexus/sdk/dtype.hpp"
 
 namespace plexus::ops {
 
@@ -89,6 +90,19 @@ Shape backward_input_shape(const InferContext& c, bool has_dilation) {
   return x;
 }
 
+// window_index: 0 or 1, and 1 only for windows of at most 255 taps (255 means "none").
+bool window_index(const InferContext& c) {
+  const int64_t w = c.attrs().get_int("window_index");
+  c.require(w == 0 || w == 1, "window_index must be 0 or 1, got " + std::to_string(w));
+  if (w) {
+    const Ints& k = c.attrs().get_ints("kernel");
+    const int64_t taps = k.size() == 2 ? k[0] * k[1] : 0;
+    c.require(taps >= 1 && taps <= 255, "window_index = 1 needs a window of 1 to 255 taps, got " +
+                                            std::to_string(taps));
+  }
+  return w != 0;
+}
+
 void max_pool_infer(InferContext& c) {
   const Shape& x = c.in(0).shape;
   const Shape y = pool_output_shape(c, pool_attrs(c, true), x);
@@ -98,12 +112,17 @@ void max_pool_infer(InferContext& c) {
   const int64_t relu_mask = c.attrs().get_int("relu_mask");
   c.require(relu_mask == 0 || relu_mask == 1, "relu_mask must be 0 or 1, got " + std::to_string(relu_mask));
   c.out(0, c.in(0).dtype, y);
-  c.out(1, PLX_I32, y);
+  c.out(1, window_index(c) ? PLX_U8 : PLX_I32, y);
 }
 
 void max_pool_backward_infer(InferContext& c) {
   c.require(c.in(1).shape == c.in(0).shape, "indices " + shape_string(c.in(1).shape) + " and dy " +
                                                 shape_string(c.in(0).shape) + " differ in shape");
+  const plx_dtype want = window_index(c) ? PLX_U8 : PLX_I32;
+  c.require(c.in(1).dtype == want, std::string("indices must be ") + dtype_name(want) +
+                                       " with window_index = " +
+                                       std::to_string(c.attrs().get_int("window_index")) +
+                                       ", got " + dtype_name(c.in(1).dtype));
   c.out(0, c.in(0).dtype, backward_input_shape(c, true));
 }
 
@@ -146,6 +165,13 @@ void register_pool(OpRegistry& r) {
       attr("relu_mask", PLX_ATTR_INT, int64_t{0},
            "1: index -1 (no gradient) where y is not > 0, the mask of the ReLU that x comes from"),
       3);
+  // Reverse mode sets it where the window has at most 255 taps: a quarter of the i32 indices'
+  // memory, and the pool's backward finds the element from the window's position.
+  const AttrDef window_index_attr = since_abi(
+      attr("window_index", PLX_ATTR_INT, int64_t{0},
+           "1: indices are u8 positions in the window (kh * kernel_w + kw, 255: none) instead of "
+           "i32 positions in the plane"),
+      3);
   const std::vector<AttrDef> avg_attrs = {kernel, stride, padding, ceil_mode, count_include_pad};
   auto plus_shape = [&](std::vector<AttrDef> v) {
     v.insert(v.begin(), input_shape);
@@ -157,10 +183,11 @@ void register_pool(OpRegistry& r) {
       .doc = "maximum over each window of x (N, C, H, W), with the flat index h·W + w of the "
              "first maximum in its plane",
       .inputs = {in("x", kFloatTypes)},
-      .outputs = {out("y"), out("indices", dtype_bit(PLX_I32), PLX_ARG_NO_GRAD)},
+      .outputs = {out("y"), out("indices", dtype_bit(PLX_I32) | dtype_bit(PLX_U8), PLX_ARG_NO_GRAD)},
       .attrs = [&] {
         auto v = max_attrs;
         v.push_back(relu_mask);
+        v.push_back(window_index_attr);
         return v;
       }(),
       .infer = max_pool_infer,
@@ -174,9 +201,14 @@ void register_pool(OpRegistry& r) {
   r.add(OpSchema{
       .name = "max_pool2d_backward",
       .doc = "gradient of max_pool2d: dy sent to the input element each window's index names",
-      .inputs = {in("dy", kFloatTypes), in("indices", dtype_bit(PLX_I32), PLX_ARG_NO_GRAD)},
+      .inputs = {in("dy", kFloatTypes),
+                 in("indices", dtype_bit(PLX_I32) | dtype_bit(PLX_U8), PLX_ARG_NO_GRAD)},
       .outputs = {out("dx")},
-      .attrs = plus_shape(max_attrs),
+      .attrs = [&] {
+        auto v = plus_shape(max_attrs);
+        v.push_back(window_index_attr);
+        return v;
+      }(),
       .infer = max_pool_backward_infer,
   });
   r.add(OpSchema{

@@ -236,12 +236,23 @@ void Graph::set_attr(int32_t n, const std::string& name, AttrValue value) {
     std::vector<TensorDesc> descs;
     for (Var v : node.inputs) descs.push_back(v.valid() ? values_[static_cast<size_t>(v.id)].desc : TensorDesc{});
     const std::vector<TensorDesc> outs = node.schema->infer_outputs(descs, a);
+    auto unread = [&](Var v) {
+      for (const GraphNode& m : nodes_)
+        for (Var in : m.inputs)
+          if (in.valid() && storage_root(in).id == v.id) return false;
+      for (const auto& [k, o] : outputs_)
+        if (storage_root(o).id == v.id) return false;
+      return true;
+    };
     for (size_t i = 0; i < outs.size() && i < node.outputs.size(); ++i) {
       const TensorDesc& was = values_[static_cast<size_t>(node.outputs[i].id)].desc;
-      if (outs[i].dtype != was.dtype || outs[i].shape != was.shape)
+      if ((outs[i].dtype != was.dtype || outs[i].shape != was.shape) && !unread(node.outputs[i]))
         throw OpError("attribute '" + name + "' would change output " + std::to_string(i) +
-                      " from " + desc_string(was) + " to " + desc_string(outs[i]));
+                      " from " + desc_string(was) + " to " + desc_string(outs[i]) +
+                      ", which is read");
     }
+    for (size_t i = 0; i < outs.size() && i < node.outputs.size(); ++i)
+      values_[static_cast<size_t>(node.outputs[i].id)].desc = outs[i];
     node.attrs = std::move(a);
   } catch (const OpError& e) {
     throw OpError("node '" + node.name + "': " + e.what());
@@ -490,9 +501,19 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
           readers[static_cast<size_t>(node.outputs[1].id)] == 0)
         relu_of_pool[n] = in.producer;
     }
-    // Before any recomputed copy of a pool is made, so the copies carry it.
-    for (size_t n = 0; n < forward_nodes; ++n)
+    // Before any recomputed copy of a pool is made, so the copies carry them: the ReLU's mask,
+    // and u8 indices in the window (a quarter of i32's memory) wherever only the pool's own
+    // backward will read them and the window has at most 255 taps.
+    for (size_t n = 0; n < forward_nodes; ++n) {
+      const GraphNode& node = g.nodes()[n];
+      if (!node.schema || node.schema->name != "max_pool2d") continue;
+      const Ints k = node.attrs.get_ints("kernel");  // a copy: set_attr replaces the attributes
+      const Var indices = node.outputs[1], x = node.inputs[0];
       if (relu_of_pool[n] >= 0) g.set_attr(static_cast<int32_t>(n), "relu_mask", int64_t{1});
+      if (readers[static_cast<size_t>(indices.id)] == 0 && k.size() == 2 &&
+          k[0] * k[1] <= 255 && dep[static_cast<size_t>(x.id)])
+        g.set_attr(static_cast<int32_t>(n), "window_index", int64_t{1});
+    }
   }
 
   // What a gradient formula reads for forward value v: v, or its recomputed copy.

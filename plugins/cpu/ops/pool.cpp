@@ -100,6 +100,23 @@ inline bool beats(A v, A best) {
   return v > best || (v != v && best == best);
 }
 
+// An index as max_pool2d writes it: i32, the position h·W + w in the plane (-1: none), or u8
+// with window_index, the tap kh·KW + kw in the window (255: none).
+constexpr uint8_t kNoTap = 255;
+inline int32_t encode_index(int32_t, int64_t flat, int64_t, bool none) {
+  return none ? -1 : static_cast<int32_t>(flat);
+}
+inline uint8_t encode_index(uint8_t, int64_t, int64_t tap, bool none) {
+  return none ? kNoTap : static_cast<uint8_t>(tap);
+}
+// Back to the position in the plane (-1: none), for output (oh, ow).
+inline int64_t flat_index(const PoolGeom&, int32_t v, int64_t, int64_t) { return v; }
+inline int64_t flat_index(const PoolGeom& g, uint8_t v, int64_t oh, int64_t ow) {
+  if (v == kNoTap) return -1;
+  const int64_t kh = v / g.w.k, kw = v % g.w.k;
+  return (oh * g.h.s - g.h.p + kh * g.h.d) * g.w.in + (ow * g.w.s - g.w.p + kw * g.w.d);
+}
+
 // y, indices = max_pool2d(x).
 template <class T>
 class MaxPool2dKernel final : public Kernel {
@@ -108,13 +125,22 @@ class MaxPool2dKernel final : public Kernel {
  public:
   explicit MaxPool2dKernel(const NodeInfo& node)
       : g_(PoolGeom::make(node.input(0).shape, node.output(0).shape, node, true)),
-        pairs_(g_.pairs()), relu_mask_(node.attr_int_or("relu_mask", 0) != 0) {}
+        pairs_(g_.pairs()), relu_mask_(node.attr_int_or("relu_mask", 0) != 0),
+        u8_(node.output(1).dtype == PLX_U8) {}
 
   void compute(const KernelCall& c) override {
+    if (u8_)
+      run(c, sdk::data<uint8_t>(c.out(1)));
+    else
+      run(c, sdk::data<int32_t>(c.out(1)));
+  }
+
+ private:
+  template <class I>
+  void run(const KernelCall& c, I* idx) {  // idx (N·C, OH, OW)
     const PoolGeom& g = g_;
-    const T* x = sdk::data<T>(c.in(0));           // (N·C, H, W)
-    T* y = sdk::data<T>(c.out(0));                // (N·C, OH, OW)
-    int32_t* idx = sdk::data<int32_t>(c.out(1));  // (N·C, OH, OW)
+    const T* x = sdk::data<T>(c.in(0));  // (N·C, H, W)
+    T* y = sdk::data<T>(c.out(0));       // (N·C, OH, OW)
     const int64_t W = g.w.in;
     // relu_mask: index -1 where y is not > 0, the mask relu_backward(dy, y) would apply (best is
     // a loaded T, so it is y exactly).
@@ -123,13 +149,13 @@ class MaxPool2dKernel final : public Kernel {
       for (int64_t pl = b; pl < e; ++pl) {
         const T* src = x + pl * g.in_plane();  // (H, W)
         T* dst = y + pl * g.out_plane();       // (OH, OW)
-        int32_t* dst_idx = idx + pl * g.out_plane();
+        I* dst_idx = idx + pl * g.out_plane();
         if (pairs_) {
           for (int64_t oh = 0; oh < g.h.out; ++oh) {
             const T* r0 = src + 2 * oh * W;  // (W)
             const T* r1 = r0 + W;
-            T* out = dst + oh * g.w.out;                // (OW)
-            int32_t* out_idx = dst_idx + oh * g.w.out;  // (OW)
+            T* out = dst + oh * g.w.out;          // (OW)
+            I* out_idx = dst_idx + oh * g.w.out;  // (OW)
             const int32_t row = static_cast<int32_t>(2 * oh * W), w32 = static_cast<int32_t>(W);
             for (int64_t ow = 0; ow < g.w.out; ++ow) {
               // Taps in index order, so a strict comparison keeps the first maximum; selects on
@@ -137,16 +163,16 @@ class MaxPool2dKernel final : public Kernel {
               const A a = load(r0, 2 * ow), b = load(r0, 2 * ow + 1), c = load(r1, 2 * ow),
                       d = load(r1, 2 * ow + 1);
               A best = a;
-              int32_t off = 0;
+              int32_t tap = 0;  // kh·2 + kw
               bool m = beats(b, best);
-              best = m ? b : best, off = m ? 1 : off;
+              best = m ? b : best, tap = m ? 1 : tap;
               m = beats(c, best);
-              best = m ? c : best, off = m ? w32 : off;
+              best = m ? c : best, tap = m ? 2 : tap;
               m = beats(d, best);
-              best = m ? d : best, off = m ? w32 + 1 : off;
+              best = m ? d : best, tap = m ? 3 : tap;
               store(out, ow, best);
-              const int32_t at = row + 2 * static_cast<int32_t>(ow) + off;
-              out_idx[ow] = rm && !(best > A(0)) ? -1 : at;
+              const int32_t at = row + (tap >> 1) * w32 + 2 * static_cast<int32_t>(ow) + (tap & 1);
+              out_idx[ow] = encode_index(I{}, at, tap, rm && !(best > A(0)));
             }
           }
           continue;
@@ -158,27 +184,27 @@ class MaxPool2dKernel final : public Kernel {
             // A window of padding only (possible with dilation) gives -inf and index -1, which
             // the backward op never matches.
             A best = -std::numeric_limits<A>::infinity();
-            int64_t at = -1;
+            int64_t at = -1, tap = -1;
             for (int64_t kh = g.h.tap_lo[uh]; kh < g.h.tap_hi[uh]; ++kh) {
               const int64_t ih = oh * g.h.s - g.h.p + kh * g.h.d;
               for (int64_t kw = g.w.tap_lo[uw]; kw < g.w.tap_hi[uw]; ++kw) {
                 const int64_t i = ih * W + ow * g.w.s - g.w.p + kw * g.w.d;
                 const A v = load(src, i);
-                if (at < 0 || beats(v, best)) best = v, at = i;
+                if (at < 0 || beats(v, best)) best = v, at = i, tap = kh * g.w.k + kw;
               }
             }
             store(dst, oh * g.w.out + ow, best);
-            dst_idx[oh * g.w.out + ow] = rm && !(best > A(0)) ? -1 : static_cast<int32_t>(at);
+            dst_idx[oh * g.w.out + ow] = encode_index(I{}, at, tap, at < 0 || (rm && !(best > A(0))));
           }
         }
       }
     });
   }
 
- private:
   PoolGeom g_;
   bool pairs_;
   bool relu_mask_;
+  bool u8_;  // window_index: u8 taps
 };
 
 // dx = max_pool2d_backward(dy, indices): each input element gathers the dy of the windows whose
@@ -187,22 +213,21 @@ class MaxPool2dKernel final : public Kernel {
 // itself, or relu_backward(dy, y) = (y > 0 ? dy : 0) applied as it is read when the ReLU's
 // backward is fused in (make_relu_max_pool_backward), with the same value, so the two agree to
 // the bit.
-template <class T, class Grad>
-void max_pool_backward(const PoolGeom& g, bool disjoint, const Grad& grad, const int32_t* idx,
-                       T* dx) {
+template <class T, class Grad, class I>
+void max_pool_backward(const PoolGeom& g, bool disjoint, const Grad& grad, const I* idx, T* dx) {
   using A = acc_t<T>;
   const int64_t OW = g.w.out;
   parallel_for(g.planes, g.grain(g.in_plane() * 4), [&](int64_t b, int64_t e) {
     for (int64_t pl = b; pl < e; ++pl) {
       const int64_t base = pl * g.out_plane();            // of the plane's outputs
-      const int32_t* src_idx = idx + pl * g.out_plane();  // (OH, OW)
+      const I* src_idx = idx + pl * g.out_plane();  // (OH, OW)
       T* dst = dx + pl * g.in_plane();                    // (H, W)
       if (disjoint) {
         // At most one window covers each element: scatter onto zeros, where the one addition
         // is exact. Indices outside the plane (-1: a window of padding only) are skipped.
         std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
         for (int64_t o = 0; o < g.out_plane(); ++o) {
-          const int64_t i = src_idx[o];
+          const int64_t i = flat_index(g, src_idx[o], o / OW, o % OW);
           if (i >= 0 && i < g.in_plane()) store(dst, i, load(dst, i) + grad(base + o));
         }
         continue;
@@ -215,7 +240,8 @@ void max_pool_backward(const PoolGeom& g, bool disjoint, const Grad& grad, const
           A sum = 0;
           for (int64_t oh = g.h.win_lo[uh]; oh < g.h.win_hi[uh]; ++oh)
             for (int64_t ow = g.w.win_lo[uw]; ow < g.w.win_hi[uw]; ++ow)
-              if (src_idx[oh * OW + ow] == here) sum += grad(base + oh * OW + ow);
+              if (flat_index(g, src_idx[oh * OW + ow], oh, ow) == here)
+                sum += grad(base + oh * OW + ow);
           store(dst, here, sum);
         }
       }
@@ -228,17 +254,21 @@ class MaxPool2dBackwardKernel final : public Kernel {
  public:
   explicit MaxPool2dBackwardKernel(const NodeInfo& node)
       : g_(PoolGeom::make(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
-        disjoint_(g_.disjoint()) {}
+        disjoint_(g_.disjoint()), u8_(node.input(1).dtype == PLX_U8) {}
 
   void compute(const KernelCall& c) override {
     const T* dy = sdk::data<T>(c.in(0));  // (N·C, OH, OW)
-    max_pool_backward(g_, disjoint_, [dy](int64_t o) { return load(dy, o); },
-                      sdk::data<int32_t>(c.in(1)), sdk::data<T>(c.out(0)));
+    auto grad = [dy](int64_t o) { return load(dy, o); };
+    if (u8_)
+      max_pool_backward(g_, disjoint_, grad, sdk::data<uint8_t>(c.in(1)), sdk::data<T>(c.out(0)));
+    else
+      max_pool_backward(g_, disjoint_, grad, sdk::data<int32_t>(c.in(1)), sdk::data<T>(c.out(0)));
   }
 
  private:
   PoolGeom g_;
   bool disjoint_;
+  bool u8_;  // window_index: u8 taps
 };
 
 // relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel: the ReLU's gradient is
@@ -251,7 +281,10 @@ class ReluMaxPool2dBackwardKernel final : public Kernel {
  public:
   ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s)
       : g_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
-        disjoint_(g_.disjoint()), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {}
+        disjoint_(g_.disjoint()), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {
+    PLX_DECLINE_UNLESS(pool.input(1).dtype == PLX_I32,
+                       "relu_backward+max_pool2d_backward: u8 window indices run node by node");
+  }
 
   void compute(const KernelCall& c) override {
     const T* dy = sdk::data<T>(c.in(dy_));

@@ -127,10 +127,38 @@ __device__ __forceinline__ bool beats(float v, float best) {
   return v > best || (v != v && best == best);
 }
 
+// The indices max_pool2d writes: i32 positions h·W + w in the plane (-1: none), or with
+// window_index u8 taps kh·KW + kw in the window (255: none).
+template <class Ix>
+struct PoolIndex;
+template <>
+struct PoolIndex<int32_t> {
+  template <class I>
+  __device__ static int32_t encode(I at, I, bool none) { return none ? -1 : static_cast<int32_t>(at); }
+  // Whether v names input element `here` of output (oh, ow)'s window.
+  template <class I>
+  __device__ static bool names(int32_t v, I here, I, I, const PoolGeom&) {
+    return static_cast<I>(v) == here;
+  }
+};
+template <>
+struct PoolIndex<uint8_t> {
+  template <class I>
+  __device__ static uint8_t encode(I, I tap, bool none) { return none ? 255 : static_cast<uint8_t>(tap); }
+  template <class I>
+  __device__ static bool names(uint8_t v, I here, I oh, I ow, const PoolGeom& g) {
+    if (v == 255) return false;
+    const I kh = static_cast<I>(v) / static_cast<I>(g.kw), kw = static_cast<I>(v) % static_cast<I>(g.kw);
+    const I ih = oh * static_cast<I>(g.sh) - static_cast<I>(g.ph) + kh * static_cast<I>(g.dh);
+    const I iw = ow * static_cast<I>(g.sw) - static_cast<I>(g.pw) + kw * static_cast<I>(g.dw);
+    return ih * static_cast<I>(g.W) + iw == here;
+  }
+};
+
 // y, indices = max_pool2d(x); one thread per output element.
-template <class T, class I>
+template <class T, class I, class Ix>
 __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                int32_t* __restrict__ idx, PoolGeom g, I total, bool relu_mask) {
+                                Ix* __restrict__ idx, PoolGeom g, I total, bool relu_mask) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
@@ -148,19 +176,19 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
     // A window of padding only (possible with dilation) gives -inf and index -1, which the
     // backward op never matches.
     float best = -INFINITY;
-    I at = -1;
+    I at = -1, tap = -1;
     for (I a = kh_lo; a < kh_hi; ++a) {
       const I row = (h0 + a * dh) * W;
       for (I b = kw_lo; b < kw_hi; ++b) {
         const I j = row + w0 + b * dw;
         const float v = to_accum<T>(src[j]);
-        if (at < 0 || beats(v, best)) best = v, at = j;
+        if (at < 0 || beats(v, best)) best = v, at = j, tap = a * kw + b;
       }
     }
     y[i] = from_accum<T>(best);
-    // relu_mask: index -1 where y is not > 0, the mask relu_backward(dy, y) would apply (best
+    // relu_mask: no index where y is not > 0, the mask relu_backward(dy, y) would apply (best
     // is a loaded T, so it is y exactly).
-    idx[i] = relu_mask && !(best > 0.0f) ? -1 : static_cast<int32_t>(at);
+    idx[i] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(best > 0.0f)));
   }
 }
 
@@ -168,8 +196,8 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
 // windows that cover it and whose index names it.
 // With `relu_y` (the backward of ReLU with pooling, fused): each dy is first masked by the ReLU
 // as relu_backward does (y > 0 ? dy : 0, in f32), so the sum equals the two ops' to the bit.
-template <class T, class I>
-__global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
+template <class T, class I, class Ix>
+__global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
                                          T* __restrict__ dx, PoolGeom g, I total,
                                          const T* __restrict__ relu_y) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
@@ -186,12 +214,12 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t
     I oh_lo, oh_hi, ow_lo, ow_hi;
     windows<I>(ih, sh, ph, ext_h, OH, oh_lo, oh_hi);
     windows<I>(iw, sw, pw, ext_w, OW, ow_lo, ow_hi);
-    const int32_t here = static_cast<int32_t>(ih * W + iw);
+    const I here = ih * W + iw;
     float sum = 0.0f;
     for (I oh = oh_lo; oh < oh_hi; ++oh)
       for (I ow = ow_lo; ow < ow_hi; ++ow) {
         const I o = out_base + oh * OW + ow;
-        if (idx[o] == here) {
+        if (PoolIndex<Ix>::names(idx[o], here, oh, ow, g)) {
           const float v = to_accum<T>(dy[o]);
           sum += relu_y && !(to_accum<T>(relu_y[o]) > 0.0f) ? 0.0f : v;
         }
@@ -268,32 +296,41 @@ class MaxPool2dKernel final : public Kernel {
   explicit MaxPool2dKernel(const NodeInfo& node)
       : device_(node.device()),
         g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)),
-        relu_mask_(node.attr_int_or("relu_mask", 0) != 0) {
+        relu_mask_(node.attr_int_or("relu_mask", 0) != 0),
+        u8_(node.output(1).dtype == PLX_U8) {
     // The schema limits planes to what i32 indices can name; the kernel relies on it.
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
   }
 
   void compute(const KernelCall& c) override {
+    if (u8_)
+      launch(c, ptr<uint8_t>(c.out(1)));
+    else
+      launch(c, ptr<int32_t>(c.out(1)));
+  }
+
+ private:
+  template <class Ix>
+  void launch(const KernelCall& c, Ix* idx) const {  // idx (N·C, OH, OW)
     const int64_t total = g_.planes * g_.OH * g_.OW;
     if (total == 0) return;
     use_device(device_);
-    const T* x = ptr<T>(c.in(0));           // (N·C, H, W)
-    T* y = ptr<T>(c.out(0));                // (N·C, OH, OW)
-    int32_t* idx = ptr<int32_t>(c.out(1));  // (N·C, OH, OW)
+    const T* x = ptr<T>(c.in(0));  // (N·C, H, W)
+    T* y = ptr<T>(c.out(0));       // (N·C, OH, OW)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
-      max_pool_kernel<T, int32_t>
+      max_pool_kernel<T, int32_t, Ix>
           <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total), relu_mask_);
     else
-      max_pool_kernel<T, int64_t>
+      max_pool_kernel<T, int64_t, Ix>
           <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
- private:
   int32_t device_;
   PoolGeom g_;
   bool relu_mask_;
+  bool u8_;  // window_index: u8 taps
 };
 
 template <class T>
@@ -301,26 +338,32 @@ class MaxPool2dBackwardKernel final : public Kernel {
  public:
   explicit MaxPool2dBackwardKernel(const NodeInfo& node)
       : device_(node.device()),
-        g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)) {
+        g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
+        u8_(node.input(1).dtype == PLX_U8) {
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
                 "max_pool2d_backward: an input plane too large for i32 indices");
   }
 
   void compute(const KernelCall& c) override {
-    launch(ptr<T>(c.in(0)), ptr<int32_t>(c.in(1)), ptr<T>(c.out(0)), nullptr, c.stream);
+    if (u8_)
+      launch(ptr<T>(c.in(0)), ptr<uint8_t>(c.in(1)), ptr<T>(c.out(0)), nullptr, c.stream);
+    else
+      launch(ptr<T>(c.in(0)), ptr<int32_t>(c.in(1)), ptr<T>(c.out(0)), nullptr, c.stream);
   }
+  bool window_indices() const { return u8_; }
 
   // dy, idx (N·C, OH, OW) -> dx (N·C, H, W); relu_y: the fused ReLU's output, or null.
-  void launch(const T* dy, const int32_t* idx, T* dx, const T* relu_y, plx_stream stream) const {
+  template <class Ix>
+  void launch(const T* dy, const Ix* idx, T* dx, const T* relu_y, plx_stream stream) const {
     const int64_t total = g_.planes * g_.H * g_.W;
     if (total == 0) return;
     use_device(device_);
     const cudaStream_t s = native(stream);
     if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
-      max_pool_backward_kernel<T, int32_t><<<grid_for(total), kBlock, 0, s>>>(
+      max_pool_backward_kernel<T, int32_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
           dy, idx, dx, g_, static_cast<int32_t>(total), relu_y);
     else
-      max_pool_backward_kernel<T, int64_t>
+      max_pool_backward_kernel<T, int64_t, Ix>
           <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, total, relu_y);
     PLX_CUDA_LAUNCH_CHECK();
   }
@@ -328,6 +371,7 @@ class MaxPool2dBackwardKernel final : public Kernel {
  private:
   int32_t device_;
   PoolGeom g_;
+  bool u8_;  // window_index: u8 taps
 };
 
 // relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel (the backward of ReLU
@@ -337,7 +381,10 @@ template <class T>
 class ReluMaxPool2dBackwardKernel final : public Kernel {
  public:
   ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s)
-      : pool_(pool), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {}
+      : pool_(pool), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {
+    PLX_DECLINE_UNLESS(!pool_.window_indices(),
+                       "relu_backward+max_pool2d_backward: u8 window indices run node by node");
+  }
 
   void compute(const KernelCall& c) override {
     pool_.launch(ptr<T>(c.in(dy_)), ptr<int32_t>(c.in(idx_)), ptr<T>(c.out(dx_)), ptr<T>(c.in(y_)),
