@@ -161,6 +161,25 @@ if has train; then
   tail -3 "$OUT/tests-precision.log" | tee -a "$OUT/summary.txt"
 fi
 
+if has train; then
+  # Memory (issue 7): the peak of a convnet step at batch 1024 in f32 against PyTorch's 741 MiB,
+  # with train.recompute off and on; the plan's live peak and what is live there.
+  for rec in '[]' '["relu","gelu","max_pool2d","avg_pool2d","cast","add","mul"]'; do
+    for precision in f32 bf16; do
+      tag="convnet-b1024-$precision-memory-$( [ "$rec" = '[]' ] && echo plain || echo recompute )"
+      stamp "plexus train $tag"
+      $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.batch_size=1024 \
+        --set train.max_steps=3 --set train.eval=false --set train.precision=\"$precision\" \
+        --set "train.recompute=$rec" --set data.path=\"$DATA\" --set logging.progress=plain \
+        --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1
+      echo "exit $?" | tee -a "$OUT/summary.txt"
+      grep '^memory' "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
+      python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['memory_plan']; print({k: v for k, v in p.items() if k != 'peak_live'}); [print('   ', x['bytes'] >> 20, 'MiB', x['value']) for x in p['peak_live'][:6]]" \
+        "$OUT/runs/$tag/manifest.json" 2>&1 | tee -a "$OUT/summary.txt"
+    done
+  done
+fi
+
 if has torch; then
   for batch in 128 1024; do
     stamp "torch_anchor batch $batch"
