@@ -21,6 +21,7 @@
 #include <cmath>
 
 #include "device.cuh"
+#include "ops/ce_reduce.cuh"
 #include "ops/linear_ce.hpp"
 
 namespace plexus::cuda {
@@ -200,27 +201,6 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
   }
 }
 
-// One block: the sum of the row losses in a fixed order, in f64, divided for mean by the rows
-// not ignored (0 when every row is ignored), as ce_reduce (ops/softmax.cu).
-template <class TC, class L>
-__global__ void __launch_bounds__(kBlock)
-    linear_ce_reduce(const float* __restrict__ row_loss, const L* __restrict__ labels,
-                     TC* __restrict__ loss, int64_t n, long long ignore, bool mean) {
-  __shared__ double shared_sum[32];
-  __shared__ long long shared_count[32];
-  double s = 0;
-  long long count = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    s += static_cast<double>(row_loss[i]);
-    count += static_cast<long long>(labels[i]) != ignore ? 1 : 0;
-  }
-  s = block_sum(s, shared_sum);
-  count = block_sum(count, shared_count);
-  if (threadIdx.x == 0) {
-    if (mean) s = count > 0 ? s / static_cast<double>(count) : 0.0;
-    store(loss, 0, static_cast<float>(s));
-  }
-}
 
 // TL: the linear's dtype; TC: the cross-entropy's (f32 after a mixed-precision cast, else TL).
 template <class TL, class TC>
@@ -297,7 +277,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     }
     void* loss = out(c, s.loss);
     if (none || !loss) return;
-    linear_ce_reduce<TC, L><<<1, kBlock, 0, stream>>>(
+    ce_reduce<TC, L><<<1, kBlock, 0, stream>>>(
         a.row_loss, static_cast<const L*>(a.labels), static_cast<TC*>(loss), s.n, a.ignore,
         p_.reduction == Reduction::kMean);
     PLX_CUDA_LAUNCH_CHECK();
