@@ -19,7 +19,7 @@ extern "C" {
  * their struct_size; one built against a newer minor is accepted too, and the host only reads
  * the fields its own minor knows. History: 1.1 appended plx_comm.bench_native; 1.2 appended
  * plx_plugin's kernel extensions (extension_kernel_count, get_extension_kernel); 1.3 gave
- * max_pool2d the attribute relu_mask (no layout change: the host gives a node that sets an
+ * max_pool2d the attributes relu_mask and window_index (no layout change: the host gives a node that sets an
  * attribute newer than a plugin's minor to none of that plugin's kernels, which would not read
  * it; docs/sdk.md "Versions"). */
 #define PLX_ABI_MAJOR 1
