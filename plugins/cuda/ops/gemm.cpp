@@ -28,6 +28,7 @@
 
 #include "common.hpp"
 #include "ops/gemm_bias.hpp"
+#include "ops/linear_relu_slots.hpp"
 
 namespace plexus::cuda {
 
@@ -427,20 +428,8 @@ class LinearKernel final : public Kernel {
 // the unaligned algorithm applies, relu's own kernel runs over the output in place.
 class LinearRelu final : public Kernel {
  public:
-  LinearRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b) {
-    PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu"),
-                       "not a linear -> relu pair");
-    const plx_graph_node& lin = g.node(0);
-    const plx_graph_node& act = g.node(1);
-    PLX_DECLINE_UNLESS(act.inputs[0] == lin.outputs[0] && b.output(lin.outputs[0]) < 0,
-                       "linear's output is needed outside the pair");
-    out_ = b.output(act.outputs[0]);
-    PLX_DECLINE_UNLESS(out_ >= 0, "relu's output is not among the fused outputs");
-    for (int32_t k = 0; k < lin.num_inputs; ++k) {
-      const int32_t v = lin.inputs[k];
-      in_.push_back(g.valid(v) ? b.input(v) : -1);
-      PLX_DECLINE_UNLESS(!g.valid(v) || in_.back() >= 0, "linear's input %d is not an input", k);
-    }
+  LinearRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
+      : slots_(g, b) {
     const sdk::OwnedNodeInfo li(g, 0), ri(g, 1);
     linear_ = std::make_unique<LinearKernel>(NodeInfo(&li.get()), backend, /*relu=*/true);
     relu_ = std::make_unique<sdk::NodeKernel>(backend, ri.get());
@@ -454,26 +443,15 @@ class LinearRelu final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
-    args_.clear();
-    for (int32_t k : in_) {
-      plx_tensor t{};
-      if (k >= 0) t = c.in(k);
-      else t.dtype = PLX_DTYPE_NONE;
-      args_.push_back(t);
-    }
-    y_.assign(1, c.out(out_));
-    const KernelCall lc{args_.data(), static_cast<int32_t>(args_.size()), y_.data(), 1,
-                        c.workspace, c.workspace_bytes, c.stream};
-    if (!linear_->run(lc)) relu_->compute(y_, y_, c.workspace, c.workspace_bytes, c.stream);
+    if (!linear_->run(slots_.linear_call(c)))
+      relu_->compute(slots_.output(), slots_.output(), c.workspace, c.workspace_bytes, c.stream);
   }
 
  private:
-  std::vector<int32_t> in_;  // linear's inputs among the fused inputs (-1: absent bias)
-  int32_t out_ = 0;
+  LinearReluSlots slots_;
   std::unique_ptr<LinearKernel> linear_;
   std::unique_ptr<sdk::NodeKernel> relu_;
   uint32_t flags_ = 0;
-  std::vector<plx_tensor> args_, y_;  // per call
 };
 
 }  // namespace

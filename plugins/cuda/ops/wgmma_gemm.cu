@@ -67,6 +67,7 @@
 
 #include "device.cuh"
 #include "ops/gemm_problem.hpp"
+#include "ops/linear_relu_slots.hpp"
 #include "ops/mma_ptx.cuh"
 #include "ops/wgmma_gemm.hpp"
 
@@ -797,47 +798,17 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
 class WgLinearReluGroup final : public Kernel {
  public:
   WgLinearReluGroup(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b,
-                    const std::string& tile) {
-    PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu"),
-                       "not a linear -> relu pair");
-    const plx_graph_node& lin = g.node(0);
-    const plx_graph_node& act = g.node(1);
-    PLX_DECLINE_UNLESS(act.inputs[0] == lin.outputs[0] && b.output(lin.outputs[0]) < 0,
-                       "linear's output is needed outside the pair");
-    out_ = b.output(act.outputs[0]);
-    PLX_DECLINE_UNLESS(out_ >= 0, "relu's output is not among the fused outputs");
-    for (int32_t k = 0; k < lin.num_inputs; ++k) {
-      const int32_t v = lin.inputs[k];
-      in_.push_back(g.valid(v) ? b.input(v) : -1);
-      PLX_DECLINE_UNLESS(!g.valid(v) || in_.back() >= 0, "linear's input %d is not an input", k);
-    }
+                    const std::string& tile)
+      : slots_(g, b) {
     const sdk::OwnedNodeInfo li(g, 0);
     linear_ = make_wgmma_linear(NodeInfo(&li.get()), backend, tile, MmaAct::Relu);
   }
 
-  void compute(const KernelCall& c) override {
-    args_.clear();
-    for (int32_t k : in_) {
-      plx_tensor t{};
-      if (k >= 0)
-        t = c.in(k);
-      else
-        t.dtype = PLX_DTYPE_NONE;
-      args_.push_back(t);
-    }
-    y_.assign(1, c.out(out_));
-    const KernelCall lc{args_.data(), static_cast<int32_t>(args_.size()),
-                        y_.data(),    1,
-                        c.workspace,  c.workspace_bytes,
-                        c.stream};
-    linear_->compute(lc);
-  }
+  void compute(const KernelCall& c) override { linear_->compute(slots_.linear_call(c)); }
 
  private:
-  std::vector<int32_t> in_;  // linear's inputs among the fused inputs (-1: absent bias)
-  int32_t out_ = 0;
+  LinearReluSlots slots_;
   std::unique_ptr<Kernel> linear_;
-  std::vector<plx_tensor> args_, y_;  // per call
 };
 
 template <class T, class TL>
