@@ -129,6 +129,13 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
 // relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cpp).
 std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
                                                     plx_dtype& dtype);
+// conv2d [-> relu] -> max_pool2d, and max_pool2d_backward -> the conv's backward ops, each as
+// one kernel that runs image by image (ops/conv_pool.cpp).
+std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::GraphView& g,
+                                           const sdk::Boundary& b, plx_dtype& dtype);
+std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend,
+                                                    const sdk::GraphView& g,
+                                                    const sdk::Boundary& b, plx_dtype& dtype);
 // linear -> [cast] -> softmax_cross_entropy [-> argmax] [-> its backward] as one kernel
 // (ops/softmax.cpp).
 std::unique_ptr<Kernel> make_linear_cross_entropy(const sdk::GraphView& g, const sdk::Boundary& b,

@@ -1,6 +1,6 @@
 // The CPU backend's fusion (the contract is in sdk/fusion.hpp and abi/backend.h).
 //
-// It claims three things:
+// It claims:
 //  - the optimizer's per-parameter updates (every sgd_update, or every adamw_update, sharing
 //    attributes and learning rate), run as one multi-tensor kernel: one parallel loop over all
 //    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
@@ -10,6 +10,11 @@
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, whose kernel
 //    applies the ReLU's mask as it reads the gradient (ops/pool.cpp), so the masked gradient is
 //    never written.
+//  - a conv layer with its pool: conv2d [-> relu] -> max_pool2d, and in the backward
+//    max_pool2d_backward -> conv2d_backward_data / conv2d_backward_weight / the bias sum
+//    (sdk/fusion_conv_pool.hpp), run image by image (ops/conv_pool.cpp), so neither the pre-pool
+//    output nor its gradient is ever written: they are a CNN's largest tensors. Claimed before
+//    the epilogue chains, which would otherwise take the conv2d -> relu pair;
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
 //    the logits and the loss's backward when the graph allows (sdk::find_linear_cross_entropy):
 //    the linear's GEMM, then one pass per row for the loss, the argmax and dlogits
@@ -36,6 +41,14 @@ void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_u
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  // A conv layer with its pool, forward and backward (before the ReLU/pool pairs and the
+  // epilogue chains, which would take some of their nodes).
+  for (const auto& grp : sdk::find_conv_max_pool(g))
+    claim(host_user, grp.data(), static_cast<int32_t>(grp.size()),
+          grp.size() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d");
+  for (const auto& grp : sdk::find_max_pool_conv_backward(g))
+    claim(host_user, grp.data(), static_cast<int32_t>(grp.size()),
+          "max_pool2d_backward+conv2d_backward");
   // The backward of ReLU with pooling: the pool's gradient reads the ReLU's mask as it goes.
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(host_user, pair.data(), 2, "relu_backward+max_pool2d_backward");
@@ -61,6 +74,16 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
     name = g.is(0, "sgd_update") ? "multi_tensor_sgd" : "multi_tensor_adamw";
     flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
     return make_multi_update(g, boundary, dtype);
+  }
+  if (g.is(0, "conv2d") && g.is(g.num_nodes() - 1, "max_pool2d")) {
+    name = g.num_nodes() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
+    flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+    return make_conv_max_pool(backend, g, boundary, dtype);
+  }
+  if (g.is(0, "max_pool2d_backward") && g.num_nodes() >= 2) {
+    name = "max_pool2d_backward+conv2d_backward";
+    flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+    return make_max_pool_conv_backward(backend, g, boundary, dtype);
   }
   if (g.is(0, "relu_backward")) {
     name = "relu_backward+max_pool2d_backward";
