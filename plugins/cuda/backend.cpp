@@ -330,6 +330,9 @@ const char* unavailable_reason_fn(void* ctx) {
   return static_cast<CudaBackend*>(ctx)->unavailable_reason().c_str();
 }
 void set_tf32_fn(void* ctx, int32_t on) { static_cast<CudaBackend*>(ctx)->set_tf32(on != 0); }
+void set_fuse_chunk_bytes_fn(void* ctx, int64_t bytes) {
+  static_cast<CudaBackend*>(ctx)->set_fuse_chunk_bytes(bytes > 0 ? static_cast<uint64_t>(bytes) : 0);
+}
 }  // namespace
 
 void* CudaBackend::get_proc_address(const char* name) {
@@ -338,6 +341,9 @@ void* CudaBackend::get_proc_address(const char* name) {
   if (n == "plexus.unavailable_reason") return reinterpret_cast<void*>(&unavailable_reason_fn);
   // void (*)(void* backend_ctx, int32_t on): TF32 for f32 GEMMs/convolutions created from now on.
   if (n == "cuda.set_tf32") return reinterpret_cast<void*>(&set_tf32_fn);
+  // void (*)(void* backend_ctx, int64_t bytes): fuse_chunk_bytes for fused kernels created from
+  // now on (tests make a small batch take several chunks with it).
+  if (n == "cuda.set_fuse_chunk_bytes") return reinterpret_cast<void*>(&set_fuse_chunk_bytes_fn);
   return nullptr;
 }
 
@@ -363,7 +369,7 @@ std::string default_algo_cache() {
 class CudaPlugin final : public sdk::Plugin {
  public:
   explicit CudaPlugin(const sdk::HostContext& host) {
-    host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace"});
+    host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace", "fuse_chunk_bytes"});
     CudaOptions o;
     o.tf32 = option_bool(host, "tf32", false);
     o.benchmark = option_bool(host, "benchmark", true);
@@ -372,6 +378,11 @@ class CudaPlugin final : public sdk::Plugin {
     PLX_REQUIRE(ws >= 0, "option 'conv_workspace': expected bytes >= 0, got %lld",
                 static_cast<long long>(ws));
     o.conv_workspace = static_cast<uint64_t>(ws);
+    const int64_t chunk =
+        host.option_int("fuse_chunk_bytes", static_cast<int64_t>(o.fuse_chunk_bytes));
+    PLX_REQUIRE(chunk >= 0, "option 'fuse_chunk_bytes': expected bytes >= 0, got %lld",
+                static_cast<long long>(chunk));
+    o.fuse_chunk_bytes = static_cast<uint64_t>(chunk);
     auto& b = add_backend(std::make_unique<CudaBackend>(std::move(o)));
     if (b.device_count() == 0)
       PLX_LOG(PLX_LOG_DEBUG, "cuda", "%s", b.unavailable_reason().c_str());

@@ -89,6 +89,9 @@ struct CudaOptions {
   bool benchmark = true;        // measure convolution algorithms (false: cuDNN's heuristics)
   std::string algo_cache;       // file of measured algorithms; "" keeps them in memory only
   uint64_t conv_workspace = uint64_t{1} << 30;  // most workspace a convolution algorithm may use
+  // Most bytes of the pre-pool tensor (or its gradient) one chunk of a fused conv + max-pool
+  // group holds in scratch (ops/conv_pool.cpp); at least one image is always taken.
+  uint64_t fuse_chunk_bytes = uint64_t{32} << 20;
 };
 
 // The per-device objects kernels share. Created on first use; handles are bound to a stream
@@ -112,6 +115,8 @@ class CudaBackend final : public sdk::Backend {
   const CudaOptions& options() const { return options_; }
   // Allows or forbids TF32 for kernels created from now on ("cuda.set_tf32").
   void set_tf32(bool on) { options_.tf32 = on; }
+  // Sets fuse_chunk_bytes for fused kernels created from now on ("cuda.set_fuse_chunk_bytes").
+  void set_fuse_chunk_bytes(uint64_t bytes) { options_.fuse_chunk_bytes = bytes; }
   // Why there is no device ("" when there is one): shown by `plexus info`.
   const std::string& unavailable_reason() const { return unavailable_; }
 
@@ -145,7 +150,7 @@ class CudaBackend final : public sdk::Backend {
   void* stream_native(plx_stream s) override { return native(s); }
   void* get_proc_address(const char* name) override;
   // Fusion (ops/fusion.cpp): the multi-tensor optimizer update, linear+relu on cuBLASLt's
-  // epilogue, and other layer+activation chains.
+  // epilogue, other layer+activation chains, the classifier head and conv + max-pool groups.
   bool has_fusion() const override { return true; }
   void get_capability(const plx_graph_view& graph, plx_claim_fn claim, void* user) override;
   void create_fused(const plx_graph_view& graph, const int32_t* inputs, int32_t num_inputs,

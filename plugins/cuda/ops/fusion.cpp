@@ -19,11 +19,18 @@
 //    the logits and the loss's backward when the graph allows (sdk::find_linear_cross_entropy):
 //    one kernel over the rows with the weight in shared memory (ops/linear_ce.cu), declined
 //    when the weight does not fit.
+//  - a convolution with the max pooling after it (sdk::find_conv_max_pool: conv2d -> [relu] ->
+//    max_pool2d) and the backward of the pair (sdk::find_max_pool_conv_backward:
+//    max_pool2d_backward read only by conv2d_backward_data/_weight and the bias gradient's sum):
+//    the plugin's own kernels run a chunk of images at a time, so neither the full pre-pool
+//    tensor nor its gradient exists (ops/conv_pool.cpp). Claimed before the epilogue chains,
+//    which would otherwise take the conv2d -> relu.
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common.hpp"
+#include "ops/conv_pool.hpp"
 #include "ops/linear_ce.hpp"
 #include "ops/optim_fused.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
@@ -147,6 +154,17 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
     if (is_f32_group(g, grp))
       claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+  // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
+  // epilogue chains, as claims are first come, first served. Only where something reads the
+  // pool's indices (training): sdk::conv_max_pool_slots() declines a group whose indices are not
+  // among its outputs, and a declined group would run node by node, without the conv2d+relu
+  // chain an inference graph gets below.
+  for (const auto& grp : sdk::find_conv_max_pool(g))
+    if (!g.readers(g.node(grp.back()).outputs[1]).empty())
+      claim(user, grp.data(), static_cast<int32_t>(grp.size()),
+            grp.size() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d");
+  for (const auto& grp : sdk::find_max_pool_conv_backward(g))
+    claim(user, grp.data(), static_cast<int32_t>(grp.size()), "max_pool2d_backward+conv2d_backward");
   // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
@@ -184,6 +202,20 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     fused_.give("multi_tensor_adamw", dtype, optim_flags,
                 std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
                 workspace_bytes);
+    return;
+  }
+  bool conv_pool = false, conv_pool_backward = false;
+  for (int32_t n = 0; n < g.num_nodes(); ++n) {
+    conv_pool = conv_pool || g.is(n, "max_pool2d");
+    conv_pool_backward = conv_pool_backward || g.is(n, "max_pool2d_backward");
+  }
+  if (conv_pool || (conv_pool_backward && !g.is(0, "relu_backward"))) {
+    plx_dtype dt = dtype;
+    uint32_t flags = 0;
+    std::string fused_name;
+    auto k = conv_pool ? make_conv_max_pool(*this, g, b, dt, flags, fused_name)
+                       : make_max_pool_conv_backward(*this, g, b, dt, flags, fused_name);
+    fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes);
     return;
   }
   if (g.is(0, "relu_backward")) {

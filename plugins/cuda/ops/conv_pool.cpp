@@ -1,0 +1,496 @@
+// The conv + max-pool fusions on CUDA (the groups and their slots: sdk/fusion_conv_pool.hpp).
+//
+// Both exist for memory: a conv layer followed by a 2x2 pool writes a pre-pool tensor four times
+// the pooled one only for the pool to read it, and the pool's backward writes a gradient of that
+// size only for the convolution's backward ops to read it. Here the batch is worked through a
+// chunk of images at a time, so only one chunk's pre-pool tensor (or gradient) exists, in the
+// fused kernel's workspace:
+//  - forward, per chunk: conv2d (with its bias) into scratch, the ReLU there in place, then
+//    max_pool2d from scratch into the chunk's slice of y and of the indices;
+//  - backward, per chunk: max_pool2d_backward (dy's and the indices' slices) into scratch, then
+//    conv2d_backward_data into dx's slice, conv2d_backward_weight and the bias gradient's sum into
+//    per-chunk partials that are added up over the chunks (ops/conv_pool.cu).
+// NCHW tensors have N outermost, so a chunk of images is one contiguous slice of x, y, the
+// indices, dy and dx: no copies.
+//
+// Each step runs the plugin's own kernel for that node (sdk::NodeKernel, with the host's
+// kernel_hint: cuDNN or our igemm convolution as it chose), created for a chunk-shaped copy of
+// the node (ChunkNodeInfo): the same attributes, N replaced by the chunk's images. One set of
+// kernels per chunk size used (the full chunk and, when the batch does not divide, the
+// remainder). The results are the nodes' own but for the sums over the batch (dw, db), which add
+// per-chunk sums: in f32, in chunk order, so deterministic when the members are; for f16 and bf16
+// each chunk's partial is rounded to 16 bits by the member kernel before the f32 sum, and the
+// total is rounded once more.
+//
+// The chunk holds at most fuse_chunk_bytes (the plugin option, 32 MiB by default) of pre-pool
+// tensor, in a multiple of the images (at most 16) that keep every slice 16-byte aligned, for the
+// member kernels' vector loads: at least that many images, however large (chunk_rows()).
+//
+// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, tensors that are not
+// NCHW contiguous (channels-last), an empty batch or empty images.
+#include "ops/conv_pool.hpp"
+
+#include <algorithm>
+#include <array>
+#include <initializer_list>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+#include "plexus/sdk/fusion_conv_pool.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+constexpr uint64_t kAlign = 256;
+
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Pieces of a workspace, each starting at a multiple of kAlign (the workspace itself is at least
+// that aligned), at offsets fixed at creation.
+struct Carve {
+  uint64_t total = 0;
+  uint64_t take(uint64_t bytes) {
+    const uint64_t at = total;
+    total += align_up(bytes);
+    return at;
+  }
+};
+
+bool float_dtype(int32_t d) { return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16; }
+
+// Row-major contiguous strides for t's shape.
+void set_contiguous(plx_tensor& t) {
+  int64_t s = 1;
+  for (int32_t i = t.ndim - 1; i >= 0; --i) {
+    t.strides[i] = s;
+    s *= t.shape[i];
+  }
+}
+
+void* at_bytes(void* p, uint64_t offset) { return static_cast<unsigned char*>(p) + offset; }
+
+// Node n of the view as a plx_node_info for `rows` images: the inputs and outputs listed in
+// batched_in / batched_out (4-D NCHW, N first) get shape[0] = rows and contiguous strides, and,
+// with patch_input_shape, the input_shape attribute (the forward's x, which the backward ops
+// size themselves by) its first value. Owns every array the info points at, so it neither copies
+// nor moves.
+class ChunkNodeInfo {
+ public:
+  ChunkNodeInfo(const sdk::GraphView& g, int32_t n, int64_t rows,
+                std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
+                bool patch_input_shape) {
+    const plx_graph_node& node = g.node(n);
+    for (int32_t k = 0; k < node.num_inputs; ++k) {
+      plx_tensor t{};
+      if (g.valid(node.inputs[k])) t = g.value(node.inputs[k]);
+      else t.dtype = PLX_DTYPE_NONE;
+      inputs_.push_back(t);
+    }
+    for (int32_t k = 0; k < node.num_outputs; ++k) outputs_.push_back(g.value(node.outputs[k]));
+    auto batch = [&](std::vector<plx_tensor>& ts, int32_t k) {
+      PLX_REQUIRE(k < static_cast<int32_t>(ts.size()) && sdk::present(ts[static_cast<size_t>(k)]) &&
+                      ts[static_cast<size_t>(k)].ndim == 4,
+                  "%s: tensor %d is not a 4-D batch", node.op, k);
+      plx_tensor& t = ts[static_cast<size_t>(k)];
+      t.shape[0] = rows;
+      set_contiguous(t);
+    };
+    for (int32_t k : batched_in) batch(inputs_, k);
+    for (int32_t k : batched_out) batch(outputs_, k);
+    attrs_.assign(node.attrs, node.attrs + node.num_attrs);
+    if (patch_input_shape) {
+      bool found = false;
+      for (plx_attr& a : attrs_) {
+        if (std::string_view(a.name) != "input_shape") continue;
+        PLX_DECLINE_UNLESS(a.type == PLX_ATTR_INTS && a.count == 4,
+                           "%s: input_shape must have 4 values", node.op);
+        std::copy(a.ints, a.ints + 4, input_shape_.begin());
+        input_shape_[0] = rows;
+        a.ints = input_shape_.data();
+        found = true;
+      }
+      PLX_DECLINE_UNLESS(found, "%s: no input_shape attribute", node.op);
+    }
+    info_.struct_size = sizeof info_;
+    info_.device = g.device();
+    info_.op = node.op;
+    info_.num_inputs = node.num_inputs;
+    info_.num_outputs = node.num_outputs;
+    info_.inputs = inputs_.data();
+    info_.outputs = outputs_.data();
+    info_.attrs = attrs_.empty() ? nullptr : attrs_.data();
+    info_.num_attrs = static_cast<int32_t>(attrs_.size());
+  }
+  ChunkNodeInfo(const ChunkNodeInfo&) = delete;
+  ChunkNodeInfo& operator=(const ChunkNodeInfo&) = delete;
+
+  const plx_node_info& get() const { return info_; }
+  const std::vector<plx_tensor>& inputs() const { return inputs_; }
+  const std::vector<plx_tensor>& outputs() const { return outputs_; }
+
+ private:
+  std::vector<plx_tensor> inputs_, outputs_;
+  std::vector<plx_attr> attrs_;
+  std::array<int64_t, 4> input_shape_{};
+  plx_node_info info_{};
+};
+
+// One member kernel for one chunk size: the kernel and the descriptors of its tensors, whose
+// data pointers compute() fills in (no allocation per call).
+struct Member {
+  std::unique_ptr<sdk::NodeKernel> kernel;
+  std::vector<plx_tensor> in, out;
+
+  bool present() const { return kernel != nullptr; }
+  void make(CudaBackend& backend, const sdk::GraphView& g, int32_t n, int64_t rows,
+            std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
+            bool patch_input_shape) {
+    const ChunkNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape);
+    kernel = std::make_unique<sdk::NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
+    in = info.inputs();
+    out = info.outputs();
+  }
+  void run(void* workspace, uint64_t workspace_bytes, plx_stream stream) const {
+    kernel->compute(in, out, workspace, workspace_bytes, stream);
+  }
+};
+
+// Images per chunk: as many as keep the scratch tensor (scratch_image bytes per image) within
+// `limit`, at most n; below n, a multiple of m, the fewest images whose slices (of slice_image
+// bytes per image each) are all 16 bytes long: every chunk's slices then start 16-byte aligned
+// as the tensors do, whatever vector loads the member kernels (or cuDNN's algorithms, chosen on
+// aligned buffers) make. So the chunk is at least one image, and may pass `limit` by up to m - 1
+// <= 15 images where one image nearly fills it.
+int64_t chunk_rows(int64_t n, uint64_t scratch_image, uint64_t limit,
+                   const std::vector<uint64_t>& slice_image) {
+  const uint64_t fit = limit / scratch_image;
+  if (fit >= static_cast<uint64_t>(n)) return n;
+  // 16 / gcd(b, 16) is a power of two up to 16 for every b: the largest is a multiple of the rest.
+  int64_t m = 1;
+  for (uint64_t b : slice_image)
+    m = std::max<int64_t>(m, static_cast<int64_t>(16 / std::gcd(b, uint64_t{16})));
+  const int64_t rows = std::max<int64_t>(static_cast<int64_t>(fit) / m, 1) * m;
+  return std::min(rows, n);
+}
+
+// The member kernels' flags the fused kernel can promise: capturable and deterministic only when
+// every member is (the per-chunk sums are deterministic themselves).
+uint32_t member_flags(const Member& m) {
+  return m.present() ? m.kernel->table().flags : ~0u;
+}
+
+constexpr const char* kLog = "cuda.fusion";
+
+// ---- forward: conv2d -> [relu] -> max_pool2d ----
+
+class ConvMaxPool final : public Kernel {
+ public:
+  ConvMaxPool(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
+      : s_(sdk::conv_max_pool_slots(g, b)), device_(g.device()) {
+    const plx_graph_node& conv = g.node(s_.conv);
+    const plx_graph_node& pool = g.node(s_.pool);
+    const plx_tensor& x = g.value(conv.inputs[0]);
+    const plx_tensor& pre = g.value(conv.outputs[0]);
+    const plx_tensor& y = g.value(pool.outputs[0]);
+    const plx_tensor& idx = g.value(pool.outputs[1]);
+    PLX_DECLINE_UNLESS(float_dtype(s_.dtype), "conv2d+max_pool2d: f32, f16 or bf16, not %s",
+                       plexus::dtype_name(s_.dtype));
+    PLX_DECLINE_UNLESS(s_.index_dtype == PLX_I32 || s_.index_dtype == PLX_U8,
+                       "conv2d+max_pool2d: i32 or u8 indices");
+    PLX_DECLINE_UNLESS(x.ndim == 4 && pre.ndim == 4 && y.ndim == 4 && idx.ndim == 4,
+                       "conv2d+max_pool2d: 4-D tensors expected");
+    n_ = x.shape[0];
+    PLX_DECLINE_UNLESS(n_ >= 1 && pre.shape[0] == n_ && y.shape[0] == n_ && idx.shape[0] == n_,
+                       "conv2d+max_pool2d: an empty batch, or batches that differ");
+    PLX_DECLINE_UNLESS(sdk::is_contiguous(x) && sdk::is_contiguous(y) && sdk::is_contiguous(idx),
+                       "conv2d+max_pool2d: x, y and the indices must be NCHW contiguous");
+    es_ = plexus::dtype_size(s_.dtype);
+    idx_es_ = plexus::dtype_size(s_.index_dtype);
+    x_img_ = numel(x) / n_;
+    pre_img_ = numel(pre) / n_;
+    y_img_ = numel(y) / n_;
+    PLX_DECLINE_UNLESS(x_img_ > 0 && pre_img_ > 0 && y_img_ > 0 && numel(idx) / n_ == y_img_,
+                       "conv2d+max_pool2d: empty images");
+    const uint64_t ux = static_cast<uint64_t>(x_img_), uy = static_cast<uint64_t>(y_img_);
+    rows_ = chunk_rows(n_, static_cast<uint64_t>(pre_img_) * es_, backend.options().fuse_chunk_bytes,
+                       {ux * es_, uy * es_, uy * idx_es_});
+
+    const int64_t rem = n_ % rows_;
+    for (int64_t rows : {rows_, rem}) {
+      if (rows == 0) continue;
+      Pass& p = passes_.emplace_back();
+      p.rows = rows;
+      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
+      if (s_.relu >= 0) {
+        p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false);
+        PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
+                           "conv2d+relu+max_pool2d: relu's kernel %s cannot run in place",
+                           p.relu.kernel->table().impl);
+      }
+      p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+      for (const Member* m : {&p.conv, &p.relu, &p.pool}) {
+        flags_ &= member_flags(*m);
+        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+      }
+    }
+    Carve carve;
+    pre_off_ = carve.take(static_cast<uint64_t>(rows_ * pre_img_) * es_);
+    member_off_ = carve.total;
+    workspace_ = member_off_ + member_ws_;
+    PLX_LOG(PLX_LOG_DEBUG, kLog,
+            "conv2d+max_pool2d %s: %lld images in chunks of %lld, workspace %llu bytes",
+            plexus::dtype_name(s_.dtype), static_cast<long long>(n_),
+            static_cast<long long>(rows_), static_cast<unsigned long long>(workspace_));
+  }
+
+  uint32_t flags() const { return flags_ & (PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC); }
+  const sdk::ConvMaxPoolSlots& slots() const { return s_; }
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    void* pre = at_bytes(c.workspace, pre_off_);
+    void* mws = member_ws_ ? at_bytes(c.workspace, member_off_) : nullptr;
+    const plx_tensor& x = c.in(s_.x);
+    const plx_tensor& y = c.out(s_.y);
+    const plx_tensor& idx = c.out(s_.indices);
+    for (int64_t n0 = 0; n0 < n_; n0 += rows_) {
+      Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
+      const uint64_t img = static_cast<uint64_t>(n0);
+      p.conv.in[0].data = at_bytes(x.data, img * static_cast<uint64_t>(x_img_) * es_);
+      p.conv.in[1].data = c.in(s_.w).data;
+      if (s_.bias >= 0) p.conv.in[2].data = c.in(s_.bias).data;
+      p.conv.out[0].data = pre;
+      p.conv.run(mws, member_ws_, c.stream);
+      if (p.relu.present()) {
+        p.relu.in[0].data = pre;
+        p.relu.out[0].data = pre;
+        p.relu.run(mws, member_ws_, c.stream);
+      }
+      p.pool.in[0].data = pre;
+      p.pool.out[0].data = at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
+      p.pool.out[1].data = at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
+      p.pool.run(mws, member_ws_, c.stream);
+    }
+  }
+
+ private:
+  struct Pass {
+    int64_t rows = 0;
+    Member conv, relu, pool;
+  };
+
+  sdk::ConvMaxPoolSlots s_;
+  int32_t device_;
+  int64_t n_ = 0, rows_ = 0;
+  uint64_t es_ = 0, idx_es_ = 0;
+  int64_t x_img_ = 0, pre_img_ = 0, y_img_ = 0;  // elements per image
+  std::vector<Pass> passes_;  // [0]: chunks of rows_ images; [1]: the remainder, if any
+  uint32_t flags_ = ~0u;
+  uint64_t pre_off_ = 0, member_off_ = 0, member_ws_ = 0, workspace_ = 0;
+};
+
+// ---- backward: max_pool2d_backward -> conv2d_backward_data / _weight, bias sum ----
+
+class MaxPoolConvBackward final : public Kernel {
+ public:
+  MaxPoolConvBackward(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
+      : s_(sdk::max_pool_conv_backward_slots(g, b)), device_(g.device()) {
+    const char* op = "max_pool2d_backward+conv2d_backward";
+    const plx_graph_node& pool = g.node(s_.pool);
+    const plx_tensor& dy = g.value(pool.inputs[0]);
+    const plx_tensor& idx = g.value(pool.inputs[1]);
+    const plx_tensor& unpooled = g.value(pool.outputs[0]);
+    PLX_DECLINE_UNLESS(float_dtype(s_.dtype), "%s: f32, f16 or bf16, not %s", op,
+                       plexus::dtype_name(s_.dtype));
+    PLX_DECLINE_UNLESS(s_.index_dtype == PLX_I32 || s_.index_dtype == PLX_U8,
+                       "%s: i32 or u8 indices", op);
+    PLX_DECLINE_UNLESS(dy.ndim == 4 && idx.ndim == 4 && unpooled.ndim == 4,
+                       "%s: 4-D tensors expected", op);
+    n_ = dy.shape[0];
+    PLX_DECLINE_UNLESS(n_ >= 1 && idx.shape[0] == n_ && unpooled.shape[0] == n_,
+                       "%s: an empty batch, or batches that differ", op);
+    PLX_DECLINE_UNLESS(sdk::is_contiguous(dy) && sdk::is_contiguous(idx),
+                       "%s: dy and the indices must be NCHW contiguous", op);
+    es_ = plexus::dtype_size(s_.dtype);
+    idx_es_ = plexus::dtype_size(s_.index_dtype);
+    dy_img_ = numel(dy) / n_;
+    g_img_ = numel(unpooled) / n_;
+    PLX_DECLINE_UNLESS(dy_img_ > 0 && g_img_ > 0 && numel(idx) / n_ == dy_img_,
+                       "%s: empty images", op);
+    std::vector<uint64_t> slices = {static_cast<uint64_t>(dy_img_) * es_,
+                                    static_cast<uint64_t>(dy_img_) * idx_es_};
+    if (s_.data >= 0) {
+      const plx_tensor& dx = g.value(g.node(s_.data).outputs[0]);
+      PLX_DECLINE_UNLESS(dx.ndim == 4 && dx.shape[0] == n_ && sdk::is_contiguous(dx),
+                         "%s: dx must be an NCHW contiguous batch of dy's images", op);
+      dx_img_ = numel(dx) / n_;
+      PLX_DECLINE_UNLESS(dx_img_ > 0, "%s: empty images", op);
+      slices.push_back(static_cast<uint64_t>(dx_img_) * es_);
+    }
+    if (s_.weight >= 0) {
+      const plx_graph_node& wn = g.node(s_.weight);
+      const plx_tensor& x = g.value(wn.inputs[1]);
+      const plx_tensor& dw = g.value(wn.outputs[0]);
+      PLX_DECLINE_UNLESS(x.ndim == 4 && x.shape[0] == n_ && sdk::is_contiguous(x),
+                         "%s: x must be an NCHW contiguous batch of dy's images", op);
+      // The per-chunk sums are added elementwise over dw's memory: dense, in dw's own order.
+      PLX_DECLINE_UNLESS(sdk::is_contiguous(dw), "%s: dw must be contiguous", op);
+      x_img_ = numel(x) / n_;
+      PLX_DECLINE_UNLESS(x_img_ > 0, "%s: empty images", op);
+      slices.push_back(static_cast<uint64_t>(x_img_) * es_);
+      dw_elems_ = numel(dw);
+    }
+    if (s_.bias >= 0) {
+      const plx_tensor& db = g.value(g.node(s_.bias).outputs[0]);
+      PLX_DECLINE_UNLESS(sdk::is_contiguous(db), "%s: db must be contiguous", op);
+      db_elems_ = numel(db);
+    }
+    rows_ = chunk_rows(n_, static_cast<uint64_t>(g_img_) * es_,
+                       backend.options().fuse_chunk_bytes, slices);
+    chunks_ = (n_ + rows_ - 1) / rows_;
+
+    const int64_t rem = n_ % rows_;
+    for (int64_t rows : {rows_, rem}) {
+      if (rows == 0) continue;
+      Pass& p = passes_.emplace_back();
+      p.rows = rows;
+      p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true);
+      if (s_.data >= 0) p.data.make(backend, g, s_.data, rows, {0}, {0}, true);
+      if (s_.weight >= 0) p.weight.make(backend, g, s_.weight, rows, {0, 1}, {}, false);
+      if (s_.bias >= 0) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
+      for (const Member* m : {&p.pool, &p.data, &p.weight, &p.bias}) {
+        flags_ &= member_flags(*m);
+        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+      }
+    }
+    Carve carve;
+    g_off_ = carve.take(static_cast<uint64_t>(rows_ * g_img_) * es_);
+    if (chunks_ > 1) {
+      // Partials of the chunks after the first (f32: the first writes dw and db directly and
+      // the rest add onto them); for f16/bf16 an f32 running sum too.
+      const bool f32 = s_.dtype == PLX_F32;
+      if (s_.weight >= 0) {
+        part_dw_off_ = carve.take(static_cast<uint64_t>(dw_elems_) * es_);
+        if (!f32) acc_dw_off_ = carve.take(static_cast<uint64_t>(dw_elems_) * sizeof(float));
+      }
+      if (s_.bias >= 0) {
+        part_db_off_ = carve.take(static_cast<uint64_t>(db_elems_) * es_);
+        if (!f32) acc_db_off_ = carve.take(static_cast<uint64_t>(db_elems_) * sizeof(float));
+      }
+    }
+    member_off_ = carve.total;
+    workspace_ = member_off_ + member_ws_;
+    PLX_LOG(PLX_LOG_DEBUG, kLog,
+            "%s %s: %lld images in %lld chunks of %lld, workspace %llu bytes", op,
+            plexus::dtype_name(s_.dtype), static_cast<long long>(n_),
+            static_cast<long long>(chunks_), static_cast<long long>(rows_),
+            static_cast<unsigned long long>(workspace_));
+  }
+
+  uint32_t flags() const { return flags_ & (PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC); }
+  plx_dtype dtype() const { return s_.dtype; }
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    const cudaStream_t stream = native(c.stream);
+    void* grad = at_bytes(c.workspace, g_off_);
+    void* mws = member_ws_ ? at_bytes(c.workspace, member_off_) : nullptr;
+    const plx_tensor& dy = c.in(s_.dy);
+    const plx_tensor& idx = c.in(s_.indices);
+    int64_t k = 0;
+    for (int64_t n0 = 0; n0 < n_; n0 += rows_, ++k) {
+      Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
+      const uint64_t img = static_cast<uint64_t>(n0);
+      const bool first = k == 0, last = k == chunks_ - 1;
+      p.pool.in[0].data = at_bytes(dy.data, img * static_cast<uint64_t>(dy_img_) * es_);
+      p.pool.in[1].data = at_bytes(idx.data, img * static_cast<uint64_t>(dy_img_) * idx_es_);
+      p.pool.out[0].data = grad;
+      p.pool.run(mws, member_ws_, c.stream);
+      if (p.data.present()) {
+        p.data.in[0].data = grad;
+        p.data.in[1].data = c.in(s_.w).data;
+        p.data.out[0].data =
+            at_bytes(c.out(s_.dx).data, img * static_cast<uint64_t>(dx_img_) * es_);
+        p.data.run(mws, member_ws_, c.stream);
+      }
+      if (p.weight.present()) {
+        p.weight.in[0].data = grad;
+        p.weight.in[1].data = at_bytes(c.in(s_.x).data, img * static_cast<uint64_t>(x_img_) * es_);
+        sum_chunk(p.weight, c, c.out(s_.dw).data, part_dw_off_, acc_dw_off_, dw_elems_, first,
+                  last, mws, stream);
+      }
+      if (p.bias.present()) {
+        p.bias.in[0].data = grad;
+        sum_chunk(p.bias, c, c.out(s_.db).data, part_db_off_, acc_db_off_, db_elems_, first,
+                  last, mws, stream);
+      }
+    }
+  }
+
+ private:
+  struct Pass {
+    int64_t rows = 0;
+    Member pool, data, weight, bias;
+  };
+
+  // Runs a member whose output sums over the batch (dw, db) on this chunk and adds it to the
+  // total in `out`. One chunk: straight into out. f32: the first chunk into out, the others into
+  // a partial added onto out. f16/bf16: every chunk into a partial, summed in f32 and rounded
+  // into out with the last.
+  void sum_chunk(Member& m, const KernelCall& c, void* out, uint64_t part_off, uint64_t acc_off,
+                 int64_t elems, bool first, bool last, void* mws, cudaStream_t stream) {
+    const bool f32 = s_.dtype == PLX_F32;
+    const bool direct = chunks_ == 1 || (f32 && first);
+    void* part = direct ? out : at_bytes(c.workspace, part_off);
+    m.out[0].data = part;
+    m.run(mws, member_ws_, c.stream);
+    if (direct) return;
+    if (f32) {
+      launch_chunk_accumulate(PLX_F32, part, static_cast<float*>(out), nullptr, elems,
+                              ChunkAccum::Add, stream);
+    } else {
+      float* acc = static_cast<float*>(at_bytes(c.workspace, acc_off));
+      const ChunkAccum mode = first ? ChunkAccum::Set : (last ? ChunkAccum::Final : ChunkAccum::Add);
+      launch_chunk_accumulate(s_.dtype, part, acc, out, elems, mode, stream);
+    }
+  }
+
+  sdk::MaxPoolConvBackwardSlots s_;
+  int32_t device_;
+  int64_t n_ = 0, rows_ = 0, chunks_ = 0;
+  uint64_t es_ = 0, idx_es_ = 0;
+  int64_t dy_img_ = 0, g_img_ = 0, dx_img_ = 0, x_img_ = 0;  // elements per image
+  int64_t dw_elems_ = 0, db_elems_ = 0;
+  std::vector<Pass> passes_;  // [0]: chunks of rows_ images; [1]: the remainder, if any
+  uint32_t flags_ = ~0u;
+  uint64_t g_off_ = 0, part_dw_off_ = 0, acc_dw_off_ = 0, part_db_off_ = 0, acc_db_off_ = 0;
+  uint64_t member_off_ = 0, member_ws_ = 0, workspace_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                           const sdk::Boundary& b, plx_dtype& dtype,
+                                           uint32_t& flags, std::string& name) {
+  auto k = std::make_unique<ConvMaxPool>(backend, g, b);
+  dtype = k->slots().dtype;
+  flags = k->flags();
+  name = k->slots().relu >= 0 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
+  return k;
+}
+
+std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const sdk::GraphView& g,
+                                                    const sdk::Boundary& b, plx_dtype& dtype,
+                                                    uint32_t& flags, std::string& name) {
+  auto k = std::make_unique<MaxPoolConvBackward>(backend, g, b);
+  dtype = k->dtype();
+  flags = k->flags();
+  name = "max_pool2d_backward+conv2d_backward";
+  return k;
+}
+
+}  // namespace plexus::cuda
