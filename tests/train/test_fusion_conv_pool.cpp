@@ -27,6 +27,7 @@ struct Layer {
   bool window_index = true;  // u8 taps in the window, else i32 positions in the plane
   bool data = true, weight = true;  // which conv backward ops the graph has
   bool pre_pool_output = false;     // the pool's input is a graph output too: no forward fusion
+  bool backward = true;             // false: an inference graph, whose indices nobody reads
 };
 
 struct LayerRun {
@@ -42,6 +43,8 @@ Attrs conv_attrs(const Layer& l) {
   a.set("groups", l.groups);
   return a;
 }
+
+LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, bool fuse);
 
 // x -> conv -> [relu] -> max_pool2d, then the pool's backward from a given pooled gradient
 // and the conv's backward ops on it, written out as reverse mode writes them.
@@ -65,8 +68,9 @@ LayerRun run_layer(const Layer& l, bool fuse) {
   fwd.set("window_index", int64_t{l.window_index ? 1 : 0});
   const std::vector<Var> p = g.add("max_pool2d", {h}, fwd, "pool");
   g.mark_output(p[0], "y");
-  g.mark_output(p[1], "indices");
+  if (l.backward) g.mark_output(p[1], "indices");
   const std::vector<int64_t> ps = g.value(p[0]).desc.shape;  // a copy: adding nodes moves values
+  if (!l.backward) return finish(g, l, ps, fuse);
   const Var dy = g.input("dy", {l.d, {ps[0], ps[1], ps[2], ps[3]}});
   Attrs bwd = pool;
   bwd.set("input_shape", std::vector<int64_t>{l.n, l.o, oh, ow});
@@ -87,6 +91,11 @@ LayerRun run_layer(const Layer& l, bool fuse) {
     a.set("axes", std::vector<int64_t>{0, 2, 3});
     g.mark_output(g.add1("sum", {un}, a, "conv.grad"), "db");
   }
+  return finish(g, l, ps, fuse);
+}
+
+// Runs the graph on random x (and dy) and keeps every graph output.
+LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, bool fuse) {
   TensorStore store;
   ExecutableOptions eo;
   eo.seed = 23;
@@ -97,7 +106,8 @@ LayerRun run_layer(const Layer& l, bool fuse) {
   r.kernels = exe.kernel_names();
   // Values around zero, so the ReLU and its mask cut some windows whole (index "none").
   fill(exe.tensor("x"), random_doubles(static_cast<size_t>(l.n * l.c * l.h * l.w), 5, -1, 1));
-  fill(exe.tensor("dy"), random_doubles(static_cast<size_t>(ps[0] * ps[1] * ps[2] * ps[3]), 6, -1, 1));
+  if (l.backward)
+    fill(exe.tensor("dy"), random_doubles(static_cast<size_t>(ps[0] * ps[1] * ps[2] * ps[3]), 6, -1, 1));
   exe.run();
   exe.sync();
   for (const auto& [name, v] : g.outputs()) {
@@ -236,4 +246,16 @@ TEST_CASE("a conv layer whose pre-pool tensor is needed elsewhere is not fused f
   CHECK(has_kernel(fused, "conv conv2d: cpu/im2col_blas"));
   CHECK(has_kernel(fused, "pool max_pool2d: cpu/omp"));
   CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward"));
+}
+
+TEST_CASE("an inference graph runs a conv layer with its pool as one kernel", "[cpu][fusion]") {
+  // Nothing reads the pool's indices: the core still hands them to the fused kernel as an
+  // output (a value read by nobody is written), so the group is the same as in training.
+  Layer l;
+  l.backward = false, l.relu_mask = false, l.window_index = false;
+  const LayerRun fused = check_same(l);
+  INFO(kernels_of(fused));
+  CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d"));
+  CHECK(fused.plan.fused_kernels == 1);
+  CHECK(fused.plan.internal_values == 2);
 }

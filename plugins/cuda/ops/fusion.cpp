@@ -155,14 +155,12 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     if (is_f32_group(g, grp))
       claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
   // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
-  // epilogue chains, as claims are first come, first served. Only where something reads the
-  // pool's indices (training): sdk::conv_max_pool_slots() declines a group whose indices are not
-  // among its outputs, and a declined group would run node by node, without the conv2d+relu
-  // chain an inference graph gets below.
+  // epilogue chains, as claims are first come, first served. Inference graphs too: indices
+  // nobody reads are still among the group's outputs (the core writes every value read by
+  // nobody), as the CPU's test of an inference graph shows.
   for (const auto& grp : sdk::find_conv_max_pool(g))
-    if (!g.readers(g.node(grp.back()).outputs[1]).empty())
-      claim(user, grp.data(), static_cast<int32_t>(grp.size()),
-            grp.size() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d");
+    claim(user, grp.data(), static_cast<int32_t>(grp.size()),
+          grp.size() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d");
   for (const auto& grp : sdk::find_max_pool_conv_backward(g))
     claim(user, grp.data(), static_cast<int32_t>(grp.size()), "max_pool2d_backward+conv2d_backward");
   // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
