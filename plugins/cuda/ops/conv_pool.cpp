@@ -15,9 +15,9 @@
 //
 // Each step runs the plugin's own kernel for that node (sdk::NodeKernel, with the host's
 // kernel_hint: cuDNN or our igemm convolution as it chose), created for a chunk-shaped copy of
-// the node (ChunkNodeInfo): the same attributes, N replaced by the chunk's images. One set of
-// kernels per chunk size used (the full chunk and, when the batch does not divide, the
-// remainder). The results are the nodes' own but for the sums over the batch (dw, db), which add
+// the node (sdk::OwnedNodeInfo for a part of the batch): the same attributes, N replaced by the
+// chunk's images. One set of kernels per chunk size used (the full chunk and, when the batch does
+// not divide, the remainder). The results are the nodes' own but for the sums over the batch (dw, db), which add
 // per-chunk sums: in f32, in chunk order, so deterministic when the members are; for f16 and bf16
 // each chunk's partial is rounded to 16 bits by the member kernel before the f32 sum, and the
 // total is rounded once more.
@@ -60,82 +60,7 @@ struct Carve {
 
 bool float_dtype(int32_t d) { return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16; }
 
-// Row-major contiguous strides for t's shape.
-void set_contiguous(plx_tensor& t) {
-  int64_t s = 1;
-  for (int32_t i = t.ndim - 1; i >= 0; --i) {
-    t.strides[i] = s;
-    s *= t.shape[i];
-  }
-}
-
 void* at_bytes(void* p, uint64_t offset) { return static_cast<unsigned char*>(p) + offset; }
-
-// Node n of the view as a plx_node_info for `rows` images: the inputs and outputs listed in
-// batched_in / batched_out (4-D NCHW, N first) get shape[0] = rows and contiguous strides, and,
-// with patch_input_shape, the input_shape attribute (the forward's x, which the backward ops
-// size themselves by) its first value. Owns every array the info points at, so it neither copies
-// nor moves.
-class ChunkNodeInfo {
- public:
-  ChunkNodeInfo(const sdk::GraphView& g, int32_t n, int64_t rows,
-                std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
-                bool patch_input_shape) {
-    const plx_graph_node& node = g.node(n);
-    for (int32_t k = 0; k < node.num_inputs; ++k) {
-      plx_tensor t{};
-      if (g.valid(node.inputs[k])) t = g.value(node.inputs[k]);
-      else t.dtype = PLX_DTYPE_NONE;
-      inputs_.push_back(t);
-    }
-    for (int32_t k = 0; k < node.num_outputs; ++k) outputs_.push_back(g.value(node.outputs[k]));
-    auto batch = [&](std::vector<plx_tensor>& ts, int32_t k) {
-      PLX_REQUIRE(k < static_cast<int32_t>(ts.size()) && sdk::present(ts[static_cast<size_t>(k)]) &&
-                      ts[static_cast<size_t>(k)].ndim == 4,
-                  "%s: tensor %d is not a 4-D batch", node.op, k);
-      plx_tensor& t = ts[static_cast<size_t>(k)];
-      t.shape[0] = rows;
-      set_contiguous(t);
-    };
-    for (int32_t k : batched_in) batch(inputs_, k);
-    for (int32_t k : batched_out) batch(outputs_, k);
-    attrs_.assign(node.attrs, node.attrs + node.num_attrs);
-    if (patch_input_shape) {
-      bool found = false;
-      for (plx_attr& a : attrs_) {
-        if (std::string_view(a.name) != "input_shape") continue;
-        PLX_DECLINE_UNLESS(a.type == PLX_ATTR_INTS && a.count == 4,
-                           "%s: input_shape must have 4 values", node.op);
-        std::copy(a.ints, a.ints + 4, input_shape_.begin());
-        input_shape_[0] = rows;
-        a.ints = input_shape_.data();
-        found = true;
-      }
-      PLX_DECLINE_UNLESS(found, "%s: no input_shape attribute", node.op);
-    }
-    info_.struct_size = sizeof info_;
-    info_.device = g.device();
-    info_.op = node.op;
-    info_.num_inputs = node.num_inputs;
-    info_.num_outputs = node.num_outputs;
-    info_.inputs = inputs_.data();
-    info_.outputs = outputs_.data();
-    info_.attrs = attrs_.empty() ? nullptr : attrs_.data();
-    info_.num_attrs = static_cast<int32_t>(attrs_.size());
-  }
-  ChunkNodeInfo(const ChunkNodeInfo&) = delete;
-  ChunkNodeInfo& operator=(const ChunkNodeInfo&) = delete;
-
-  const plx_node_info& get() const { return info_; }
-  const std::vector<plx_tensor>& inputs() const { return inputs_; }
-  const std::vector<plx_tensor>& outputs() const { return outputs_; }
-
- private:
-  std::vector<plx_tensor> inputs_, outputs_;
-  std::vector<plx_attr> attrs_;
-  std::array<int64_t, 4> input_shape_{};
-  plx_node_info info_{};
-};
 
 // One member kernel for one chunk size: the kernel and the descriptors of its tensors, whose
 // data pointers compute() fills in (no allocation per call).
@@ -147,7 +72,8 @@ struct Member {
   void make(CudaBackend& backend, const sdk::GraphView& g, int32_t n, int64_t rows,
             std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
             bool patch_input_shape) {
-    const ChunkNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape);
+    const sdk::OwnedNodeInfo info(g, n, rows, batched_in, batched_out,
+                                  patch_input_shape ? "input_shape" : "");
     kernel = std::make_unique<sdk::NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
     in = info.inputs();
     out = info.outputs();

@@ -21,8 +21,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -115,7 +117,8 @@ inline bool same_attrs(const plx_graph_node& a, const plx_graph_node& b) {
   return true;
 }
 
-// One node of a view as a plx_node_info, for creating a per-node kernel. Owns its arrays.
+// One node of a view as a plx_node_info, for creating a per-node kernel. Owns its arrays, so it
+// neither copies nor moves.
 class OwnedNodeInfo {
  public:
   OwnedNodeInfo(const GraphView& g, int32_t n) {
@@ -127,6 +130,7 @@ class OwnedNodeInfo {
       inputs_.push_back(t);
     }
     for (int32_t k = 0; k < node.num_outputs; ++k) outputs_.push_back(g.value(node.outputs[k]));
+    attrs_.assign(node.attrs, node.attrs + node.num_attrs);
     info_.struct_size = sizeof info_;
     info_.device = g.device();
     info_.op = node.op;
@@ -134,15 +138,54 @@ class OwnedNodeInfo {
     info_.num_outputs = node.num_outputs;
     info_.inputs = inputs_.data();
     info_.outputs = outputs_.data();
-    info_.attrs = node.attrs;
-    info_.num_attrs = node.num_attrs;
+    info_.attrs = attrs_.empty() ? nullptr : attrs_.data();
+    info_.num_attrs = static_cast<int32_t>(attrs_.size());
+  }
+  // The same node for a part of the batch, `rows` images (a fused kernel that works through a
+  // batch a chunk at a time runs each member's own kernel on such a copy): the inputs and
+  // outputs listed (4-D, the batch first) get shape[0] = rows and contiguous strides, and the
+  // 4-value INTS attribute `batch_attr`, when named (the backward ops' "input_shape"), its first
+  // value. Declines (Unsupported) a node without that attribute.
+  OwnedNodeInfo(const GraphView& g, int32_t n, int64_t rows, std::initializer_list<int32_t> batched_in,
+                std::initializer_list<int32_t> batched_out, std::string_view batch_attr = {})
+      : OwnedNodeInfo(g, n) {
+    auto batch = [&](std::vector<plx_tensor>& ts, int32_t k) {
+      PLX_REQUIRE(k >= 0 && k < static_cast<int32_t>(ts.size()) &&
+                      present(ts[static_cast<size_t>(k)]) && ts[static_cast<size_t>(k)].ndim == 4,
+                  "%s: tensor %d is not a 4-D batch", info_.op, k);
+      plx_tensor& t = ts[static_cast<size_t>(k)];
+      t.shape[0] = rows;
+      for (int64_t i = t.ndim - 1, step = 1; i >= 0; --i) {
+        t.strides[i] = step;
+        step *= t.shape[i];
+      }
+    };
+    for (int32_t k : batched_in) batch(inputs_, k);
+    for (int32_t k : batched_out) batch(outputs_, k);
+    if (batch_attr.empty()) return;
+    bool found = false;
+    for (plx_attr& a : attrs_) {
+      if (batch_attr != a.name) continue;
+      PLX_DECLINE_UNLESS(a.type == PLX_ATTR_INTS && a.count == 4, "%s: %s must have 4 values",
+                         info_.op, a.name);
+      std::copy(a.ints, a.ints + 4, batch_shape_.begin());
+      batch_shape_[0] = rows;
+      a.ints = batch_shape_.data();
+      found = true;
+    }
+    PLX_DECLINE_UNLESS(found, "%s: no %.*s attribute", info_.op, static_cast<int>(batch_attr.size()),
+                       batch_attr.data());
   }
   OwnedNodeInfo(const OwnedNodeInfo&) = delete;
   OwnedNodeInfo& operator=(const OwnedNodeInfo&) = delete;
   const plx_node_info& get() const { return info_; }
+  const std::vector<plx_tensor>& inputs() const { return inputs_; }
+  const std::vector<plx_tensor>& outputs() const { return outputs_; }
 
  private:
   std::vector<plx_tensor> inputs_, outputs_;
+  std::vector<plx_attr> attrs_;
+  std::array<int64_t, 4> batch_shape_{};
   plx_node_info info_{};
 };
 
@@ -439,19 +482,31 @@ struct LinearCrossEntropySlots {
   plx_dtype label_dtype = PLX_DTYPE_NONE;
   int64_t n = 0, k = 0, c = 0;  // x (n, k), w (c, k)
 };
-inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, const Boundary& b) {
-  LinearCrossEntropySlots s;
+namespace detail {
+// Sets each node's slot by its op (ops and slots in pairs); declines (Unsupported) a node of
+// another op, or a second node of one op, as not a `what` group.
+inline void assign_nodes(const GraphView& g,
+                         std::initializer_list<std::pair<std::string_view, int32_t*>> slots,
+                         const char* what) {
   for (int32_t n = 0; n < g.num_nodes(); ++n) {
-    int32_t* slot = g.is(n, "linear")                           ? &s.linear
-                    : g.is(n, "cast")                           ? &s.cast
-                    : g.is(n, "softmax_cross_entropy")          ? &s.ce
-                    : g.is(n, "argmax")                         ? &s.argmax
-                    : g.is(n, "softmax_cross_entropy_backward") ? &s.backward
-                                                                : nullptr;
-    PLX_DECLINE_UNLESS(slot && *slot < 0, "not a linear + softmax_cross_entropy group (%s)",
-                       g.node(n).op);
+    int32_t* slot = nullptr;
+    for (const auto& [op, at] : slots)
+      if (g.is(n, op)) slot = at;
+    PLX_DECLINE_UNLESS(slot && *slot < 0, "not a %s group (%s)", what, g.node(n).op);
     *slot = n;
   }
+}
+}  // namespace detail
+
+inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, const Boundary& b) {
+  LinearCrossEntropySlots s;
+  detail::assign_nodes(g,
+                       {{"linear", &s.linear},
+                        {"cast", &s.cast},
+                        {"softmax_cross_entropy", &s.ce},
+                        {"argmax", &s.argmax},
+                        {"softmax_cross_entropy_backward", &s.backward}},
+                       "linear + softmax_cross_entropy");
   PLX_DECLINE_UNLESS(s.linear >= 0 && s.ce >= 0, "a linear and a softmax_cross_entropy expected");
   const plx_graph_node& lin = g.node(s.linear);
   const plx_graph_node& ce = g.node(s.ce);

@@ -115,15 +115,8 @@ struct ConvMaxPoolSlots {
 };
 inline ConvMaxPoolSlots conv_max_pool_slots(const GraphView& g, const Boundary& b) {
   ConvMaxPoolSlots s;
-  for (int32_t n = 0; n < g.num_nodes(); ++n) {
-    int32_t* slot = g.is(n, "conv2d")       ? &s.conv
-                    : g.is(n, "relu")       ? &s.relu
-                    : g.is(n, "max_pool2d") ? &s.pool
-                                            : nullptr;
-    PLX_DECLINE_UNLESS(slot && *slot < 0, "not a conv2d [+ relu] + max_pool2d group (%s)",
-                       g.node(n).op);
-    *slot = n;
-  }
+  detail::assign_nodes(g, {{"conv2d", &s.conv}, {"relu", &s.relu}, {"max_pool2d", &s.pool}},
+                       "conv2d [+ relu] + max_pool2d");
   PLX_DECLINE_UNLESS(s.conv >= 0 && s.pool >= 0, "a conv2d and a max_pool2d expected");
   const plx_graph_node& conv = g.node(s.conv);
   const plx_graph_node& pool = g.node(s.pool);
@@ -215,16 +208,12 @@ struct MaxPoolConvBackwardSlots {
 inline MaxPoolConvBackwardSlots max_pool_conv_backward_slots(const GraphView& g,
                                                              const Boundary& b) {
   MaxPoolConvBackwardSlots s;
-  for (int32_t n = 0; n < g.num_nodes(); ++n) {
-    int32_t* slot = g.is(n, "max_pool2d_backward")      ? &s.pool
-                    : g.is(n, "conv2d_backward_data")   ? &s.data
-                    : g.is(n, "conv2d_backward_weight") ? &s.weight
-                    : g.is(n, "sum")                    ? &s.bias
-                                                        : nullptr;
-    PLX_DECLINE_UNLESS(slot && *slot < 0, "not a max_pool2d_backward + conv backward group (%s)",
-                       g.node(n).op);
-    *slot = n;
-  }
+  detail::assign_nodes(g,
+                       {{"max_pool2d_backward", &s.pool},
+                        {"conv2d_backward_data", &s.data},
+                        {"conv2d_backward_weight", &s.weight},
+                        {"sum", &s.bias}},
+                       "max_pool2d_backward + conv backward");
   PLX_DECLINE_UNLESS(s.pool >= 0 && (s.data >= 0 || s.weight >= 0),
                      "a max_pool2d_backward and a conv backward op expected");
   const plx_graph_node& pool = g.node(s.pool);
