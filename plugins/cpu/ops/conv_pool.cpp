@@ -51,6 +51,18 @@ std::vector<int64_t> dims(const plx_tensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
 
+// The sum of a plane in f64, over 8 independent lanes (a single running sum would be one long
+// chain of dependent additions, the slowest loop of the fused backward), folded pairwise.
+template <class T>
+double plane_sum(const T* src, int64_t n) {
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(load(src, i + k));
+  for (; i < n; ++i) lane[i % 8] += static_cast<double>(load(src, i));
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // conv2d(x, w[, b]) -> [relu] -> max_pool2d, image by image.
 template <class T>
 class ConvMaxPoolKernel final : public Kernel {
@@ -225,11 +237,7 @@ class MaxPoolConvBackwardKernel final : public Kernel {
                                          idx + (n * g.O + o) * pooled, un + o * g.P);
       if (bufs.bias) {
         double* b = bufs.bias + wk * g.O;
-        for (int64_t o = 0; o < g.O; ++o) {
-          double t = 0;
-          for (int64_t p = 0; p < g.P; ++p) t += static_cast<double>(load(un, o * g.P + p));
-          b[o] += t;
-        }
+        for (int64_t o = 0; o < g.O; ++o) b[o] += plane_sum(un + o * g.P, g.P);
       }
       const A* dyn = as_acc(un, part(s.dy, wk, g.O * g.P), g.O * g.P);  // (O, P)
       A* buf = part(s.col, wk, g.rows * g.block * g.OW);
