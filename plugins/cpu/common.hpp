@@ -123,9 +123,10 @@ void register_optim(KernelRegistry& r);
 
 // Fusion (fusion.cpp): what the CPU backend claims in a graph, and its fused kernels.
 void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_user);
+// chunk_bytes: the fuse_chunk_bytes option (0: the conv + pool groups run image by image).
 std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& graph,
-                                   const sdk::Boundary& boundary, plx_dtype& dtype,
-                                   uint32_t& flags, std::string& name);
+                                   const sdk::Boundary& boundary, uint64_t chunk_bytes,
+                                   plx_dtype& dtype, uint32_t& flags, std::string& name);
 // relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cpp).
 std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
                                                     plx_dtype& dtype);
@@ -136,6 +137,13 @@ std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::Gra
 std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend,
                                                     const sdk::GraphView& g,
                                                     const sdk::Boundary& b, plx_dtype& dtype);
+// Either group run instead by the SDK's chunked kernels (sdk/fusion_chunked.hpp) on this plugin's
+// per-node kernels, chunk_bytes of pre-pool tensor at a time: the generic path other backends
+// take, here so the tests run it (the fuse_chunk_bytes option).
+std::unique_ptr<Kernel> make_chunked_conv_pool(sdk::Backend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, uint64_t chunk_bytes,
+                                               plx_dtype& dtype, uint32_t& flags,
+                                               std::string& name);
 // linear -> [cast] -> softmax_cross_entropy [-> argmax] [-> its backward] as one kernel
 // (ops/softmax.cpp).
 std::unique_ptr<Kernel> make_linear_cross_entropy(const sdk::GraphView& g, const sdk::Boundary& b,

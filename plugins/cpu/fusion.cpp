@@ -66,8 +66,8 @@ void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_u
 }
 
 std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& graph,
-                                   const sdk::Boundary& boundary, plx_dtype& dtype,
-                                   uint32_t& flags, std::string& name) {
+                                   const sdk::Boundary& boundary, uint64_t chunk_bytes,
+                                   plx_dtype& dtype, uint32_t& flags, std::string& name) {
   const sdk::GraphView g(graph);
   PLX_REQUIRE(g.num_nodes() >= 1, "create_fused: no nodes");
   if (g.is(0, "sgd_update") || g.is(0, "adamw_update")) {
@@ -75,6 +75,10 @@ std::unique_ptr<Kernel> make_fused(sdk::Backend& backend, const plx_graph_view& 
     flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
     return make_multi_update(g, boundary, dtype);
   }
+  const bool conv_pool = (g.is(0, "conv2d") && g.is(g.num_nodes() - 1, "max_pool2d")) ||
+                         (g.is(0, "max_pool2d_backward") && g.num_nodes() >= 2);
+  if (conv_pool && chunk_bytes > 0)
+    return make_chunked_conv_pool(backend, g, boundary, chunk_bytes, dtype, flags, name);
   if (g.is(0, "conv2d") && g.is(g.num_nodes() - 1, "max_pool2d")) {
     name = g.num_nodes() == 3 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
     flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;

@@ -65,23 +65,40 @@ class CpuBackend final : public sdk::HostBackend {
     plx_dtype dtype = PLX_F32;
     uint32_t flags = 0;
     std::string name;
-    auto k = make_fused(*this, graph, b, dtype, flags, name);
+    auto k = make_fused(*this, graph, b, chunk_bytes_, dtype, flags, name);
     fused_.give(name, dtype, flags, std::move(k), kernel, state, workspace_bytes);
+  }
+
+  void set_fuse_chunk_bytes(uint64_t bytes) { chunk_bytes_ = bytes; }
+  // "cpu.set_fuse_chunk_bytes", void (*)(void* backend_ctx, int64_t bytes): fuse_chunk_bytes for
+  // graphs prepared from now on (the tests run the SDK's chunked kernels with it).
+  void* get_proc_address(const char* name) override {
+    if (std::string_view(name) == "cpu.set_fuse_chunk_bytes")
+      return reinterpret_cast<void*>(+[](void* ctx, int64_t bytes) {
+        static_cast<CpuBackend*>(ctx)->set_fuse_chunk_bytes(bytes > 0 ? static_cast<uint64_t>(bytes) : 0);
+      });
+    return nullptr;
   }
 
  private:
   sdk::FusedTables fused_;
+  uint64_t chunk_bytes_ = 0;  // fuse_chunk_bytes: 0 runs the conv + pool groups image by image
 };
 
 class CpuPlugin final : public sdk::Plugin {
  public:
   explicit CpuPlugin(const sdk::HostContext& host) {
-    host.check_options({"threads"});
+    host.check_options({"threads", "fuse_chunk_bytes"});
     const int64_t n = host.option_int("threads", 0);
     PLX_REQUIRE(n >= 0 && n <= 4096, "option 'threads': expected 0 (all cores) to 4096, got %lld",
                 static_cast<long long>(n));
+    const int64_t chunk = host.option_int("fuse_chunk_bytes", 0);
+    PLX_REQUIRE(chunk >= 0, "option 'fuse_chunk_bytes': expected bytes >= 0, got %lld",
+                static_cast<long long>(chunk));
     set_threads(static_cast<int>(n));
-    add_backend(std::make_unique<CpuBackend>());
+    auto backend = std::make_unique<CpuBackend>();
+    backend->set_fuse_chunk_bytes(static_cast<uint64_t>(chunk));
+    add_backend(std::move(backend));
     add_comm(make_threads_communicator());
     PLX_LOG(PLX_LOG_DEBUG, "cpu", "CPU backend with %d threads, GEMM on %s", threads(),
             blas_description().c_str());

@@ -186,6 +186,14 @@ TEST_CASE("plugin options reach init, and unknown options fail it", "[cpu][loade
   CHECK_FALSE(loaded(rt_cpu, "cpu"));
   REQUIRE(rt_cpu.skipped().size() == 1);
   CHECK_THAT(rt_cpu.skipped()[0].reason, PLX_CONTAINS("option 'threads': expected an integer"));
+
+  RuntimeOptions chunk = only({plugin_dir()});
+  chunk.plugins.options["cpu"]["fuse_chunk_bytes"] = "-1";
+  Runtime rt_chunk(chunk);
+  CHECK_FALSE(loaded(rt_chunk, "cpu"));
+  REQUIRE(rt_chunk.skipped().size() == 1);
+  CHECK_THAT(rt_chunk.skipped()[0].reason,
+             PLX_CONTAINS("option 'fuse_chunk_bytes': expected bytes >= 0, got -1"));
 }
 
 TEST_CASE("a plugin's own ops get schemas, kernels and gradients", "[cpu][loader]") {

@@ -139,6 +139,24 @@ double rounding(plx_dtype d) {
   }
 }
 
+// Sets the CPU plugin's fuse_chunk_bytes ("cpu.set_fuse_chunk_bytes") for graphs prepared while
+// it lives: the SDK's chunked kernels (sdk/fusion_chunked.hpp) instead of the per-image ones.
+struct Chunked {
+  explicit Chunked(int64_t bytes) { REQUIRE(set(bytes)); }
+  ~Chunked() { set(0); }
+  Chunked(const Chunked&) = delete;
+  Chunked& operator=(const Chunked&) = delete;
+  static bool set(int64_t bytes) {
+    const plx_backend& t = cpu().table();
+    if (!t.get_proc_address) return false;
+    auto fn = reinterpret_cast<void (*)(void*, int64_t)>(
+        t.get_proc_address(t.ctx, "cpu.set_fuse_chunk_bytes"));
+    if (!fn) return false;
+    fn(t.ctx, bytes);
+    return true;
+  }
+};
+
 // Fused and unfused agree (to the bit but for db); returns the fused run.
 LayerRun check_same(const Layer& l) {
   const LayerRun fused = run_layer(l, true);
@@ -258,4 +276,46 @@ TEST_CASE("an inference graph runs a conv layer with its pool as one kernel", "[
   CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d"));
   CHECK(fused.plan.fused_kernels == 1);
   CHECK(fused.plan.internal_values == 2);
+}
+
+TEST_CASE("the sdk's chunked conv and pool kernels equal the nodes on the cpu", "[cpu][fusion]") {
+  // The kernels the CUDA plugin runs (sdk/fusion_chunked.hpp), here on the CPU plugin's own
+  // per-node kernels: chunks of the batch through chunk-shaped copies of the nodes, the weight
+  // and bias gradients added up over the chunks in f32. The pooled output, its indices and dx
+  // come from the nodes' kernels on slices of the batch, so they must be the same bits; dw and db
+  // sum in another grouping. 9 images of 4 x 10 x 10 pre-pool f32 values (1600 bytes each):
+  // 3200 bytes make chunks of 4 images (the fewest whose x slices stay 16-byte aligned: x has
+  // 300 values of 4 bytes an image), so 4 + 4 + 1.
+  for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_F16})
+    for (int64_t bytes : {int64_t{3200}, int64_t{1} << 30}) {
+      Layer l;
+      l.d = d, l.n = 9;
+      INFO(dtype_name(d) << ", fuse_chunk_bytes " << bytes);
+      LayerRun fused;
+      {
+        const Chunked chunked(bytes);
+        fused = run_layer(l, true);
+      }
+      const LayerRun plain = run_layer(l, false);
+      INFO("fused kernels:\n" << kernels_of(fused));
+      CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d"));
+      CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward"));
+      CHECK(fused.plan.internal_values == 3);
+      for (const auto& [name, v] : plain.values) {
+        INFO(name);
+        const std::vector<double>& f = fused.values.at(name);
+        REQUIRE(f.size() == v.size());
+        if (name != "dw" && name != "db") {
+          CHECK(f == v);
+          continue;
+        }
+        // Each chunk's 16-bit partial is rounded before the f32 sum: a few roundings.
+        double scale = 0;
+        for (double e : v) scale = std::max(scale, std::fabs(e));
+        for (size_t i = 0; i < v.size(); ++i) {
+          INFO(name << "[" << i << "] chunked " << f[i] << ", node by node " << v[i]);
+          CHECK(std::fabs(f[i] - v[i]) <= 4 * rounding(l.d) * (std::fabs(v[i]) + 1e-2 * scale));
+        }
+      }
+    }
 }

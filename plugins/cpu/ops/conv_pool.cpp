@@ -27,6 +27,7 @@
 
 #include "common.hpp"
 #include "im2col.hpp"
+#include "plexus/sdk/fusion_chunked.hpp"
 #include "pool_plane.hpp"
 
 namespace plexus::cpu {
@@ -282,11 +283,47 @@ std::unique_ptr<Kernel> make_typed(plx_dtype dtype, const char* name, Args&&... 
   throw sdk::Unsupported(sdk::format("%s: no %s kernel", name, dtype_name(dtype)));
 }
 
+// The SDK's chunked kernels' accumulate function, on the host: the chunk's partial weight or bias
+// gradient into the f32 running total (sdk/fusion_chunked.hpp).
+template <class T>
+void accumulate_typed(const void* part, float* acc, void* out, int64_t n, sdk::ChunkAccum mode) {
+  const T* p = static_cast<const T*>(part);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = convert<float>(p[i]);
+    if (mode == sdk::ChunkAccum::Set)
+      acc[i] = v;
+    else if (mode == sdk::ChunkAccum::Add)
+      acc[i] += v;
+    else
+      static_cast<T*>(out)[i] = convert<T>(acc[i] + v);
+  }
+}
+void host_accumulate(plx_dtype dtype, const void* part, float* acc, void* out, int64_t n,
+                     sdk::ChunkAccum mode, plx_stream) {
+  switch (dtype) {
+    case PLX_F32: return accumulate_typed<float>(part, acc, out, n, mode);
+    case PLX_F16: return accumulate_typed<half>(part, acc, out, n, mode);
+    case PLX_BF16: return accumulate_typed<bfloat16>(part, acc, out, n, mode);
+    default: break;
+  }
+  throw sdk::Error(PLX_ERR_INTERNAL, sdk::format("chunk accumulate: no %s", dtype_name(dtype)));
+}
+
 size_t acc_size(plx_dtype dtype) {
   return dtype == PLX_F64 ? sizeof(double) : sizeof(float);
 }
 
 }  // namespace
+
+std::unique_ptr<Kernel> make_chunked_conv_pool(sdk::Backend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, uint64_t chunk_bytes,
+                                               plx_dtype& dtype, uint32_t& flags,
+                                               std::string& name) {
+  if (g.is(0, "conv2d"))
+    return sdk::make_chunked_conv_max_pool(backend, g, b, chunk_bytes, dtype, flags, name);
+  return sdk::make_chunked_max_pool_conv_backward(backend, g, b, chunk_bytes, host_accumulate,
+                                                  dtype, flags, name);
+}
 
 std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::GraphView& g,
                                            const sdk::Boundary& b, plx_dtype& dtype) {

@@ -1,6 +1,7 @@
 // A convolution with the max pooling after it, forward and backward, a chunk of images at a time
-// (ops/conv_pool.cpp; the groups are sdk::find_conv_max_pool and sdk::find_max_pool_conv_backward,
-// sdk/fusion_conv_pool.hpp), so the full-size pre-pool tensor and its gradient never exist.
+// (ops/conv_pool.cpp: the SDK's chunked kernels, sdk/fusion_chunked.hpp, on this plugin's own
+// kernels; the groups are sdk::find_conv_max_pool and sdk::find_max_pool_conv_backward), so the
+// full-size pre-pool tensor and its gradient never exist.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "plexus/sdk/fusion_chunked.hpp"
 
 namespace plexus::cuda {
 
@@ -23,13 +25,10 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const 
                                                     const sdk::Boundary& b, plx_dtype& dtype,
                                                     uint32_t& flags, std::string& name);
 
-// How launch_chunk_accumulate() folds one chunk's partial sum `part` into the running total:
-//  - Set:   acc = part
-//  - Add:   acc += part
-//  - Final: out = round(acc + part), in out's dtype (acc is left as it was)
-// acc is f32; part and out have the dtype given. Sums in f32, one thread per element, no
-// atomics: the chunks' fixed order makes the total bit-identical run to run.
-enum class ChunkAccum : int32_t { Set = 0, Add = 1, Final = 2 };
+// Adds one chunk's partial weight or bias gradient into the running total, as
+// sdk::ChunkAccumulate says (sdk/fusion_chunked.hpp): sums in f32, one thread per element, no
+// atomics, so the chunks' fixed order makes the total bit-identical run to run.
+using ChunkAccum = sdk::ChunkAccum;
 void launch_chunk_accumulate(plx_dtype dtype, const void* part, float* acc, void* out, int64_t n,
                              ChunkAccum mode, cudaStream_t stream);
 

@@ -7,6 +7,7 @@
 #include "plexus/sdk/comm.hpp"
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/sdk/fusion.hpp"
+#include "plexus/sdk/fusion_chunked.hpp"
 #include "plexus/sdk/fusion_conv_pool.hpp"
 #include "plexus/sdk/host_backend.hpp"
 #include "plexus/sdk/kernel.hpp"

@@ -1,0 +1,446 @@
+// A fused conv + max-pool group (sdk/fusion_conv_pool.hpp) run a chunk of images at a time with
+// the backend's own per-node kernels: any backend that has conv2d, relu, max_pool2d and their
+// backward ops (and sum) gets both fusions from this header and one small accumulate function.
+// The CUDA plugin runs them (plugins/cuda/ops/conv_pool.cpp); the CPU plugin, which has its own
+// per-image kernels, runs them when its fuse_chunk_bytes option is set, so the tests exercise
+// this code without a GPU.
+//
+//  - forward, per chunk: conv2d (with its bias) into scratch, the ReLU there in place, then
+//    max_pool2d from scratch into the chunk's slice of y and of the indices;
+//  - backward, per chunk: max_pool2d_backward (dy's and the indices' slices) into scratch, then
+//    conv2d_backward_data into dx's slice, conv2d_backward_weight and the bias gradient's sum into
+//    per-chunk partials that the backend's accumulate function adds up over the chunks.
+// NCHW tensors have N outermost, so a chunk of images is one contiguous slice of x, y, the
+// indices, dy and dx: no copies.
+//
+// Each step runs the backend's own kernel for that node (NodeKernel, with the host's
+// kernel_hint), created for a chunk-shaped copy of the node (OwnedNodeInfo for a part of the
+// batch): the same attributes, N replaced by the chunk's images. One set of kernels per chunk
+// size used (the full chunk and, when the batch does not divide, the remainder). The results are
+// the nodes' own but for the sums over the batch (dw, db), which add per-chunk sums: in f32, in
+// chunk order, so deterministic when the members are; for f16 and bf16 each chunk's partial is
+// rounded to 16 bits by the member kernel before the f32 sum, and the total is rounded once more.
+//
+// A chunk holds at most `chunk_bytes` of pre-pool tensor, in a multiple of the images (at most
+// 16) that keep every slice 16-byte aligned, for the member kernels' vector loads: at least that
+// many images, however large (chunk_rows()).
+//
+// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, tensors that are not
+// NCHW contiguous (channels-last), an empty batch or empty images.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plexus/sdk/fusion.hpp"
+#include "plexus/sdk/fusion_conv_pool.hpp"
+#include "plexus/sdk/plugin.hpp"
+
+namespace plexus::sdk {
+
+// How the accumulate function folds one chunk's partial sum `part` (dtype's elements) into the
+// running total:
+//  - Set:   acc = part
+//  - Add:   acc += part
+//  - Final: out = round(acc + part), in out's dtype (acc is left as it was)
+// acc is f32 (for an f32 group, the output itself); part and out have the dtype given. The
+// backend enqueues it on `stream` after the chunk's kernels. Elementwise, in the chunks' fixed
+// order, so the total is the same bits run to run.
+enum class ChunkAccum : int32_t { Set = 0, Add = 1, Final = 2 };
+using ChunkAccumulate = std::function<void(plx_dtype dtype, const void* part, float* acc, void* out,
+                                           int64_t n, ChunkAccum mode, plx_stream stream)>;
+
+namespace detail::chunked {
+
+inline constexpr uint64_t kAlign = 256;
+
+inline uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Pieces of a workspace, each starting at a multiple of kAlign (the workspace itself is at least
+// that aligned), at offsets fixed at creation.
+struct Carve {
+  uint64_t total = 0;
+  uint64_t take(uint64_t bytes) {
+    const uint64_t at = total;
+    total += align_up(bytes);
+    return at;
+  }
+};
+
+inline bool float_dtype(int32_t d) { return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16; }
+
+inline void* at_bytes(void* p, uint64_t offset) { return static_cast<unsigned char*>(p) + offset; }
+
+// One member kernel for one chunk size: the kernel and the descriptors of its tensors, whose
+// data pointers compute() fills in (no allocation per call).
+struct Member {
+  std::unique_ptr<NodeKernel> kernel;
+  std::vector<plx_tensor> in, out;
+
+  bool present() const { return kernel != nullptr; }
+  void make(Backend& backend, const GraphView& g, int32_t n, int64_t rows,
+            std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
+            bool patch_input_shape) {
+    const OwnedNodeInfo info(g, n, rows, batched_in, batched_out,
+                                  patch_input_shape ? "input_shape" : "");
+    kernel = std::make_unique<NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
+    in = info.inputs();
+    out = info.outputs();
+  }
+  void run(void* workspace, uint64_t workspace_bytes, plx_stream stream) const {
+    kernel->compute(in, out, workspace, workspace_bytes, stream);
+  }
+};
+
+// Images per chunk: as many as keep the scratch tensor (scratch_image bytes per image) within
+// `limit`, at most n; below n, a multiple of m, the fewest images whose slices (of slice_image
+// bytes per image each) are all 16 bytes long: every chunk's slices then start 16-byte aligned
+// as the tensors do, whatever vector loads the member kernels (or cuDNN's algorithms, chosen on
+// aligned buffers) make. So the chunk is at least one image, and may pass `limit` by up to m - 1
+// <= 15 images where one image nearly fills it.
+inline int64_t chunk_rows(int64_t n, uint64_t scratch_image, uint64_t limit,
+                   const std::vector<uint64_t>& slice_image) {
+  const uint64_t fit = limit / scratch_image;
+  if (fit >= static_cast<uint64_t>(n)) return n;
+  // 16 / gcd(b, 16) is a power of two up to 16 for every b: the largest is a multiple of the rest.
+  int64_t m = 1;
+  for (uint64_t b : slice_image)
+    m = std::max<int64_t>(m, static_cast<int64_t>(16 / std::gcd(b, uint64_t{16})));
+  const int64_t rows = std::max<int64_t>(static_cast<int64_t>(fit) / m, 1) * m;
+  return std::min(rows, n);
+}
+
+// The member kernels' flags the fused kernel can promise: capturable and deterministic only when
+// every member is (the per-chunk sums are deterministic themselves).
+inline uint32_t member_flags(const Member& m) {
+  return m.present() ? m.kernel->table().flags : ~0u;
+}
+
+inline constexpr const char* kLog = "fusion";
+
+}  // namespace detail::chunked
+
+// ---- forward: conv2d -> [relu] -> max_pool2d ----
+
+class ChunkedConvMaxPool final : public Kernel {
+  using Member = detail::chunked::Member;
+  using Carve = detail::chunked::Carve;
+ public:
+  ChunkedConvMaxPool(Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes)
+      : s_(conv_max_pool_slots(g, b)) {
+    const plx_graph_node& conv = g.node(s_.conv);
+    const plx_graph_node& pool = g.node(s_.pool);
+    const plx_tensor& x = g.value(conv.inputs[0]);
+    const plx_tensor& pre = g.value(conv.outputs[0]);
+    const plx_tensor& y = g.value(pool.outputs[0]);
+    const plx_tensor& idx = g.value(pool.outputs[1]);
+    PLX_DECLINE_UNLESS(detail::chunked::float_dtype(s_.dtype), "conv2d+max_pool2d: f32, f16 or bf16, not %s",
+                       plexus::dtype_name(s_.dtype));
+    PLX_DECLINE_UNLESS(s_.index_dtype == PLX_I32 || s_.index_dtype == PLX_U8,
+                       "conv2d+max_pool2d: i32 or u8 indices");
+    PLX_DECLINE_UNLESS(x.ndim == 4 && pre.ndim == 4 && y.ndim == 4 && idx.ndim == 4,
+                       "conv2d+max_pool2d: 4-D tensors expected");
+    n_ = x.shape[0];
+    PLX_DECLINE_UNLESS(n_ >= 1 && pre.shape[0] == n_ && y.shape[0] == n_ && idx.shape[0] == n_,
+                       "conv2d+max_pool2d: an empty batch, or batches that differ");
+    PLX_DECLINE_UNLESS(is_contiguous(x) && is_contiguous(y) && is_contiguous(idx),
+                       "conv2d+max_pool2d: x, y and the indices must be NCHW contiguous");
+    es_ = plexus::dtype_size(s_.dtype);
+    idx_es_ = plexus::dtype_size(s_.index_dtype);
+    x_img_ = numel(x) / n_;
+    pre_img_ = numel(pre) / n_;
+    y_img_ = numel(y) / n_;
+    PLX_DECLINE_UNLESS(x_img_ > 0 && pre_img_ > 0 && y_img_ > 0 && numel(idx) / n_ == y_img_,
+                       "conv2d+max_pool2d: empty images");
+    const uint64_t ux = static_cast<uint64_t>(x_img_), uy = static_cast<uint64_t>(y_img_);
+    rows_ = detail::chunked::chunk_rows(n_, static_cast<uint64_t>(pre_img_) * es_, chunk_bytes,
+                       {ux * es_, uy * es_, uy * idx_es_});
+
+    const int64_t rem = n_ % rows_;
+    for (int64_t rows : {rows_, rem}) {
+      if (rows == 0) continue;
+      Pass& p = passes_.emplace_back();
+      p.rows = rows;
+      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
+      if (s_.relu >= 0) {
+        p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false);
+        PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
+                           "conv2d+relu+max_pool2d: relu's kernel %s cannot run in place",
+                           p.relu.kernel->table().impl);
+      }
+      p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+      for (const Member* m : {&p.conv, &p.relu, &p.pool}) {
+        flags_ &= detail::chunked::member_flags(*m);
+        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+      }
+    }
+    Carve carve;
+    pre_off_ = carve.take(static_cast<uint64_t>(rows_ * pre_img_) * es_);
+    member_off_ = carve.total;
+    workspace_ = member_off_ + member_ws_;
+    PLX_LOG(PLX_LOG_DEBUG, detail::chunked::kLog,
+            "conv2d+max_pool2d %s: %lld images in chunks of %lld, workspace %llu bytes",
+            plexus::dtype_name(s_.dtype), static_cast<long long>(n_),
+            static_cast<long long>(rows_), static_cast<unsigned long long>(workspace_));
+  }
+
+  uint32_t flags() const { return flags_ & (PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC); }
+  const ConvMaxPoolSlots& slots() const { return s_; }
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    void* pre = detail::chunked::at_bytes(c.workspace, pre_off_);
+    void* mws = member_ws_ ? detail::chunked::at_bytes(c.workspace, member_off_) : nullptr;
+    const plx_tensor& x = c.in(s_.x);
+    const plx_tensor& y = c.out(s_.y);
+    const plx_tensor& idx = c.out(s_.indices);
+    for (int64_t n0 = 0; n0 < n_; n0 += rows_) {
+      Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
+      const uint64_t img = static_cast<uint64_t>(n0);
+      p.conv.in[0].data = detail::chunked::at_bytes(x.data, img * static_cast<uint64_t>(x_img_) * es_);
+      p.conv.in[1].data = c.in(s_.w).data;
+      if (s_.bias >= 0) p.conv.in[2].data = c.in(s_.bias).data;
+      p.conv.out[0].data = pre;
+      p.conv.run(mws, member_ws_, c.stream);
+      if (p.relu.present()) {
+        p.relu.in[0].data = pre;
+        p.relu.out[0].data = pre;
+        p.relu.run(mws, member_ws_, c.stream);
+      }
+      p.pool.in[0].data = pre;
+      p.pool.out[0].data = detail::chunked::at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
+      p.pool.out[1].data = detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
+      p.pool.run(mws, member_ws_, c.stream);
+    }
+  }
+
+ private:
+  struct Pass {
+    int64_t rows = 0;
+    Member conv, relu, pool;
+  };
+
+  ConvMaxPoolSlots s_;
+  int64_t n_ = 0, rows_ = 0;
+  uint64_t es_ = 0, idx_es_ = 0;
+  int64_t x_img_ = 0, pre_img_ = 0, y_img_ = 0;  // elements per image
+  std::vector<Pass> passes_;  // [0]: chunks of rows_ images; [1]: the remainder, if any
+  uint32_t flags_ = ~0u;
+  uint64_t pre_off_ = 0, member_off_ = 0, member_ws_ = 0, workspace_ = 0;
+};
+
+// ---- backward: max_pool2d_backward -> conv2d_backward_data / _weight, bias sum ----
+
+class ChunkedMaxPoolConvBackward final : public Kernel {
+  using Member = detail::chunked::Member;
+  using Carve = detail::chunked::Carve;
+ public:
+  ChunkedMaxPoolConvBackward(Backend& backend, const GraphView& g, const Boundary& b,
+                             uint64_t chunk_bytes, ChunkAccumulate accumulate)
+      : s_(max_pool_conv_backward_slots(g, b)), accumulate_(std::move(accumulate)) {
+    const char* op = "max_pool2d_backward+conv2d_backward";
+    const plx_graph_node& pool = g.node(s_.pool);
+    const plx_tensor& dy = g.value(pool.inputs[0]);
+    const plx_tensor& idx = g.value(pool.inputs[1]);
+    const plx_tensor& unpooled = g.value(pool.outputs[0]);
+    PLX_DECLINE_UNLESS(detail::chunked::float_dtype(s_.dtype), "%s: f32, f16 or bf16, not %s", op,
+                       plexus::dtype_name(s_.dtype));
+    PLX_DECLINE_UNLESS(s_.index_dtype == PLX_I32 || s_.index_dtype == PLX_U8,
+                       "%s: i32 or u8 indices", op);
+    PLX_DECLINE_UNLESS(dy.ndim == 4 && idx.ndim == 4 && unpooled.ndim == 4,
+                       "%s: 4-D tensors expected", op);
+    n_ = dy.shape[0];
+    PLX_DECLINE_UNLESS(n_ >= 1 && idx.shape[0] == n_ && unpooled.shape[0] == n_,
+                       "%s: an empty batch, or batches that differ", op);
+    PLX_DECLINE_UNLESS(is_contiguous(dy) && is_contiguous(idx),
+                       "%s: dy and the indices must be NCHW contiguous", op);
+    es_ = plexus::dtype_size(s_.dtype);
+    idx_es_ = plexus::dtype_size(s_.index_dtype);
+    dy_img_ = numel(dy) / n_;
+    g_img_ = numel(unpooled) / n_;
+    PLX_DECLINE_UNLESS(dy_img_ > 0 && g_img_ > 0 && numel(idx) / n_ == dy_img_,
+                       "%s: empty images", op);
+    std::vector<uint64_t> slices = {static_cast<uint64_t>(dy_img_) * es_,
+                                    static_cast<uint64_t>(dy_img_) * idx_es_};
+    if (s_.data >= 0) {
+      const plx_tensor& dx = g.value(g.node(s_.data).outputs[0]);
+      PLX_DECLINE_UNLESS(dx.ndim == 4 && dx.shape[0] == n_ && is_contiguous(dx),
+                         "%s: dx must be an NCHW contiguous batch of dy's images", op);
+      dx_img_ = numel(dx) / n_;
+      PLX_DECLINE_UNLESS(dx_img_ > 0, "%s: empty images", op);
+      slices.push_back(static_cast<uint64_t>(dx_img_) * es_);
+    }
+    if (s_.weight >= 0) {
+      const plx_graph_node& wn = g.node(s_.weight);
+      const plx_tensor& x = g.value(wn.inputs[1]);
+      const plx_tensor& dw = g.value(wn.outputs[0]);
+      PLX_DECLINE_UNLESS(x.ndim == 4 && x.shape[0] == n_ && is_contiguous(x),
+                         "%s: x must be an NCHW contiguous batch of dy's images", op);
+      // The per-chunk sums are added elementwise over dw's memory: dense, in dw's own order.
+      PLX_DECLINE_UNLESS(is_contiguous(dw), "%s: dw must be contiguous", op);
+      x_img_ = numel(x) / n_;
+      PLX_DECLINE_UNLESS(x_img_ > 0, "%s: empty images", op);
+      slices.push_back(static_cast<uint64_t>(x_img_) * es_);
+      dw_elems_ = numel(dw);
+    }
+    if (s_.bias >= 0) {
+      const plx_tensor& db = g.value(g.node(s_.bias).outputs[0]);
+      PLX_DECLINE_UNLESS(is_contiguous(db), "%s: db must be contiguous", op);
+      db_elems_ = numel(db);
+    }
+    rows_ = detail::chunked::chunk_rows(n_, static_cast<uint64_t>(g_img_) * es_,
+                       chunk_bytes, slices);
+    chunks_ = (n_ + rows_ - 1) / rows_;
+
+    const int64_t rem = n_ % rows_;
+    for (int64_t rows : {rows_, rem}) {
+      if (rows == 0) continue;
+      Pass& p = passes_.emplace_back();
+      p.rows = rows;
+      p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true);
+      if (s_.data >= 0) p.data.make(backend, g, s_.data, rows, {0}, {0}, true);
+      if (s_.weight >= 0) p.weight.make(backend, g, s_.weight, rows, {0, 1}, {}, false);
+      if (s_.bias >= 0) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
+      for (const Member* m : {&p.pool, &p.data, &p.weight, &p.bias}) {
+        flags_ &= detail::chunked::member_flags(*m);
+        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+      }
+    }
+    Carve carve;
+    g_off_ = carve.take(static_cast<uint64_t>(rows_ * g_img_) * es_);
+    if (chunks_ > 1) {
+      // Partials of the chunks after the first (f32: the first writes dw and db directly and
+      // the rest add onto them); for f16/bf16 an f32 running sum too.
+      const bool f32 = s_.dtype == PLX_F32;
+      if (s_.weight >= 0) {
+        part_dw_off_ = carve.take(static_cast<uint64_t>(dw_elems_) * es_);
+        if (!f32) acc_dw_off_ = carve.take(static_cast<uint64_t>(dw_elems_) * sizeof(float));
+      }
+      if (s_.bias >= 0) {
+        part_db_off_ = carve.take(static_cast<uint64_t>(db_elems_) * es_);
+        if (!f32) acc_db_off_ = carve.take(static_cast<uint64_t>(db_elems_) * sizeof(float));
+      }
+    }
+    member_off_ = carve.total;
+    workspace_ = member_off_ + member_ws_;
+    PLX_LOG(PLX_LOG_DEBUG, detail::chunked::kLog,
+            "%s %s: %lld images in %lld chunks of %lld, workspace %llu bytes", op,
+            plexus::dtype_name(s_.dtype), static_cast<long long>(n_),
+            static_cast<long long>(chunks_), static_cast<long long>(rows_),
+            static_cast<unsigned long long>(workspace_));
+  }
+
+  uint32_t flags() const { return flags_ & (PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC); }
+  plx_dtype dtype() const { return s_.dtype; }
+  uint64_t workspace_bytes() const override { return workspace_; }
+
+  void compute(const KernelCall& c) override {
+    void* grad = detail::chunked::at_bytes(c.workspace, g_off_);
+    void* mws = member_ws_ ? detail::chunked::at_bytes(c.workspace, member_off_) : nullptr;
+    const plx_tensor& dy = c.in(s_.dy);
+    const plx_tensor& idx = c.in(s_.indices);
+    int64_t k = 0;
+    for (int64_t n0 = 0; n0 < n_; n0 += rows_, ++k) {
+      Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
+      const uint64_t img = static_cast<uint64_t>(n0);
+      const bool first = k == 0, last = k == chunks_ - 1;
+      p.pool.in[0].data = detail::chunked::at_bytes(dy.data, img * static_cast<uint64_t>(dy_img_) * es_);
+      p.pool.in[1].data = detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(dy_img_) * idx_es_);
+      p.pool.out[0].data = grad;
+      p.pool.run(mws, member_ws_, c.stream);
+      if (p.data.present()) {
+        p.data.in[0].data = grad;
+        p.data.in[1].data = c.in(s_.w).data;
+        p.data.out[0].data =
+            detail::chunked::at_bytes(c.out(s_.dx).data, img * static_cast<uint64_t>(dx_img_) * es_);
+        p.data.run(mws, member_ws_, c.stream);
+      }
+      if (p.weight.present()) {
+        p.weight.in[0].data = grad;
+        p.weight.in[1].data = detail::chunked::at_bytes(c.in(s_.x).data, img * static_cast<uint64_t>(x_img_) * es_);
+        sum_chunk(p.weight, c, c.out(s_.dw).data, part_dw_off_, acc_dw_off_, dw_elems_, first,
+                  last, mws);
+      }
+      if (p.bias.present()) {
+        p.bias.in[0].data = grad;
+        sum_chunk(p.bias, c, c.out(s_.db).data, part_db_off_, acc_db_off_, db_elems_, first,
+                  last, mws);
+      }
+    }
+  }
+
+ private:
+  struct Pass {
+    int64_t rows = 0;
+    Member pool, data, weight, bias;
+  };
+
+  // Runs a member whose output sums over the batch (dw, db) on this chunk and adds it to the
+  // total in `out`. One chunk: straight into out. f32: the first chunk into out, the others into
+  // a partial added onto out. f16/bf16: every chunk into a partial, summed in f32 and rounded
+  // into out with the last.
+  void sum_chunk(Member& m, const KernelCall& c, void* out, uint64_t part_off, uint64_t acc_off,
+                 int64_t elems, bool first, bool last, void* mws) {
+    const bool f32 = s_.dtype == PLX_F32;
+    const bool direct = chunks_ == 1 || (f32 && first);
+    void* part = direct ? out : detail::chunked::at_bytes(c.workspace, part_off);
+    m.out[0].data = part;
+    m.run(mws, member_ws_, c.stream);
+    if (direct) return;
+    if (f32) {
+      accumulate_(PLX_F32, part, static_cast<float*>(out), nullptr, elems, ChunkAccum::Add,
+                  c.stream);
+    } else {
+      float* acc = static_cast<float*>(detail::chunked::at_bytes(c.workspace, acc_off));
+      const ChunkAccum mode = first ? ChunkAccum::Set : (last ? ChunkAccum::Final : ChunkAccum::Add);
+      accumulate_(s_.dtype, part, acc, out, elems, mode, c.stream);
+    }
+  }
+
+  MaxPoolConvBackwardSlots s_;
+  ChunkAccumulate accumulate_;
+  int64_t n_ = 0, rows_ = 0, chunks_ = 0;
+  uint64_t es_ = 0, idx_es_ = 0;
+  int64_t dy_img_ = 0, g_img_ = 0, dx_img_ = 0, x_img_ = 0;  // elements per image
+  int64_t dw_elems_ = 0, db_elems_ = 0;
+  std::vector<Pass> passes_;  // [0]: chunks of rows_ images; [1]: the remainder, if any
+  uint32_t flags_ = ~0u;
+  uint64_t g_off_ = 0, part_dw_off_ = 0, acc_dw_off_ = 0, part_db_off_ = 0, acc_db_off_ = 0;
+  uint64_t member_off_ = 0, member_ws_ = 0, workspace_ = 0;
+};
+
+// The fused kernel of a {conv2d, [relu,] max_pool2d} group with its dtype, flags and name
+// ("conv2d+relu+max_pool2d" or "conv2d+max_pool2d"), for create_fused(). Declines (Unsupported)
+// what it cannot run.
+inline std::unique_ptr<Kernel> make_chunked_conv_max_pool(Backend& backend, const GraphView& g,
+                                                          const Boundary& b, uint64_t chunk_bytes,
+                                                          plx_dtype& dtype, uint32_t& flags,
+                                                          std::string& name) {
+  auto k = std::make_unique<ChunkedConvMaxPool>(backend, g, b, chunk_bytes);
+  dtype = k->slots().dtype;
+  flags = k->flags();
+  name = k->slots().relu >= 0 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
+  return k;
+}
+
+// The fused kernel of a {max_pool2d_backward, [conv2d_backward_data], [conv2d_backward_weight],
+// [bias gradient sum]} group ("max_pool2d_backward+conv2d_backward").
+inline std::unique_ptr<Kernel> make_chunked_max_pool_conv_backward(
+    Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes,
+    ChunkAccumulate accumulate, plx_dtype& dtype, uint32_t& flags, std::string& name) {
+  auto k = std::make_unique<ChunkedMaxPoolConvBackward>(backend, g, b, chunk_bytes,
+                                                        std::move(accumulate));
+  dtype = k->dtype();
+  flags = k->flags();
+  name = "max_pool2d_backward+conv2d_backward";
+  return k;
+}
+
+}  // namespace plexus::sdk
