@@ -10,6 +10,8 @@
 
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/tune.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -28,6 +30,7 @@ struct Layer {
   bool data = true, weight = true;  // which conv backward ops the graph has
   bool pre_pool_output = false;     // the pool's input is a graph output too: no forward fusion
   bool backward = true;             // false: an inference graph, whose indices nobody reads
+  Runtime* rt = nullptr;            // the runtime whose cpu backend runs it; null: the suite's
 };
 
 struct LayerRun {
@@ -49,7 +52,7 @@ LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, 
 // x -> conv -> [relu] -> max_pool2d, then the pool's backward from a given pooled gradient
 // and the conv's backward ops on it, written out as reverse mode writes them.
 LayerRun run_layer(const Layer& l, bool fuse) {
-  Graph g(runtime().ops());
+  Graph g(l.rt ? l.rt->ops() : runtime().ops());
   const Var x = g.input("x", {l.d, {l.n, l.c, l.h, l.w}});
   const Var w = g.parameter("w", {l.d, {l.o, l.c / l.groups, l.k, l.k}},
                             init::uniform(-0.4, 0.4));
@@ -100,7 +103,7 @@ LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, 
   ExecutableOptions eo;
   eo.seed = 23;
   eo.fuse = fuse;
-  Executable exe(cpu(), g, store, eo);
+  Executable exe(l.rt ? l.rt->backend("cpu") : cpu(), g, store, eo);
   LayerRun r;
   r.plan = exe.plan();
   r.kernels = exe.kernel_names();
@@ -318,4 +321,29 @@ TEST_CASE("the sdk's chunked conv and pool kernels equal the nodes on the cpu", 
         }
       }
     }
+}
+
+TEST_CASE("a conv layer the host gave the direct kernel runs node by node", "[cpu][fusion][tune]") {
+  // The fused kernels run im2col only. A first layer of one channel has 9 taps, which the CPU's
+  // direct kernels take; forced to the native side they are the host's choice for conv2d and
+  // conv2d_backward_weight, and both groups are declined (they run node by node, the same
+  // result as unfused). On the library side im2col is the choice and both are fused.
+  for (KernelSide side : {KernelSide::Native, KernelSide::Library}) {
+    INFO(kernel_side_name(side));
+    RuntimeOptions o;
+    o.plugins.paths = {plugin_dir()};
+    o.plugins.use_env = false;
+    o.plugins.use_default_dir = false;
+    o.kernels = side;
+    o.tune_cache = "off";
+    Runtime rt(o);
+    Layer l;
+    l.c = 1, l.data = false, l.rt = &rt;
+    const LayerRun fused = check_same(l);
+    INFO(kernels_of(fused));
+    const bool native = side == KernelSide::Native;
+    CHECK(has_kernel(fused, "conv conv2d: cpu/direct") == native);
+    CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d") == !native);
+    CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward") == !native);
+  }
 }
