@@ -124,7 +124,8 @@ const std::vector<ConfigKey>& Config::keys() {
         "false runs it op by op every step");
     add("train.fusion", ConfigType::Bool, "true",
         "Let the backend run groups of nodes as one kernel (a multi-tensor optimizer update, a "
-        "layer with its activation); false runs every node by itself");
+        "layer with its activation, a conv layer with its max pool, the classifier head with "
+        "its loss); false runs every node by itself");
     auto& prec = add("train.precision", ConfigType::String, "\"f32\"",
                      "Compute precision: f32; tf32 (f32 tensors, TF32 matrix math where the "
                      "backend has it: cuda; the CPU computes f32); bf16 or f16 (the model computes "
