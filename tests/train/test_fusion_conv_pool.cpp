@@ -54,8 +54,7 @@ LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, 
 LayerRun run_layer(const Layer& l, bool fuse) {
   Graph g(l.rt ? l.rt->ops() : runtime().ops());
   const Var x = g.input("x", {l.d, {l.n, l.c, l.h, l.w}});
-  const Var w = g.parameter("w", {l.d, {l.o, l.c / l.groups, l.k, l.k}},
-                            init::uniform(-0.4, 0.4));
+  const Var w = g.parameter("w", {l.d, {l.o, l.c / l.groups, l.k, l.k}}, init::uniform(-0.4, 0.4));
   std::vector<Var> conv_in = {x, w};
   if (l.bias) conv_in.push_back(g.parameter("b", {l.d, {l.o}}, init::uniform(-0.3, 0.3)));
   Var h = g.add1("conv2d", conv_in, conv_attrs(l), "conv");
@@ -110,7 +109,8 @@ LayerRun finish(const Graph& g, const Layer& l, const std::vector<int64_t>& ps, 
   // Values around zero, so the ReLU and its mask cut some windows whole (index "none").
   fill(exe.tensor("x"), random_doubles(static_cast<size_t>(l.n * l.c * l.h * l.w), 5, -1, 1));
   if (l.backward)
-    fill(exe.tensor("dy"), random_doubles(static_cast<size_t>(ps[0] * ps[1] * ps[2] * ps[3]), 6, -1, 1));
+    fill(exe.tensor("dy"),
+         random_doubles(static_cast<size_t>(ps[0] * ps[1] * ps[2] * ps[3]), 6, -1, 1));
   exe.run();
   exe.sync();
   for (const auto& [name, v] : g.outputs()) {
@@ -135,10 +135,14 @@ std::string kernels_of(const LayerRun& r) {
 // Relative rounding step of the storage type: the bias gradient may differ by a rounding.
 double rounding(plx_dtype d) {
   switch (d) {
-    case PLX_F64: return 1e-13;
-    case PLX_F32: return 1e-6;
-    case PLX_F16: return 1.0 / 1024;
-    default: return 1.0 / 128;  // bf16
+    case PLX_F64:
+      return 1e-13;
+    case PLX_F32:
+      return 1e-6;
+    case PLX_F16:
+      return 1.0 / 1024;
+    default:
+      return 1.0 / 128;  // bf16
   }
 }
 
@@ -235,8 +239,7 @@ TEST_CASE("a conv layer with its max pool runs as two kernels and equals the nod
   }
 }
 
-TEST_CASE("the fused conv layer with its pool needs less memory than its nodes",
-          "[cpu][fusion]") {
+TEST_CASE("the fused conv layer with its pool needs less memory than its nodes", "[cpu][fusion]") {
   Layer l;
   l.n = 8, l.c = 4, l.o = 16, l.h = 16, l.w = 16;
   const LayerRun fused = run_layer(l, true);

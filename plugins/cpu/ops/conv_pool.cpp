@@ -73,8 +73,14 @@ class ConvMaxPoolKernel final : public Kernel {
   ConvMaxPoolKernel(const NodeInfo& conv, const NodeInfo& pool, const sdk::ConvMaxPoolSlots& s)
       : g_(dims(conv.input(0)), dims(conv.input(1)), conv, sizeof(A)),
         p_(PoolGeom::make(pool.input(0).shape, pool.output(0).shape, pool, true)),
-        pairs_(p_.pairs()), relu_mask_(pool.attr_int_or("relu_mask", 0) != 0),
-        u8_(s.index_dtype == PLX_U8), relu_(s.relu >= 0), x_(s.x), w_(s.w), b_(s.bias), y_(s.y),
+        pairs_(p_.pairs()),
+        relu_mask_(pool.attr_int_or("relu_mask", 0) != 0),
+        u8_(s.index_dtype == PLX_U8),
+        relu_(s.relu >= 0),
+        x_(s.x),
+        w_(s.w),
+        b_(s.bias),
+        y_(s.y),
         idx_(s.indices) {
     PLX_DECLINE_UNLESS(s.index_dtype == PLX_I32 || s.index_dtype == PLX_U8,
                        "indices must be i32 or u8");
@@ -114,10 +120,10 @@ class ConvMaxPoolKernel final : public Kernel {
   template <class I>
   void run(const KernelCall& c, I* idx /* (N, O, PH, PW) */) {
     const ConvGeom& g = g_;
-    const T* x = sdk::data<T>(c.in(x_));                       // (N, C, H, W)
-    const T* w = sdk::data<T>(c.in(w_));                       // (O, K)
+    const T* x = sdk::data<T>(c.in(x_));                         // (N, C, H, W)
+    const T* w = sdk::data<T>(c.in(w_));                         // (O, K)
     const T* bias = b_ >= 0 ? sdk::data<T>(c.in(b_)) : nullptr;  // (O)
-    T* y = sdk::data<T>(c.out(y_));                            // (N, O, PH, PW)
+    T* y = sdk::data<T>(c.out(y_));                              // (N, O, PH, PW)
     Carver carver(c.workspace);
     const Buffers bufs = carve(carver);
     const Scratch<A>& s = bufs.s;
@@ -142,8 +148,8 @@ class ConvMaxPoolKernel final : public Kernel {
           store(act, i, v > A(0) ? v : A(0));
         }
       for (int64_t o = 0; o < g.O; ++o)
-        pooling::max_pool_plane(p_, pairs_, relu_mask_, act + o * g.P,
-                                y + (n * g.O + o) * pooled, idx + (n * g.O + o) * pooled);
+        pooling::max_pool_plane(p_, pairs_, relu_mask_, act + o * g.P, y + (n * g.O + o) * pooled,
+                                idx + (n * g.O + o) * pooled);
     });
   }
 
@@ -164,14 +170,16 @@ class MaxPoolConvBackwardKernel final : public Kernel {
                             const sdk::MaxPoolConvBackwardSlots& s)
       : g_(g),
         p_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
-        disjoint_(p_.disjoint()), u8_(s.index_dtype == PLX_U8), sl_(s) {
+        disjoint_(p_.disjoint()),
+        u8_(s.index_dtype == PLX_U8),
+        sl_(s) {
     PLX_DECLINE_UNLESS(s.index_dtype == PLX_I32 || s.index_dtype == PLX_U8,
                        "indices must be i32 or u8");
     const std::vector<int64_t> in = pool.attr_ints("input_shape");
-    PLX_REQUIRE(in.size() == 4 && in[0] == g_.N && in[1] == g_.O && in[2] == g_.OH &&
-                    in[3] == g_.OW,
-                "max_pool2d_backward+conv2d_backward: the pool's input is not the convolution's "
-                "output");
+    PLX_REQUIRE(
+        in.size() == 4 && in[0] == g_.N && in[1] == g_.O && in[2] == g_.OH && in[3] == g_.OW,
+        "max_pool2d_backward+conv2d_backward: the pool's input is not the convolution's "
+        "output");
   }
 
   uint64_t workspace_bytes() const override {
@@ -190,8 +198,8 @@ class MaxPoolConvBackwardKernel final : public Kernel {
  private:
   struct Buffers {
     Scratch<A> s;
-    T* grad = nullptr;         // (workers, O, P) an image's unpooled gradient
-    double* bias = nullptr;    // (workers, O) the bias gradient's sums
+    T* grad = nullptr;       // (workers, O, P) an image's unpooled gradient
+    double* bias = nullptr;  // (workers, O) the bias gradient's sums
   };
   bool data() const { return sl_.data >= 0; }
   bool weight() const { return sl_.weight >= 0; }
@@ -220,8 +228,8 @@ class MaxPoolConvBackwardKernel final : public Kernel {
     const Buffers bufs = carve(carver);
     const Scratch<A>& s = bufs.s;
     const A* wa = data() ? as_acc(sdk::data<T>(c.in(sl_.w)), s.w, g.O * g.K) : nullptr;  // (O, K)
-    const T* x = weight() ? sdk::data<T>(c.in(sl_.x)) : nullptr;                          // (N, C, H, W)
-    T* dx = data() ? sdk::data<T>(c.out(sl_.dx)) : nullptr;                               // (N, C, H, W)
+    const T* x = weight() ? sdk::data<T>(c.in(sl_.x)) : nullptr;  // (N, C, H, W)
+    T* dx = data() ? sdk::data<T>(c.out(sl_.dx)) : nullptr;       // (N, C, H, W)
     const int64_t wsize = g.O * g.K, image = g.C * g.H * g.W, pooled = p_.out_plane();
     A* sums = nullptr;  // (workers, O, K)
     if (weight()) {
@@ -274,11 +282,16 @@ class MaxPoolConvBackwardKernel final : public Kernel {
 template <template <class> class K, class... Args>
 std::unique_ptr<Kernel> make_typed(plx_dtype dtype, const char* name, Args&&... args) {
   switch (dtype) {
-    case PLX_F32: return std::make_unique<K<float>>(std::forward<Args>(args)...);
-    case PLX_F64: return std::make_unique<K<double>>(std::forward<Args>(args)...);
-    case PLX_F16: return std::make_unique<K<half>>(std::forward<Args>(args)...);
-    case PLX_BF16: return std::make_unique<K<bfloat16>>(std::forward<Args>(args)...);
-    default: break;
+    case PLX_F32:
+      return std::make_unique<K<float>>(std::forward<Args>(args)...);
+    case PLX_F64:
+      return std::make_unique<K<double>>(std::forward<Args>(args)...);
+    case PLX_F16:
+      return std::make_unique<K<half>>(std::forward<Args>(args)...);
+    case PLX_BF16:
+      return std::make_unique<K<bfloat16>>(std::forward<Args>(args)...);
+    default:
+      break;
   }
   throw sdk::Unsupported(sdk::format("%s: no %s kernel", name, dtype_name(dtype)));
 }
@@ -301,10 +314,14 @@ void accumulate_typed(const void* part, float* acc, void* out, int64_t n, sdk::C
 void host_accumulate(plx_dtype dtype, const void* part, float* acc, void* out, int64_t n,
                      sdk::ChunkAccum mode, plx_stream) {
   switch (dtype) {
-    case PLX_F32: return accumulate_typed<float>(part, acc, out, n, mode);
-    case PLX_F16: return accumulate_typed<half>(part, acc, out, n, mode);
-    case PLX_BF16: return accumulate_typed<bfloat16>(part, acc, out, n, mode);
-    default: break;
+    case PLX_F32:
+      return accumulate_typed<float>(part, acc, out, n, mode);
+    case PLX_F16:
+      return accumulate_typed<half>(part, acc, out, n, mode);
+    case PLX_BF16:
+      return accumulate_typed<bfloat16>(part, acc, out, n, mode);
+    default:
+      break;
   }
   throw sdk::Error(PLX_ERR_INTERNAL, sdk::format("chunk accumulate: no %s", dtype_name(dtype)));
 }
@@ -335,8 +352,7 @@ std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::Gra
   return make_typed<ConvMaxPoolKernel>(dtype, "conv2d+max_pool2d", conv, pool, s);
 }
 
-std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend,
-                                                    const sdk::GraphView& g,
+std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const sdk::GraphView& g,
                                                     const sdk::Boundary& b, plx_dtype& dtype) {
   const sdk::MaxPoolConvBackwardSlots s = sdk::max_pool_conv_backward_slots(g, b);
   dtype = s.dtype;
@@ -367,8 +383,8 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend,
   }
   const sdk::OwnedNodeInfo pool_info(g, s.pool);
   const NodeInfo pool(&pool_info.get());
-  return make_typed<MaxPoolConvBackwardKernel>(dtype, "max_pool2d_backward+conv2d_backward",
-                                               *geom, pool, s);
+  return make_typed<MaxPoolConvBackwardKernel>(dtype, "max_pool2d_backward+conv2d_backward", *geom,
+                                               pool, s);
 }
 
 }  // namespace plexus::cpu

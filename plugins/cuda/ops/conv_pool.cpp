@@ -24,8 +24,8 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const 
     use_device(device);
     launch_chunk_accumulate(dt, part, acc, out, n, mode, native(stream));
   };
-  return sdk::make_chunked_max_pool_conv_backward(
-      backend, g, b, backend.options().fuse_chunk_bytes, accumulate, dtype, flags, name);
+  return sdk::make_chunked_max_pool_conv_backward(backend, g, b, backend.options().fuse_chunk_bytes,
+                                                  accumulate, dtype, flags, name);
 }
 
 }  // namespace plexus::cuda

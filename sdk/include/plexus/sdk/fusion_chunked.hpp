@@ -61,7 +61,9 @@ namespace detail::chunked {
 
 inline constexpr uint64_t kAlign = 256;
 
-inline uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+inline uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 // Pieces of a workspace, each starting at a multiple of kAlign (the workspace itself is at least
 // that aligned), at offsets fixed at creation.
@@ -74,9 +76,13 @@ struct Carve {
   }
 };
 
-inline bool float_dtype(int32_t d) { return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16; }
+inline bool float_dtype(int32_t d) {
+  return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16;
+}
 
-inline void* at_bytes(void* p, uint64_t offset) { return static_cast<unsigned char*>(p) + offset; }
+inline void* at_bytes(void* p, uint64_t offset) {
+  return static_cast<unsigned char*>(p) + offset;
+}
 
 // One member kernel for one chunk size: the kernel and the descriptors of its tensors, whose
 // data pointers compute() fills in (no allocation per call).
@@ -89,7 +95,7 @@ struct Member {
             std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
             bool patch_input_shape) {
     const OwnedNodeInfo info(g, n, rows, batched_in, batched_out,
-                                  patch_input_shape ? "input_shape" : "");
+                             patch_input_shape ? "input_shape" : "");
     kernel = std::make_unique<NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
     in = info.inputs();
     out = info.outputs();
@@ -106,7 +112,7 @@ struct Member {
 // aligned buffers) make. So the chunk is at least one image, and may pass `limit` by up to m - 1
 // <= 15 images where one image nearly fills it.
 inline int64_t chunk_rows(int64_t n, uint64_t scratch_image, uint64_t limit,
-                   const std::vector<uint64_t>& slice_image) {
+                          const std::vector<uint64_t>& slice_image) {
   const uint64_t fit = limit / scratch_image;
   if (fit >= static_cast<uint64_t>(n)) return n;
   // 16 / gcd(b, 16) is a power of two up to 16 for every b: the largest is a multiple of the rest.
@@ -132,6 +138,7 @@ inline constexpr const char* kLog = "fusion";
 class ChunkedConvMaxPool final : public Kernel {
   using Member = detail::chunked::Member;
   using Carve = detail::chunked::Carve;
+
  public:
   ChunkedConvMaxPool(Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes)
       : s_(conv_max_pool_slots(g, b)) {
@@ -141,8 +148,8 @@ class ChunkedConvMaxPool final : public Kernel {
     const plx_tensor& pre = g.value(conv.outputs[0]);
     const plx_tensor& y = g.value(pool.outputs[0]);
     const plx_tensor& idx = g.value(pool.outputs[1]);
-    PLX_DECLINE_UNLESS(detail::chunked::float_dtype(s_.dtype), "conv2d+max_pool2d: f32, f16 or bf16, not %s",
-                       plexus::dtype_name(s_.dtype));
+    PLX_DECLINE_UNLESS(detail::chunked::float_dtype(s_.dtype),
+                       "conv2d+max_pool2d: f32, f16 or bf16, not %s", plexus::dtype_name(s_.dtype));
     PLX_DECLINE_UNLESS(s_.index_dtype == PLX_I32 || s_.index_dtype == PLX_U8,
                        "conv2d+max_pool2d: i32 or u8 indices");
     PLX_DECLINE_UNLESS(x.ndim == 4 && pre.ndim == 4 && y.ndim == 4 && idx.ndim == 4,
@@ -161,7 +168,7 @@ class ChunkedConvMaxPool final : public Kernel {
                        "conv2d+max_pool2d: empty images");
     const uint64_t ux = static_cast<uint64_t>(x_img_), uy = static_cast<uint64_t>(y_img_);
     rows_ = detail::chunked::chunk_rows(n_, static_cast<uint64_t>(pre_img_) * es_, chunk_bytes,
-                       {ux * es_, uy * es_, uy * idx_es_});
+                                        {ux * es_, uy * es_, uy * idx_es_});
 
     const int64_t rem = n_ % rows_;
     for (int64_t rows : {rows_, rem}) {
@@ -187,8 +194,8 @@ class ChunkedConvMaxPool final : public Kernel {
     workspace_ = member_off_ + member_ws_;
     PLX_LOG(PLX_LOG_DEBUG, detail::chunked::kLog,
             "conv2d+max_pool2d %s: %lld images in chunks of %lld, workspace %llu bytes",
-            plexus::dtype_name(s_.dtype), static_cast<long long>(n_),
-            static_cast<long long>(rows_), static_cast<unsigned long long>(workspace_));
+            plexus::dtype_name(s_.dtype), static_cast<long long>(n_), static_cast<long long>(rows_),
+            static_cast<unsigned long long>(workspace_));
   }
 
   uint32_t flags() const { return flags_ & (PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC); }
@@ -204,7 +211,8 @@ class ChunkedConvMaxPool final : public Kernel {
     for (int64_t n0 = 0; n0 < n_; n0 += rows_) {
       Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
       const uint64_t img = static_cast<uint64_t>(n0);
-      p.conv.in[0].data = detail::chunked::at_bytes(x.data, img * static_cast<uint64_t>(x_img_) * es_);
+      p.conv.in[0].data =
+          detail::chunked::at_bytes(x.data, img * static_cast<uint64_t>(x_img_) * es_);
       p.conv.in[1].data = c.in(s_.w).data;
       if (s_.bias >= 0) p.conv.in[2].data = c.in(s_.bias).data;
       p.conv.out[0].data = pre;
@@ -215,8 +223,10 @@ class ChunkedConvMaxPool final : public Kernel {
         p.relu.run(mws, member_ws_, c.stream);
       }
       p.pool.in[0].data = pre;
-      p.pool.out[0].data = detail::chunked::at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
-      p.pool.out[1].data = detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
+      p.pool.out[0].data =
+          detail::chunked::at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
+      p.pool.out[1].data =
+          detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
       p.pool.run(mws, member_ws_, c.stream);
     }
   }
@@ -241,6 +251,7 @@ class ChunkedConvMaxPool final : public Kernel {
 class ChunkedMaxPoolConvBackward final : public Kernel {
   using Member = detail::chunked::Member;
   using Carve = detail::chunked::Carve;
+
  public:
   ChunkedMaxPoolConvBackward(Backend& backend, const GraphView& g, const Boundary& b,
                              uint64_t chunk_bytes, ChunkAccumulate accumulate)
@@ -265,8 +276,8 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
     idx_es_ = plexus::dtype_size(s_.index_dtype);
     dy_img_ = numel(dy) / n_;
     g_img_ = numel(unpooled) / n_;
-    PLX_DECLINE_UNLESS(dy_img_ > 0 && g_img_ > 0 && numel(idx) / n_ == dy_img_,
-                       "%s: empty images", op);
+    PLX_DECLINE_UNLESS(dy_img_ > 0 && g_img_ > 0 && numel(idx) / n_ == dy_img_, "%s: empty images",
+                       op);
     std::vector<uint64_t> slices = {static_cast<uint64_t>(dy_img_) * es_,
                                     static_cast<uint64_t>(dy_img_) * idx_es_};
     if (s_.data >= 0) {
@@ -295,8 +306,8 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       PLX_DECLINE_UNLESS(is_contiguous(db), "%s: db must be contiguous", op);
       db_elems_ = numel(db);
     }
-    rows_ = detail::chunked::chunk_rows(n_, static_cast<uint64_t>(g_img_) * es_,
-                       chunk_bytes, slices);
+    rows_ =
+        detail::chunked::chunk_rows(n_, static_cast<uint64_t>(g_img_) * es_, chunk_bytes, slices);
     chunks_ = (n_ + rows_ - 1) / rows_;
 
     const int64_t rem = n_ % rows_;
@@ -351,27 +362,30 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       Pass& p = passes_[n0 + rows_ <= n_ ? 0 : 1];
       const uint64_t img = static_cast<uint64_t>(n0);
       const bool first = k == 0, last = k == chunks_ - 1;
-      p.pool.in[0].data = detail::chunked::at_bytes(dy.data, img * static_cast<uint64_t>(dy_img_) * es_);
-      p.pool.in[1].data = detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(dy_img_) * idx_es_);
+      p.pool.in[0].data =
+          detail::chunked::at_bytes(dy.data, img * static_cast<uint64_t>(dy_img_) * es_);
+      p.pool.in[1].data =
+          detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(dy_img_) * idx_es_);
       p.pool.out[0].data = grad;
       p.pool.run(mws, member_ws_, c.stream);
       if (p.data.present()) {
         p.data.in[0].data = grad;
         p.data.in[1].data = c.in(s_.w).data;
-        p.data.out[0].data =
-            detail::chunked::at_bytes(c.out(s_.dx).data, img * static_cast<uint64_t>(dx_img_) * es_);
+        p.data.out[0].data = detail::chunked::at_bytes(c.out(s_.dx).data,
+                                                       img * static_cast<uint64_t>(dx_img_) * es_);
         p.data.run(mws, member_ws_, c.stream);
       }
       if (p.weight.present()) {
         p.weight.in[0].data = grad;
-        p.weight.in[1].data = detail::chunked::at_bytes(c.in(s_.x).data, img * static_cast<uint64_t>(x_img_) * es_);
-        sum_chunk(p.weight, c, c.out(s_.dw).data, part_dw_off_, acc_dw_off_, dw_elems_, first,
-                  last, mws);
+        p.weight.in[1].data =
+            detail::chunked::at_bytes(c.in(s_.x).data, img * static_cast<uint64_t>(x_img_) * es_);
+        sum_chunk(p.weight, c, c.out(s_.dw).data, part_dw_off_, acc_dw_off_, dw_elems_, first, last,
+                  mws);
       }
       if (p.bias.present()) {
         p.bias.in[0].data = grad;
-        sum_chunk(p.bias, c, c.out(s_.db).data, part_db_off_, acc_db_off_, db_elems_, first,
-                  last, mws);
+        sum_chunk(p.bias, c, c.out(s_.db).data, part_db_off_, acc_db_off_, db_elems_, first, last,
+                  mws);
       }
     }
   }
@@ -399,7 +413,8 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
                   c.stream);
     } else {
       float* acc = static_cast<float*>(detail::chunked::at_bytes(c.workspace, acc_off));
-      const ChunkAccum mode = first ? ChunkAccum::Set : (last ? ChunkAccum::Final : ChunkAccum::Add);
+      const ChunkAccum mode =
+          first ? ChunkAccum::Set : (last ? ChunkAccum::Final : ChunkAccum::Add);
       accumulate_(s_.dtype, part, acc, out, elems, mode, c.stream);
     }
   }

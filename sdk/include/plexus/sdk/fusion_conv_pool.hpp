@@ -145,8 +145,8 @@ inline ConvMaxPoolSlots conv_max_pool_slots(const GraphView& g, const Boundary& 
                      "an input or output is not at the boundary");
   s.dtype = static_cast<plx_dtype>(g.value(conv.inputs[0]).dtype);
   PLX_DECLINE_UNLESS(g.value(conv.inputs[1]).dtype == s.dtype &&
-                         g.value(conv.outputs[0]).dtype == s.dtype &&
-                         g.value(v).dtype == s.dtype && g.value(pool.outputs[0]).dtype == s.dtype &&
+                         g.value(conv.outputs[0]).dtype == s.dtype && g.value(v).dtype == s.dtype &&
+                         g.value(pool.outputs[0]).dtype == s.dtype &&
                          (s.bias < 0 || g.value(conv.inputs[2]).dtype == s.dtype),
                      "mixed dtypes");
   s.index_dtype = static_cast<plx_dtype>(g.value(pool.outputs[1]).dtype);
@@ -172,8 +172,8 @@ inline std::vector<std::vector<int32_t>> find_max_pool_conv_backward(const Graph
       const plx_graph_node& rn = g.node(r);
       int32_t uses = 0;
       for (int32_t k = 0; k < rn.num_inputs; ++k) uses += rn.inputs[k] == v;
-      const bool as_dy = rn.num_inputs >= 1 && rn.inputs[0] == v && uses == 1 &&
-                         rn.num_outputs == 1;
+      const bool as_dy =
+          rn.num_inputs >= 1 && rn.inputs[0] == v && uses == 1 && rn.num_outputs == 1;
       if (as_dy && data < 0 && g.is(r, "conv2d_backward_data") && rn.num_inputs == 2)
         data = r;
       else if (as_dy && weight < 0 && g.is(r, "conv2d_backward_weight") && rn.num_inputs == 2)
@@ -198,9 +198,9 @@ inline std::vector<std::vector<int32_t>> find_max_pool_conv_backward(const Graph
 // Declines (Unsupported) any other group, or one whose unpooled gradient is needed outside.
 struct MaxPoolConvBackwardSlots {
   int32_t pool = -1, data = -1, weight = -1, bias = -1;  // nodes in the view; -1: absent
-  int32_t dy = -1, indices = -1;  // boundary inputs: the pooled gradient and the indices
-  int32_t w = -1;                 // the weight, with conv2d_backward_data
-  int32_t x = -1;                 // the layer's input, with conv2d_backward_weight
+  int32_t dy = -1, indices = -1;      // boundary inputs: the pooled gradient and the indices
+  int32_t w = -1;                     // the weight, with conv2d_backward_data
+  int32_t x = -1;                     // the layer's input, with conv2d_backward_weight
   int32_t dx = -1, dw = -1, db = -1;  // boundary outputs of the nodes present
   plx_dtype dtype = PLX_DTYPE_NONE;
   plx_dtype index_dtype = PLX_DTYPE_NONE;
@@ -233,7 +233,8 @@ inline MaxPoolConvBackwardSlots max_pool_conv_backward_slots(const GraphView& g,
   };
   if (s.data >= 0) {
     const plx_graph_node& d = g.node(s.data);
-    PLX_DECLINE_UNLESS(reads_dy(s.data) && d.num_inputs == 2, "conv2d_backward_data does not read the unpooled gradient");
+    PLX_DECLINE_UNLESS(reads_dy(s.data) && d.num_inputs == 2,
+                       "conv2d_backward_data does not read the unpooled gradient");
     s.w = b.input(d.inputs[1]);
     s.dx = b.output(d.outputs[0]);
     PLX_DECLINE_UNLESS(s.w >= 0 && s.dx >= 0 && g.value(d.inputs[1]).dtype == s.dtype,
@@ -241,7 +242,8 @@ inline MaxPoolConvBackwardSlots max_pool_conv_backward_slots(const GraphView& g,
   }
   if (s.weight >= 0) {
     const plx_graph_node& w = g.node(s.weight);
-    PLX_DECLINE_UNLESS(reads_dy(s.weight) && w.num_inputs == 2, "conv2d_backward_weight does not read the unpooled gradient");
+    PLX_DECLINE_UNLESS(reads_dy(s.weight) && w.num_inputs == 2,
+                       "conv2d_backward_weight does not read the unpooled gradient");
     s.x = b.input(w.inputs[1]);
     s.dw = b.output(w.outputs[0]);
     PLX_DECLINE_UNLESS(s.x >= 0 && s.dw >= 0 && g.value(w.inputs[1]).dtype == s.dtype,
