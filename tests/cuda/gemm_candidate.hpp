@@ -53,6 +53,28 @@ struct GemmCase {
   }
 };
 
+// Appends a case to `v` and returns it (valid until the next append): linear x (.., K) · w
+// (out, K)ᵀ [+ b], or matmul a · b with the transposes and alpha.
+inline GemmCase* add_linear(std::vector<GemmCase>& v, Shape x, int64_t out, bool bias) {
+  GemmCase c;
+  c.op = "linear";
+  c.b = {out, x.back()};
+  c.a = std::move(x);
+  c.bias = bias;
+  v.push_back(c);
+  return &v.back();
+}
+inline GemmCase* add_matmul(std::vector<GemmCase>& v, Shape a, Shape b, int64_t ta, int64_t tb,
+                            double alpha = 1) {
+  GemmCase c;
+  c.op = "matmul";
+  c.a = std::move(a);
+  c.b = std::move(b);
+  c.ta = ta, c.tb = tb, c.alpha = alpha;
+  v.push_back(c);
+  return &v.back();
+}
+
 inline std::vector<uint8_t> host_bytes(const Tensor& t) {
   std::vector<uint8_t> b(t.nbytes());
   if (!b.empty()) t.copy_to_host(b.data());

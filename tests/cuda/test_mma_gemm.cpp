@@ -35,22 +35,10 @@ namespace {
 std::vector<GemmCase> gemm_cases() {
   std::vector<GemmCase> v;
   auto lin = [&](Shape x, int64_t out, bool bias) {
-    GemmCase c;
-    c.op = "linear";
-    c.b = {out, x.back()};
-    c.a = std::move(x);
-    c.bias = bias;
-    v.push_back(c);
-    return &v.back();
+    return add_linear(v, std::move(x), out, bias);
   };
   auto mm = [&](Shape a, Shape b, int64_t ta, int64_t tb, double alpha = 1) {
-    GemmCase c;
-    c.op = "matmul";
-    c.a = std::move(a);
-    c.b = std::move(b);
-    c.ta = ta, c.tb = tb, c.alpha = alpha;
-    v.push_back(c);
-    return &v.back();
+    return add_matmul(v, std::move(a), std::move(b), ta, tb, alpha);
   };
   // Our models' layers (convnet / mlp at batch 128 and 1024).
   lin({128, 784}, 128, true);

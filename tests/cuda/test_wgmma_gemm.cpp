@@ -37,22 +37,10 @@ namespace {
 std::vector<GemmCase> wg_cases() {
   std::vector<GemmCase> v;
   auto lin = [&](Shape x, int64_t out, bool bias) {
-    GemmCase c;
-    c.op = "linear";
-    c.b = {out, x.back()};
-    c.a = std::move(x);
-    c.bias = bias;
-    v.push_back(c);
-    return &v.back();
+    return add_linear(v, std::move(x), out, bias);
   };
   auto mm = [&](Shape a, Shape b, int64_t ta, int64_t tb, double alpha = 1) {
-    GemmCase c;
-    c.op = "matmul";
-    c.a = std::move(a);
-    c.b = std::move(b);
-    c.ta = ta, c.tb = tb, c.alpha = alpha;
-    v.push_back(c);
-    return &v.back();
+    return add_matmul(v, std::move(a), std::move(b), ta, tb, alpha);
   };
   // Square 1024, every layout: 16 K tiles, more than either tile's stages (the ring wraps).
   mm({1024, 1024}, {1024, 1024}, 0, 0);
