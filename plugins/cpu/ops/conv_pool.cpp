@@ -52,6 +52,24 @@ std::vector<int64_t> dims(const plx_tensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
 
+// Both groups: the pool's indices are i32 or u8 (window_index), and the pool's input `in`
+// (N, C, H, W) is the convolution's output.
+void check_pool_input(const ConvGeom& g, const int64_t* in, plx_dtype index_dtype,
+                      const char* what) {
+  PLX_DECLINE_UNLESS(index_dtype == PLX_I32 || index_dtype == PLX_U8, "indices must be i32 or u8");
+  PLX_REQUIRE(in[0] == g.N && in[1] == g.O && in[2] == g.OH && in[3] == g.OW,
+              "%s: the pool's input is not the convolution's output", what);
+}
+
+// Calls run(indices) with the indices as their type: u8 window taps or i32 plane positions.
+template <class F>
+void with_indices(bool u8, void* data, F&& run) {
+  if (u8)
+    run(static_cast<uint8_t*>(data));
+  else
+    run(static_cast<int32_t*>(data));
+}
+
 // The sum of a plane in f64, over 8 independent lanes (a single running sum would be one long
 // chain of dependent additions, the slowest loop of the fused backward), folded pairwise.
 template <class T>
@@ -82,12 +100,9 @@ class ConvMaxPoolKernel final : public Kernel {
         b_(s.bias),
         y_(s.y),
         idx_(s.indices) {
-    PLX_DECLINE_UNLESS(s.index_dtype == PLX_I32 || s.index_dtype == PLX_U8,
-                       "indices must be i32 or u8");
     const plx_tensor& in = pool.input(0);
-    PLX_REQUIRE(in.ndim == 4 && in.shape[0] == g_.N && in.shape[1] == g_.O &&
-                    in.shape[2] == g_.OH && in.shape[3] == g_.OW,
-                "conv2d+max_pool2d: the pool's input is not the convolution's output");
+    PLX_REQUIRE(in.ndim == 4, "conv2d+max_pool2d: the pool's input must be 4-D");
+    check_pool_input(g_, in.shape, s.index_dtype, "conv2d+max_pool2d");
   }
 
   uint64_t workspace_bytes() const override {
@@ -97,10 +112,7 @@ class ConvMaxPoolKernel final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
-    if (u8_)
-      run(c, sdk::data<uint8_t>(c.out(idx_)));
-    else
-      run(c, sdk::data<int32_t>(c.out(idx_)));
+    with_indices(u8_, c.out(idx_).data, [&](auto* idx) { run(c, idx); });
   }
 
  private:
@@ -173,13 +185,10 @@ class MaxPoolConvBackwardKernel final : public Kernel {
         disjoint_(p_.disjoint()),
         u8_(s.index_dtype == PLX_U8),
         sl_(s) {
-    PLX_DECLINE_UNLESS(s.index_dtype == PLX_I32 || s.index_dtype == PLX_U8,
-                       "indices must be i32 or u8");
     const std::vector<int64_t> in = pool.attr_ints("input_shape");
-    PLX_REQUIRE(
-        in.size() == 4 && in[0] == g_.N && in[1] == g_.O && in[2] == g_.OH && in[3] == g_.OW,
-        "max_pool2d_backward+conv2d_backward: the pool's input is not the convolution's "
-        "output");
+    PLX_REQUIRE(in.size() == 4,
+                "max_pool2d_backward+conv2d_backward: input_shape must have 4 values");
+    check_pool_input(g_, in.data(), s.index_dtype, "max_pool2d_backward+conv2d_backward");
   }
 
   uint64_t workspace_bytes() const override {
@@ -189,10 +198,7 @@ class MaxPoolConvBackwardKernel final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
-    if (u8_)
-      run(c, sdk::data<uint8_t>(c.in(sl_.indices)));
-    else
-      run(c, sdk::data<int32_t>(c.in(sl_.indices)));
+    with_indices(u8_, c.in(sl_.indices).data, [&](auto* idx) { run(c, idx); });
   }
 
  private:
