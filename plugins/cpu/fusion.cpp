@@ -4,9 +4,10 @@
 //  - the optimizer's per-parameter updates (every sgd_update, or every adamw_update, sharing
 //    attributes and learning rate), run as one multi-tensor kernel: one parallel loop over all
 //    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
-//  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm or
-//    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
-//    the activation runs there in place, so the pre-activation tensor is never allocated;
+//  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm,
+//    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
+//    activation's output and the activation runs there in place, so the pre-activation tensor
+//    is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, whose kernel
 //    applies the ReLU's mask as it reads the gradient (ops/pool.cpp), so the masked gradient is
 //    never written.
@@ -28,8 +29,9 @@ namespace plexus::cpu {
 
 namespace {
 
-const std::vector<std::string_view> kProducers = {"linear",     "conv2d",    "matmul", "add",
-                                                  "batch_norm", "layer_norm"};
+const std::vector<std::string_view> kProducers = {"linear",     "conv2d",           "matmul",
+                                                  "add",        "batch_norm",       "layer_norm",
+                                                  "batch_norm_apply"};
 const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
 
 }  // namespace

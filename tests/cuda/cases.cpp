@@ -588,6 +588,14 @@ void norm(Table& t) {
       return {g.uniform(b.x), x, p[0], fwd.at(1), fwd.at(2)};
     }, per_channel);
     if (b.f32_params) bw.dtypes = {F16, BF16};
+    // What backward recomputes batch_norm's output with: the saved statistics of a CPU forward.
+    Case& ap = t.add("batch_norm_apply", w, {}, [b, params, a](Gen& g) -> Inputs {
+      const Tensor x = g.uniform(b.x, 2, 4);
+      Inputs p = params(g);
+      const auto fwd = g.cpu("batch_norm", {x, p[0].tensor, p[1].tensor, p[2].tensor, p[3].tensor}, a);
+      return {x, p[0], p[1], fwd.at(1), fwd.at(2)};
+    });
+    if (b.f32_params) ap.dtypes = {F16, BF16};
   }
 
   struct L {

@@ -163,12 +163,15 @@ fi
 
 if has train; then
   # Memory (issue 7): the peak of a convnet step at batch 1024 in f32 against PyTorch's 741 MiB,
-  # with train.recompute off and on; the plan's live peak and what is live there.
-  for rec in '[]' '["relu","gelu","max_pool2d","avg_pool2d","cast","add","mul"]'; do
+  # with train.recompute off and on; the plan's live peak and what is live there. And
+  # resnet: batch norms recomputed from their saved statistics (batch_norm_apply on CUDA).
+  for model_rec in 'convnet []' 'convnet ["relu","gelu","max_pool2d","avg_pool2d","cast","add","mul"]' \
+                   'resnet []' 'resnet ["batch_norm","relu","add"]'; do
+    model=${model_rec%% *} rec=${model_rec#* }
     for precision in f32 bf16; do
-      tag="convnet-b1024-$precision-memory-$( [ "$rec" = '[]' ] && echo plain || echo recompute )"
+      tag="$model-b1024-$precision-memory-$( [ "$rec" = '[]' ] && echo plain || echo recompute )"
       stamp "plexus train $tag"
-      $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.batch_size=1024 \
+      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.batch_size=1024 \
         --set train.max_steps=3 --set train.eval=false --set train.precision=\"$precision\" \
         --set "train.recompute=$rec" --set data.path=\"$DATA\" --set logging.progress=plain \
         --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1

@@ -465,6 +465,81 @@ TEST_CASE("batch_norm rejects bad inputs", "[cpu][ops][norm][errors]") {
                       PLX_CONTAINS("differ in shape"));
 }
 
+// ---- batch_norm_apply ----
+
+TEST_CASE("batch_norm_apply gives batch_norm's output to the bit from its saved statistics",
+          "[cpu][ops][norm]") {
+  // What backward recomputes batch_norm's output with (train.recompute): it must be the same
+  // bits, in every dtype, with f32 parameters under 16-bit activations, in both modes, and on a
+  // shape large enough that the planes are split among threads.
+  struct C {
+    Shape x;
+    plx_dtype t, param;
+    bool gamma, beta, training;
+  };
+  const std::vector<C> cases = {
+      {{4, 3, 5}, PLX_F32, PLX_F32, true, true, true},
+      {{4, 3, 5}, PLX_F64, PLX_F64, true, true, true},
+      {{4, 3, 2, 3}, PLX_F16, PLX_F32, true, true, true},
+      {{4, 3, 2, 3}, PLX_BF16, PLX_BF16, true, false, true},
+      {{6, 5}, PLX_BF16, PLX_F32, false, true, true},
+      {{3, 2, 7}, PLX_F32, PLX_F32, false, false, false},
+      {{3, 2, 7}, PLX_F16, PLX_F16, true, true, false},
+      {{8, 16, 32, 32}, PLX_F32, PLX_F32, true, true, true},
+      {{8, 16, 32, 32}, PLX_BF16, PLX_F32, true, true, true},
+  };
+  for (const C& c : cases) {
+    INFO(shape_string(c.x) << " " << dtype_name(c.t) << " params " << dtype_name(c.param)
+                           << (c.gamma ? " gamma" : "") << (c.beta ? " beta" : "")
+                           << (c.training ? " training" : " eval"));
+    const int64_t ch = c.x[1];
+    const Tensor x = random_tensor(c.x, c.t, 71, 1, 3);
+    const Tensor g = c.gamma ? random_tensor({ch}, c.param, 72, 0.5, 1.5) : Tensor();
+    const Tensor b = c.beta ? random_tensor({ch}, c.param, 73) : Tensor();
+    const Tensor rm = random_tensor({ch}, c.param, 74), rv = random_tensor({ch}, c.param, 75, 0.5, 2);
+    const auto fwd = call(cpu(), "batch_norm", {x, g, b, rm, rv},
+                          {{"training", int64_t{c.training}}, {"eps", 1e-3}});
+    const auto again = call(cpu(), "batch_norm_apply", {x, g, b, fwd[1], fwd[2]});
+    REQUIRE(again.size() == 1);
+    CHECK(again[0].dtype() == c.t);
+    CHECK(again[0].shape() == c.x);
+    CHECK(again[0].to_doubles() == fwd[0].to_doubles());
+  }
+}
+
+TEST_CASE("batch_norm_apply gradients match finite differences", "[cpu][ops][norm][grad]") {
+  // The statistics are constants (no gradient): batch_norm_backward in its eval form.
+  for (const Shape& shape : {Shape{2, 3}, Shape{3, 2, 5}, Shape{2, 1, 2, 3}}) {
+    const int64_t C = shape[1];
+    INFO(shape_string(shape));
+    const Tensor x = random_tensor(shape, PLX_F64, 81, -2, 2);
+    const Tensor g = random_tensor({C}, PLX_F64, 82, 0.5, 2);
+    const Tensor b = random_tensor({C}, PLX_F64, 83);
+    const Tensor mean = random_tensor({C}, PLX_F64, 84);
+    const Tensor invstd = random_tensor({C}, PLX_F64, 85, 0.5, 2);
+    check_gradients("batch_norm_apply", {x, g, b, mean, invstd});
+    check_gradients("batch_norm_apply", {x, Tensor(), b, mean, invstd});
+    check_gradients("batch_norm_apply", {x, g, Tensor(), mean, invstd});
+  }
+}
+
+TEST_CASE("batch_norm_apply rejects bad inputs", "[cpu][ops][norm][errors]") {
+  const Tensor x = random_tensor({2, 3, 4}, PLX_F32, 1);
+  const Tensor c3 = random_tensor({3}, PLX_F32, 2), c4 = random_tensor({4}, PLX_F32, 3);
+  REQUIRE_THROWS_WITH(call(cpu(), "batch_norm_apply", {x, Tensor(), Tensor(), c4, c3}),
+                      PLX_CONTAINS("mean (4), expected (3)"));
+  REQUIRE_THROWS_WITH(call(cpu(), "batch_norm_apply", {x, c4, Tensor(), c3, c3}),
+                      PLX_CONTAINS("gamma (4) does not match (3)"));
+  REQUIRE_THROWS_WITH(
+      call(cpu(), "batch_norm_apply", {x, Tensor(), Tensor(), c3, random_tensor({3}, PLX_F64, 4)}),
+      PLX_CONTAINS("invstd is f64, expected f32 for f32 x"));
+  REQUIRE_THROWS_WITH(call(cpu(), "batch_norm_apply", {random_tensor({5}, PLX_F32, 5), Tensor(),
+                                                       Tensor(), c3, c3}),
+                      PLX_CONTAINS("at least 2 dimensions"));
+  REQUIRE_THROWS_WITH(call(cpu(), "batch_norm_apply", {x, Tensor(), Tensor(), c3}),
+                      PLX_CONTAINS("invstd"));
+}
+
 // ---- layer_norm ----
 
 TEST_CASE("layer_norm forward matches the reference", "[cpu][ops][norm]") {

@@ -97,6 +97,16 @@ void batch_norm_backward_infer(InferContext& c) {
   c.out(2, param_grad_dtype(c, 2), ch);
 }
 
+// batch_norm_apply(x, gamma, beta, mean, invstd): batch_norm's affine pass with given stats.
+void batch_norm_apply_infer(InferContext& c) {
+  const Shape ch = channels(c);
+  check_param(c, 1, ch);
+  check_param(c, 2, ch);
+  check_stat(c, 3, ch);
+  check_stat(c, 4, ch);
+  c.out(0, c.in(0).dtype, c.in(0).shape);
+}
+
 // ---- layer_norm ----
 
 // The trailing normalized_ndim dimensions of x.
@@ -187,6 +197,32 @@ void register_norm(OpRegistry& r) {
       .outputs = {out("dx"), out("dgamma", kFloatTypes), out("dbeta", kFloatTypes)},
       .attrs = {training, eps},
       .infer = batch_norm_backward_infer,
+  });
+  // What backward runs to recompute batch_norm's output (train.recompute), and an inference-style
+  // normalisation with statistics from elsewhere. The statistics are constants: the gradient is
+  // batch_norm_backward's eval form.
+  r.add(OpSchema{
+      .name = "batch_norm_apply",
+      .doc = "y = (x - mean) * invstd * gamma + beta per channel of x (N, C, ...), with the "
+             "statistics given (batch_norm's save_mean and save_invstd): batch_norm's output "
+             "again, to the bit, without its reductions or the running-stat update",
+      .inputs = {in("x", kFloatTypes), opt("gamma", kFloatTypes), opt("beta", kFloatTypes),
+                 in("mean", kStatTypes, PLX_ARG_NO_GRAD),
+                 in("invstd", kStatTypes, PLX_ARG_NO_GRAD)},
+      .outputs = {out("y")},
+      .infer = batch_norm_apply_infer,
+      .grad =
+          [](GradContext& g) {
+            if (!g.grad_output(0).valid()) return;
+            if (!g.needs_grad(0) && !g.needs_grad(1) && !g.needs_grad(2)) return;
+            const auto r =
+                g.call_all("batch_norm_backward",
+                           {g.grad_output(0), g.input(0), g.input(1), g.input(3), g.input(4)},
+                           {{"training", int64_t{0}}});
+            g.set_grad(0, r.at(0));
+            if (g.needs_grad(1)) g.set_grad(1, as_dtype_of(g, r.at(1), g.input(1)));
+            if (g.needs_grad(2)) g.set_grad(2, as_dtype_of(g, r.at(2), g.input(2)));
+          },
   });
   r.add(OpSchema{
       .name = "layer_norm",

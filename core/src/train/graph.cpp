@@ -530,6 +530,11 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
     g.set_scope(src.name + ".recompute");
     if (!src.schema) {
       copy_of[static_cast<size_t>(v.id)] = g.reshape(ins.at(0), value.desc.shape);
+    } else if (src.schema->name == "batch_norm") {
+      // The normalised output from the saved statistics (kept for batch_norm_backward): running
+      // batch_norm again would reduce the batch again and update the running statistics twice.
+      copy_of[static_cast<size_t>(src.outputs[0].id)] = g.add1(
+          "batch_norm_apply", {ins.at(0), ins.at(1), ins.at(2), src.outputs[1], src.outputs[2]});
     } else {
       const std::vector<Var> outs = g.add(src.schema->name, ins, src.attrs);
       for (size_t k = 0; k < outs.size(); ++k)
@@ -601,12 +606,42 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
   return out;
 }
 
+// The most activation bytes live at once when the nodes run in order: a value (by storage
+// root) lives from its producer to its last reader, a graph output to the end. It ignores the
+// planner's packing, workspaces and fusion: a yardstick for comparing two versions of a step.
+uint64_t activation_live_peak(const Graph& g) {
+  const size_t nn = g.nodes().size();
+  std::vector<int64_t> delta(nn + 2, 0);
+  std::vector<int32_t> death(static_cast<size_t>(g.num_values()), -1);
+  for (size_t n = 0; n < nn; ++n)
+    for (Var in : g.nodes()[n].inputs)
+      if (in.valid()) {
+        int32_t& d = death[static_cast<size_t>(g.storage_root(in).id)];
+        d = std::max(d, static_cast<int32_t>(n));
+      }
+  for (const auto& [name, v] : g.outputs())
+    death[static_cast<size_t>(g.storage_root(v).id)] = static_cast<int32_t>(nn);
+  for (int32_t id = 0; id < g.num_values(); ++id) {
+    const GraphValue& v = g.value(Var{id});
+    if (v.kind != ValueKind::Activation || v.view_of >= 0 || v.producer < 0) continue;
+    const int64_t bytes =
+        v.desc.numel() * static_cast<int64_t>(dtype_size(static_cast<int32_t>(v.desc.dtype)));
+    const size_t from = static_cast<size_t>(v.producer);
+    const size_t to = static_cast<size_t>(std::max(death[static_cast<size_t>(id)], v.producer));
+    delta[from] += bytes;
+    delta[to + 1] -= bytes;
+  }
+  int64_t live = 0, peak = 0;
+  for (int64_t d : delta) peak = std::max(peak, live += d);
+  return static_cast<uint64_t>(peak);
+}
+
 }  // namespace
 
 const std::vector<std::string>& recomputable_ops() {
-  static const std::vector<std::string> ops = {"relu", "gelu",       "sigmoid", "tanh",
-                                               "cast", "max_pool2d", "avg_pool2d", "add",
-                                               "sub",  "mul",        "scale"};
+  static const std::vector<std::string> ops = {
+      "relu", "gelu", "sigmoid", "tanh", "cast", "max_pool2d", "avg_pool2d", "add", "sub", "mul",
+      "scale", "batch_norm"};
   return ops;
 }
 
@@ -647,33 +682,119 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
   for (const auto& [name, v] : g.outputs())
     if (static_cast<size_t>(v.id) < nv) is_output[static_cast<size_t>(g.storage_root(v).id)] = 1;
 
-  // A node of a listed op is recomputed when backward reads an output of it (none a graph
-  // output) and every input it reads is persistent, recomputed itself, or kept for a backward
-  // reader at or after the copy's place anyway: the copy then costs a kernel and never
-  // lengthens another value's life, and the outputs are free from their last forward reader
-  // until backward needs them.
-  std::vector<char> rec(nv, 0);
+  // A node of a listed op is recomputed when backward needs an output of it (none a graph
+  // output), directly or through a recomputed node that reads it, and every value its copy reads
+  // is persistent, kept for a backward reader at or after the copy's place anyway, or recomputed
+  // itself with no backward reader of its own after that place (else its copy would be made
+  // early for this one). The copy then costs a kernel and never lengthens another value's life,
+  // and the outputs are free from their last forward reader until backward needs them.
+  // batch_norm's copy is batch_norm_apply, which reads the saved statistics: only its y is
+  // recomputed. Chains (batch_norm -> relu, batch_norm -> add -> relu) are why this is a fixed
+  // point: start from every candidate and drop those that fail until none does.
+  auto recomputed_outputs = [&](const GraphNode& node) {
+    std::vector<Var> outs = node.outputs;
+    if (node.schema->name == "batch_norm") outs.resize(1);
+    return outs;
+  };
+  auto read_by_copy = [&](const GraphNode& node) {
+    std::vector<Var> ins = node.inputs;
+    if (node.schema->name == "batch_norm") ins = {node.inputs[0], node.inputs[1], node.inputs[2],
+                                                  node.outputs[1], node.outputs[2]};
+    return ins;
+  };
+  std::vector<char> listed(nf, 0);
   for (size_t n = 0; n < nf; ++n) {
     const GraphNode& node = g.nodes()[n];
     if (!node.schema || std::find(opts.recompute.begin(), opts.recompute.end(),
                                   node.schema->name) == opts.recompute.end())
       continue;
-    int32_t first_use = kNever;
     bool ok = true;
-    for (Var o : node.outputs) {
-      const size_t r = static_cast<size_t>(o.id);
-      ok = ok && !is_output[r];
-      first_use = std::min(first_use, first[r]);
+    for (Var o : recomputed_outputs(node)) ok = ok && !is_output[static_cast<size_t>(o.id)];
+    listed[n] = ok;
+  }
+  // Forward nodes reading each value (by storage root).
+  std::vector<std::vector<int32_t>> readers(nv);
+  for (size_t n = 0; n < nf; ++n)
+    for (Var in : g.nodes()[n].inputs)
+      if (in.valid())
+        readers[static_cast<size_t>(g.storage_root(in).id)].push_back(static_cast<int32_t>(n));
+  // The fixed point from the candidates `cand` (left holding the nodes recomputed): the values
+  // recomputed, by id.
+  auto settle = [&](std::vector<char>& cand) {
+    std::vector<char> rec(nv, 0);
+    std::vector<int32_t> need(nf, kNever);  // where backward first needs a candidate's outputs
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::fill(rec.begin(), rec.end(), 0);
+      for (size_t n = 0; n < nf; ++n)
+        if (cand[n])
+          for (Var o : recomputed_outputs(g.nodes()[n])) rec[static_cast<size_t>(o.id)] = 1;
+      // Readers come after their producers: one pass from the end settles every chain.
+      for (size_t n = nf; n-- > 0;) {
+        if (!cand[n]) continue;
+        int32_t at = kNever;
+        for (Var o : recomputed_outputs(g.nodes()[n])) {
+          const size_t r = static_cast<size_t>(o.id);
+          at = std::min(at, first[r]);
+          for (int32_t reader : readers[r])
+            if (cand[static_cast<size_t>(reader)])
+              at = std::min(at, need[static_cast<size_t>(reader)]);
+        }
+        need[n] = at;
+      }
+      for (size_t n = 0; n < nf; ++n) {
+        if (!cand[n]) continue;
+        bool ok = need[n] != kNever;
+        for (Var in : read_by_copy(g.nodes()[n])) {
+          if (!ok || !in.valid()) continue;
+          const Var r = g.storage_root(in);
+          const size_t ri = static_cast<size_t>(r.id);
+          if (g.value(r).kind != ValueKind::Activation) continue;
+          // A recomputed input whose copy backward reads later would be made early for this
+          // copy and live from here (resnet: a block's output needs the block input, which the
+          // block's own weight gradient reads much later).
+          if (rec[ri]) ok = first[ri] == kNever || first[ri] <= need[n];
+          else ok = last[ri] >= need[n];
+        }
+        if (!ok) {
+          cand[n] = 0;
+          changed = true;
+        }
+      }
     }
-    if (!ok || first_use == kNever) continue;
-    for (Var in : node.inputs) {
-      if (!in.valid()) continue;
-      const Var r = g.storage_root(in);
-      if (g.value(r).kind != ValueKind::Activation || rec[static_cast<size_t>(r.id)]) continue;
-      if (last[static_cast<size_t>(r.id)] < first_use) ok = false;
+    return rec;
+  };
+  std::vector<char> cand = listed;
+  std::vector<char> rec = settle(cand);
+
+  // The rules above see one node at a time. A copy made where little else is live (the last
+  // block's output, needed again right after the head's backward) saves nothing and its inputs'
+  // copies cost memory there, so each recomputed node, last first, is dropped when the step's
+  // live activation bytes (a liveness estimate of the whole step, without the planner's
+  // packing) do not grow without it. A trial is one reverse mode on a copy of the graph; past
+  // kMaxTrials the rest are kept as the rules chose.
+  constexpr int kMaxTrials = 64;
+  auto step_peak = [&](const std::vector<char>& r) {
+    Graph t = g;
+    backward_impl(t, loss, wrt, opts.seed_grad, &r);
+    return activation_live_peak(t);
+  };
+  if (std::any_of(cand.begin(), cand.end(), [](char c) { return c != 0; })) {
+    uint64_t best = step_peak(rec);
+    int trials = 0;
+    for (size_t n = nf; n-- > 0 && trials < kMaxTrials;) {
+      if (!cand[n]) continue;
+      std::vector<char> without = cand;
+      without[n] = 0;
+      std::vector<char> r = settle(without);
+      const uint64_t peak = step_peak(r);
+      ++trials;
+      if (peak <= best) {
+        best = peak;
+        cand = std::move(without);
+        rec = std::move(r);
+      }
     }
-    if (ok)
-      for (Var o : node.outputs) rec[static_cast<size_t>(o.id)] = 1;
   }
   return backward_impl(g, loss, wrt, opts.seed_grad, &rec);
 }

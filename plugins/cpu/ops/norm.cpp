@@ -1,4 +1,5 @@
-// CPU kernels: batch_norm, layer_norm and their backward ops (see docs/ops.md).
+// CPU kernels: batch_norm (and batch_norm_apply), layer_norm and their backward ops (see
+// docs/ops.md).
 //
 // Statistics and parameter-gradient sums accumulate in f64 for every dtype: they run over whole
 // batches, and the variance is taken two-pass (sum of squared deviations from the mean) so that a
@@ -66,6 +67,29 @@ int64_t grain_for(int64_t work) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(work, 1));
 }
 
+// y = (x - mean) * (invstd * gamma) + beta, one (n, c) plane at a time, from the saved (rounded)
+// statistics: batch_norm and batch_norm_apply share it, so the recomputed output is the same bits.
+// gamma and beta are the call's inputs 1 and 2.
+template <class T>
+void bn_affine(const KernelCall& call, const NCS& dims, const T* x, T* y, const plx_tensor& mean_t,
+               const plx_tensor& invstd_t) {
+  using A = acc_t<T>;
+  const bool has_gamma = call.has_in(1), has_beta = call.has_in(2);
+  const int64_t C = dims.c, S = dims.s;
+  parallel_for(dims.n * C, grain_for(S), [&](int64_t b, int64_t e) {
+    for (int64_t nc = b; nc < e; ++nc) {
+      const int64_t c = nc % C;
+      const A mean = static_cast<A>(load_any(mean_t, c));
+      const A scale =
+          static_cast<A>(load_any(invstd_t, c) * (has_gamma ? load_any(call.in(1), c) : 1.0));
+      const A shift = static_cast<A>(has_beta ? load_any(call.in(2), c) : 0.0);
+      const T* src = x + nc * S;
+      T* dst = y + nc * S;
+      for (int64_t s = 0; s < S; ++s) store(dst, s, (load(src, s) - mean) * scale + shift);
+    }
+  });
+}
+
 template <class T>
 class BatchNormKernel final : public Kernel {
  public:
@@ -84,7 +108,7 @@ class BatchNormKernel final : public Kernel {
     T* y = sdk::data<T>(call.out(0));             // (N, C, S)
     const plx_tensor& save_mean = call.out(1);    // (C) f32|f64
     const plx_tensor& save_invstd = call.out(2);  // (C) f32|f64
-    const bool has_gamma = call.has_in(1), has_beta = call.has_in(2), has_running = call.has_in(3);
+    const bool has_running = call.has_in(3);
     const int64_t N = dims_.n, C = dims_.c, S = dims_.s, M = dims_.per_channel();
 
     // Per channel: the statistics to normalise with, and the running-stat update.
@@ -123,26 +147,32 @@ class BatchNormKernel final : public Kernel {
       }
     });
 
-    // y = (x - mean) * (invstd * gamma) + beta, one (n, c) plane at a time.
-    using A = acc_t<T>;
-    parallel_for(N * C, grain_for(S), [&](int64_t b, int64_t e) {
-      for (int64_t nc = b; nc < e; ++nc) {
-        const int64_t c = nc % C;
-        const A mean = static_cast<A>(load_any(save_mean, c));
-        const A scale =
-            static_cast<A>(load_any(save_invstd, c) * (has_gamma ? load_any(call.in(1), c) : 1.0));
-        const A shift = static_cast<A>(has_beta ? load_any(call.in(2), c) : 0.0);
-        const T* src = x + nc * S;
-        T* dst = y + nc * S;
-        for (int64_t s = 0; s < S; ++s) store(dst, s, (load(src, s) - mean) * scale + shift);
-      }
-    });
+    bn_affine<T>(call, dims_, x, y, save_mean, save_invstd);
   }
 
  private:
   NCS dims_;
   bool training_;
   double momentum_, eps_;
+};
+
+// batch_norm_apply: batch_norm's affine pass with the statistics given.
+template <class T>
+class BatchNormApplyKernel final : public Kernel {
+ public:
+  explicit BatchNormApplyKernel(const NodeInfo& node) : dims_(node.input(0)) {
+    for (int32_t i = 1; i <= 2; ++i)
+      PLX_REQUIRE(known_param_dtype(node, i), "batch_norm_apply: input %d has dtype %s", i,
+                  dtype_name(node.input(i).dtype));
+  }
+
+  void compute(const KernelCall& call) override {
+    bn_affine<T>(call, dims_, sdk::data<T>(call.in(0)), sdk::data<T>(call.out(0)), call.in(3),
+                 call.in(4));
+  }
+
+ private:
+  NCS dims_;
 };
 
 template <class T>
@@ -364,6 +394,7 @@ class LayerNormBackwardKernel final : public Kernel {
 void register_norm(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   add_float_kernels<BatchNormKernel>(r, "batch_norm", "omp", f);
+  add_float_kernels<BatchNormApplyKernel>(r, "batch_norm_apply", "omp", f);
   add_float_kernels<BatchNormBackwardKernel>(r, "batch_norm_backward", "omp", f);
   add_float_kernels<LayerNormKernel>(r, "layer_norm", "omp", f);
   add_float_kernels<LayerNormBackwardKernel>(r, "layer_norm_backward", "omp", f);

@@ -9,10 +9,10 @@
 //    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
 //    own GEMM): then a chain, as below, except for our Hopper GEMM (ops/wgmma_gemm.cu), whose
 //    epilogue applies the ReLU itself;
-//  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm or
-//    layer_norm, then relu, tanh or sigmoid): the layer writes into the activation's output and
-//    the activation runs there in place (sdk::EpilogueChain), so the pre-activation tensor is
-//    never allocated;
+//  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm,
+//    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
+//    activation's output and the activation runs there in place (sdk::EpilogueChain), so the
+//    pre-activation tensor is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
 //    kernel that masks each gradient as it reads it (ops/pool.cu).
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
@@ -41,8 +41,9 @@ namespace plexus::cuda {
 
 namespace {
 
-const std::vector<std::string_view> kProducers = {"linear",     "conv2d",    "matmul", "add",
-                                                  "batch_norm", "layer_norm"};
+const std::vector<std::string_view> kProducers = {"linear",     "conv2d",           "matmul",
+                                                  "add",        "batch_norm",       "layer_norm",
+                                                  "batch_norm_apply"};
 const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
 
 bool is_f32_group(const sdk::GraphView& g, const std::vector<int32_t>& grp) {

@@ -1,4 +1,5 @@
-// CUDA kernels: batch_norm, layer_norm and their backward ops (see docs/ops.md).
+// CUDA kernels: batch_norm (and batch_norm_apply), layer_norm and their backward ops (see
+// docs/ops.md).
 //
 // Statistics accumulate in f32 (the CPU uses f64): batch_norm's mean and variance with Welford's
 // update per thread and Chan's merge between threads, which does not cancel when the mean is
@@ -379,6 +380,71 @@ class BatchNormKernel final : public Kernel {
   double momentum_, eps_;
 };
 
+// ---- batch_norm_apply ----
+
+// coef = (mean, scale, shift) per channel from given statistics, formed as bn_finalize forms it,
+// so that batch_norm_apply on batch_norm's save_mean/save_invstd gives its output to the bit.
+template <class T>
+__global__ void bn_apply_coef(const float* __restrict__ mean, const float* __restrict__ invstd,
+                              ParamIn<T> gamma, ParamIn<T> beta, int64_t C,
+                              float* __restrict__ coef) {
+  PLX_GRID_STRIDE(c, C) {
+    coef[c] = mean[c];
+    coef[C + c] = static_cast<float>(static_cast<double>(invstd[c]) * gamma.get(c, 1.f));
+    coef[2 * C + c] = beta.get(c, 0.f);
+  }
+}
+
+template <class T>
+class BatchNormApplyKernel final : public Kernel {
+ public:
+  BatchNormApplyKernel(const NodeInfo& node, CudaBackend&)
+      : device_(node.device()), c_(node.input(0).shape[1]) {
+    const plx_tensor& x = node.input(0);
+    for (int32_t i = 2; i < x.ndim; ++i) s_ *= x.shape[i];
+    total_ = x.shape[0] * c_ * s_;
+    for (int32_t i = 1; i <= 2; ++i) {
+      if (!node.has_input(i)) continue;
+      PLX_REQUIRE(node.input(i).dtype == PLX_F32 || node.input(i).dtype == dtype_v<T>,
+                  "batch_norm_apply: input %d has dtype %s", i, dtype_name(node.input(i).dtype));
+    }
+    for (int32_t i = 3; i <= 4; ++i)
+      PLX_REQUIRE(node.input(i).dtype == PLX_F32, "batch_norm_apply: input %d has dtype %s", i,
+                  dtype_name(node.input(i).dtype));
+  }
+
+  uint64_t workspace_bytes() const override {
+    return 3 * static_cast<uint64_t>(c_) * sizeof(float);
+  }
+
+  void compute(const KernelCall& call) override {
+    if (c_ == 0 || total_ == 0) return;
+    use_device(device_);
+    const cudaStream_t s = native(call.stream);
+    auto* coef = static_cast<float*>(call.workspace);
+    bn_apply_coef<T><<<grid_for(c_), kBlock, 0, s>>>(ptr<const float>(call.in(3)),
+                                                      ptr<const float>(call.in(4)),
+                                                      param_in<T>(call, 1), param_in<T>(call, 2),
+                                                      c_, coef);
+    PLX_CUDA_LAUNCH_CHECK();
+    const T* x = ptr<const T>(call.in(0));
+    T* y = ptr<T>(call.out(0));
+    if (fits_u32(total_))
+      bn_apply<T, uint32_t><<<grid_for(total_), kBlock, 0, s>>>(
+          x, y, coef, static_cast<uint32_t>(total_), static_cast<uint32_t>(s_),
+          static_cast<uint32_t>(c_));
+    else
+      bn_apply<T, uint64_t><<<grid_for(total_), kBlock, 0, s>>>(
+          x, y, coef, static_cast<uint64_t>(total_), static_cast<uint64_t>(s_),
+          static_cast<uint64_t>(c_));
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  int64_t c_, s_ = 1, total_ = 0;
+};
+
 // ---- batch_norm_backward ----
 
 // Per channel: merges the chunks' sums in order, writes dbeta = sum(dy) and dgamma =
@@ -715,6 +781,7 @@ void add_float(KernelRegistry& r, const char* op, const char* impl, uint32_t fla
 void register_norm(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   add_float<BatchNormKernel>(r, "batch_norm", "cuda", f);
+  add_float<BatchNormApplyKernel>(r, "batch_norm_apply", "cuda", f);
   add_float<BatchNormBackwardKernel>(r, "batch_norm_backward", "cuda", f);
   add_float<LayerNormKernel>(r, "layer_norm", "cuda", f);
   add_float<LayerNormBackwardKernel>(r, "layer_norm_backward", "cuda", f);
