@@ -165,9 +165,14 @@ TEST_CASE("the executor checks a backend's claims and runs what it declines node
   //   4,5  relu(s), then s += x: nothing between them            accepted, then declined by
   //                                                              the backend (not a chain)
   //   7    a reshape view                                        refused
+  // The decline frees nodes 4 and 5, and the core offers the graph again: every claim is then
+  // refused (1,2 was created; 4,5 was declined), and that round, declining nothing, is the last.
   const std::string claims = "0,2;1,2;2;0,1;99;3,5;4,6;4,5;7";
   const std::string r = std::to_string(PLX_ERR_INVALID_ARGUMENT);
-  const std::string expected = r + " 0 " + r + " " + r + " " + r + " " + r + " " + r + " 0 " + r;
+  std::string all_refused;
+  for (int i = 0; i < 9; ++i) all_refused += " " + r;
+  const std::string expected =
+      r + " 0 " + r + " " + r + " " + r + " " + r + " " + r + " 0 " + r + " |" + all_refused;
   auto run = [&](bool fuse, MemoryPlan* plan) {
     RuntimeOptions o;
     o.plugins.paths = {fixture_dir() + "/good"};

@@ -263,13 +263,16 @@ TEST_CASE("a conv layer whose pre-pool tensor is needed elsewhere is not fused f
   INFO(kernels_of(fused));
   // The ReLU's output is a graph output, which the backend's view of the graph does not show:
   // it claims the layer, and declines the claim in create_fused() once the core names the
-  // ReLU's output among the group's outputs. The core does not offer those nodes again, so
-  // they run one by one (the conv without its ReLU as an epilogue). The backward is still one
-  // kernel.
+  // ReLU's output among the group's outputs. The core then offers the graph again with that
+  // claim refused, and the backend's next pattern takes the conv with its ReLU as an epilogue
+  // (which writes the ReLU's output, a boundary value). The pool runs alone; the backward is
+  // still one kernel.
   CHECK_FALSE(has_kernel(fused, "conv2d+relu+max_pool2d"));
-  CHECK(has_kernel(fused, "conv conv2d: cpu/im2col_blas"));
+  CHECK(has_kernel(fused, "fused kernel 'conv2d+relu' [conv, relu]: cpu/conv2d+relu"));
   CHECK(has_kernel(fused, "pool max_pool2d: cpu/omp"));
   CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward"));
+  CHECK(fused.plan.fused_kernels == 2);
+  CHECK(fused.plan.fused_nodes == 2 + 4);
 }
 
 TEST_CASE("an inference graph runs a conv layer with its pool as one kernel", "[cpu][fusion]") {
@@ -326,11 +329,13 @@ TEST_CASE("the sdk's chunked conv and pool kernels equal the nodes on the cpu", 
     }
 }
 
-TEST_CASE("a conv layer the host gave the direct kernel runs node by node", "[cpu][fusion][tune]") {
+TEST_CASE("a conv layer the host gave the direct kernel is not fused with its pool", "[cpu][fusion][tune]") {
   // The fused kernels run im2col only. A first layer of one channel has 9 taps, which the CPU's
   // direct kernels take; forced to the native side they are the host's choice for conv2d and
-  // conv2d_backward_weight, and both groups are declined (they run node by node, the same
-  // result as unfused). On the library side im2col is the choice and both are fused.
+  // conv2d_backward_weight, and both groups are declined. In the next round the conv and its
+  // ReLU are taken as an epilogue chain (running the direct kernel, the host's choice); the
+  // rest runs node by node, the same result as unfused. On the library side im2col is the
+  // choice and both groups are fused.
   for (KernelSide side : {KernelSide::Native, KernelSide::Library}) {
     INFO(kernel_side_name(side));
     RuntimeOptions o;
@@ -345,7 +350,7 @@ TEST_CASE("a conv layer the host gave the direct kernel runs node by node", "[cp
     const LayerRun fused = check_same(l);
     INFO(kernels_of(fused));
     const bool native = side == KernelSide::Native;
-    CHECK(has_kernel(fused, "conv conv2d: cpu/direct") == native);
+    CHECK(has_kernel(fused, "fused kernel 'conv2d+relu' [conv, relu]: cpu/conv2d+relu; conv on direct") == native);
     CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d") == !native);
     CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward") == !native);
   }

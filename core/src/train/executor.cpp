@@ -144,6 +144,7 @@ struct ClaimHost {
   std::vector<std::string> names;
   std::vector<int32_t> root;                 // per value: its storage root's id
   uint16_t plugin_minor = PLX_ABI_MINOR;     // the ABI minor the backend's plugin was built for
+  std::vector<std::vector<int32_t>> declined;  // claims create_fused declined, each ascending
 
   // Empty if `nodes` may run as one kernel at the place of the last of them, else why not.
   std::string check(std::vector<int32_t> nodes) const {
@@ -162,6 +163,8 @@ struct ClaimHost {
         return "node '" + node.name + "' sets " + newer + ", newer than the plugin's ABI 1." +
                std::to_string(plugin_minor);
     }
+    if (std::find(declined.begin(), declined.end(), nodes) != declined.end())
+      return "the backend declined these nodes as one kernel in an earlier round";
     auto in_group = [&](int32_t n) { return std::binary_search(nodes.begin(), nodes.end(), n); };
     auto r = [&](Var v) { return root[static_cast<size_t>(v.id)]; };
     auto mutates = [](const GraphNode& node, size_t k) {
@@ -260,7 +263,6 @@ std::vector<Executable::Fused> Executable::fuse() {
   ClaimHost host{graph_, std::vector<int32_t>(nodes.size(), -1), {}, {}, {}};
   host.plugin_minor = backend_.plugin().abi_minor();
   for (size_t i = 0; i < nv; ++i) host.root.push_back(graph_.storage_root(Var{static_cast<int32_t>(i)}).id);
-  backend_.check(t.get_capability(t.ctx, &view, &on_claim, &host), "get_capability");
 
   // Who reads each value; which values the host reads after the step.
   std::vector<std::vector<int32_t>> readers(nv);
@@ -270,91 +272,108 @@ std::vector<Executable::Fused> Executable::fuse() {
   std::vector<char> is_output(nv, 0);
   for (const auto& [name, v] : graph_.outputs()) is_output[static_cast<size_t>(v.id)] = 1;
 
-  for (size_t c = 0; c < host.claims.size(); ++c) {
-    Fused f;
-    f.nodes = host.claims[c];
-    f.name = host.names[c];
-    auto member = [&](int32_t n) {
-      return n >= 0 && host.group[static_cast<size_t>(n)] == static_cast<int32_t>(c);
-    };
-    // Boundary: values the group reads from outside (first use first), and values it writes
-    // that are read outside, are graph outputs, or are read by nobody (still written).
-    std::vector<int32_t> in_ids, out_ids;
-    std::vector<plx_graph_node> sub;
-    for (int32_t m : f.nodes) {
-      const GraphNode& node = nodes[static_cast<size_t>(m)];
-      sub.push_back(gn[static_cast<size_t>(m)]);
-      for (Var v : node.inputs) {
-        if (!v.valid() || member(graph_.value(v).producer)) continue;
-        if (std::find(in_ids.begin(), in_ids.end(), v.id) == in_ids.end()) in_ids.push_back(v.id);
-      }
-      for (Var v : node.outputs) {
-        const auto& rd = readers[static_cast<size_t>(v.id)];
-        if (rd.empty() || is_output[static_cast<size_t>(v.id)] ||
-            std::any_of(rd.begin(), rd.end(), [&](int32_t n) { return !member(n); }))
-          out_ids.push_back(v.id);
-      }
-    }
-    // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first),
-    // for the backend to run inside the fused kernel.
-    for (size_t k = 0; k < f.nodes.size(); ++k) {
-      const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
-      if (!node.schema) continue;
-      std::vector<plx_tensor> nin, nout;
-      for (Var v : node.inputs) nin.push_back(v.valid() ? values[static_cast<size_t>(v.id)] : Tensor().view());
-      for (Var v : node.outputs) nout.push_back(values[static_cast<size_t>(v.id)]);
-      const int32_t dt = nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
-      if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
-      KernelResolution r;
-      try {
-        r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune);
-      } catch (const std::exception& e) {
-        rethrow_for_node(e, node);
-      }
-      if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
-      const plx_kernel* chosen = &r.kernel->kernel();
-      for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
-        if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
-      f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?", is_library_kernel(*chosen),
-                           std::move(r.choice)});
-    }
-    plx_graph_view sv = view;
-    sv.nodes = sub.data();
-    sv.num_nodes = static_cast<int32_t>(sub.size());
-    std::string label = "fused kernel '" + f.name + "' (";
-    for (size_t i = 0; i < f.nodes.size(); ++i)
-      label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
-    label += ")";
-    const plx_kernel* kernel = nullptr;
-    void* state = nullptr;
-    uint64_t ws = 0;
-    const plx_status s =
-        t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()),
-                       out_ids.data(), static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
-    if (s == PLX_ERR_UNSUPPORTED) {
-      spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label,
-                    backend_.plugin().last_error());
-      for (int32_t m : f.nodes) host.group[static_cast<size_t>(m)] = -1;
-      continue;
-    }
-    if (s != PLX_OK) backend_.fail(s, "preparing " + label);
-    if (!kernel)
-      throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
-    spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(), kernel->impl ? kernel->impl : "?");
-    f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
-    for (int32_t v : in_ids) f.in.push_back(Var{v});
-    for (int32_t v : out_ids) f.out.push_back(Var{v});
-    for (int32_t m : f.nodes) {
-      pos_[static_cast<size_t>(m)] = f.nodes.back();
-      for (Var v : nodes[static_cast<size_t>(m)].outputs)
-        if (std::find(out_ids.begin(), out_ids.end(), v.id) == out_ids.end()) {
-          internal_[static_cast<size_t>(v.id)] = 1;
-          ++plan_.internal_values;
+  // Rounds: a claim the backend declines when it sees the group's boundary (a value it would
+  // keep inside is a graph output, which the view does not show) frees its nodes, and the graph
+  // is offered again with that exact claim refused, so the backend's other patterns (a conv
+  // with its ReLU, when conv + ReLU + pool declined) can take them. A round without a decline
+  // ends it; each further round refuses one more node set.
+  constexpr int kMaxRounds = 8;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    const size_t first_claim = host.claims.size();
+    backend_.check(t.get_capability(t.ctx, &view, &on_claim, &host), "get_capability");
+    bool declined = false;
+    for (size_t c = first_claim; c < host.claims.size(); ++c) {
+      Fused f;
+      f.nodes = host.claims[c];
+      f.name = host.names[c];
+      auto member = [&](int32_t n) {
+        return n >= 0 && host.group[static_cast<size_t>(n)] == static_cast<int32_t>(c);
+      };
+      // Boundary: values the group reads from outside (first use first), and values it writes
+      // that are read outside, are graph outputs, or are read by nobody (still written).
+      std::vector<int32_t> in_ids, out_ids;
+      std::vector<plx_graph_node> sub;
+      for (int32_t m : f.nodes) {
+        const GraphNode& node = nodes[static_cast<size_t>(m)];
+        sub.push_back(gn[static_cast<size_t>(m)]);
+        for (Var v : node.inputs) {
+          if (!v.valid() || member(graph_.value(v).producer)) continue;
+          if (std::find(in_ids.begin(), in_ids.end(), v.id) == in_ids.end()) in_ids.push_back(v.id);
         }
+        for (Var v : node.outputs) {
+          const auto& rd = readers[static_cast<size_t>(v.id)];
+          if (rd.empty() || is_output[static_cast<size_t>(v.id)] ||
+              std::any_of(rd.begin(), rd.end(), [&](int32_t n) { return !member(n); }))
+            out_ids.push_back(v.id);
+        }
+      }
+      // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first),
+      // for the backend to run inside the fused kernel.
+      for (size_t k = 0; k < f.nodes.size(); ++k) {
+        const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
+        if (!node.schema) continue;
+        std::vector<plx_tensor> nin, nout;
+        for (Var v : node.inputs)
+          nin.push_back(v.valid() ? values[static_cast<size_t>(v.id)] : Tensor().view());
+        for (Var v : node.outputs) nout.push_back(values[static_cast<size_t>(v.id)]);
+        const int32_t dt =
+            nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
+        if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
+        KernelResolution r;
+        try {
+          r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune);
+        } catch (const std::exception& e) {
+          rethrow_for_node(e, node);
+        }
+        if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
+        const plx_kernel* chosen = &r.kernel->kernel();
+        for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
+          if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
+        f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?",
+                             is_library_kernel(*chosen), std::move(r.choice)});
+      }
+      plx_graph_view sv = view;
+      sv.nodes = sub.data();
+      sv.num_nodes = static_cast<int32_t>(sub.size());
+      std::string label = "fused kernel '" + f.name + "' (";
+      for (size_t i = 0; i < f.nodes.size(); ++i)
+        label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
+      label += ")";
+      const plx_kernel* kernel = nullptr;
+      void* state = nullptr;
+      uint64_t ws = 0;
+      const plx_status s = t.create_fused(
+          t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()), out_ids.data(),
+          static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
+      if (s == PLX_ERR_UNSUPPORTED) {
+        spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label,
+                      backend_.plugin().last_error());
+        for (int32_t m : f.nodes) host.group[static_cast<size_t>(m)] = -1;
+        host.declined.push_back(f.nodes);
+        declined = true;
+        continue;
+      }
+      if (s != PLX_OK) backend_.fail(s, "preparing " + label);
+      if (!kernel)
+        throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+      spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(),
+                    kernel->impl ? kernel->impl : "?");
+      f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
+      for (int32_t v : in_ids) f.in.push_back(Var{v});
+      for (int32_t v : out_ids) f.out.push_back(Var{v});
+      for (int32_t m : f.nodes) {
+        pos_[static_cast<size_t>(m)] = f.nodes.back();
+        for (Var v : nodes[static_cast<size_t>(m)].outputs)
+          if (std::find(out_ids.begin(), out_ids.end(), v.id) == out_ids.end()) {
+            internal_[static_cast<size_t>(v.id)] = 1;
+            ++plan_.internal_values;
+          }
+      }
+      ++plan_.fused_kernels;
+      plan_.fused_nodes += static_cast<int32_t>(f.nodes.size());
+      fused.push_back(std::move(f));
     }
-    ++plan_.fused_kernels;
-    plan_.fused_nodes += static_cast<int32_t>(f.nodes.size());
-    fused.push_back(std::move(f));
+    if (!declined) break;
   }
   return fused;
 }

@@ -167,7 +167,10 @@ typedef struct plx_backend {
 
   /* ---- optional: fusion ----
    * When a graph is prepared the core offers it to the backend, which may claim subgraphs it
-   * runs as one kernel by calling `claim` (any number of times). NULL: nothing is fused. */
+   * runs as one kernel by calling `claim` (any number of times). NULL: nothing is fused. After
+   * create_fused declines a claim the core may call it again on the same graph: the claims it
+   * created stay and are refused again, as is the declined node set itself, so the backend's
+   * other patterns may take the freed nodes (a claim that fails is not an error). */
   plx_status (*get_capability)(void* ctx, const plx_graph_view* graph, plx_claim_fn claim,
                                void* host_user);
 

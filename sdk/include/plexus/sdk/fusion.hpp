@@ -8,8 +8,9 @@
 // its last node runs: nothing outside it between its first and last node reads what it writes
 // or writes what it reads), then calls create_fused() with the group, the values it reads from
 // outside and the values it writes that are read outside (or are graph outputs). Values only the
-// group reads never get memory. create_fused() may decline (throw Unsupported); the nodes then
-// run one by one.
+// group reads never get memory. create_fused() may decline (throw Unsupported); the core then
+// offers the graph again with that claim refused, so a smaller pattern may take the nodes, and
+// the nodes no claim takes run one by one.
 //
 // Two shapes of fusion come ready-made here, both built from kernels the backend already
 // registers (so they compute exactly what the nodes compute one by one):
