@@ -78,6 +78,49 @@ Ran run_once(const Graph& g, int64_t rows, int64_t features, size_t num_grads) {
   return r;
 }
 
+// One built-in model's training step at batch 8 with a recompute list, run `steps` times on
+// random data: every parameter, momentum and running statistic after, the arena, and the
+// backward's recomputed copies ("<node>.recompute <op>", sorted).
+struct ModelStep {
+  std::map<std::string, std::vector<double>> after;
+  uint64_t arena = 0;
+  std::vector<std::string> recomputed;
+  int backward_nodes_of(const std::string& op) const {
+    return static_cast<int>(std::count_if(recomputed.begin(), recomputed.end(),
+                                          [&](const std::string& r) { return r.ends_with(" " + op); }));
+  }
+};
+
+ModelStep run_model_step(const std::string& model, plx_dtype compute, double momentum,
+                         const std::vector<std::string>& recompute, int steps) {
+  const ModelSpec spec = builtin_model(model);
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = momentum;
+  auto sg = build_step(runtime().ops(), spec, 8, spec.input_shape, true, opt, false, compute,
+                       false, recompute);
+  ModelStep r;
+  for (const GraphNode& node : sg->graph.nodes()) {
+    if (node.phase != Phase::Backward || !node.schema) continue;
+    CHECK(node.schema->name != "batch_norm");  // a norm never reduces or updates its stats twice
+    if (node.name.ends_with(".recompute")) r.recomputed.push_back(node.name + " " + node.schema->name);
+  }
+  std::sort(r.recomputed.begin(), r.recomputed.end());
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.seed = 3;
+  Executable exe(cpu(), sg->graph, store, eo);
+  fill(exe.tensor("x"), random_doubles(8 * 28 * 28, 7, -2.0, 2.0));
+  std::vector<int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
+  exe.tensor("labels").copy_from_host(labels.data());
+  fill(exe.tensor("lr"), {0.1});
+  for (int step = 0; step < steps; ++step) exe.run();
+  exe.sync();
+  r.arena = exe.plan().arena_bytes;
+  for (const auto& [name, t] : store.all()) r.after[name] = t.to_doubles();
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("recomputed GELU outputs give the same gradients in less memory", "[cpu][graph][recompute]") {
@@ -129,38 +172,14 @@ TEST_CASE("a value is not recomputed when that would keep its input longer", "[c
 }
 
 TEST_CASE("mixed precision: the casts of the batch and the weights can be recomputed", "[cpu][graph][recompute]") {
-  const ModelSpec spec = builtin_model("simplecnn");
-  OptimizerOptions opt;
-  opt.kind = "sgd";
-  opt.momentum = 0;
-  std::map<std::string, std::vector<double>> after[2];
-  int backward_casts[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    const std::vector<std::string> rec = k ? std::vector<std::string>{"cast"} : std::vector<std::string>{};
-    auto sg = build_step(runtime().ops(), spec, 8, spec.input_shape, true, opt, false, PLX_BF16,
-                         false, rec);
-    for (const GraphNode& node : sg->graph.nodes())
-      if (node.schema && node.schema->name == "cast" && node.phase == Phase::Backward &&
-          node.name.ends_with(".recompute"))
-        ++backward_casts[k];
-    TensorStore store;
-    ExecutableOptions eo;
-    eo.seed = 3;
-    Executable exe(cpu(), sg->graph, store, eo);
-    fill(exe.tensor("x"), random_doubles(8 * 28 * 28, 7, -2.0, 2.0));
-    std::vector<int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
-    exe.tensor("labels").copy_from_host(labels.data());
-    fill(exe.tensor("lr"), {0.1});
-    exe.run();
-    exe.sync();
-    for (const auto& [name, t] : store.all()) after[k][name] = t.to_doubles();
-  }
-  CHECK(backward_casts[0] == 0);
+  const ModelStep kept = run_model_step("simplecnn", PLX_BF16, 0, {}, 1);
+  const ModelStep again = run_model_step("simplecnn", PLX_BF16, 0, {"cast"}, 1);
+  CHECK(kept.backward_nodes_of("cast") == 0);
   // The batch's cast, read by the first convolution's weight gradient at the end of backward,
   // runs again there. The weights' casts, read by the data gradients, are kept: at batch 8 the
   // step's peak is the same without recomputing them (the whole-step check).
-  CHECK(backward_casts[1] >= 1);
-  CHECK(after[0] == after[1]);
+  CHECK(again.backward_nodes_of("cast") >= 1);
+  CHECK(kept.after == again.after);
 }
 
 TEST_CASE("resnet: batch norms recomputed from their saved statistics give the same step in less memory", "[cpu][graph][recompute]") {
@@ -169,51 +188,23 @@ TEST_CASE("resnet: batch norms recomputed from their saved statistics give the s
   // from the saved statistics) and the ReLU from the conv's output keeps one tensor instead of
   // two. A block's output, which needs the block's input again, is not recomputed (the rules),
   // nor the last block's (the whole-step check). The running statistics are updated once.
-  const ModelSpec spec = builtin_model("resnet");
-  OptimizerOptions opt;
-  opt.kind = "sgd";
-  opt.momentum = 0.9;
-  std::map<std::string, std::vector<double>> after[2];
-  uint64_t arena[2] = {0, 0};
-  std::vector<std::string> recomputed;
-  for (int k = 0; k < 2; ++k) {
-    const std::vector<std::string> rec =
-        k ? std::vector<std::string>{"batch_norm", "relu", "add"} : std::vector<std::string>{};
-    auto sg = build_step(runtime().ops(), spec, 8, spec.input_shape, true, opt, false, PLX_F32,
-                         false, rec);
-    for (const GraphNode& node : sg->graph.nodes()) {
-      if (node.phase != Phase::Backward || !node.schema) continue;
-      CHECK(node.schema->name != "batch_norm");  // never reduces or updates the stats again
-      if (node.name.ends_with(".recompute")) recomputed.push_back(node.name + " " + node.schema->name);
-    }
-    TensorStore store;
-    ExecutableOptions eo;
-    eo.seed = 5;
-    Executable exe(cpu(), sg->graph, store, eo);
-    fill(exe.tensor("x"), random_doubles(8 * 28 * 28, 9, -2.0, 2.0));
-    std::vector<int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
-    exe.tensor("labels").copy_from_host(labels.data());
-    fill(exe.tensor("lr"), {0.1});
-    for (int step = 0; step < 2; ++step) exe.run();
-    exe.sync();
-    arena[k] = exe.plan().arena_bytes;
-    for (const auto& [name, t] : store.all()) after[k][name] = t.to_doubles();
-  }
-  std::sort(recomputed.begin(), recomputed.end());
+  const ModelStep kept = run_model_step("resnet", PLX_F32, 0.9, {}, 2);
+  const ModelStep again = run_model_step("resnet", PLX_F32, 0.9, {"batch_norm", "relu", "add"}, 2);
+  CHECK(kept.recomputed.empty());
   const std::vector<std::string> want = {
       "b1_bn1.recompute batch_norm_apply", "b1_relu1.recompute relu",
       "b2_bn1.recompute batch_norm_apply", "b2_relu1.recompute relu",
       "stem_bn.recompute batch_norm_apply", "stem_relu.recompute relu"};
-  CHECK(recomputed == want);
+  CHECK(again.recomputed == want);
   // Parameters, momenta and running statistics after two steps: the same bits.
-  REQUIRE(after[0].size() == after[1].size());
-  for (const auto& [name, v] : after[0]) {
+  REQUIRE(kept.after.size() == again.after.size());
+  for (const auto& [name, v] : kept.after) {
     INFO(name);
-    REQUIRE(after[1].count(name));
-    CHECK(after[1].at(name) == v);
+    REQUIRE(again.after.count(name));
+    CHECK(again.after.at(name) == v);
   }
-  INFO("arena " << arena[0] << " -> " << arena[1]);
-  CHECK(arena[1] < arena[0]);
+  INFO("arena " << kept.arena << " -> " << again.arena);
+  CHECK(again.arena < kept.arena);
 }
 
 TEST_CASE("train.recompute and BackwardOptions reject ops that cannot be recomputed", "[cpu][graph][recompute]") {
