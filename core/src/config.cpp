@@ -141,9 +141,16 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.recompute", ConfigType::StringList, "[]",
         "Ops whose outputs backward computes again instead of keeping them from the forward, "
         "where that frees memory: any of relu, gelu, sigmoid, tanh, cast, max_pool2d, "
-        "avg_pool2d, add, sub, mul, scale (docs/training.md, \"Memory\")");
+        "avg_pool2d, add, sub, mul, scale, batch_norm (recomputed from its saved statistics) "
+        "(docs/training.md, \"Memory\")");
     add("train.max_steps", ConfigType::Int, "0",
         "Stop after this many steps in all (a checkpoint is written there); 0: no limit").min = 0;
+    auto& target = add("train.target_accuracy", ConfigType::Float, "0",
+                       "Stop after the first epoch whose test accuracy reaches this fraction, and "
+                       "record the time to it (training seconds without evaluation, and wall "
+                       "seconds) in the summary; 0: off. Needs train.eval");
+    target.fmin = 0;
+    target.fmax = 1;
     // ---- parallel training (docs/parallel.md) ----
     auto& pc = add("parallel.comm", ConfigType::String, "\"auto\"",
                    "Communicator between the ranks of a launch (mpirun, srun): auto (nccl for "

@@ -5,12 +5,13 @@
 # (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
-#   PHASES="build tests sanitize compare kernels train torch" (default: all)   EPOCHS=3 (benchmarks)
+#   PHASES="build tests sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
+#   (benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-PHASES=${PHASES:-"build tests sanitize compare kernels train torch"}
+PHASES=${PHASES:-"build tests sanitize compare kernels train tta torch"}
 EPOCHS=${EPOCHS:-3}
 DATA=$PWD/.deps/fashion-mnist
 B=build-gpu
@@ -181,6 +182,32 @@ if has train; then
         "$OUT/runs/$tag/manifest.json" 2>&1 | tee -a "$OUT/summary.txt"
     done
   done
+fi
+
+if has tta; then
+  # Time to accuracy (issue 7), measured as ../shared/bench/torch_mem_tta.py measures PyTorch's:
+  # the same batches and rates, SGD with momentum 0.9, a constant rate, no weight decay, TF32,
+  # the data on the device, training time without evaluation until the test accuracy reaches
+  # 88% (simplecnn) or 91% (convnet), at most 15 epochs; then the script itself, same call.
+  for model_target in 'simplecnn 0.88' 'convnet 0.91'; do
+    model=${model_target% *} target=${model_target#* }
+    for batch_lr in '128 0.05' '256 0.05' '512 0.1'; do
+      batch=${batch_lr% *} lr=${batch_lr#* }
+      tag="$model-tta-b$batch"
+      stamp "plexus train $tag"
+      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.epochs=15 \
+        --set train.batch_size=$batch --set train.lr=$lr --set train.momentum=0.9 \
+        --set train.schedule=\"constant\" --set train.weight_decay=0 --set train.precision=\"tf32\" \
+        --set train.target_accuracy=$target --set data.resident=\"on\" --set data.path=\"$DATA\" \
+        --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1
+      echo "exit $?" | tee -a "$OUT/summary.txt"
+      grep -h '"type":"target"' "$OUT/runs/$tag/metrics.jsonl" | tee -a "$OUT/summary.txt"
+      grep -h 'target test accuracy' "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
+    done
+  done
+  stamp torch_mem_tta
+  python3 .deps/bench/torch_mem_tta.py "$DATA" > "$OUT/torch-mem-tta.log" 2>&1
+  tail -20 "$OUT/torch-mem-tta.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has torch; then

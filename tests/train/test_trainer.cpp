@@ -3,6 +3,7 @@
 // checkpoint, and bad configurations fail before any step.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "plexus/checkpoint.hpp"
 #include "plexus/data.hpp"
+#include "plexus/json.hpp"
 #include "plexus/run_output.hpp"
 #include "plexus/trainer.hpp"
 #include "support/harness.hpp"
@@ -186,6 +188,74 @@ TEST_CASE("bad training configurations fail before the first step", "[cpu][train
   f.set("model.file=\"" + (tmp.path / "nomodel.toml").string() + "\"");
   CHECK_THROWS_WITH(run_training(f), PLX_CONTAINS("nomodel.toml"));
   CHECK_FALSE(fs::exists(tmp.path / "run" / "checkpoint.plxckpt"));
+}
+
+TEST_CASE("train.target_accuracy stops after the first epoch that reaches it and times it",
+          "[cpu][train]") {
+  TempDir tmp;
+  const TrainResult full = run_training(small_train_config(tmp.path / "full"));
+  REQUIRE(full.epochs.size() == 3);
+  CHECK_FALSE(full.target);
+  // The second epoch's accuracy as the target: the first epoch at or above it ends the run.
+  const double target = *full.epochs[1].test_accuracy;
+  size_t first = 0;
+  while (*full.epochs[first].test_accuracy < target) ++first;
+  Config c = small_train_config(tmp.path / "run");
+  c.set("train.target_accuracy=" + json_number(target));
+  const TrainResult r = run_training(c);
+  REQUIRE(r.target);
+  CHECK(r.target->reached);
+  CHECK(r.target->accuracy == target);
+  CHECK(r.target->epoch == static_cast<int64_t>(first + 1));
+  CHECK(r.epochs.size() == first + 1);
+  CHECK(r.steps == 4 * static_cast<int64_t>(first + 1));  // 512 samples, batch 128
+  CHECK(r.target->step == r.steps);
+  CHECK(r.target->test_accuracy == *full.epochs[first].test_accuracy);
+  CHECK(r.target->train_seconds > 0);
+  CHECK(r.target->train_seconds <= r.target->wall_seconds);  // evaluation is not counted
+  // The same steps as the full run's first epochs, to the bit; the checkpoint is that epoch's.
+  REQUIRE(r.losses.size() <= full.losses.size());
+  CHECK(std::equal(r.losses.begin(), r.losses.end(), full.losses.begin()));
+  CHECK(read_checkpoint((tmp.path / "run/checkpoint.plxckpt").string()).meta.at("epoch") ==
+        std::to_string(first + 1));
+  int target_lines = 0;
+  for (const JsonValue& v : read_json_lines((tmp.path / "run/metrics.jsonl").string())) {
+    const std::string type = v.at("type").string;
+    if (type == "target") {
+      ++target_lines;
+      CHECK(v.at("epoch").number == static_cast<double>(first + 1));
+      CHECK(v.at("train_seconds").number == r.target->train_seconds);
+    }
+    if (type == "summary") {
+      CHECK(v.at("target_reached").boolean);
+      CHECK(v.at("target_epoch").number == static_cast<double>(first + 1));
+    }
+  }
+  CHECK(target_lines == 1);
+
+  // A target above every epoch's accuracy: all epochs run, and the summary says so.
+  double best = 0;
+  for (const EpochMetrics& e : full.epochs) best = std::max(best, *e.test_accuracy);
+  if (best < 1) {
+    Config u = small_train_config(tmp.path / "unreached");
+    u.set("train.target_accuracy=1");
+    const TrainResult ur = run_training(u);
+    REQUIRE(ur.target);
+    CHECK_FALSE(ur.target->reached);
+    CHECK(ur.epochs.size() == 3);
+    CHECK(ur.losses == full.losses);
+  }
+
+  // A target needs the test accuracy, and is a fraction.
+  Config e = small_train_config(tmp.path / "noeval");
+  e.set("train.target_accuracy=0.9");
+  e.set("train.eval=false");
+  CHECK_THROWS_AS(run_training(e), ConfigError);
+  CHECK_THROWS_WITH(run_training(e), PLX_CONTAINS("train.target_accuracy = 0.9 needs train.eval = true"));
+  Config f = small_train_config(tmp.path / "range");
+  CHECK_THROWS_WITH(f.set("train.target_accuracy=91"),
+                    PLX_CONTAINS("train.target_accuracy: expected a number in 0..1, got 91"));
+  CHECK_FALSE(fs::exists(tmp.path / "noeval" / "checkpoint.plxckpt"));
 }
 
 TEST_CASE("a new run never overwrites an old one", "[cpu][train]") {

@@ -67,6 +67,16 @@ struct TrainResult {
   // (including before a resume) because a gradient was not finite.
   double loss_scale = 0;
   int64_t skipped_steps = 0;
+  // train.target_accuracy (absent when 0): the first epoch whose test accuracy reached it, the
+  // training time to its end without evaluation (each epoch's loop over the training set, as a
+  // peer times it) and the wall time since the first epoch began. Both count this call only.
+  struct Target {
+    double accuracy = 0;  // the target
+    bool reached = false;
+    int64_t epoch = 0, step = 0;
+    double test_accuracy = 0, train_seconds = 0, wall_seconds = 0;
+  };
+  std::optional<Target> target;
 };
 
 // Runs a training as the config says. Throws ConfigError for a bad config or model,

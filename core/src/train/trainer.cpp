@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -42,6 +43,23 @@ constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kCheckpointFormat = "plexus-train/1";
 
 using Clock = std::chrono::steady_clock;
+// 0.91 as written; a fraction as "91.00%"; seconds as "12.34 s" (progress notes and errors).
+std::string format_number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+std::string format_percent(double fraction) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f%%", 100 * fraction);
+  return b;
+}
+std::string format_seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f s", s);
+  return b;
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -69,6 +87,7 @@ std::string value_text(const Config& c, const ConfigKey& k) {
 bool must_match_on_resume(const std::string& key) {
   // Keys that change how steps are run, not what they compute.
   static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
+                                             "train.target_accuracy",
                                              "data.prefetch", "data.resident",
                                              "train.graph_capture", "train.fusion",
                                              // master weights are f32 whatever the precision
@@ -309,6 +328,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   ModelSpec spec = model_of(cfg);
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
   const bool do_eval = cfg.get_bool("train.eval");
+  const double target_accuracy = cfg.get_float("train.target_accuracy");
+  if (target_accuracy > 0 && !do_eval)
+    throw ConfigError(cfg.origin("train.target_accuracy") + ": train.target_accuracy = " +
+                      format_number(target_accuracy) + " needs train.eval = true (" +
+                      cfg.origin("train.eval") +
+                      " turns evaluation off): the target is held to the test accuracy");
   DataSets sets = load_data(cfg, spec, do_eval);
   const data::Dataset& train_set = sets.train;
   const data::Dataset& test_set = sets.test;
@@ -792,6 +817,9 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   double step_seconds = 0;
   int64_t step_images = 0;
   bool stop = false;
+  if (target_accuracy > 0) result.target = TrainResult::Target{.accuracy = target_accuracy};
+  const auto t_train = Clock::now();
+  double train_loop_seconds = 0;  // the epochs' loops over the training set, evaluation not
   for (; epoch < epochs && !stop; ++epoch, first_batch = 0) {
     train_loader.start(epoch, first_batch);
     progress.start_epoch(static_cast<int>(epoch + 1), static_cast<int>(epochs), per_epoch);
@@ -863,6 +891,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       }
     }
     drain();
+    train_loop_seconds += seconds_since(t_epoch);
     step_seconds += epoch_step_seconds;
     step_images += epoch_images;
     if (stop && rows == 0) break;
@@ -918,7 +947,29 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                     " step(s) of the epoch skipped (gradients not finite)");
     result.epochs.push_back(em);
     if (!stop) save(epoch + 1, 0);
+    if (result.target && !result.target->reached && em.test_accuracy &&
+        *em.test_accuracy >= target_accuracy) {
+      TrainResult::Target& t = *result.target;
+      t.reached = true;
+      t.epoch = em.epoch;
+      t.step = step;
+      t.test_accuracy = *em.test_accuracy;
+      t.train_seconds = train_loop_seconds;
+      t.wall_seconds = seconds_since(t_train);
+      emit(JsonObject().add("type", "target").add("target_accuracy", target_accuracy)
+               .add("epoch", t.epoch).add("step", t.step).add("test_accuracy", t.test_accuracy)
+               .add("train_seconds", t.train_seconds).add("wall_seconds", t.wall_seconds));
+      progress.note("reached the target test accuracy " + format_percent(target_accuracy) +
+                    " after epoch " + std::to_string(t.epoch) + " (step " + std::to_string(t.step) +
+                    ", " + format_percent(t.test_accuracy) + "): " + format_seconds(t.train_seconds) +
+                    " of training without evaluation, " + format_seconds(t.wall_seconds) +
+                    " since the first epoch began; training stops here");
+      stop = true;
+    }
   }
+  if (result.target && !result.target->reached)
+    progress.note("the target test accuracy " + format_percent(target_accuracy) +
+                  " was not reached in " + std::to_string(result.epochs.size()) + " epoch(s)");
   sync_steps();
   result.steps = step;
   result.seconds = seconds_since(t_begin);
@@ -956,6 +1007,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       .add("seconds", result.seconds).add("images_per_s", result.images_per_s)
       .add("planned_bytes", static_cast<int64_t>(result.planned_bytes))
       .add("peak_bytes", static_cast<int64_t>(result.peak_bytes));
+  if (result.target) {
+    summary.add("target_accuracy", target_accuracy).add("target_reached", result.target->reached);
+    if (result.target->reached)
+      summary.add("target_epoch", result.target->epoch)
+          .add("target_train_seconds", result.target->train_seconds)
+          .add("target_wall_seconds", result.target->wall_seconds);
+  }
   if (scaler) {
     result.loss_scale = scaler->scale;
     result.skipped_steps = scaler->skipped;
