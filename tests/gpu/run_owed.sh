@@ -188,7 +188,8 @@ if has tta; then
   # Time to accuracy (issue 7), measured as ../shared/bench/torch_mem_tta.py measures PyTorch's:
   # the same batches and rates, SGD with momentum 0.9, a constant rate, no weight decay, TF32,
   # the data on the device, training time without evaluation until the test accuracy reaches
-  # 88% (simplecnn) or 91% (convnet), at most 15 epochs; then the script itself, same call.
+  # 88% (simplecnn) or 91% (convnet), at most 15 epochs; then the script itself, and PyTorch's
+  # CUDA-graphed step to the same targets (tests/gpu/torch_graphs_tta.py), same call.
   for model_target in 'simplecnn 0.88' 'convnet 0.91'; do
     model=${model_target% *} target=${model_target#* }
     for batch_lr in '128 0.05' '256 0.05' '512 0.1'; do
@@ -208,6 +209,10 @@ if has tta; then
   stamp torch_mem_tta
   python3 .deps/bench/torch_mem_tta.py "$DATA" > "$OUT/torch-mem-tta.log" 2>&1
   tail -20 "$OUT/torch-mem-tta.log" | tee -a "$OUT/summary.txt"
+  # PyTorch's CUDA-graphed step to the same targets (the issue's second bar).
+  stamp torch_graphs_tta
+  python3 tests/gpu/torch_graphs_tta.py "$DATA" > "$OUT/torch-graphs-tta.log" 2>&1
+  tail -8 "$OUT/torch-graphs-tta.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has torch; then
