@@ -11,10 +11,12 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "plexus/comm_bench.hpp"
 #include "plexus/kernel_bench.hpp"
+#include "plexus/step_profile.hpp"
 #include "plexus/compare.hpp"
 #include "plexus/communicator.hpp"
 #include "plexus/parallel.hpp"
@@ -109,6 +111,12 @@ plexus::KernelBenchOptions bench_kernels_options(const BenchKernelsArgs& a) {
     throw plexus::ConfigError("--no-step: nothing left to time; give --gemm shapes");
   return o;
 }
+
+struct BenchStepArgs {
+  std::string config, backend, json;
+  int32_t device = -1;
+  plexus::StepProfileOptions o;
+};
 
 // `plexus compare` as typed; lists are checked here, the rest by the core.
 struct CompareArgs {
@@ -273,6 +281,20 @@ int main(int argc, char** argv) {
   bench_kernels->add_option("--budget-ms", bka.budget_ms, "Timing per candidate")->capture_default_str();
   bench_kernels->add_option("--json", bka.json, "Also write the rows as JSON to this file");
 
+  CLI::App* bench_step = bench->add_subcommand(
+      "step",
+      "Where the config's training step spends its time: each kernel's median time and share "
+      "(run op by op with events), by kernel and by op, beside the step run as the trainer runs "
+      "it");
+  BenchStepArgs bsa;
+  bench_step->add_option("CONFIG", bsa.config, "Training config (same as -c)")->check(CLI::ExistingFile);
+  bench_step->add_option("--backend", bsa.o.backend, "Backend (default: the config's backend.name)");
+  bench_step->add_option("--device", bsa.o.device, "Device (default: the config's backend.device)");
+  bench_step->add_option("--warmup", bsa.o.warmup, "Untimed steps first")->capture_default_str();
+  bench_step->add_option("--steps", bsa.o.steps, "Timed steps (medians kept)")->capture_default_str();
+  bench_step->add_option("--top", bsa.o.top, "Kernels listed, slowest first (0: all)")->capture_default_str();
+  bench_step->add_option("--json", bsa.json, "Also write the profile as JSON to this file");
+
   CLI::App* compare = app.add_subcommand(
       "compare",
       "The same work on two backends side by side: every op of a suite (forward and backward), "
@@ -317,30 +339,18 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  if (train->parsed() && !train_config.empty()) {
-    if (!common.config_file.empty() && common.config_file != train_config) {
-      std::fprintf(stderr, "plexus train: two configs given (%s and -c %s)\n", train_config.c_str(),
+  // A subcommand's positional CONFIG is -c's; both at once must name the same file.
+  for (const auto& [cmd, name, path] :
+       {std::tuple{train, "train", &train_config}, std::tuple{compare, "compare", &cma.config},
+        std::tuple{bench_kernels, "bench kernels", &bka.config},
+        std::tuple{bench_step, "bench step", &bsa.config}}) {
+    if (!cmd->parsed() || path->empty()) continue;
+    if (!common.config_file.empty() && common.config_file != *path) {
+      std::fprintf(stderr, "plexus %s: two configs given (%s and -c %s)\n", name, path->c_str(),
                    common.config_file.c_str());
       return 2;
     }
-    common.config_file = train_config;
-  }
-
-  if (compare->parsed() && !cma.config.empty()) {
-    if (!common.config_file.empty() && common.config_file != cma.config) {
-      std::fprintf(stderr, "plexus compare: two configs given (%s and -c %s)\n", cma.config.c_str(),
-                   common.config_file.c_str());
-      return 2;
-    }
-    common.config_file = cma.config;
-  }
-  if (bench_kernels->parsed() && !bka.config.empty()) {
-    if (!common.config_file.empty() && common.config_file != bka.config) {
-      std::fprintf(stderr, "plexus bench kernels: two configs given (%s and -c %s)\n",
-                   bka.config.c_str(), common.config_file.c_str());
-      return 2;
-    }
-    common.config_file = bka.config;
+    common.config_file = *path;
   }
   plexus::KernelBenchOptions kernel_bench_opts;
   if (bench_kernels->parsed()) {
@@ -412,6 +422,21 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
+      return 0;
+    }
+    if (bench_step->parsed()) {
+      plexus::Runtime rt(plexus::runtime_options(cfg));
+      plexus::StepProfile p;
+      try {
+        p = plexus::profile_step(rt, cfg, bsa.o);
+      } catch (const plexus::ConfigError& e) {
+        std::fprintf(stderr, "plexus bench step: %s\n", e.what());
+        return 2;
+      }
+      plexus::print_step_profile(std::cout, p, bsa.o.top);
+      std::cout.flush();
+      if (!bsa.json.empty() && !write_file("--json", bsa.json, plexus::step_profile_json(p) + "\n"))
+        return 1;
       return 0;
     }
     if (compare->parsed()) {

@@ -378,6 +378,44 @@ TEST_CASE("plexus bench kernels times every candidate of the step and of GEMM sh
   CHECK_THAT(bad.output, PLX_CONTAINS("--gemm: '12x3' has 2 sizes; expected N (square) or MxNxK"));
 }
 
+TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][cli][bench]") {
+  TempDir dir("bench-step");
+  const fs::path json = dir.path / "s.json";
+  const Run r = run_plexus("bench step " + source_dir() + "/configs/simplecnn.toml --backend cpu " +
+                           "--set train.batch_size=8 --warmup 1 --steps 2 --top 3 --json " +
+                           json.string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, PLX_CONTAINS("Training step of model 'simplecnn', batch 8, f32, on cpu"));
+  CHECK_THAT(r.output, PLX_CONTAINS("the step run as the trainer runs it"));
+  CHECK_THAT(r.output, PLX_CONTAINS("by kernel (slowest first, top 3)"));
+  CHECK_THAT(r.output, PLX_CONTAINS("by op:"));
+  const plexus::JsonValue j = plexus::parse_json(read_text(json));
+  CHECK(j.at("backend").string == "cpu");
+  CHECK(j.at("model").string == "simplecnn");
+  const auto& ks = j.at("kernels").items;
+  REQUIRE(ks.size() > 5);
+  double ms = 0, share = 0;
+  bool conv_pool = false, update = false;
+  for (const auto& k : ks) {
+    CHECK_THAT(k.at("kernel").string, PLX_CONTAINS("cpu/"));
+    CHECK(k.at("ms").number >= 0);
+    ms += k.at("ms").number;
+    share += k.at("share").number;
+    conv_pool = conv_pool || k.at("op").string == "fused conv2d+relu+max_pool2d";
+    update = update || k.at("op").string == "fused multi_tensor_sgd";
+  }
+  // The step's kernels as the trainer fuses them, and shares that are the kernels' parts.
+  CHECK(conv_pool);
+  CHECK(update);
+  CHECK(ms == Approx(j.at("kernels_ms").number).epsilon(1e-9));
+  if (ms > 0) CHECK(share == Approx(1.0).epsilon(1e-9));
+
+  const Run bad = run_plexus("bench step " + source_dir() + "/configs/simplecnn.toml --steps 0");
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, PLX_CONTAINS("--steps must be >= 1, got 0"));
+}
+
 TEST_CASE("a run's manifest says how each kernel was chosen, and a second run takes the cache's",
           "[cpu][cli][tune]") {
   TempDir dir("tune-cli");

@@ -107,6 +107,17 @@ if has kernels; then
       grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
     done
   done
+  # Where each goal's step spends its time (issue 7: the gap, kernel by kernel).
+  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'convnet 1024 bf16' 'convnet 128 tf32'; do
+    set -- $model_batch_prec
+    tag="$1-b$2-$3-profile"
+    stamp "plexus bench step: $tag"
+    timeout 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
+      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 \
+      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+  done
   for side in library native auto; do
     tag="convnet-b1024-bf16-kernels-$side"
     stamp "plexus train $tag"

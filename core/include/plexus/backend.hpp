@@ -134,4 +134,30 @@ class Backend {
   const OpRegistry* ops_ = nullptr;
 };
 
+// Events of one device that live as long as the object (timing a run between two of them).
+class Events {
+ public:
+  Events(Backend& b, int32_t device, size_t n) : b_(b) {
+    try {
+      for (size_t i = 0; i < n; ++i) ev_.push_back(b.create_event(device));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Events() { release(); }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  plx_event operator[](size_t i) const { return ev_.at(i); }
+  size_t size() const { return ev_.size(); }
+
+ private:
+  void release() noexcept {
+    for (plx_event e : ev_) b_.destroy_event(e);
+    ev_.clear();
+  }
+  Backend& b_;
+  std::vector<plx_event> ev_;
+};
+
 }  // namespace plexus

@@ -308,21 +308,6 @@ struct OpRun {
   std::vector<std::string> kernels;  // "op: backend/impl" per node
 };
 
-class Events {
- public:
-  Events(Backend& b, int32_t device, int n) : b_(b) {
-    for (int i = 0; i < n; ++i) ev_.push_back(b.create_event(device));
-  }
-  ~Events() {
-    for (plx_event e : ev_) b_.destroy_event(e);
-  }
-  plx_event operator[](size_t i) const { return ev_.at(i); }
-
- private:
-  Backend& b_;
-  std::vector<plx_event> ev_;
-};
-
 OpRun run_op_graph(Backend& b, int32_t device, const OpGraph& og, const std::vector<HostTensor>& ins,
                    const HostTensor& dy, const CompareOptions& o) {
   OpRun r;
