@@ -19,7 +19,7 @@ class Runtime;
 struct StepProfileOptions {
   std::string backend;  // "": the config's backend.name
   int32_t device = -1;  // -1: the config's backend.device
-  int warmup = 3;       // untimed runs first
+  int warmup = 5;       // untimed runs first
   int steps = 10;       // timed runs (medians kept)
   int top = 0;          // kernels listed (0: all)
 };
