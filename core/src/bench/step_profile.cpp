@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <random>
 
@@ -101,73 +102,101 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   p.model = spec.name;
   std::vector<int64_t> sample = spec.input_shape;
   if (sample.empty()) sample = load_data(cfg, spec, false).train.sample_shape;
-  // f16's loss scaling splits the step in two around a host check; the profile is of the
-  // unsplit step (the same kernels, less the check and the skipped-step logic).
+  // f16 splits the step in two around the host's check of the gradients (StepGraph::update):
+  // both graphs are profiled, the update's kernels after the step's; the host's read of the
+  // check between them is not timed, and the update runs every time (no step is skipped).
+  const bool loss_scaling = compute == PLX_F16;
   auto sg = build_step(rt.ops(), spec, p.batch, sample, true, optimizer_options(cfg), false,
-                       compute, false, recompute_ops(cfg));
-  const Graph& g = sg->graph;
+                       compute, loss_scaling, recompute_ops(cfg));
+  std::vector<const Graph*> graphs = {&sg->graph};
+  if (sg->update) graphs.push_back(sg->update.get());
   ExecutableOptions eo;
   eo.device = dev;
   eo.seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
   eo.fuse = cfg.get_bool("train.fusion");
   const double lr = cfg.get_float("train.lr");
+  TensorStore store;
 
   // Op by op with an event after each kernel: hooks that are not capturable keep it so.
-  TensorStore store;
   {
     ExecutableOptions probe = eo;
     probe.capture = false;
-    Executable exe(backend, g, store, probe);
-    const int32_t nk = exe.num_kernels();
-    Events ev(backend, dev, static_cast<size_t>(nk) + 1);
-    const plx_stream st = exe.stream();
-    if (nk > 0) exe.add_hook(0, Executable::HookPoint::Before, [&] { backend.record(ev[0], st); });
-    for (int32_t k = 0; k < nk; ++k)
-      exe.add_hook(k, Executable::HookPoint::After,
-                   [&, k] { backend.record(ev[static_cast<size_t>(k) + 1], st); });
-    feed(exe, g, spec.classes, lr, eo.seed);
-    std::vector<std::vector<double>> samples(static_cast<size_t>(nk));
+    std::vector<std::unique_ptr<Executable>> exes;
+    std::vector<std::unique_ptr<Events>> evs;
+    for (const Graph* g : graphs) {
+      exes.push_back(std::make_unique<Executable>(backend, *g, store, probe));
+      Executable& exe = *exes.back();
+      const int32_t nk = exe.num_kernels();
+      evs.push_back(std::make_unique<Events>(backend, dev, static_cast<size_t>(nk) + 1));
+      const Events* ev = evs.back().get();  // by value: the hooks outlive this iteration
+      const plx_stream st = exe.stream();
+      Backend* b = &backend;
+      if (nk > 0)
+        exe.add_hook(0, Executable::HookPoint::Before, [b, ev, st] { b->record((*ev)[0], st); });
+      for (int32_t k = 0; k < nk; ++k)
+        exe.add_hook(k, Executable::HookPoint::After, [b, ev, st, k] {
+          b->record((*ev)[static_cast<size_t>(k) + 1], st);
+        });
+      feed(exe, *g, spec.classes, lr, eo.seed);
+    }
+    std::vector<std::vector<std::vector<double>>> samples(exes.size());
+    for (size_t e = 0; e < exes.size(); ++e) samples[e].resize(static_cast<size_t>(exes[e]->num_kernels()));
     std::vector<double> whole;
     for (int r = 0; r < o.warmup + o.steps; ++r) {
-      exe.run();
-      exe.sync();
-      if (r < o.warmup || nk == 0) continue;
-      for (int32_t k = 0; k < nk; ++k)
-        samples[static_cast<size_t>(k)].push_back(
-            backend.elapsed_ms(ev[static_cast<size_t>(k)], ev[static_cast<size_t>(k) + 1]));
-      whole.push_back(backend.elapsed_ms(ev[0], ev[static_cast<size_t>(nk)]));
+      double total = 0;
+      for (size_t e = 0; e < exes.size(); ++e) {
+        Executable& exe = *exes[e];
+        exe.run();
+        exe.sync();
+        const size_t nk = static_cast<size_t>(exe.num_kernels());
+        if (r < o.warmup || nk == 0) continue;
+        const Events& ev = *evs[e];
+        for (size_t k = 0; k < nk; ++k) samples[e][k].push_back(backend.elapsed_ms(ev[k], ev[k + 1]));
+        total += backend.elapsed_ms(ev[0], ev[nk]);
+      }
+      if (r >= o.warmup) whole.push_back(total);
     }
-    const std::vector<std::string> names = exe.kernel_names();
-    for (int32_t k = 0; k < nk; ++k) {
-      StepProfileRow row;
-      row.kernel = names.at(static_cast<size_t>(k));
-      row.op = op_of(row.kernel);
-      row.ms = median(samples[static_cast<size_t>(k)]);
-      p.kernels_ms += row.ms;
-      p.kernels.push_back(std::move(row));
+    for (size_t e = 0; e < exes.size(); ++e) {
+      const std::vector<std::string> names = exes[e]->kernel_names();
+      for (size_t k = 0; k < names.size(); ++k) {
+        StepProfileRow row;
+        row.kernel = names[k];
+        row.op = op_of(row.kernel);
+        row.ms = median(samples[e][k]);
+        p.kernels_ms += row.ms;
+        p.kernels.push_back(std::move(row));
+      }
     }
     for (StepProfileRow& row : p.kernels) row.share = p.kernels_ms > 0 ? row.ms / p.kernels_ms : 0;
     p.op_by_op_ms = median(whole);
   }
 
-  // The trainer's way, timed from outside the step.
+  // The trainer's way, timed from outside the step (each graph captured and replayed where the
+  // backend can).
   {
     eo.capture = cfg.get_bool("train.graph_capture");
-    Executable exe(backend, g, store, eo);
-    feed(exe, g, spec.classes, lr, eo.seed);
+    std::vector<std::unique_ptr<Executable>> exes;
+    for (const Graph* g : graphs) {
+      exes.push_back(std::make_unique<Executable>(backend, *g, store, eo));
+      feed(*exes.back(), *g, spec.classes, lr, eo.seed);
+    }
     Events ev(backend, dev, 2);
-    const plx_stream st = exe.stream();
+    const plx_stream st = exes.front()->stream();
     std::vector<double> t;
     for (int r = 0; r < o.warmup + o.steps + 2; ++r) {  // 2 more: the first runs set up capture
-      backend.record(ev[0], st);
-      exe.run();
-      backend.record(ev[1], st);
-      exe.sync();
-      backend.sync_event(ev[1]);
-      if (r >= o.warmup + 2) t.push_back(backend.elapsed_ms(ev[0], ev[1]));
+      double total = 0;
+      for (auto& exe : exes) {
+        backend.record(ev[0], st);
+        exe->run();
+        backend.record(ev[1], st);
+        exe->sync();
+        backend.sync_event(ev[1]);
+        total += backend.elapsed_ms(ev[0], ev[1]);
+      }
+      if (r >= o.warmup + 2) t.push_back(total);
     }
     p.step_ms = median(t);
-    p.captured = exe.replaying();
+    p.captured = std::all_of(exes.begin(), exes.end(), [](const auto& e) { return e->replaying(); });
   }
   return p;
 }
