@@ -411,6 +411,22 @@ TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][c
   CHECK(ms == Approx(j.at("kernels_ms").number).epsilon(1e-9));
   if (ms > 0) CHECK(share == Approx(1.0).epsilon(1e-9));
 
+  // f16 splits the step around the host's check of the gradients: both graphs are profiled,
+  // the update's kernels last.
+  const fs::path json16 = dir.path / "s16.json";
+  const Run h = run_plexus("bench step " + source_dir() + "/configs/simplecnn.toml --backend cpu " +
+                           "--set train.batch_size=8 --set train.precision=\\\"f16\\\" --warmup 0 " +
+                           "--steps 1 --json " + json16.string());
+  INFO(h.output);
+  REQUIRE(h.status == 0);
+  const plexus::JsonValue j16 = plexus::parse_json(read_text(json16));
+  const auto& k16 = j16.at("kernels").items;
+  REQUIRE(k16.size() > ks.size());
+  bool check = false;
+  for (const auto& k : k16) check = check || k.at("kernel").string.find("grad_check") != std::string::npos;
+  CHECK(check);
+  CHECK(k16.back().at("op").string == "fused multi_tensor_sgd");
+
   const Run bad = run_plexus("bench step " + source_dir() + "/configs/simplecnn.toml --steps 0");
   CHECK(bad.status == 2);
   CHECK_THAT(bad.output, PLX_CONTAINS("--steps must be >= 1, got 0"));
