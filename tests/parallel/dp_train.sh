@@ -50,6 +50,17 @@ else
 fi
 tr -d ' \n' < "$work/dp/manifest.json" | grep -q '"parallel":{"ranks":'"$ranks" ||
   { echo "manifest.json does not record $ranks ranks" >&2; exit 1; }
+# train.target_accuracy among the arguments: both runs stop at the same epoch, each writing one
+# "target" line (every rank sees the global test accuracy, so the ranks stop together).
+if [[ " $* " == *train.target_accuracy=* ]]; then
+  for run in one dp; do
+    grep -o '"type":"target","target_accuracy":[^,]*,"epoch":[0-9]*' "$work/$run/metrics.jsonl" \
+      > "$work/$run.target" || { echo "the $run run did not reach its target" >&2; exit 1; }
+  done
+  cmp -s "$work/one.target" "$work/dp.target" ||
+    { echo "the runs stopped at different epochs: $(cat "$work/one.target") / $(cat "$work/dp.target")" >&2; exit 1; }
+  echo "both runs stopped at the target: $(cat "$work/dp.target")"
+fi
 echo "== compare"
 # COMPARE_TOL: AdamW divides by the root of the second moment, so a weight whose gradient is
 # near 0 moves by up to lr on last-bit differences; its test widens atol.
