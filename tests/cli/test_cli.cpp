@@ -390,9 +390,12 @@ TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][c
   CHECK_THAT(r.output, PLX_CONTAINS("the step run as the trainer runs it"));
   CHECK_THAT(r.output, PLX_CONTAINS("by kernel (slowest first, top 3)"));
   CHECK_THAT(r.output, PLX_CONTAINS("by op:"));
+  CHECK_THAT(r.output, PLX_CONTAINS("memory plan: activations "));
   const plexus::JsonValue j = plexus::parse_json(read_text(json));
   CHECK(j.at("backend").string == "cpu");
   CHECK(j.at("model").string == "simplecnn");
+  CHECK(j.at("arena_bytes").number > 0);
+  CHECK(j.at("persistent_bytes").number > 0);
   const auto& ks = j.at("kernels").items;
   REQUIRE(ks.size() > 5);
   double ms = 0, share = 0;

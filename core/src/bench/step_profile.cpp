@@ -169,6 +169,11 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
     }
     for (StepProfileRow& row : p.kernels) row.share = p.kernels_ms > 0 ? row.ms / p.kernels_ms : 0;
     p.op_by_op_ms = median(whole);
+    for (const auto& exe : exes) {
+      p.arena_bytes += exe->plan().arena_bytes;
+      p.workspace_bytes += exe->plan().workspace_bytes;
+      p.persistent_bytes += exe->plan().persistent_bytes;
+    }
   }
 
   // The trainer's way, timed from outside the step (each graph captured and replayed where the
@@ -208,7 +213,15 @@ void print_step_profile(std::ostream& out, const StepProfile& p, int top) {
       << ": " << ms_text(p.step_ms) << " ms\n";
   out << "  op by op with an event after each kernel: " << ms_text(p.op_by_op_ms)
       << " ms; the kernels' medians add up to " << ms_text(p.kernels_ms) << " ms over "
-      << p.kernels.size() << " kernels\n\n";
+      << p.kernels.size() << " kernels\n";
+  auto mib = [](uint64_t b) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+    return std::string(t);
+  };
+  out << "  memory plan: activations " << mib(p.arena_bytes) << ", kernels' scratch "
+      << mib(p.workspace_bytes) << ", parameters, optimizer states and inputs "
+      << mib(p.persistent_bytes) << "\n\n";
 
   std::vector<size_t> order(p.kernels.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -259,6 +272,9 @@ std::string step_profile_json(const StepProfile& p) {
       .add("captured", p.captured)
       .add("op_by_op_ms", p.op_by_op_ms)
       .add("kernels_ms", p.kernels_ms)
+      .add("arena_bytes", static_cast<int64_t>(p.arena_bytes))
+      .add("workspace_bytes", static_cast<int64_t>(p.workspace_bytes))
+      .add("persistent_bytes", static_cast<int64_t>(p.persistent_bytes))
       .add("kernels", ks)
       .str();
 }
