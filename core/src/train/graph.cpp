@@ -401,6 +401,25 @@ class Recomputing final : public Emitter {
   std::function<Var(Var)> fetch_;
 };
 
+// How backward recomputes a node of a listed op (train.recompute): the op its copy runs, with
+// what attributes, the values the copy reads, and how many of the node's outputs (its first
+// ones) the copy gives again. Most ops run again on their inputs. batch_norm runs
+// batch_norm_apply on its saved statistics, which backward keeps for batch_norm_backward, and
+// gives y only: running batch_norm again would reduce the batch again and update the running
+// statistics a second time.
+struct RecomputeForm {
+  std::string op;
+  Attrs attrs;
+  std::vector<Var> reads;
+  size_t outputs = 0;
+};
+RecomputeForm recompute_form(const GraphNode& node) {
+  if (node.schema->name == "batch_norm")
+    return {"batch_norm_apply", {},
+            {node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[1], node.outputs[2]}, 1};
+  return {node.schema->name, node.attrs, node.inputs, node.outputs.size()};
+}
+
 // Reverse mode (backward() below). `recompute`, when given, marks forward values (by storage
 // root, indexed by value id) that the gradient formulas must not read from the forward: each is
 // computed again, by a copy of its node, just before the first backward node that reads it.
@@ -524,20 +543,18 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
     if (copy_of[static_cast<size_t>(v.id)].valid()) return copy_of[static_cast<size_t>(v.id)];
     const GraphValue value = g.value(v);  // copies: adding nodes moves the vectors
     const GraphNode src = g.nodes()[static_cast<size_t>(value.producer)];
+    // A reshape view (no schema) of a recomputed value is the same view of its copy.
+    const RecomputeForm form =
+        src.schema ? recompute_form(src) : RecomputeForm{"", {}, {src.inputs.at(0)}, 1};
     std::vector<Var> ins;
-    for (Var i : src.inputs) ins.push_back(self(self, i));
+    for (Var i : form.reads) ins.push_back(self(self, i));
     const std::string scope = g.scope();
     g.set_scope(src.name + ".recompute");
     if (!src.schema) {
       copy_of[static_cast<size_t>(v.id)] = g.reshape(ins.at(0), value.desc.shape);
-    } else if (src.schema->name == "batch_norm") {
-      // The normalised output from the saved statistics (kept for batch_norm_backward): running
-      // batch_norm again would reduce the batch again and update the running statistics twice.
-      copy_of[static_cast<size_t>(src.outputs[0].id)] = g.add1(
-          "batch_norm_apply", {ins.at(0), ins.at(1), ins.at(2), src.outputs[1], src.outputs[2]});
     } else {
-      const std::vector<Var> outs = g.add(src.schema->name, ins, src.attrs);
-      for (size_t k = 0; k < outs.size(); ++k)
+      const std::vector<Var> outs = g.add(form.op, ins, form.attrs);
+      for (size_t k = 0; k < form.outputs; ++k)
         copy_of[static_cast<size_t>(src.outputs[k].id)] = outs[k];
     }
     g.set_scope(scope);
@@ -688,28 +705,22 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
   // itself with no backward reader of its own after that place (else its copy would be made
   // early for this one). The copy then costs a kernel and never lengthens another value's life,
   // and the outputs are free from their last forward reader until backward needs them.
-  // batch_norm's copy is batch_norm_apply, which reads the saved statistics: only its y is
-  // recomputed. Chains (batch_norm -> relu, batch_norm -> add -> relu) are why this is a fixed
+  // What a copy reads and gives again is recompute_form()'s (batch_norm: its y, from the saved
+  // statistics). Chains (batch_norm -> relu, batch_norm -> add -> relu) are why this is a fixed
   // point: start from every candidate and drop those that fail until none does.
-  auto recomputed_outputs = [&](const GraphNode& node) {
-    std::vector<Var> outs = node.outputs;
-    if (node.schema->name == "batch_norm") outs.resize(1);
-    return outs;
-  };
-  auto read_by_copy = [&](const GraphNode& node) {
-    std::vector<Var> ins = node.inputs;
-    if (node.schema->name == "batch_norm") ins = {node.inputs[0], node.inputs[1], node.inputs[2],
-                                                  node.outputs[1], node.outputs[2]};
-    return ins;
-  };
   std::vector<char> listed(nf, 0);
+  std::vector<RecomputeForm> forms(nf);  // of the listed nodes
+  std::vector<std::vector<Var>> given(nf);  // the outputs each listed node's copy gives again
   for (size_t n = 0; n < nf; ++n) {
     const GraphNode& node = g.nodes()[n];
     if (!node.schema || std::find(opts.recompute.begin(), opts.recompute.end(),
                                   node.schema->name) == opts.recompute.end())
       continue;
+    forms[n] = recompute_form(node);
+    given[n].assign(node.outputs.begin(),
+                    node.outputs.begin() + static_cast<std::ptrdiff_t>(forms[n].outputs));
     bool ok = true;
-    for (Var o : recomputed_outputs(node)) ok = ok && !is_output[static_cast<size_t>(o.id)];
+    for (Var o : given[n]) ok = ok && !is_output[static_cast<size_t>(o.id)];
     listed[n] = ok;
   }
   // Forward nodes reading each value (by storage root).
@@ -728,12 +739,12 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
       std::fill(rec.begin(), rec.end(), 0);
       for (size_t n = 0; n < nf; ++n)
         if (cand[n])
-          for (Var o : recomputed_outputs(g.nodes()[n])) rec[static_cast<size_t>(o.id)] = 1;
+          for (Var o : given[n]) rec[static_cast<size_t>(o.id)] = 1;
       // Readers come after their producers: one pass from the end settles every chain.
       for (size_t n = nf; n-- > 0;) {
         if (!cand[n]) continue;
         int32_t at = kNever;
-        for (Var o : recomputed_outputs(g.nodes()[n])) {
+        for (Var o : given[n]) {
           const size_t r = static_cast<size_t>(o.id);
           at = std::min(at, first[r]);
           for (int32_t reader : readers[r])
@@ -745,7 +756,7 @@ std::vector<Var> backward(Graph& g, Var loss, const std::vector<Var>& wrt,
       for (size_t n = 0; n < nf; ++n) {
         if (!cand[n]) continue;
         bool ok = need[n] != kNever;
-        for (Var in : read_by_copy(g.nodes()[n])) {
+        for (Var in : forms[n].reads) {
           if (!ok || !in.valid()) continue;
           const Var r = g.storage_root(in);
           const size_t ri = static_cast<size_t>(r.id);
