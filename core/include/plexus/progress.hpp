@@ -28,6 +28,8 @@ std::string format_duration(double seconds);
 // A rate with 3-4 significant digits: "4.25", "42.5", "2345", "12.3k", "1.23M"; "-" when
 // negative or non-finite.
 std::string format_rate(double per_second);
+// An accuracy (a fraction) as a percentage with two decimals: "91.47%".
+std::string format_accuracy(double fraction);
 
 // What end_epoch() reports. Accuracies are fractions in [0, 1].
 struct EpochResult {

@@ -9,6 +9,7 @@
 
 #include "../train/step_graph.hpp"
 #include "plexus/backend.hpp"
+#include "plexus/comm_bench.hpp"  // median()
 #include "plexus/error.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/json.hpp"
@@ -18,13 +19,6 @@
 namespace plexus {
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
 
 // The step's inputs on random data: the batch uniform in [-1, 1], labels spread over the
 // classes, and each scalar (the learning rate; AdamW's step, whose first is 1) as a run sets it.

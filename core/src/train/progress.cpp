@@ -25,12 +25,8 @@ std::string fmt(const char* f, double v) {
 std::string loss_text(double loss) {
   return fmt("%.4f", loss);
 }
-std::string acc_text(double acc) {
-  return fmt("%.2f", acc * 100.0) + "%";
-}
-
 std::string loss_acc(std::string_view what, double loss, double acc) {
-  return std::string(what) + " loss " + loss_text(loss) + " acc " + acc_text(acc);
+  return std::string(what) + " loss " + loss_text(loss) + " acc " + format_accuracy(acc);
 }
 
 }  // namespace
@@ -53,6 +49,8 @@ std::string format_duration(double seconds) {
     std::snprintf(buf, sizeof buf, "%lld:%02lld", m, sec);
   return buf;
 }
+
+std::string format_accuracy(double fraction) { return fmt("%.2f", fraction * 100.0) + "%"; }
 
 std::string format_rate(double v) {
   if (!std::isfinite(v) || v < 0) return "-";
@@ -113,7 +111,7 @@ std::string Progress::status_text(bool with_bar) const {
   std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(frac * 100.0));
   s += pct;
   s += " " + std::to_string(step_) + "/" + std::to_string(steps_);
-  s += " loss " + loss_text(loss_) + " acc " + acc_text(accuracy_);
+  s += " loss " + loss_text(loss_) + " acc " + format_accuracy(accuracy_);
   s += " " + format_rate(rate) + " img/s";
   s += " ETA " + format_duration(eta);
   return s;

@@ -43,17 +43,8 @@ constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kCheckpointFormat = "plexus-train/1";
 
 using Clock = std::chrono::steady_clock;
-// 0.91 as written; a fraction as "91.00%"; seconds as "12.34 s" (progress notes and errors).
-std::string format_number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-std::string format_percent(double fraction) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f%%", 100 * fraction);
-  return b;
-}
+// Seconds as "12.34 s": a time to accuracy is compared to the hundredth (format_duration rounds
+// to whole seconds).
 std::string format_seconds(double s) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f s", s);
@@ -331,7 +322,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   const double target_accuracy = cfg.get_float("train.target_accuracy");
   if (target_accuracy > 0 && !do_eval)
     throw ConfigError(cfg.origin("train.target_accuracy") + ": train.target_accuracy = " +
-                      format_number(target_accuracy) + " needs train.eval = true (" +
+                      json_number(target_accuracy) + " needs train.eval = true (" +
                       cfg.origin("train.eval") +
                       " turns evaluation off): the target is held to the test accuracy");
   DataSets sets = load_data(cfg, spec, do_eval);
@@ -959,16 +950,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       emit(JsonObject().add("type", "target").add("target_accuracy", target_accuracy)
                .add("epoch", t.epoch).add("step", t.step).add("test_accuracy", t.test_accuracy)
                .add("train_seconds", t.train_seconds).add("wall_seconds", t.wall_seconds));
-      progress.note("reached the target test accuracy " + format_percent(target_accuracy) +
+      progress.note("reached the target test accuracy " + format_accuracy(target_accuracy) +
                     " after epoch " + std::to_string(t.epoch) + " (step " + std::to_string(t.step) +
-                    ", " + format_percent(t.test_accuracy) + "): " + format_seconds(t.train_seconds) +
+                    ", " + format_accuracy(t.test_accuracy) + "): " + format_seconds(t.train_seconds) +
                     " of training without evaluation, " + format_seconds(t.wall_seconds) +
                     " since the first epoch began; training stops here");
       stop = true;
     }
   }
   if (result.target && !result.target->reached)
-    progress.note("the target test accuracy " + format_percent(target_accuracy) +
+    progress.note("the target test accuracy " + format_accuracy(target_accuracy) +
                   " was not reached in " + std::to_string(result.epochs.size()) + " epoch(s)");
   sync_steps();
   result.steps = step;
