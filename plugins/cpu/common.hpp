@@ -114,6 +114,7 @@ void register_binary(KernelRegistry& r);
 void register_reduce(KernelRegistry& r);
 void register_conv(KernelRegistry& r);
 void register_conv_direct(KernelRegistry& r);  // ops/conv_direct.cpp
+void register_conv_winograd(KernelRegistry& r);  // ops/conv_winograd.cpp
 void register_pool(KernelRegistry& r);
 void register_gemm(KernelRegistry& r);
 void register_softmax(KernelRegistry& r);

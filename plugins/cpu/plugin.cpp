@@ -41,6 +41,7 @@ class CpuBackend final : public sdk::HostBackend {
     register_reduce(kernels());
     register_conv(kernels());
     register_conv_direct(kernels());  // after im2col: candidates for the tuner
+    register_conv_winograd(kernels());
     register_pool(kernels());
     register_gemm(kernels());
     register_softmax(kernels());

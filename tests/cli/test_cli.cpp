@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include "plexus/json.hpp"
 #include "support/cli.hpp"
@@ -353,13 +354,15 @@ TEST_CASE("plexus bench kernels times every candidate of the step and of GEMM sh
   const plexus::JsonValue j = plexus::parse_json(read_text(json));
   CHECK(j.at("backend").string == "cpu");
   const auto& rows = j.at("rows").items;
-  // conv2d_1 and conv2d_2 forward, their two weight gradients, two GEMMs.
-  REQUIRE(rows.size() == 6);
-  bool direct_timed = false, declined = false;
+  // conv2d_1 and conv2d_2 forward, conv2d_2's data gradient (im2col and Winograd), their two
+  // weight gradients, two GEMMs.
+  REQUIRE(rows.size() == 7);
+  bool direct_timed = false, winograd_timed = false, declined = false;
   for (const auto& row : rows) {
     for (const auto& k : row.at("kernels").items) {
       if (k.find("ms")) CHECK(k.at("ms").number > 0);
       if (k.at("kernel").string == "direct" && k.find("ms")) direct_timed = true;
+      if (k.at("kernel").string == "winograd_f2x3" && k.find("ms")) winograd_timed = true;
       if (const auto* e = k.find("error")) declined = declined || e->string.find("declined: ") == 0;
     }
     if (row.at("op").string == "linear") {
@@ -368,10 +371,11 @@ TEST_CASE("plexus bench kernels times every candidate of the step and of GEMM sh
       CHECK(row.at("gflop").number > 0);
     }
   }
-  CHECK(direct_timed);  // the first layer's 9 taps
-  CHECK(declined);      // the second's 144 taps are too many for the direct kernel
-  CHECK(rows.at(4).at("where").string == "gemm 16x8x32");
-  CHECK(rows.at(5).at("where").string == "gemm 24x24x24");
+  CHECK(direct_timed);    // the first layer's 9 taps
+  CHECK(winograd_timed);  // both layers' 3x3 stride-1 forwards, the second's data gradient
+  CHECK(declined);        // the second's 144 taps are too many for the direct kernel
+  CHECK(rows.at(5).at("where").string == "gemm 16x8x32");
+  CHECK(rows.at(6).at("where").string == "gemm 24x24x24");
 
   const Run bad = run_plexus("bench kernels --gemm 12x3");
   CHECK(bad.status == 2);
@@ -453,25 +457,33 @@ TEST_CASE("a run's manifest says how each kernel was chosen, and a second run ta
     const plexus::JsonValue& kc = m.at("kernel_choice");
     CHECK(kc.at("side").string == "auto");
     CHECK(kc.at("cache").string == cache);
-    // conv2d_1 (inside its fused conv2d+relu kernel) and conv2d_1's weight gradient have two
-    // candidates each; conv2d_2 has too many taps for the direct kernel.
+    // Nodes with several candidates: conv2d_1 (inside its fused conv2d+relu kernel: im2col,
+    // direct, Winograd), conv2d_2 and its data gradient (im2col, Winograd: too many taps for
+    // the direct kernel), conv2d_1's weight gradient (im2col, direct).
+    const std::map<std::string, size_t> candidates = {{"conv2d_1 conv2d", 3},
+                                                      {"conv2d_2 conv2d", 2},
+                                                      {"conv2d_2.grad conv2d_backward_data", 2},
+                                                      {"conv2d_1.grad conv2d_backward_weight", 2}};
     std::vector<std::string> seen;
     for (const plexus::JsonValue& n : kc.at("nodes").items) {
       seen.push_back(n.at("node").string + " " + n.at("op").string);
+      INFO(seen.back());
       if (run == 0) {
         CHECK(n.at("how").string == "tuned");
-        CHECK(n.at("ms").members.size() == 2);
+        CHECK(n.at("ms").members.size() == candidates.at(seen.back()));
       } else {
         CHECK(n.at("how").string == "cached");
       }
     }
-    CHECK(seen == std::vector<std::string>{"conv2d_1 conv2d", "conv2d_1.grad conv2d_backward_weight"});
-    CHECK(kc.at("tuned").integer == (run == 0 ? 2 : 0));
-    CHECK(kc.at("cached").integer == (run == 0 ? 0 : 2));
+    CHECK(seen == std::vector<std::string>{"conv2d_1 conv2d", "conv2d_2 conv2d",
+                                           "conv2d_2.grad conv2d_backward_data",
+                                           "conv2d_1.grad conv2d_backward_weight"});
+    CHECK(kc.at("tuned").integer == (run == 0 ? 4 : 0));
+    CHECK(kc.at("cached").integer == (run == 0 ? 0 : 4));
   }
   const Run info = run_plexus("info --config " + cfg);
   CHECK_THAT(info.output, PLX_CONTAINS("Kernel candidates on cpu (backend.kernels = auto):"));
-  CHECK_THAT(info.output, PLX_CONTAINS("im2col_blas [library], direct [native]"));
+  CHECK_THAT(info.output, PLX_CONTAINS("im2col_blas [library], direct [native], winograd_f2x3 [native]"));
   CHECK_THAT(info.output, PLX_CONTAINS("in " + cache + ":"));
   CHECK_THAT(info.output, PLX_CONTAINS("cpu conv2d_backward_weight f32[16x16x26x26],f32[16x1x28x28]->f32[16x1x3x3]"));
 }

@@ -363,7 +363,12 @@ TEST_CASE("every conv kernel candidate matches the direct loop", "[cpu][ops][con
   cases.push_back({.x = {4, 1, 28, 28}, .w = {32, 1, 3, 3}, .bias = true, .padding = {1, 1}});
   cases.push_back({.x = {3, 1, 28, 28}, .w = {16, 1, 3, 3}, .bias = true});
   cases.push_back({.x = {2, 3, 300, 17}, .w = {5, 3, 3, 3}, .stride = {1, 1}, .padding = {1, 1}});
-  int direct_runs = 0;
+  // Winograd's (conv_winograd.cpp): the models' 3x3 layers, odd planes (a last tile half
+  // outside), padding 0 and 2 (the data gradient's 2 and 0), a plane smaller than a tile.
+  cases.push_back({.x = {3, 32, 14, 14}, .w = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}});
+  cases.push_back({.x = {2, 5, 9, 7}, .w = {6, 5, 3, 3}, .bias = true, .padding = {2, 0}});
+  cases.push_back({.x = {2, 4, 3, 4}, .w = {3, 4, 3, 3}, .padding = {0, 1}});
+  int direct_runs = 0, winograd_runs = 0;
   for (const ConvCase& k : cases) {
     for (plx_dtype d : kFloatDtypes) {
       INFO("conv2d candidates " << dtype_name(d) << " " << k.str());
@@ -382,7 +387,17 @@ TEST_CASE("every conv kernel candidate matches the direct loop", "[cpu][ops][con
       for (const auto& [impl, y] : ys) {
         INFO("kernel " << impl);
         direct_runs += impl == "direct";
+        winograd_runs += impl == "winograd_f2x3";
         CHECK_ALLCLOSE(y.to_doubles(), round_to(y_want, d), conv_tol(d, k.w[1] * k.w[2] * k.w[3] + 1));
+      }
+      Attrs da = k.attrs();
+      da.set("input_shape", k.x);
+      const auto dxs = run_each_kernel("conv2d_backward_data", {dy, w}, da);
+      REQUIRE_FALSE(dxs.empty());
+      for (const auto& [impl, dx] : dxs) {
+        INFO("kernel " << impl);
+        winograd_runs += impl == "winograd_f2x3";
+        CHECK_ALLCLOSE(dx.to_doubles(), round_to(dx_want, d), conv_tol(d, k.w[0] * k.w[2] * k.w[3]));
       }
       Attrs a = k.attrs();
       a.set("weight_shape", k.w);
@@ -397,4 +412,6 @@ TEST_CASE("every conv kernel candidate matches the direct loop", "[cpu][ops][con
     }
   }
   CHECK(direct_runs > 40);  // the direct kernels took the small cases, in every dtype
+  // Winograd took every 3x3 stride-1 ungrouped case both ways in f32, f16 and bf16 (not f64).
+  CHECK(winograd_runs >= 2 * 3 * 8);
 }

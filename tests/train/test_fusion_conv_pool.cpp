@@ -355,3 +355,33 @@ TEST_CASE("a conv layer the host gave the direct kernel is not fused with its po
     CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward") == !native);
   }
 }
+
+TEST_CASE("a conv layer the host gave Winograd's kernels runs fused with its pool and equals the nodes",
+          "[cpu][fusion][tune]") {
+  // Eight input channels are 72 taps, more than the direct kernels take, so on the native side
+  // Winograd's F(2x2, 3x3) (conv_winograd.cpp) is the host's choice for conv2d and
+  // conv2d_backward_data (f64 excepted, which stays on im2col), and im2col's for the weight
+  // gradient. The fused kernels then run Winograd's image function for those two, and their
+  // results equal the nodes' to the bit, odd planes (a last tile half outside) included.
+  RuntimeOptions o;
+  o.plugins.paths = {plugin_dir()};
+  o.plugins.use_env = false;
+  o.plugins.use_default_dir = false;
+  o.kernels = KernelSide::Native;
+  o.tune_cache = "off";
+  Runtime rt(o);
+  for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16, PLX_F64}) {
+    for (int64_t size : {10, 9}) {
+      INFO(dtype_name(d) << ", planes of " << size << "x" << size);
+      Layer l;
+      l.d = d, l.c = 8, l.h = size, l.w = size - 2, l.rt = &rt;
+      const LayerRun fused = check_same(l);
+      INFO(kernels_of(fused));
+      CHECK(fused.plan.fused_kernels == 2);
+      CHECK(has_kernel(fused, "cpu/conv2d+relu+max_pool2d"));
+      CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward"));
+      CHECK(has_kernel(fused, "conv on winograd_f2x3") == (d != PLX_F64));
+      CHECK(has_kernel(fused, "conv.grad on winograd_f2x3") == (d != PLX_F64));
+    }
+  }
+}

@@ -21,14 +21,19 @@
 // does, in another order (image by image rather than in blocks of the whole batch), so it agrees
 // to rounding (tests/train/test_fusion_conv_pool.cpp).
 //
-// Both run im2col only: a group whose conv node the host gave another kernel (the tuner's choice
-// of the direct kernels for a layer of few taps) is declined and runs node by node.
+// The convolution runs the kernel the host chose for its node: im2col's GEMMs, or Winograd's
+// F(2x2, 3x3) (ops/winograd.hpp) for the forward and the data gradient when the tuner found it
+// faster, through the same image function as that node's kernel. A group whose conv node the host
+// gave another kernel (the tuner's choice of the direct kernels for a layer of few taps) is
+// declined and runs node by node.
+#include <optional>
 #include <vector>
 
 #include "common.hpp"
 #include "im2col.hpp"
 #include "plexus/sdk/fusion_chunked.hpp"
 #include "pool_plane.hpp"
+#include "winograd.hpp"
 
 namespace plexus::cpu {
 
@@ -37,15 +42,28 @@ namespace {
 using namespace im2col;
 using pooling::PoolGeom;
 
-// Declines the group when the host chose a kernel other than im2col's for node n.
-void require_im2col(sdk::Backend& backend, const sdk::GraphView& g, int32_t n) {
+// Whether the host chose Winograd's kernel for node n (true) or im2col's (false, also with no
+// choice); declines the group for any other kernel. `winograd_ok`: whether node n's op has a
+// Winograd kernel (conv2d, conv2d_backward_data).
+bool runs_winograd(sdk::Backend& backend, const sdk::GraphView& g, int32_t n, bool winograd_ok) {
   const int32_t hint = g.node(n).kernel_hint;
-  if (hint <= 0) return;
+  if (hint <= 0) return false;
   const plx_kernel* k = backend.kernels().get(hint - 1);
-  PLX_DECLINE_UNLESS(!k || std::string_view(k->impl) == "im2col_blas" ||
-                         std::string_view(k->impl) == "col2im_blas",
-                     "%s runs the '%s' kernel; the fused kernel runs im2col only", g.node(n).op,
-                     k->impl);
+  if (!k) return false;
+  const std::string_view impl = k->impl;
+  if (winograd_ok && impl == "winograd_f2x3") return true;
+  PLX_DECLINE_UNLESS(impl == "im2col_blas" || impl == "col2im_blas",
+                     "%s runs the '%s' kernel; the fused kernel runs im2col%s only", g.node(n).op,
+                     k->impl, winograd_ok ? " or winograd_f2x3" : "");
+  return false;
+}
+
+// Node n's Winograd plan when the host chose that kernel for it (wino), else none.
+std::optional<winograd::Plan> winograd_plan(bool wino, const ConvGeom& g, bool backward,
+                                            plx_dtype dtype) {
+  if (!wino) return std::nullopt;
+  PLX_DECLINE_UNLESS(dtype != PLX_F64, "f64 runs im2col only");
+  return winograd::Plan::make(g, backward);
 }
 
 std::vector<int64_t> dims(const plx_tensor& t) {
@@ -88,8 +106,10 @@ class ConvMaxPoolKernel final : public Kernel {
   using A = acc_t<T>;
 
  public:
-  ConvMaxPoolKernel(const NodeInfo& conv, const NodeInfo& pool, const sdk::ConvMaxPoolSlots& s)
+  ConvMaxPoolKernel(const NodeInfo& conv, const NodeInfo& pool, const sdk::ConvMaxPoolSlots& s,
+                    bool wino)
       : g_(dims(conv.input(0)), dims(conv.input(1)), conv, sizeof(A)),
+        wino_(winograd_plan(wino, g_, false, s.dtype)),
         p_(PoolGeom::make(pool.input(0).shape, pool.output(0).shape, pool, true)),
         pairs_(p_.pairs()),
         relu_mask_(pool.attr_int_or("relu_mask", 0) != 0),
@@ -118,12 +138,19 @@ class ConvMaxPoolKernel final : public Kernel {
  private:
   struct Buffers {
     Scratch<A> s;
-    T* act = nullptr;  // (workers, O, P) an image's activation in T (16-bit only)
+    T* act = nullptr;     // (workers, O, P) an image's activation in T (16-bit only)
+    A* U = nullptr;       // Winograd: the transformed weight
+    A* wino = nullptr;    // Winograd: (workers, scratch_floats) per-worker scratch
   };
   Buffers carve(Carver& c) const {
     Buffers b;
-    if (kWide<T>) b.s.w = c.take<A>(g_.O * g_.K);
-    if (kWide<T> || !g_.pointwise) b.s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
+    if (wino_) {
+      b.U = c.take<A>(wino_->weight_floats());
+      b.wino = c.take<A>(g_.workers * wino_->scratch_floats());
+    } else {
+      if (kWide<T>) b.s.w = c.take<A>(g_.O * g_.K);
+      if (kWide<T> || !g_.pointwise) b.s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
+    }
     b.s.out = c.take<A>(g_.workers * g_.O * g_.P);
     if (kWide<T>) b.act = c.take<T>(g_.workers * g_.O * g_.P);
     return b;
@@ -139,13 +166,23 @@ class ConvMaxPoolKernel final : public Kernel {
     Carver carver(c.workspace);
     const Buffers bufs = carve(carver);
     const Scratch<A>& s = bufs.s;
-    const A* wa = as_acc(w, s.w, g.O * g.K);  // (O, K)
+    const A* wa = wino_ ? nullptr : as_acc(w, s.w, g.O * g.K);  // (O, K)
+    if constexpr (std::is_same_v<A, float>)
+      if (wino_) winograd::transform_weight(*wino_, w, bufs.U);
     const int64_t pooled = p_.out_plane();
 
     for_each_image(g, [&](int64_t wk, int64_t n) {
       A* conv = part(s.out, wk, g.O * g.P);  // (O, P)
-      forward_image(g, wa, bias, x + n * g.C * g.H * g.W, conv,
-                    part(s.col, wk, g.rows * g.block * g.OW));
+      const T* img = x + n * g.C * g.H * g.W;
+      if constexpr (std::is_same_v<A, float>) {
+        if (wino_)
+          winograd::image(*wino_, bufs.U, img, bias, conv,
+                          part(bufs.wino, wk, wino_->scratch_floats()));
+        else
+          forward_image(g, wa, bias, img, conv, part(s.col, wk, g.rows * g.block * g.OW));
+      } else {
+        forward_image(g, wa, bias, img, conv, part(s.col, wk, g.rows * g.block * g.OW));
+      }
       // The activation in T, rounded where conv2d stores its output.
       T* act;
       if constexpr (kWide<T>) {
@@ -166,6 +203,7 @@ class ConvMaxPoolKernel final : public Kernel {
   }
 
   ConvGeom g_;
+  std::optional<winograd::Plan> wino_;
   PoolGeom p_;
   bool pairs_, relu_mask_, u8_, relu_;
   int32_t x_, w_, b_, y_, idx_;
@@ -179,8 +217,9 @@ class MaxPoolConvBackwardKernel final : public Kernel {
 
  public:
   MaxPoolConvBackwardKernel(const ConvGeom& g, const NodeInfo& pool,
-                            const sdk::MaxPoolConvBackwardSlots& s)
+                            const sdk::MaxPoolConvBackwardSlots& s, bool wino)
       : g_(g),
+        wino_(winograd_plan(wino && s.data >= 0, g_, true, s.dtype)),
         p_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
         disjoint_(p_.disjoint()),
         u8_(s.index_dtype == PLX_U8),
@@ -206,6 +245,8 @@ class MaxPoolConvBackwardKernel final : public Kernel {
     Scratch<A> s;
     T* grad = nullptr;       // (workers, O, P) an image's unpooled gradient
     double* bias = nullptr;  // (workers, O) the bias gradient's sums
+    A* U = nullptr;          // Winograd (the data gradient): the transformed weight
+    A* wino = nullptr;       // Winograd: (workers, scratch_floats) per-worker scratch
   };
   bool data() const { return sl_.data >= 0; }
   bool weight() const { return sl_.weight >= 0; }
@@ -213,9 +254,14 @@ class MaxPoolConvBackwardKernel final : public Kernel {
   bool direct() const { return !kWide<T> && g_.workers == 1; }
   Buffers carve(Carver& c) const {
     Buffers b;
-    if (kWide<T> && data()) b.s.w = c.take<A>(g_.O * g_.K);
-    if ((data() && !g_.pointwise) || (weight() && (kWide<T> || !g_.pointwise)))
+    const bool im2col_data = data() && !wino_;
+    if (kWide<T> && im2col_data) b.s.w = c.take<A>(g_.O * g_.K);
+    if ((im2col_data && !g_.pointwise) || (weight() && (kWide<T> || !g_.pointwise)))
       b.s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
+    if (wino_) {
+      b.U = c.take<A>(wino_->weight_floats());
+      b.wino = c.take<A>(g_.workers * wino_->scratch_floats());
+    }
     b.grad = c.take<T>(g_.workers * g_.O * g_.P);
     if (kWide<T>) {
       b.s.dy = c.take<A>(g_.workers * g_.O * g_.P);
@@ -233,7 +279,10 @@ class MaxPoolConvBackwardKernel final : public Kernel {
     Carver carver(c.workspace);
     const Buffers bufs = carve(carver);
     const Scratch<A>& s = bufs.s;
-    const A* wa = data() ? as_acc(sdk::data<T>(c.in(sl_.w)), s.w, g.O * g.K) : nullptr;  // (O, K)
+    const A* wa = data() && !wino_ ? as_acc(sdk::data<T>(c.in(sl_.w)), s.w, g.O * g.K)
+                                   : nullptr;  // (O, K)
+    if constexpr (std::is_same_v<A, float>)
+      if (wino_) winograd::transform_weight(*wino_, sdk::data<T>(c.in(sl_.w)), bufs.U);
     const T* x = weight() ? sdk::data<T>(c.in(sl_.x)) : nullptr;  // (N, C, H, W)
     T* dx = data() ? sdk::data<T>(c.out(sl_.dx)) : nullptr;       // (N, C, H, W)
     const int64_t wsize = g.O * g.K, image = g.C * g.H * g.W, pooled = p_.out_plane();
@@ -258,7 +307,15 @@ class MaxPoolConvBackwardKernel final : public Kernel {
       A* buf = part(s.col, wk, g.rows * g.block * g.OW);
       if (data()) {
         A* dst = acc_view(dx + n * image, part(s.out, wk, image));  // (C, H, W)
-        backward_data_image(g, wa, dyn, dst, buf);
+        if constexpr (std::is_same_v<A, float>) {
+          if (wino_)
+            winograd::image(*wino_, bufs.U, dyn, static_cast<const float*>(nullptr), dst,
+                            part(bufs.wino, wk, wino_->scratch_floats()));
+          else
+            backward_data_image(g, wa, dyn, dst, buf);
+        } else {
+          backward_data_image(g, wa, dyn, dst, buf);
+        }
         if constexpr (kWide<T>) convert_n(dst, dx + n * image, image);
       }
       if (weight()) backward_weight_image(g, x + n * image, dyn, sums + wk * wsize, buf);
@@ -280,6 +337,7 @@ class MaxPoolConvBackwardKernel final : public Kernel {
   }
 
   ConvGeom g_;
+  std::optional<winograd::Plan> wino_;
   PoolGeom p_;
   bool disjoint_, u8_;
   sdk::MaxPoolConvBackwardSlots sl_;
@@ -351,11 +409,11 @@ std::unique_ptr<Kernel> make_chunked_conv_pool(sdk::Backend& backend, const sdk:
 std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::GraphView& g,
                                            const sdk::Boundary& b, plx_dtype& dtype) {
   const sdk::ConvMaxPoolSlots s = sdk::conv_max_pool_slots(g, b);
-  require_im2col(backend, g, s.conv);
+  const bool wino = runs_winograd(backend, g, s.conv, true);
   dtype = s.dtype;
   const sdk::OwnedNodeInfo conv_info(g, s.conv), pool_info(g, s.pool);
   const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
-  return make_typed<ConvMaxPoolKernel>(dtype, "conv2d+max_pool2d", conv, pool, s);
+  return make_typed<ConvMaxPoolKernel>(dtype, "conv2d+max_pool2d", conv, pool, s, wino);
 }
 
 std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const sdk::GraphView& g,
@@ -365,9 +423,10 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const
   const size_t elem = acc_size(dtype);
   // The convolution's geometry, from either backward op (both when present, which must agree).
   std::unique_ptr<ConvGeom> geom;
+  bool wino = false;
   for (int32_t n : {s.data, s.weight}) {
     if (n < 0) continue;
-    require_im2col(backend, g, n);
+    wino = runs_winograd(backend, g, n, n == s.data) || wino;
     const sdk::OwnedNodeInfo info(g, n);
     const NodeInfo node(&info.get());
     const bool is_data = n == s.data;
@@ -390,7 +449,7 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const
   const sdk::OwnedNodeInfo pool_info(g, s.pool);
   const NodeInfo pool(&pool_info.get());
   return make_typed<MaxPoolConvBackwardKernel>(dtype, "max_pool2d_backward+conv2d_backward", *geom,
-                                               pool, s);
+                                               pool, s, wino);
 }
 
 }  // namespace plexus::cpu

@@ -1,0 +1,134 @@
+// CPU kernels: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) (ops/winograd.hpp), forward
+// and data gradient, candidates beside im2col's (ops/conv.cpp) that the core's tuner times
+// against them (backend.kernels, docs/training.md). Registered after im2col, so without the tuner
+// the GEMMs on the unfolded image stay the default, and eager calls keep them.
+//
+// The batch is split over the threads as im2col splits it (ops/im2col.hpp): each worker
+// transforms, multiplies and transforms back its own images with single-threaded GEMMs, in a
+// fixed order, so results do not depend on timing. The conv + pool fusions (ops/conv_pool.cpp)
+// run the same image function when the tuner chose these kernels for their conv nodes, and so
+// agree with them to the bit.
+#include "common.hpp"
+#include "im2col.hpp"
+#include "winograd.hpp"
+
+namespace plexus::cpu {
+
+namespace {
+
+using im2col::Carver;
+using im2col::ConvGeom;
+using im2col::for_each_image;
+using im2col::part;
+using im2col::shape_of;
+
+// Declines f64: it stays on im2col, the reference for gradient checks.
+template <class T>
+void require_not_f64() {
+  PLX_DECLINE_UNLESS(!(std::is_same_v<T, double>), "f64 stays on im2col's GEMMs");
+}
+
+// Per-call buffers: U shared, each worker's scratch, and (16-bit) each worker's f32 output.
+struct Buffers {
+  float* U = nullptr;
+  float* scratch = nullptr;
+  float* out = nullptr;
+};
+
+template <class T>
+Buffers carve(Carver& c, const ConvGeom& g, const winograd::Plan& p) {
+  Buffers b;
+  b.U = c.take<float>(p.weight_floats());
+  b.scratch = c.take<float>(g.workers * p.scratch_floats());
+  if (!std::is_same_v<T, float>) b.out = c.take<float>(g.workers * p.out * p.OH * p.OW);
+  return b;
+}
+
+// y = conv2d(x, w) + b.
+template <class T>
+class WinogradConv2dKernel final : public Kernel {
+ public:
+  explicit WinogradConv2dKernel(const NodeInfo& node)
+      : g_((require_not_f64<T>(), shape_of(node.input(0))), shape_of(node.input(1)), node,
+           sizeof(float)),
+        p_(winograd::Plan::make(g_, false)),
+        has_bias_(node.has_input(2)) {}
+
+  uint64_t workspace_bytes() const override {
+    Carver c;
+    carve<T>(c, g_, p_);
+    return c.bytes();
+  }
+
+  void compute(const KernelCall& call) override {
+    const T* x = sdk::data<T>(call.in(0));                           // (N, C, H, W)
+    const T* w = sdk::data<T>(call.in(1));                           // (O, C, 3, 3)
+    const T* bias = has_bias_ ? sdk::data<T>(call.in(2)) : nullptr;  // (O)
+    T* y = sdk::data<T>(call.out(0));                                // (N, O, OH, OW)
+    Carver carver(call.workspace);
+    const Buffers b = carve<T>(carver, g_, p_);
+    winograd::transform_weight(p_, w, b.U);
+    const int64_t image = g_.C * g_.H * g_.W, out = g_.O * g_.P;
+    for_each_image(g_, [&](int64_t wk, int64_t n) {
+      float* dst;
+      if constexpr (std::is_same_v<T, float>) dst = y + n * out;
+      else dst = part(b.out, wk, out);
+      winograd::image(p_, b.U, x + n * image, bias, dst, part(b.scratch, wk, p_.scratch_floats()));
+      if constexpr (!std::is_same_v<T, float>) im2col::convert_n(dst, y + n * out, out);
+    });
+  }
+
+ private:
+  ConvGeom g_;
+  winograd::Plan p_;
+  bool has_bias_;
+};
+
+// dx = conv2d_backward_data(dy, w): the convolution of dy with w transposed and turned.
+template <class T>
+class WinogradConv2dBackwardDataKernel final : public Kernel {
+ public:
+  explicit WinogradConv2dBackwardDataKernel(const NodeInfo& node)
+      : g_((require_not_f64<T>(), node.attr_ints("input_shape")), shape_of(node.input(1)), node,
+           sizeof(float)),
+        p_(winograd::Plan::make(g_, true)) {}
+
+  uint64_t workspace_bytes() const override {
+    Carver c;
+    carve<T>(c, g_, p_);
+    return c.bytes();
+  }
+
+  void compute(const KernelCall& call) override {
+    const T* dy = sdk::data<T>(call.in(0));  // (N, O, OH, OW)
+    const T* w = sdk::data<T>(call.in(1));   // (O, C, 3, 3)
+    T* dx = sdk::data<T>(call.out(0));       // (N, C, H, W)
+    Carver carver(call.workspace);
+    const Buffers b = carve<T>(carver, g_, p_);
+    winograd::transform_weight(p_, w, b.U);
+    const int64_t image = g_.C * g_.H * g_.W, grad = g_.O * g_.P;
+    for_each_image(g_, [&](int64_t wk, int64_t n) {
+      float* dst;
+      if constexpr (std::is_same_v<T, float>) dst = dx + n * image;
+      else dst = part(b.out, wk, image);
+      winograd::image(p_, b.U, dy + n * grad, static_cast<const float*>(nullptr), dst,
+                      part(b.scratch, wk, p_.scratch_floats()));
+      if constexpr (!std::is_same_v<T, float>) im2col::convert_n(dst, dx + n * image, image);
+    });
+  }
+
+ private:
+  ConvGeom g_;
+  winograd::Plan p_;
+};
+
+}  // namespace
+
+void register_conv_winograd(KernelRegistry& r) {
+  // After im2col's: without the tuner the GEMMs stay the default.
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_float_kernels<WinogradConv2dKernel>(r, "conv2d", "winograd_f2x3", f);
+  add_float_kernels<WinogradConv2dBackwardDataKernel>(r, "conv2d_backward_data", "winograd_f2x3", f);
+}
+
+}  // namespace plexus::cpu
