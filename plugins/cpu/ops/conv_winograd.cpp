@@ -44,6 +44,24 @@ Buffers carve(Carver& c, const ConvGeom& g, const winograd::Plan& p) {
   return b;
 }
 
+// Both kernels: U from w, then every image of src (N, p.in, IH, IW) to dst (N, p.out, OH, OW),
+// 16-bit outputs through the worker's f32 buffer.
+template <class T>
+void run_images(const KernelCall& call, const ConvGeom& g, const winograd::Plan& p, const T* w,
+                const T* src, const T* bias, T* dst) {
+  Carver carver(call.workspace);
+  const Buffers b = carve<T>(carver, g, p);
+  winograd::transform_weight(p, w, b.U);
+  const int64_t in = p.in * p.IH * p.IW, out = p.out * p.OH * p.OW;
+  for_each_image(g, [&](int64_t wk, int64_t n) {
+    float* f;
+    if constexpr (std::is_same_v<T, float>) f = dst + n * out;
+    else f = part(b.out, wk, out);
+    winograd::image(p, b.U, src + n * in, bias, f, part(b.scratch, wk, p.scratch_floats()));
+    if constexpr (!std::is_same_v<T, float>) im2col::convert_n(f, dst + n * out, out);
+  });
+}
+
 // y = conv2d(x, w) + b.
 template <class T>
 class WinogradConv2dKernel final : public Kernel {
@@ -65,17 +83,7 @@ class WinogradConv2dKernel final : public Kernel {
     const T* w = sdk::data<T>(call.in(1));                           // (O, C, 3, 3)
     const T* bias = has_bias_ ? sdk::data<T>(call.in(2)) : nullptr;  // (O)
     T* y = sdk::data<T>(call.out(0));                                // (N, O, OH, OW)
-    Carver carver(call.workspace);
-    const Buffers b = carve<T>(carver, g_, p_);
-    winograd::transform_weight(p_, w, b.U);
-    const int64_t image = g_.C * g_.H * g_.W, out = g_.O * g_.P;
-    for_each_image(g_, [&](int64_t wk, int64_t n) {
-      float* dst;
-      if constexpr (std::is_same_v<T, float>) dst = y + n * out;
-      else dst = part(b.out, wk, out);
-      winograd::image(p_, b.U, x + n * image, bias, dst, part(b.scratch, wk, p_.scratch_floats()));
-      if constexpr (!std::is_same_v<T, float>) im2col::convert_n(dst, y + n * out, out);
-    });
+    run_images(call, g_, p_, w, x, bias, y);
   }
 
  private:
@@ -103,18 +111,7 @@ class WinogradConv2dBackwardDataKernel final : public Kernel {
     const T* dy = sdk::data<T>(call.in(0));  // (N, O, OH, OW)
     const T* w = sdk::data<T>(call.in(1));   // (O, C, 3, 3)
     T* dx = sdk::data<T>(call.out(0));       // (N, C, H, W)
-    Carver carver(call.workspace);
-    const Buffers b = carve<T>(carver, g_, p_);
-    winograd::transform_weight(p_, w, b.U);
-    const int64_t image = g_.C * g_.H * g_.W, grad = g_.O * g_.P;
-    for_each_image(g_, [&](int64_t wk, int64_t n) {
-      float* dst;
-      if constexpr (std::is_same_v<T, float>) dst = dx + n * image;
-      else dst = part(b.out, wk, image);
-      winograd::image(p_, b.U, dy + n * grad, static_cast<const float*>(nullptr), dst,
-                      part(b.scratch, wk, p_.scratch_floats()));
-      if constexpr (!std::is_same_v<T, float>) im2col::convert_n(dst, dx + n * image, image);
-    });
+    run_images(call, g_, p_, w, dy, static_cast<const T*>(nullptr), dx);
   }
 
  private:
