@@ -372,7 +372,8 @@ TEST_CASE("plexus bench kernels times every candidate of the step and of GEMM sh
     }
   }
   CHECK(direct_timed);    // the first layer's 9 taps
-  CHECK(winograd_timed);  // both layers' 3x3 stride-1 forwards, the second's data gradient
+  // Both layers' 3x3 stride-1 forwards and weight gradients, the second's data gradient.
+  CHECK(winograd_timed);
   CHECK(declined);        // the second's 144 taps are too many for the direct kernel
   CHECK(rows.at(5).at("where").string == "gemm 16x8x32");
   CHECK(rows.at(6).at("where").string == "gemm 24x24x24");
@@ -458,12 +459,13 @@ TEST_CASE("a run's manifest says how each kernel was chosen, and a second run ta
     CHECK(kc.at("side").string == "auto");
     CHECK(kc.at("cache").string == cache);
     // Nodes with several candidates: conv2d_1 (inside its fused conv2d+relu kernel: im2col,
-    // direct, Winograd), conv2d_2 and its data gradient (im2col, Winograd: too many taps for
-    // the direct kernel), conv2d_1's weight gradient (im2col, direct).
+    // direct, Winograd), conv2d_2 and both its gradients (im2col, Winograd: too many taps for
+    // the direct kernel), conv2d_1's weight gradient (im2col, direct, Winograd).
     const std::map<std::string, size_t> candidates = {{"conv2d_1 conv2d", 3},
                                                       {"conv2d_2 conv2d", 2},
                                                       {"conv2d_2.grad conv2d_backward_data", 2},
-                                                      {"conv2d_1.grad conv2d_backward_weight", 2}};
+                                                      {"conv2d_2.grad conv2d_backward_weight", 2},
+                                                      {"conv2d_1.grad conv2d_backward_weight", 3}};
     std::vector<std::string> seen;
     for (const plexus::JsonValue& n : kc.at("nodes").items) {
       seen.push_back(n.at("node").string + " " + n.at("op").string);
@@ -477,9 +479,10 @@ TEST_CASE("a run's manifest says how each kernel was chosen, and a second run ta
     }
     CHECK(seen == std::vector<std::string>{"conv2d_1 conv2d", "conv2d_2 conv2d",
                                            "conv2d_2.grad conv2d_backward_data",
+                                           "conv2d_2.grad conv2d_backward_weight",
                                            "conv2d_1.grad conv2d_backward_weight"});
-    CHECK(kc.at("tuned").integer == (run == 0 ? 4 : 0));
-    CHECK(kc.at("cached").integer == (run == 0 ? 0 : 4));
+    CHECK(kc.at("tuned").integer == (run == 0 ? 5 : 0));
+    CHECK(kc.at("cached").integer == (run == 0 ? 0 : 5));
   }
   const Run info = run_plexus("info --config " + cfg);
   CHECK_THAT(info.output, PLX_CONTAINS("Kernel candidates on cpu (backend.kernels = auto):"));

@@ -406,12 +406,14 @@ TEST_CASE("every conv kernel candidate matches the direct loop", "[cpu][ops][con
       for (const auto& [impl, dw] : dws) {
         INFO("kernel " << impl);
         direct_runs += impl == "direct";
+        winograd_runs += impl == "winograd_f2x3";
         CHECK_ALLCLOSE(dw.to_doubles(), round_to(dw_want, d),
                        conv_tol(d, k.x[0] * k.y()[2] * k.y()[3]));
       }
     }
   }
   CHECK(direct_runs > 40);  // the direct kernels took the small cases, in every dtype
-  // Winograd took every 3x3 stride-1 ungrouped case both ways in f32, f16 and bf16 (not f64).
-  CHECK(winograd_runs >= 2 * 3 * 8);
+  // Winograd took every 3x3 stride-1 ungrouped case, forward and both gradients, in f32, f16 and
+  // bf16 (not f64).
+  CHECK(winograd_runs >= 3 * 3 * 8);
 }

@@ -359,10 +359,10 @@ TEST_CASE("a conv layer the host gave the direct kernel is not fused with its po
 TEST_CASE("a conv layer the host gave Winograd's kernels runs fused with its pool and equals the nodes",
           "[cpu][fusion][tune]") {
   // Eight input channels are 72 taps, more than the direct kernels take, so on the native side
-  // Winograd's F(2x2, 3x3) (conv_winograd.cpp) is the host's choice for conv2d and
-  // conv2d_backward_data (f64 excepted, which stays on im2col), and im2col's for the weight
-  // gradient. The fused kernels then run Winograd's image function for those two, and their
-  // results equal the nodes' to the bit, odd planes (a last tile half outside) included.
+  // Winograd's F(2x2, 3x3) (conv_winograd.cpp) is the host's choice for conv2d and both
+  // gradients (f64 excepted, which stays on im2col). The fused kernels then run Winograd's
+  // functions for all three, and their results equal the nodes' to the bit, odd planes (a last
+  // tile half outside) included.
   RuntimeOptions o;
   o.plugins.paths = {plugin_dir()};
   o.plugins.use_env = false;
@@ -382,6 +382,7 @@ TEST_CASE("a conv layer the host gave Winograd's kernels runs fused with its poo
       CHECK(has_kernel(fused, "cpu/max_pool2d_backward+conv2d_backward"));
       CHECK(has_kernel(fused, "conv on winograd_f2x3") == (d != PLX_F64));
       CHECK(has_kernel(fused, "conv.grad on winograd_f2x3") == (d != PLX_F64));
+      CHECK(has_kernel(fused, "on im2col_blas") == (d == PLX_F64));  // the weight gradient too
     }
   }
 }

@@ -22,7 +22,7 @@
 // to rounding (tests/train/test_fusion_conv_pool.cpp).
 //
 // The convolution runs the kernel the host chose for its node: im2col's GEMMs, or Winograd's
-// F(2x2, 3x3) (ops/winograd.hpp) for the forward and the data gradient when the tuner found it
+// F(2x2, 3x3) (ops/winograd.hpp) for the forward and either gradient when the tuner found it
 // faster, through the same image function as that node's kernel. A group whose conv node the host
 // gave another kernel (the tuner's choice of the direct kernels for a layer of few taps) is
 // declined and runs node by node.
@@ -42,19 +42,18 @@ namespace {
 using namespace im2col;
 using pooling::PoolGeom;
 
-// Whether the host chose Winograd's kernel for node n (true) or im2col's (false, also with no
-// choice); declines the group for any other kernel. `winograd_ok`: whether node n's op has a
-// Winograd kernel (conv2d, conv2d_backward_data).
-bool runs_winograd(sdk::Backend& backend, const sdk::GraphView& g, int32_t n, bool winograd_ok) {
+// Whether the host chose Winograd's kernel for conv node n (true) or im2col's (false, also with
+// no choice); declines the group for any other kernel.
+bool runs_winograd(sdk::Backend& backend, const sdk::GraphView& g, int32_t n) {
   const int32_t hint = g.node(n).kernel_hint;
   if (hint <= 0) return false;
   const plx_kernel* k = backend.kernels().get(hint - 1);
   if (!k) return false;
   const std::string_view impl = k->impl;
-  if (winograd_ok && impl == "winograd_f2x3") return true;
+  if (impl == "winograd_f2x3") return true;
   PLX_DECLINE_UNLESS(impl == "im2col_blas" || impl == "col2im_blas",
-                     "%s runs the '%s' kernel; the fused kernel runs im2col%s only", g.node(n).op,
-                     k->impl, winograd_ok ? " or winograd_f2x3" : "");
+                     "%s runs the '%s' kernel; the fused kernel runs im2col or winograd_f2x3 only",
+                     g.node(n).op, k->impl);
   return false;
 }
 
@@ -217,9 +216,11 @@ class MaxPoolConvBackwardKernel final : public Kernel {
 
  public:
   MaxPoolConvBackwardKernel(const ConvGeom& g, const NodeInfo& pool,
-                            const sdk::MaxPoolConvBackwardSlots& s, bool wino)
+                            const sdk::MaxPoolConvBackwardSlots& s, bool wino_data,
+                            bool wino_weight)
       : g_(g),
-        wino_(winograd_plan(wino && s.data >= 0, g_, true, s.dtype)),
+        wino_(winograd_plan(wino_data && s.data >= 0, g_, true, s.dtype)),
+        wino_w_(winograd_plan(wino_weight && s.weight >= 0, g_, false, s.dtype)),
         p_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
         disjoint_(p_.disjoint()),
         u8_(s.index_dtype == PLX_U8),
@@ -246,28 +247,33 @@ class MaxPoolConvBackwardKernel final : public Kernel {
     T* grad = nullptr;       // (workers, O, P) an image's unpooled gradient
     double* bias = nullptr;  // (workers, O) the bias gradient's sums
     A* U = nullptr;          // Winograd (the data gradient): the transformed weight
-    A* wino = nullptr;       // Winograd: (workers, scratch_floats) per-worker scratch
+    A* wino = nullptr;       // Winograd: (workers, scratch) per-worker scratch
+    A* wsums = nullptr;      // Winograd (the weight gradient): (workers, 16, O, C) sums
   };
   bool data() const { return sl_.data >= 0; }
   bool weight() const { return sl_.weight >= 0; }
-  // One worker in f32/f64 accumulates the weight gradient straight into dw.
+  bool im2col_weight() const { return weight() && !wino_w_; }
+  // One worker in f32/f64 accumulates im2col's weight gradient straight into dw.
   bool direct() const { return !kWide<T> && g_.workers == 1; }
+  // Floats of one worker's Winograd scratch, for whichever of the gradients runs it.
+  int64_t wino_scratch() const {
+    return std::max(wino_ ? wino_->scratch_floats() : 0, wino_w_ ? wino_w_->scratch_floats() : 0);
+  }
   Buffers carve(Carver& c) const {
     Buffers b;
     const bool im2col_data = data() && !wino_;
     if (kWide<T> && im2col_data) b.s.w = c.take<A>(g_.O * g_.K);
-    if ((im2col_data && !g_.pointwise) || (weight() && (kWide<T> || !g_.pointwise)))
+    if ((im2col_data && !g_.pointwise) || (im2col_weight() && (kWide<T> || !g_.pointwise)))
       b.s.col = c.take<A>(g_.workers * g_.rows * g_.block * g_.OW);
-    if (wino_) {
-      b.U = c.take<A>(wino_->weight_floats());
-      b.wino = c.take<A>(g_.workers * wino_->scratch_floats());
-    }
+    if (wino_) b.U = c.take<A>(wino_->weight_floats());
+    if (wino_ || wino_w_) b.wino = c.take<A>(g_.workers * wino_scratch());
+    if (wino_w_) b.wsums = c.take<A>(g_.workers * winograd::weight_grad_floats(*wino_w_));
     b.grad = c.take<T>(g_.workers * g_.O * g_.P);
     if (kWide<T>) {
       b.s.dy = c.take<A>(g_.workers * g_.O * g_.P);
       if (data()) b.s.out = c.take<A>(g_.workers * g_.C * g_.H * g_.W);
     }
-    if (weight() && !direct()) b.s.dw = c.take<A>(g_.workers * g_.O * g_.K);
+    if (im2col_weight() && !direct()) b.s.dw = c.take<A>(g_.workers * g_.O * g_.K);
     if (sl_.bias >= 0) b.bias = c.take<double>(g_.workers * g_.O);
     return b;
   }
@@ -287,10 +293,12 @@ class MaxPoolConvBackwardKernel final : public Kernel {
     T* dx = data() ? sdk::data<T>(c.out(sl_.dx)) : nullptr;       // (N, C, H, W)
     const int64_t wsize = g.O * g.K, image = g.C * g.H * g.W, pooled = p_.out_plane();
     A* sums = nullptr;  // (workers, O, K)
-    if (weight()) {
+    if (im2col_weight()) {
       sums = direct() ? acc_view(sdk::data<T>(c.out(sl_.dw)), s.dw) : s.dw;
       std::fill(sums, sums + (direct() ? 1 : g.workers) * wsize, A(0));
     }
+    const int64_t wino_sums = wino_w_ ? winograd::weight_grad_floats(*wino_w_) : 0;
+    if (wino_w_) std::fill(bufs.wsums, bufs.wsums + g.workers * wino_sums, A(0));
     if (bufs.bias) std::fill(bufs.bias, bufs.bias + g.workers * g.O, 0.0);
     auto grad = [dy](int64_t o) { return load(dy, o); };
 
@@ -310,7 +318,7 @@ class MaxPoolConvBackwardKernel final : public Kernel {
         if constexpr (std::is_same_v<A, float>) {
           if (wino_)
             winograd::image(*wino_, bufs.U, dyn, static_cast<const float*>(nullptr), dst,
-                            part(bufs.wino, wk, wino_->scratch_floats()));
+                            part(bufs.wino, wk, wino_scratch()));
           else
             backward_data_image(g, wa, dyn, dst, buf);
         } else {
@@ -318,9 +326,22 @@ class MaxPoolConvBackwardKernel final : public Kernel {
         }
         if constexpr (kWide<T>) convert_n(dst, dx + n * image, image);
       }
-      if (weight()) backward_weight_image(g, x + n * image, dyn, sums + wk * wsize, buf);
+      if constexpr (std::is_same_v<A, float>) {
+        if (wino_w_)
+          winograd::weight_grad_image(*wino_w_, x + n * image, dyn,
+                                      part(bufs.wsums, wk, wino_sums),
+                                      part(bufs.wino, wk, wino_scratch()));
+      }
+      if (im2col_weight()) backward_weight_image(g, x + n * image, dyn, sums + wk * wsize, buf);
     });
-    if (weight() && !direct()) {
+    if constexpr (std::is_same_v<A, float>) {
+      if (wino_w_) {  // the workers' sums in a fixed order, then dw = Gᵀ S G
+        for (int64_t wk = 1; wk < g.workers; ++wk)
+          for (int64_t i = 0; i < wino_sums; ++i) bufs.wsums[i] += bufs.wsums[wk * wino_sums + i];
+        winograd::finish_weight_grad(*wino_w_, bufs.wsums, sdk::data<T>(c.out(sl_.dw)));
+      }
+    }
+    if (im2col_weight() && !direct()) {
       T* dw = sdk::data<T>(c.out(sl_.dw));  // (O, K)
       for (int64_t wk = 1; wk < g.workers; ++wk)
         for (int64_t i = 0; i < wsize; ++i) sums[i] += sums[wk * wsize + i];
@@ -337,7 +358,8 @@ class MaxPoolConvBackwardKernel final : public Kernel {
   }
 
   ConvGeom g_;
-  std::optional<winograd::Plan> wino_;
+  std::optional<winograd::Plan> wino_;    // the data gradient's, when the host chose Winograd
+  std::optional<winograd::Plan> wino_w_;  // the weight gradient's (the forward's plan)
   PoolGeom p_;
   bool disjoint_, u8_;
   sdk::MaxPoolConvBackwardSlots sl_;
@@ -409,7 +431,7 @@ std::unique_ptr<Kernel> make_chunked_conv_pool(sdk::Backend& backend, const sdk:
 std::unique_ptr<Kernel> make_conv_max_pool(sdk::Backend& backend, const sdk::GraphView& g,
                                            const sdk::Boundary& b, plx_dtype& dtype) {
   const sdk::ConvMaxPoolSlots s = sdk::conv_max_pool_slots(g, b);
-  const bool wino = runs_winograd(backend, g, s.conv, true);
+  const bool wino = runs_winograd(backend, g, s.conv);
   dtype = s.dtype;
   const sdk::OwnedNodeInfo conv_info(g, s.conv), pool_info(g, s.pool);
   const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
@@ -423,10 +445,10 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const
   const size_t elem = acc_size(dtype);
   // The convolution's geometry, from either backward op (both when present, which must agree).
   std::unique_ptr<ConvGeom> geom;
-  bool wino = false;
+  bool wino_data = false, wino_weight = false;
   for (int32_t n : {s.data, s.weight}) {
     if (n < 0) continue;
-    wino = runs_winograd(backend, g, n, n == s.data) || wino;
+    (n == s.data ? wino_data : wino_weight) = runs_winograd(backend, g, n);
     const sdk::OwnedNodeInfo info(g, n);
     const NodeInfo node(&info.get());
     const bool is_data = n == s.data;
@@ -449,7 +471,7 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(sdk::Backend& backend, const
   const sdk::OwnedNodeInfo pool_info(g, s.pool);
   const NodeInfo pool(&pool_info.get());
   return make_typed<MaxPoolConvBackwardKernel>(dtype, "max_pool2d_backward+conv2d_backward", *geom,
-                                               pool, s, wino);
+                                               pool, s, wino_data, wino_weight);
 }
 
 }  // namespace plexus::cpu

@@ -1,5 +1,5 @@
-// CPU kernels: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) (ops/winograd.hpp), forward
-// and data gradient, candidates beside im2col's (ops/conv.cpp) that the core's tuner times
+// CPU kernels: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) (ops/winograd.hpp), forward,
+// data gradient and weight gradient, candidates beside im2col's (ops/conv.cpp) that the core's tuner times
 // against them (backend.kernels, docs/training.md). Registered after im2col, so without the tuner
 // the GEMMs on the unfolded image stay the default, and eager calls keep them.
 //
@@ -119,6 +119,53 @@ class WinogradConv2dBackwardDataKernel final : public Kernel {
   winograd::Plan p_;
 };
 
+// dw = conv2d_backward_weight(dy, x): each worker adds its images' 16 GEMMs into its own sums
+// (winograd::weight_grad_image), the workers' sums are added in a fixed order, and dw = Gᵀ S G.
+template <class T>
+class WinogradConv2dBackwardWeightKernel final : public Kernel {
+ public:
+  explicit WinogradConv2dBackwardWeightKernel(const NodeInfo& node)
+      : g_((require_not_f64<T>(), shape_of(node.input(1))), node.attr_ints("weight_shape"), node,
+           sizeof(float)),
+        p_(winograd::Plan::make(g_, false)) {}
+
+  uint64_t workspace_bytes() const override {
+    Carver c;
+    float *sums, *scratch;
+    carve(c, sums, scratch);
+    return c.bytes();
+  }
+
+  void compute(const KernelCall& call) override {
+    const T* dy = sdk::data<T>(call.in(0));  // (N, O, OH, OW)
+    const T* x = sdk::data<T>(call.in(1));   // (N, C, H, W)
+    T* dw = sdk::data<T>(call.out(0));       // (O, C, 3, 3)
+    Carver carver(call.workspace);
+    float *sums, *scratch;
+    carve(carver, sums, scratch);
+    const int64_t S = winograd::weight_grad_floats(p_);
+    std::fill(sums, sums + g_.workers * S, 0.0f);
+    const int64_t in = p_.in * p_.IH * p_.IW, out = p_.out * p_.OH * p_.OW;
+    for_each_image(g_, [&](int64_t wk, int64_t n) {
+      winograd::weight_grad_image(p_, x + n * in, dy + n * out, part(sums, wk, S),
+                                  part(scratch, wk, p_.scratch_floats()));
+    });
+    for (int64_t wk = 1; wk < g_.workers; ++wk)
+      for (int64_t i = 0; i < S; ++i) sums[i] += sums[wk * S + i];
+    winograd::finish_weight_grad(p_, sums, dw);
+  }
+
+ private:
+  // The workers' sums (workers, 16, O, C) and scratch.
+  void carve(Carver& c, float*& sums, float*& scratch) const {
+    sums = c.take<float>(g_.workers * winograd::weight_grad_floats(p_));
+    scratch = c.take<float>(g_.workers * p_.scratch_floats());
+  }
+
+  ConvGeom g_;
+  winograd::Plan p_;
+};
+
 }  // namespace
 
 void register_conv_winograd(KernelRegistry& r) {
@@ -126,6 +173,8 @@ void register_conv_winograd(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   add_float_kernels<WinogradConv2dKernel>(r, "conv2d", "winograd_f2x3", f);
   add_float_kernels<WinogradConv2dBackwardDataKernel>(r, "conv2d_backward_data", "winograd_f2x3", f);
+  add_float_kernels<WinogradConv2dBackwardWeightKernel>(r, "conv2d_backward_weight", "winograd_f2x3",
+                                                        f);
 }
 
 }  // namespace plexus::cpu

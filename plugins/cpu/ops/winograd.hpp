@@ -99,19 +99,12 @@ void transform_weight(const Plan& p, const T* w, float* U) {
     }
 }
 
-// dst (out, OH, OW) = the convolution of one image src (in, IH, IW) (+ bias[oc]), with U from
-// transform_weight and `scratch` of p.scratch_floats() floats. In is the input's storage type
-// (the image's, or f32 for a gradient already converted); dst is f32.
-template <class In, class B>
-void image(const Plan& p, const float* U, const In* src, const B* bias, float* dst,
-           float* scratch) {
-  if (p.T == 0) return;
-  float* pad = scratch;                   // (PH, PW)
-  float* V = pad + p.PH * p.PW;           // (16, in, T)
-  float* M = V + 16 * p.in * p.T;         // (16, out, T)
+// The input transform of one image src (in, IH, IW), a channel at a time through the zero-padded
+// plane `pad` (PH x PW floats), so the tile loops need no bounds tests:
+// V[ξ][ic][t] = (Bᵀ d B)[ξ] for the 4x4 block d at (2·th, 2·tw) of the padded plane.
+template <class In>
+void input_transform(const Plan& p, const In* src, float* pad, float* V) {
   const int64_t T = p.T, PW = p.PW;
-  // Input transform, a channel at a time through the zero-padded plane, so the tile loops need
-  // no bounds tests: V[ξ][ic][t] = (Bᵀ d B)[ξ] for the 4x4 block d at (2·th, 2·tw).
   const int64_t rows = std::min(p.IH, p.PH - p.ph), cols = std::min(p.IW, p.PW - p.pw);
   for (int64_t ic = 0; ic < p.in; ++ic) {
     std::fill(pad, pad + p.PH * PW, 0.0f);
@@ -129,6 +122,7 @@ void image(const Plan& p, const float* U, const In* src, const B* bias, float* d
       const float* r2 = r1 + PW;
       const float* r3 = r2 + PW;
       float* vt = v + th * p.TW;
+#pragma GCC ivdep  // V and Y never alias pad: lets GCC vectorise over the tiles
       for (int64_t tw = 0; tw < p.TW; ++tw) {
         const int64_t c = 2 * tw;
         float t[4][4];  // Bᵀ d, row by row
@@ -147,6 +141,20 @@ void image(const Plan& p, const float* U, const In* src, const B* bias, float* d
       }
     }
   }
+}
+
+// dst (out, OH, OW) = the convolution of one image src (in, IH, IW) (+ bias[oc]), with U from
+// transform_weight and `scratch` of p.scratch_floats() floats. In is the input's storage type
+// (the image's, or f32 for a gradient already converted); dst is f32.
+template <class In, class B>
+void image(const Plan& p, const float* U, const In* src, const B* bias, float* dst,
+           float* scratch) {
+  if (p.T == 0) return;
+  float* pad = scratch;                   // (PH, PW)
+  float* V = pad + p.PH * p.PW;           // (16, in, T)
+  float* M = V + 16 * p.in * p.T;         // (16, out, T)
+  const int64_t T = p.T;
+  input_transform(p, src, pad, V);
   for (int64_t xi = 0; xi < 16; ++xi)
     gemm<float>(false, false, p.out, T, p.in, 1.0f, U + xi * p.out * p.in, p.in,
                 V + xi * p.in * T, T, 0.0f, M + xi * p.out * T, T, nullptr);
@@ -180,6 +188,87 @@ void image(const Plan& p, const float* U, const In* src, const B* bias, float* d
           y0[col] = a;
         }
       }
+    }
+  }
+}
+
+// ---- the weight gradient ----
+//
+// For y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A per tile, the gradient of Σ_t <dy_t, y_t> with respect to g
+// is Gᵀ [ Σ_t (A dy_t Aᵀ) ⊙ (Bᵀ d_t B) ] G, where dy_t is the tile's 2x2 block of the output
+// gradient (zero past the plane's edge). So with V from the forward's input transform of x and
+// Y[ξ] (out, T) = (A dy Aᵀ)[ξ], every image adds 16 GEMMs
+//   S[ξ] (out, in) += Y[ξ] (out, tiles) · V[ξ] (in, tiles)ᵀ,
+// 16 multiply-adds per channel pair per tile where im2col's GEMM does 36, and dw = Gᵀ S G once
+// at the end. The plan is the forward's (in = C, out = O); the same scratch holds pad, V and Y.
+
+// Floats of the sums S (16, out, in).
+inline int64_t weight_grad_floats(const Plan& p) { return 16 * p.out * p.in; }
+
+// S += this image's terms, for x (in, IH, IW) and dy (out, OH, OW) of one image.
+template <class X, class D>
+void weight_grad_image(const Plan& p, const X* x, const D* dy, float* S, float* scratch) {
+  if (p.T == 0) return;
+  float* pad = scratch;           // (PH, PW)
+  float* V = pad + p.PH * p.PW;   // (16, in, T)
+  float* Y = V + 16 * p.in * p.T; // (16, out, T)
+  const int64_t T = p.T;
+  input_transform(p, x, pad, V);
+  // Y = A e Aᵀ for each 2x2 block e of dy, with A = [1 0; 1 1; 1 -1; 0 -1]: rows of A e are
+  // e0, e0 + e1, e0 − e1, −e1, and each row [a b] times Aᵀ is [a, a + b, a − b, −b]. A plane at
+  // a time through `pad`, zero past an odd edge, so the tile loop has no bounds tests.
+  const int64_t stride = p.out * T, QW = 2 * p.TW;  // (2·TH, 2·TW) fit in (PH, PW)
+  for (int64_t oc = 0; oc < p.out; ++oc) {
+    const D* plane = dy + oc * p.OH * p.OW;
+    for (int64_t h = 0; h < p.OH; ++h) {
+      float* row = pad + h * QW;
+      for (int64_t w = 0; w < p.OW; ++w) row[w] = static_cast<float>(load(plane, h * p.OW + w));
+      if (p.OW < QW) row[p.OW] = 0.0f;
+    }
+    if (p.OH < 2 * p.TH) std::fill(pad + p.OH * QW, pad + (p.OH + 1) * QW, 0.0f);
+    float* yt = Y + oc * T;
+    for (int64_t th = 0; th < p.TH; ++th) {
+      const float* e0 = pad + 2 * th * QW;
+      const float* e1 = e0 + QW;
+      float* o = yt + th * p.TW;
+#pragma GCC ivdep  // V and Y never alias pad: lets GCC vectorise over the tiles
+      for (int64_t tw = 0; tw < p.TW; ++tw) {
+        const float e00 = e0[2 * tw], e01 = e0[2 * tw + 1], e10 = e1[2 * tw], e11 = e1[2 * tw + 1];
+        const float r[4][2] = {{e00, e01}, {e00 + e10, e01 + e11}, {e00 - e10, e01 - e11},
+                               {-e10, -e11}};
+        for (int i = 0; i < 4; ++i) {
+          o[(i * 4 + 0) * stride + tw] = r[i][0];
+          o[(i * 4 + 1) * stride + tw] = r[i][0] + r[i][1];
+          o[(i * 4 + 2) * stride + tw] = r[i][0] - r[i][1];
+          o[(i * 4 + 3) * stride + tw] = -r[i][1];
+        }
+      }
+    }
+  }
+  for (int64_t xi = 0; xi < 16; ++xi)
+    gemm<float>(false, true, p.out, p.in, T, 1.0f, Y + xi * p.out * T, T, V + xi * p.in * T, T,
+                1.0f, S + xi * p.out * p.in, p.in, nullptr);
+}
+
+// dw (out, in, 3, 3) = Gᵀ S G for every channel pair, S the sums of weight_grad_image.
+template <class T>
+void finish_weight_grad(const Plan& p, const float* S, T* dw) {
+  const int64_t pairs = p.out * p.in;
+  for (int64_t k = 0; k < pairs; ++k) {
+    float m[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) m[i][j] = S[(i * 4 + j) * pairs + k];
+    float t[3][4];  // Gᵀ m, with G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1]
+    for (int j = 0; j < 4; ++j) {
+      t[0][j] = m[0][j] + 0.5f * (m[1][j] + m[2][j]);
+      t[1][j] = 0.5f * (m[1][j] - m[2][j]);
+      t[2][j] = 0.5f * (m[1][j] + m[2][j]) + m[3][j];
+    }
+    T* out = dw + k * 9;
+    for (int i = 0; i < 3; ++i) {  // (Gᵀ m) G
+      out[i * 3 + 0] = convert<T>(t[i][0] + 0.5f * (t[i][1] + t[i][2]));
+      out[i * 3 + 1] = convert<T>(0.5f * (t[i][1] - t[i][2]));
+      out[i * 3 + 2] = convert<T>(0.5f * (t[i][1] + t[i][2]) + t[i][3]);
     }
   }
 }
