@@ -11,7 +11,15 @@ SGD's first step starts), so the run trains from the same start as the eager one
 the epochs' loops only (the bar for us: our own time counts our capture inside the first epoch);
 setup_s is the warm-up and capture.
 
-Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu]
+--recipe short trains instead with the shortest recipe we found to 91% on convnet
+(docs/benchmarks.md, twelfth session): batch 128, SGD with momentum 0.9 at a peak rate of 0.1, a
+linear warm-up over the first 0.2 epoch and a cosine decay to 0 at the end of 2 epochs, as
+`plexus train --set train.schedule="cosine" --set train.warmup_epochs=0.2 --set train.lr=0.1
+--set train.epochs=2` runs it. The rate then changes every step, so the update is written out
+(momentum buffer, then p -= lr * buffer, PyTorch's SGD without dampening) with the rate in a
+device tensor the captured graph reads; each configuration runs both graphed and eager.
+
+Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short]
 (--device cpu runs the same loop with the step eager, to check the script without a GPU.)
 """
 import argparse
@@ -32,6 +40,7 @@ ap.add_argument("--bench", default=os.path.join(os.path.dirname(os.path.abspath(
                 help="the folder of torch_anchor.py (../shared/bench, staged as .deps/bench)")
 ap.add_argument("--models", default="simplecnn,convnet")
 ap.add_argument("--epochs", type=int, default=15)
+ap.add_argument("--recipe", default="constant", choices=["constant", "short"])
 args = ap.parse_args()
 sys.path.insert(0, os.path.abspath(args.bench))
 from torch_anchor import load_idx, SimpleCNN, ConvNet  # noqa: E402
@@ -56,24 +65,47 @@ def sync():
         torch.cuda.synchronize()
 
 
-def time_to_accuracy(name, target, batch, lr):
+def short_rate(peak, step, steps_per_epoch, epochs=2, warmup_epochs=0.2):
+    """The rate of plexus's `cosine` schedule with `warmup_epochs` (core/src/train/optimizer.cpp)."""
+    warm = int(round(warmup_epochs * steps_per_epoch))
+    total = epochs * steps_per_epoch
+    if warm > 0 and step < warm:
+        return peak * (step + 1) / warm
+    t = min(1.0, (step - warm) / (total - warm))
+    return 0.5 * peak * (1.0 + np.cos(np.pi * t))
+
+
+def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
     torch.manual_seed(0)
     m = (SimpleCNN if name == "simplecnn" else ConvNet)().to(dev)
-    opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9)
+    params = list(m.parameters())
+    opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    bufs = [torch.zeros_like(p) for p in params]
+    neg_lr = torch.full((), -lr, device=dev)  # read by the written-out update (short recipe)
     sx = torch.empty(batch, 1, 28, 28, device=dev)
     sy = torch.empty(batch, dtype=torch.int64, device=dev)
-    start = [p.detach().clone() for p in m.parameters()]
+    start = [p.detach().clone() for p in params]
+
+    def update():
+        if not short:
+            opt.step()
+            return
+        with torch.no_grad():
+            for p, b in zip(params, bufs):
+                b.mul_(0.9).add_(p.grad)
+                p.addcmul_(b, neg_lr)
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not short)
         loss = F.cross_entropy(m(sx), sy)
         loss.backward()
-        opt.step()
+        update()
 
     sync()
     t0 = time.perf_counter()
     replay = step
-    if cuda:
+    graphed = graphed and cuda
+    if graphed:
         sx.copy_(xtr[:batch])
         sy.copy_(ytr[:batch])
         s = torch.cuda.Stream()
@@ -83,11 +115,11 @@ def time_to_accuracy(name, target, batch, lr):
                 step()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not short)
         with torch.cuda.graph(g):
             sloss = F.cross_entropy(m(sx), sy)
             sloss.backward()
-            opt.step()
+            update()
         replay = g.replay
         # Undo the warm-up: the start's parameters, and momentum buffers at zero (SGD's first
         # step then sets each to its gradient, as a fresh optimizer's does).
@@ -97,12 +129,15 @@ def time_to_accuracy(name, target, batch, lr):
             for st in opt.state.values():
                 if st.get("momentum_buffer") is not None:
                     st["momentum_buffer"].zero_()
+            for b in bufs:
+                b.zero_()
     sync()
     setup_s = time.perf_counter() - t0
 
     n = xtr.shape[0] // batch * batch
-    train_s, acc, ep = 0.0, 0.0, 0
-    while acc < target and ep < args.epochs:
+    train_s, acc, ep, k = 0.0, 0.0, 0, 0
+    epochs = 2 if short else args.epochs
+    while acc < target and ep < epochs:
         ep += 1
         m.train()
         perm = torch.randperm(xtr.shape[0], device=dev)
@@ -112,6 +147,9 @@ def time_to_accuracy(name, target, batch, lr):
             idx = perm[i:i + batch]
             sx.copy_(xtr[idx])
             sy.copy_(ytr[idx])
+            if short:
+                neg_lr.fill_(-short_rate(lr, k, n // batch))
+            k += 1
             replay()
         sync()
         train_s += time.perf_counter() - t0
@@ -119,18 +157,23 @@ def time_to_accuracy(name, target, batch, lr):
         with torch.no_grad():
             acc = sum((m(xte[i:i + 2000]).argmax(1) == yte[i:i + 2000]).sum().item()
                       for i in range(0, 10000, 2000)) / 10000
-    return dict(what="time_to_acc_graphed" if cuda else "time_to_acc_eager_cpu_check", model=name,
-                target=target, batch=batch, lr=lr, tf32=cuda, reached=acc >= target, acc=acc,
-                epochs=ep, train_s=round(train_s, 3), setup_s=round(setup_s, 3),
-                torch=torch.__version__)
+    what = ("time_to_acc_graphed" if graphed else "time_to_acc_eager") if cuda else \
+        "time_to_acc_eager_cpu_check"
+    return dict(what=what, model=name, recipe="short" if short else "constant", target=target,
+                batch=batch, lr=lr, tf32=cuda, reached=acc >= target, acc=acc, epochs=ep,
+                train_s=round(train_s, 3), setup_s=round(setup_s, 3), torch=torch.__version__)
 
 
+short = args.recipe == "short"
 for name, target in (("simplecnn", 0.88), ("convnet", 0.91)):
     if name not in args.models.split(","):
         continue
-    for batch, lr in ((128, 0.05), (256, 0.05), (512, 0.1)):
-        try:
-            print(json.dumps(time_to_accuracy(name, target, batch, lr)), flush=True)
-        except Exception as ex:  # one configuration failing must not hide the others
-            print(json.dumps(dict(what="time_to_acc_graphed", model=name, batch=batch,
-                                  error=repr(ex)[:300])), flush=True)
+    configs = ((128, 0.1),) if short else ((128, 0.05), (256, 0.05), (512, 0.1))
+    for batch, lr in configs:
+        for graphed in ((True, False) if short and cuda else (True,)):
+            try:
+                print(json.dumps(time_to_accuracy(name, target, batch, lr, graphed, short)),
+                      flush=True)
+            except Exception as ex:  # one configuration failing must not hide the others
+                print(json.dumps(dict(what="time_to_acc_graphed" if graphed else "time_to_acc_eager",
+                                      model=name, batch=batch, error=repr(ex)[:300])), flush=True)

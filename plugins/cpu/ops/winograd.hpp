@@ -158,17 +158,19 @@ void image(const Plan& p, const float* U, const In* src, const B* bias, float* d
   for (int64_t xi = 0; xi < 16; ++xi)
     gemm<float>(false, false, p.out, T, p.in, 1.0f, U + xi * p.out * p.in, p.in,
                 V + xi * p.in * T, T, 0.0f, M + xi * p.out * T, T, nullptr);
-  // Output transform: y = Aᵀ m A for each tile, the bias added, clipped to the plane's edge.
-  const int64_t stride = p.out * T;
+  // Output transform: y = Aᵀ m A for each tile, the bias added, clipped to the plane's edge. A
+  // row of tiles at a time into two rows of `pad` (free again: 2·(2·TW) floats fit in it), a
+  // loop GCC vectorises, then the rows' first OW values into the plane.
+  const int64_t stride = p.out * T, QW = 2 * p.TW;
+  float* r0 = pad;
+  float* r1 = pad + QW;
   for (int64_t oc = 0; oc < p.out; ++oc) {
     const float b = bias ? static_cast<float>(load(bias, oc)) : 0.0f;
     const float* m = M + oc * T;
     float* plane = dst + oc * p.OH * p.OW;
     for (int64_t th = 0; th < p.TH; ++th) {
-      const bool two_rows = 2 * th + 1 < p.OH;
-      float* y0 = plane + 2 * th * p.OW;
-      float* y1 = two_rows ? y0 + p.OW : y0;  // an odd last row writes its first row only
       const float* mt = m + th * p.TW;
+#pragma GCC ivdep  // r0 and r1 never alias M
       for (int64_t tw = 0; tw < p.TW; ++tw) {
         float s[2][4];  // Aᵀ m
         for (int j = 0; j < 4; ++j) {
@@ -177,17 +179,14 @@ void image(const Plan& p, const float* U, const In* src, const B* bias, float* d
           s[0][j] = m0 + m1 + m2;
           s[1][j] = m1 - m2 - m3;
         }
-        const float a = s[0][0] + s[0][1] + s[0][2] + b, c = s[0][1] - s[0][2] - s[0][3] + b;
-        const float d = s[1][0] + s[1][1] + s[1][2] + b, e = s[1][1] - s[1][2] - s[1][3] + b;
-        const int64_t col = 2 * tw;
-        if (col + 1 < p.OW) {
-          y1[col] = d, y1[col + 1] = e;  // the second row first: y1 == y0 on an odd last row
-          y0[col] = a, y0[col + 1] = c;
-        } else {
-          y1[col] = d;
-          y0[col] = a;
-        }
+        r0[2 * tw] = s[0][0] + s[0][1] + s[0][2] + b;
+        r0[2 * tw + 1] = s[0][1] - s[0][2] - s[0][3] + b;
+        r1[2 * tw] = s[1][0] + s[1][1] + s[1][2] + b;
+        r1[2 * tw + 1] = s[1][1] - s[1][2] - s[1][3] + b;
       }
+      float* y0 = plane + 2 * th * p.OW;
+      std::copy(r0, r0 + p.OW, y0);
+      if (2 * th + 1 < p.OH) std::copy(r1, r1 + p.OW, y0 + p.OW);  // an odd last row: one
     }
   }
 }
