@@ -51,11 +51,12 @@ struct PoolCase {
   }
 };
 
-// The default 2x2 pool (the fast path), with ceil_mode windows running past the input, padding,
+// The default 2x2 pool (the fast path, also on odd planes), with ceil_mode windows running past the input, padding,
 // dilation, non-square windows and strides, a window as large as the input, one larger than it
 // (allowed with ceil_mode), size-1 planes, an empty batch and many planes.
 const std::vector<PoolCase> kCases = {
     {.x = {2, 3, 8, 8}, .kernel = {2, 2}},
+    {.x = {2, 3, 9, 7}, .kernel = {2, 2}},  // the fast path with an odd last row and column
     {.x = {2, 3, 9, 7}, .kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = 1},
     {.x = {1, 2, 7, 9}, .kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}},
     {.x = {2, 2, 10, 9}, .kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 1}, .dilation = {2, 1}},

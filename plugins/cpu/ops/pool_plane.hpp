@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -103,12 +104,63 @@ inline int32_t encode_index(int32_t, int64_t flat, int64_t, bool none) {
 inline uint8_t encode_index(uint8_t, int64_t, int64_t tap, bool none) {
   return none ? kNoTap : static_cast<uint8_t>(tap);
 }
+// The tap (kh·2 + kw) of a 2x2 stride-2 window whose first element is at `first`, in a plane
+// W wide; -1 when the index names none of its four.
+inline int64_t window_tap(uint8_t v, int64_t, int64_t) { return v < 4 ? int64_t{v} : -1; }
+inline int64_t window_tap(int32_t v, int64_t first, int64_t W) {
+  const int64_t d = v - first;
+  return d == 0 ? 0 : d == 1 ? 1 : d == W ? 2 : d == W + 1 ? 3 : -1;
+}
 // Back to the position in the plane (-1: none), for output (oh, ow).
 inline int64_t flat_index(const PoolGeom&, int32_t v, int64_t, int64_t) { return v; }
 inline int64_t flat_index(const PoolGeom& g, uint8_t v, int64_t oh, int64_t ow) {
   if (v == kNoTap) return -1;
   const int64_t kh = v / g.w.k, kw = v % g.w.k;
   return (oh * g.h.s - g.h.p + kh * g.h.d) * g.w.in + (ow * g.w.s - g.w.p + kw * g.w.d);
+}
+
+// One output row of a 2x2 stride-2 f32 max pool, four outputs at a time in vectors (GCC's vector
+// extensions: SSE or wider, whatever the target has), the same comparisons in the same order as
+// the scalar loop of max_pool_plane, so the same results. The last group overlaps the one before
+// it when OW is not a multiple of 4 (its outputs are written twice, with the same values). Why
+// not the compiler's own vectorisation: our planes' rows are 7 and 14 outputs wide, so most of
+// a row fell to the scalar tail, whose comparisons are branches; on fresh activations (a ReLU's
+// output, half zeros) those go either way at random, and a row cost 11 ns an output. Needs
+// OW >= 4.
+template <class I>
+void max_pool_pairs_row_f32(const float* r0, const float* r1, float* out, I* out_idx, int64_t OW,
+                            int32_t row, int32_t W, bool rm) {
+  using v4 = float __attribute__((vector_size(16)));
+  using i4 = int32_t __attribute__((vector_size(16)));
+  auto load4 = [](const float* p) {
+    v4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  for (int64_t o = 0; o < OW; o += 4) {
+    const int64_t ow = std::min(o, OW - 4);
+    const v4 x0 = load4(r0 + 2 * ow), x1 = load4(r0 + 2 * ow + 4);
+    const v4 y0 = load4(r1 + 2 * ow), y1 = load4(r1 + 2 * ow + 4);
+    const v4 a = __builtin_shufflevector(x0, x1, 0, 2, 4, 6);
+    const v4 b = __builtin_shufflevector(x0, x1, 1, 3, 5, 7);
+    const v4 c = __builtin_shufflevector(y0, y1, 0, 2, 4, 6);
+    const v4 d = __builtin_shufflevector(y0, y1, 1, 3, 5, 7);
+    v4 best = a;
+    i4 tap = {0, 0, 0, 0};
+    auto step = [&](v4 v, int32_t t) {  // beats(v, best), lane by lane
+      const i4 m = (v > best) | ((v != v) & (best == best));
+      best = m ? v : best;
+      tap = m ? i4{t, t, t, t} : tap;
+    };
+    step(b, 1);
+    step(c, 2);
+    step(d, 3);
+    std::memcpy(out + ow, &best, sizeof best);
+    const i4 none = rm ? ~(best > v4{0, 0, 0, 0}) : i4{0, 0, 0, 0};
+    const int32_t w0 = static_cast<int32_t>(2 * ow);
+    const i4 at = row + (tap >> 1) * W + i4{w0, w0 + 2, w0 + 4, w0 + 6} + (tap & 1);
+    for (int l = 0; l < 4; ++l) out_idx[ow + l] = encode_index(I{}, at[l], tap[l], none[l] != 0);
+  }
 }
 
 // One plane of y, indices = max_pool2d(x): src (H, W) -> dst, dst_idx (OH, OW). relu_mask
@@ -119,13 +171,23 @@ void max_pool_plane(const PoolGeom& g, bool pairs, bool rm, const T* src, T* dst
   using A = acc_t<T>;
   const int64_t W = g.w.in;
   if (pairs) {
-    for (int64_t oh = 0; oh < g.h.out; ++oh) {
+    // The bounds in locals: a u8 index store may alias anything, so with g's fields as bounds
+    // GCC reloaded them after every store and could not count (nor vectorise) the loop.
+    const int64_t OH = g.h.out, OW = g.w.out;
+    for (int64_t oh = 0; oh < OH; ++oh) {
       const T* r0 = src + 2 * oh * W;  // (W)
       const T* r1 = r0 + W;
-      T* out = dst + oh * g.w.out;          // (OW)
-      I* out_idx = dst_idx + oh * g.w.out;  // (OW)
+      T* out = dst + oh * OW;          // (OW)
+      I* out_idx = dst_idx + oh * OW;  // (OW)
       const int32_t row = static_cast<int32_t>(2 * oh * W), w32 = static_cast<int32_t>(W);
-      for (int64_t ow = 0; ow < g.w.out; ++ow) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (OW >= 4) {
+          max_pool_pairs_row_f32(r0, r1, out, out_idx, OW, row, w32, rm);
+          continue;
+        }
+      }
+#pragma GCC ivdep  // out and out_idx never alias the rows read
+      for (int64_t ow = 0; ow < OW; ++ow) {
         // Taps in index order, so a strict comparison keeps the first maximum; selects on
         // 32-bit lanes rather than branches, which the compiler vectorises.
         const A a = load(r0, 2 * ow), b = load(r0, 2 * ow + 1), c = load(r1, 2 * ow),
@@ -176,6 +238,59 @@ void max_pool_backward_plane(const PoolGeom& g, bool disjoint, const Grad& grad,
                              const I* src_idx, T* dst) {
   using A = acc_t<T>;
   const int64_t OW = g.w.out;
+  if (g.pairs()) {
+    // 2x2 windows at stride 2 (PoolGeom::pairs): each window writes its four elements, the
+    // gradient where its index points and zero elsewhere, as 0 + g (what the scatter below
+    // adds onto zeros, so -0 becomes +0 the same way); a row or column no window covers (an
+    // odd edge) is zero. No scatter, no division: GCC vectorises the loop.
+    const int64_t OH = g.h.out, W = g.w.in;
+    const T zero = convert<T>(A(0));
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      T* d0 = dst + 2 * oh * W;  // (W)
+      T* d1 = d0 + W;
+      const I* idx = src_idx + oh * OW;  // (OW)
+      const int64_t at = 2 * oh * W;     // the window's first element, for i32 positions
+      if constexpr (std::is_same_v<T, float>) {
+        if (OW >= 4) {  // four windows at a time, as max_pool_pairs_row_f32
+          using v4 = float __attribute__((vector_size(16)));
+          using v8 = float __attribute__((vector_size(32)));
+          using i4 = int32_t __attribute__((vector_size(16)));
+          for (int64_t o = 0; o < OW; o += 4) {
+            const int64_t ow = std::min(o, OW - 4);
+            v4 gv;
+            i4 t;
+            for (int l = 0; l < 4; ++l) {
+              gv[l] = 0.0f + grad(base + oh * OW + ow + l);
+              t[l] = static_cast<int32_t>(window_tap(idx[ow + l], at + 2 * (ow + l), W));
+            }
+            const v4 z = {0, 0, 0, 0};
+            const v4 e0 = t == 0 ? gv : z, e1 = t == 1 ? gv : z;
+            const v4 e2 = t == 2 ? gv : z, e3 = t == 3 ? gv : z;
+            const v8 top = __builtin_shufflevector(e0, e1, 0, 4, 1, 5, 2, 6, 3, 7);
+            const v8 bottom = __builtin_shufflevector(e2, e3, 0, 4, 1, 5, 2, 6, 3, 7);
+            std::memcpy(d0 + 2 * ow, &top, sizeof top);
+            std::memcpy(d1 + 2 * ow, &bottom, sizeof bottom);
+          }
+          std::fill(d0 + 2 * OW, d0 + W, zero);
+          std::fill(d1 + 2 * OW, d1 + W, zero);
+          continue;
+        }
+      }
+#pragma GCC ivdep  // dst never aliases the indices or the gradient
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const A gv = A(0) + static_cast<A>(grad(base + oh * OW + ow));
+        const int64_t t = window_tap(idx[ow], at + 2 * ow, W);  // 0..3, or -1: none
+        store(d0, 2 * ow, t == 0 ? gv : A(0));
+        store(d0, 2 * ow + 1, t == 1 ? gv : A(0));
+        store(d1, 2 * ow, t == 2 ? gv : A(0));
+        store(d1, 2 * ow + 1, t == 3 ? gv : A(0));
+      }
+      std::fill(d0 + 2 * OW, d0 + W, zero);
+      std::fill(d1 + 2 * OW, d1 + W, zero);
+    }
+    std::fill(dst + 2 * OH * W, dst + g.in_plane(), zero);
+    return;
+  }
   if (disjoint) {
     // Indices outside the plane (-1: a window of padding only) are skipped.
     std::fill(dst, dst + g.in_plane(), convert<T>(A(0)));
