@@ -295,6 +295,25 @@ TEST_CASE("max_pool2d: NaN is the maximum, padding-only windows give -inf", "[cp
     CHECK(std::isnan(y.at(1)));
     CHECK(idx == std::vector<double>{1, 2});
 
+    // Rows of 5 windows (f32 runs them four at a time, the last group overlapping): a NaN in
+    // each tap position across the row, ties, and a NaN after a NaN, each with its own index.
+    const Tensor wide = from_doubles({1, nan, 4, 4, 2, 0, 7, 7, nan, 1,    // row 0
+                                      nan, 3, 9, nan, 2, 5, 0, nan, nan, 1},  // row 1
+                                     {1, 1, 2, 10}, d);
+    for (int64_t u8 : {0, 1}) {
+      INFO("window_index " << u8);
+      const auto w = call(cpu(), "max_pool2d", {wide}, {{"kernel", Ints{2, 2}}, {"window_index", u8}});
+      const std::vector<double> wy = w.at(0).to_doubles(), wi = w.at(1).to_doubles();
+      // Windows: {1, nan | nan, 3} → the first NaN (tap 1); {4, 4 | 9, nan} → nan (tap 3);
+      // {2, 0 | 2, 5} → 5 (tap 3); {7, 7 | 0, nan} → nan (tap 3); {nan, 1 | nan, 1} → the first
+      // NaN (tap 0).
+      for (size_t o : {0, 1, 3, 4}) CHECK(std::isnan(wy.at(o)));
+      CHECK(wy.at(2) == 5);
+      const std::vector<double> taps = {1, 3, 3, 3, 0};
+      const std::vector<double> flats = {1, 13, 15, 17, 8};
+      CHECK(wi == (u8 ? taps : flats));
+    }
+
     // 1x1 input, 2x2 taps 3 apart padded by 2: the windows hold only padding.
     const Tensor one = from_doubles({0.25}, {1, 1, 1, 1}, d);
     const auto pad = call(cpu(), "max_pool2d", {one},
