@@ -70,6 +70,15 @@ struct Plan {
   int64_t weight_floats() const { return 16 * out * in; }
   // Floats of one worker's scratch: the padded plane, V (16, in, T) and M (16, out, T).
   int64_t scratch_floats() const { return PH * PW + 16 * in * T + 16 * out * T; }
+  // That scratch carved: the padded plane (PH, PW), V (16, in, T), and M (16, out, T), which the
+  // weight gradient uses for its Y.
+  struct Parts {
+    float *pad, *V, *M;
+  };
+  Parts parts(float* scratch) const {
+    float* V = scratch + PH * PW;
+    return {scratch, V, V + 16 * in * T};
+  }
 };
 
 // U[ξ] (out, in) = G g Gᵀ for every pair, from w (O, C, 3, 3): g = w[oc, ic] forward; for the
@@ -150,9 +159,7 @@ template <class In, class B>
 void image(const Plan& p, const float* U, const In* src, const B* bias, float* dst,
            float* scratch) {
   if (p.T == 0) return;
-  float* pad = scratch;                   // (PH, PW)
-  float* V = pad + p.PH * p.PW;           // (16, in, T)
-  float* M = V + 16 * p.in * p.T;         // (16, out, T)
+  const auto [pad, V, M] = p.parts(scratch);
   const int64_t T = p.T;
   input_transform(p, src, pad, V);
   for (int64_t xi = 0; xi < 16; ++xi)
@@ -208,9 +215,7 @@ inline int64_t weight_grad_floats(const Plan& p) { return 16 * p.out * p.in; }
 template <class X, class D>
 void weight_grad_image(const Plan& p, const X* x, const D* dy, float* S, float* scratch) {
   if (p.T == 0) return;
-  float* pad = scratch;           // (PH, PW)
-  float* V = pad + p.PH * p.PW;   // (16, in, T)
-  float* Y = V + 16 * p.in * p.T; // (16, out, T)
+  const auto [pad, V, Y] = p.parts(scratch);
   const int64_t T = p.T;
   input_transform(p, x, pad, V);
   // Y = A e Aᵀ for each 2x2 block e of dy, with A = [1 0; 1 1; 1 -1; 0 -1]: rows of A e are
