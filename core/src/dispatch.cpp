@@ -149,6 +149,10 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     if (!k) continue;
     if (i == 0 && cached) {
       r.choice.how = KernelChoice::How::Cached;
+      if (auto times = tuner.timed_here(r.choice.key)) {
+        r.choice.how = KernelChoice::How::Tuned;
+        r.choice.times = std::move(*times);
+      }
       r.kernel = std::move(k);
       return r;
     }
@@ -198,7 +202,8 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
     return r;
   }
   r.choice.how = KernelChoice::How::Tuned;
-  tuner.remember(r.choice.key, r.choice.times[best].impl, r.choice.times[best].ms);
+  tuner.remember(r.choice.key, r.choice.times[best].impl, r.choice.times[best].ms,
+                 r.choice.times);
   spdlog::debug("op '{}' ({}) on '{}': tuned, {} is fastest ({:.4f} ms) of {}", schema.name,
                 dtype_name(dtype), backend.name(), r.choice.times[best].impl,
                 r.choice.times[best].ms, accepted.size());

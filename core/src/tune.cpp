@@ -89,6 +89,7 @@ struct KernelTuner::Shared {
   bool loaded = false;
   std::map<std::string, Entry> entries;
   std::map<std::string, Entry> fresh;  // remembered, not yet written
+  std::map<std::string, std::vector<CandidateTime>> timed;  // what this process timed
   std::vector<std::string> problems;
 };
 
@@ -159,11 +160,19 @@ std::optional<std::string> KernelTuner::lookup(const std::string& key) {
   return std::nullopt;
 }
 
-void KernelTuner::remember(const std::string& key, const std::string& impl, double ms) {
+void KernelTuner::remember(const std::string& key, const std::string& impl, double ms,
+                           std::vector<CandidateTime> times) {
   std::lock_guard lock(shared_->mu);
   load(*shared_, path_);
   shared_->entries[key] = Entry{impl, ms};
   shared_->fresh[key] = Entry{impl, ms};
+  if (!times.empty()) shared_->timed[key] = std::move(times);
+}
+
+std::optional<std::vector<CandidateTime>> KernelTuner::timed_here(const std::string& key) {
+  std::lock_guard lock(shared_->mu);
+  if (auto it = shared_->timed.find(key); it != shared_->timed.end()) return it->second;
+  return std::nullopt;
 }
 
 void KernelTuner::flush() {

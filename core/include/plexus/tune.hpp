@@ -53,8 +53,9 @@ struct KernelChoice {
   enum class How {
     Only,     // one kernel accepted the node
     Ordered,  // the first that accepted, in the side's order (native, library, eager calls)
-    Tuned,    // timed against the others now
-    Cached,   // the tuning cache's choice
+    Tuned,    // timed against the others by this process (now, or for an earlier graph or
+              // fusion round with the same problem: `times` are those timings)
+    Cached,   // the tuning cache's choice, from an earlier process
   };
   How how = How::Only;
   std::vector<CandidateTime> times;  // Tuned: every accepting kernel, fastest first
@@ -84,7 +85,13 @@ class KernelTuner {
   const std::string& cache_path() const { return path_; }
 
   std::optional<std::string> lookup(const std::string& key);
-  void remember(const std::string& key, const std::string& impl, double ms);
+  // `times`: every candidate's timing, kept for this process (timed_here).
+  void remember(const std::string& key, const std::string& impl, double ms,
+                std::vector<CandidateTime> times = {});
+  // The timings behind a choice this process made by timing, if it did: a problem met again
+  // (the evaluation graph, a group of fused nodes offered again) reports them rather than
+  // "cached".
+  std::optional<std::vector<CandidateTime>> timed_here(const std::string& key);
   // Writes the choices remembered since the last flush; a failure to write is logged, not thrown
   // (the cache only saves time).
   void flush();
