@@ -163,6 +163,33 @@ void max_pool_pairs_row_f32(const float* r0, const float* r1, float* out, I* out
   }
 }
 
+// The backward of one such row (max_pool_backward_plane's 2x2 path), four windows at a time in
+// the same way: window ow's gradient grad(base + ow) goes to the element of its 2x2 block (rows
+// d0, d1) that its index names, as 0 + g, and zeros to the other three. Needs OW >= 4.
+template <class Grad, class I>
+void max_pool_backward_pairs_row_f32(const Grad& grad, int64_t base, const I* idx, int64_t at,
+                                     int64_t W, int64_t OW, float* d0, float* d1) {
+  using v4 = float __attribute__((vector_size(16)));
+  using v8 = float __attribute__((vector_size(32)));
+  using i4 = int32_t __attribute__((vector_size(16)));
+  for (int64_t o = 0; o < OW; o += 4) {
+    const int64_t ow = std::min(o, OW - 4);
+    v4 gv;
+    i4 t;
+    for (int l = 0; l < 4; ++l) {
+      gv[l] = 0.0f + grad(base + ow + l);
+      t[l] = static_cast<int32_t>(window_tap(idx[ow + l], at + 2 * (ow + l), W));
+    }
+    const v4 z = {0, 0, 0, 0};
+    const v4 e0 = t == 0 ? gv : z, e1 = t == 1 ? gv : z;
+    const v4 e2 = t == 2 ? gv : z, e3 = t == 3 ? gv : z;
+    const v8 top = __builtin_shufflevector(e0, e1, 0, 4, 1, 5, 2, 6, 3, 7);
+    const v8 bottom = __builtin_shufflevector(e2, e3, 0, 4, 1, 5, 2, 6, 3, 7);
+    std::memcpy(d0 + 2 * ow, &top, sizeof top);
+    std::memcpy(d1 + 2 * ow, &bottom, sizeof bottom);
+  }
+}
+
 // One plane of y, indices = max_pool2d(x): src (H, W) -> dst, dst_idx (OH, OW). relu_mask
 // (`rm`): index "none" where y is not > 0, the mask relu_backward(dy, y) would apply (best is a
 // loaded T, so it is y exactly).
@@ -188,8 +215,8 @@ void max_pool_plane(const PoolGeom& g, bool pairs, bool rm, const T* src, T* dst
       }
 #pragma GCC ivdep  // out and out_idx never alias the rows read
       for (int64_t ow = 0; ow < OW; ++ow) {
-        // Taps in index order, so a strict comparison keeps the first maximum; selects on
-        // 32-bit lanes rather than branches, which the compiler vectorises.
+        // Taps in index order, so a strict comparison keeps the first maximum (16-bit and f64
+        // types, and rows under 4 windows; f32 rows take max_pool_pairs_row_f32).
         const A a = load(r0, 2 * ow), b = load(r0, 2 * ow + 1), c = load(r1, 2 * ow),
                 d = load(r1, 2 * ow + 1);
         A best = a;
@@ -250,34 +277,15 @@ void max_pool_backward_plane(const PoolGeom& g, bool disjoint, const Grad& grad,
       T* d1 = d0 + W;
       const I* idx = src_idx + oh * OW;  // (OW)
       const int64_t at = 2 * oh * W;     // the window's first element, for i32 positions
+      int64_t done = 0;                  // windows written by the vector path
       if constexpr (std::is_same_v<T, float>) {
-        if (OW >= 4) {  // four windows at a time, as max_pool_pairs_row_f32
-          using v4 = float __attribute__((vector_size(16)));
-          using v8 = float __attribute__((vector_size(32)));
-          using i4 = int32_t __attribute__((vector_size(16)));
-          for (int64_t o = 0; o < OW; o += 4) {
-            const int64_t ow = std::min(o, OW - 4);
-            v4 gv;
-            i4 t;
-            for (int l = 0; l < 4; ++l) {
-              gv[l] = 0.0f + grad(base + oh * OW + ow + l);
-              t[l] = static_cast<int32_t>(window_tap(idx[ow + l], at + 2 * (ow + l), W));
-            }
-            const v4 z = {0, 0, 0, 0};
-            const v4 e0 = t == 0 ? gv : z, e1 = t == 1 ? gv : z;
-            const v4 e2 = t == 2 ? gv : z, e3 = t == 3 ? gv : z;
-            const v8 top = __builtin_shufflevector(e0, e1, 0, 4, 1, 5, 2, 6, 3, 7);
-            const v8 bottom = __builtin_shufflevector(e2, e3, 0, 4, 1, 5, 2, 6, 3, 7);
-            std::memcpy(d0 + 2 * ow, &top, sizeof top);
-            std::memcpy(d1 + 2 * ow, &bottom, sizeof bottom);
-          }
-          std::fill(d0 + 2 * OW, d0 + W, zero);
-          std::fill(d1 + 2 * OW, d1 + W, zero);
-          continue;
+        if (OW >= 4) {
+          max_pool_backward_pairs_row_f32(grad, base + oh * OW, idx, at, W, OW, d0, d1);
+          done = OW;
         }
       }
 #pragma GCC ivdep  // dst never aliases the indices or the gradient
-      for (int64_t ow = 0; ow < OW; ++ow) {
+      for (int64_t ow = done; ow < OW; ++ow) {
         const A gv = A(0) + static_cast<A>(grad(base + oh * OW + ow));
         const int64_t t = window_tap(idx[ow], at + 2 * ow, W);  // 0..3, or -1: none
         store(d0, 2 * ow, t == 0 ? gv : A(0));
