@@ -335,11 +335,8 @@ class MaxPoolConvBackwardKernel final : public Kernel {
       if (im2col_weight()) backward_weight_image(g, x + n * image, dyn, sums + wk * wsize, buf);
     });
     if constexpr (std::is_same_v<A, float>) {
-      if (wino_w_) {  // the workers' sums in a fixed order, then dw = Gᵀ S G
-        for (int64_t wk = 1; wk < g.workers; ++wk)
-          for (int64_t i = 0; i < wino_sums; ++i) bufs.wsums[i] += bufs.wsums[wk * wino_sums + i];
-        winograd::finish_weight_grad(*wino_w_, bufs.wsums, sdk::data<T>(c.out(sl_.dw)));
-      }
+      if (wino_w_)
+        winograd::finish_weight_grad(*wino_w_, bufs.wsums, g.workers, sdk::data<T>(c.out(sl_.dw)));
     }
     if (im2col_weight() && !direct()) {
       T* dw = sdk::data<T>(c.out(sl_.dw));  // (O, K)

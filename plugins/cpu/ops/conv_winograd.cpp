@@ -150,9 +150,7 @@ class WinogradConv2dBackwardWeightKernel final : public Kernel {
       winograd::weight_grad_image(p_, x + n * in, dy + n * out, part(sums, wk, S),
                                   part(scratch, wk, p_.scratch_floats()));
     });
-    for (int64_t wk = 1; wk < g_.workers; ++wk)
-      for (int64_t i = 0; i < S; ++i) sums[i] += sums[wk * S + i];
-    winograd::finish_weight_grad(p_, sums, dw);
+    winograd::finish_weight_grad(p_, sums, g_.workers, dw);
   }
 
  private:

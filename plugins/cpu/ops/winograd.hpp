@@ -254,9 +254,14 @@ void weight_grad_image(const Plan& p, const X* x, const D* dy, float* S, float* 
                 1.0f, S + xi * p.out * p.in, p.in, nullptr);
 }
 
-// dw (out, in, 3, 3) = Gᵀ S G for every channel pair, S the sums of weight_grad_image.
+// dw (out, in, 3, 3) = Gᵀ S G for every channel pair, S the sum of `workers` workers' sums of
+// weight_grad_image (S (workers, 16, out, in)), added into the first in worker order, so the
+// result does not depend on timing.
 template <class T>
-void finish_weight_grad(const Plan& p, const float* S, T* dw) {
+void finish_weight_grad(const Plan& p, float* S, int64_t workers, T* dw) {
+  const int64_t n = weight_grad_floats(p);
+  for (int64_t wk = 1; wk < workers; ++wk)
+    for (int64_t i = 0; i < n; ++i) S[i] += S[wk * n + i];
   const int64_t pairs = p.out * p.in;
   for (int64_t k = 0; k < pairs; ++k) {
     float m[4][4];
