@@ -656,9 +656,12 @@ __global__ void __launch_bounds__(kBlock)
     }
     const float m_g = team_sum<kTeam>(sg, shared) / static_cast<float>(D);
     const float m_gx = team_sum<kTeam>(sgx, shared) * is / static_cast<float>(D);
+    // Rounded term by term, as the CPU reference does (no fused multiply-add): g - m_g is exactly
+    // 0 for a one-element row, and an unrounded product would leave noise times invstd there.
     for (int64_t j = lane; j < D; j += kTeam) {
-      const float xhat = (load(x, off + j) - m) * is;
-      store(dx, off + j, is * (load(dy, off + j) * gamma.get(j, 1.f) - m_g - xhat * m_gx));
+      const float xhat = __fmul_rn(__fsub_rn(load(x, off + j), m), is);
+      const float g = __fmul_rn(load(dy, off + j), gamma.get(j, 1.f));
+      store(dx, off + j, __fmul_rn(is, __fsub_rn(__fsub_rn(g, m_g), __fmul_rn(xhat, m_gx))));
     }
   }
 }
