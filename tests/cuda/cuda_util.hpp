@@ -35,6 +35,19 @@ inline std::string unavailable_reason(Backend& b) {
   return r ? r : "";
 }
 
+// Whether the backend is the CUDA emulator (tests/cuda/emu): the CUDA plugin's own kernels run on
+// the CPU, without cuBLAS, cuDNN or Tensor Core kernels, whose ops it therefore lacks.
+inline bool emulated(Backend& b) {
+  return b.device_count() > 0 && b.device(0).name.find("CUDA emulator") != std::string::npos;
+}
+// The ops the emulator lacks: those the plugin runs on cuBLASLt, cuDNN or the Tensor Cores.
+inline bool needs_library(const std::string& op_and_dtype) {
+  for (const char* op : {"matmul (", "linear (", "conv2d (", "conv2d_backward_data (",
+                         "conv2d_backward_weight ("})
+    if (op_and_dtype.rfind(op, 0) == 0) return true;
+  return false;
+}
+
 // Allows TF32 for f32 GEMMs and convolutions created from now on ("cuda.set_tf32"); false if the
 // backend has no such extra.
 inline bool set_tf32(Backend& b, bool on) {
@@ -83,3 +96,10 @@ inline std::string why_not_runnable(bool* load_failed) {
   if (plx_load_failed_) FAIL(plx_why_);                                       \
   if (!plx_why_.empty()) PLX_SKIP(plx_why_.c_str());                          \
   ::plexus::Backend& var = *::plexus::test::cuda::backend()
+
+// PLX_REQUIRE_CUDA, and skips on the CUDA emulator too: for tests of the Tensor Core kernels,
+// which are PTX the emulator cannot run (they have emulations of their own, *_emulate.py).
+#define PLX_REQUIRE_CUDA_HARDWARE(var)                                                   \
+  PLX_REQUIRE_CUDA(var);                                                                 \
+  if (::plexus::test::cuda::emulated(var))                                               \
+    PLX_SKIP("the CUDA emulator cannot run Tensor Core (PTX) kernels; they run on a GPU")

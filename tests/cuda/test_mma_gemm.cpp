@@ -105,7 +105,7 @@ bool is_split(const plx_kernel* k) {
 }  // namespace
 
 TEST_CASE("every cuda tensor core gemm candidate matches the cpu", "[cuda]") {
-  PLX_REQUIRE_CUDA(gpu);
+  PLX_REQUIRE_CUDA_HARDWARE(gpu);
   cuda::Tf32Off tf32_guard(gpu);
   const std::vector<GemmCase> cases = gemm_cases();
   int64_t runs = 0, declines = 0, split_runs = 0;

@@ -119,7 +119,7 @@ bool is_device_decline(const std::string& reason) {
 }  // namespace
 
 TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
-  PLX_REQUIRE_CUDA(gpu);
+  PLX_REQUIRE_CUDA_HARDWARE(gpu);
   const std::vector<GemmCase> cases = wg_cases();
   {
     // Built without sm_90 in the architectures: no candidates at all.

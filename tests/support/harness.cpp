@@ -17,7 +17,12 @@
 namespace plexus::test {
 
 std::string fixture_dir() { return PLEXUS_TEST_FIXTURE_DIR; }
-std::string plugin_dir() { return PLEXUS_TEST_PLUGIN_DIR; }
+// PLEXUS_TEST_PLUGIN_DIR in the environment points the suite at another plugin folder: the CUDA
+// emulator's (tests/cuda/emu), whose libplexus-cuda.so is the emulated CUDA plugin.
+std::string plugin_dir() {
+  const char* d = std::getenv("PLEXUS_TEST_PLUGIN_DIR");
+  return d && *d ? d : PLEXUS_TEST_PLUGIN_DIR;
+}
 std::string source_dir() { return PLEXUS_SOURCE_DIR; }
 
 Runtime& runtime() {

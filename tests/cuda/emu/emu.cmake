@@ -1,0 +1,74 @@
+# The emulated CUDA plugin (included from tests/CMakeLists.txt; see README.md here).
+set(PLEXUS_EMU_PLUGIN_DIR ${PROJECT_BINARY_DIR}/emu-plugins)
+set(emu_dir ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu)
+set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
+# The CUDA plugin's kernel files that need neither cuBLAS, cuDNN nor Tensor Core instructions.
+set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool)
+set(emu_sources)
+set(emu_kernel_sources)
+foreach(f ${emu_kernel_files})
+  list(APPEND emu_kernel_sources ${cuda_dir}/ops/${f}.cu)
+endforeach()
+# The emulator's stand-ins for the cuBLASLt/cuDNN ops are kernels with launches too.
+list(APPEND emu_kernel_sources ${emu_dir}/standins.cpp)
+foreach(src ${emu_kernel_sources})
+  get_filename_component(f ${src} NAME_WE)
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${f}.cpp)
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${src} ${out}
+    DEPENDS ${emu_dir}/translate.py ${src}
+    COMMENT "CUDA emulator: translating ${f}")
+  list(APPEND emu_sources ${out})
+endforeach()
+add_library(plexus_plugin_cuda_emu MODULE ${emu_sources}
+  ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp
+  ${emu_dir}/runtime.cpp)
+# The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
+target_include_directories(plexus_plugin_cuda_emu BEFORE PRIVATE ${emu_dir}/include)
+target_include_directories(plexus_plugin_cuda_emu PRIVATE ${cuda_dir})
+target_link_libraries(plexus_plugin_cuda_emu PRIVATE Plexus::sdk)
+target_compile_definitions(plexus_plugin_cuda_emu PRIVATE PLEXUS_CUDA_EMU=1)
+# No contraction into fused multiply-adds: the kernels' __fadd_rn/__fmul_rn mean what they say.
+target_compile_options(plexus_plugin_cuda_emu PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
+set_target_properties(plexus_plugin_cuda_emu PROPERTIES
+  PREFIX "lib"
+  OUTPUT_NAME "plexus-cuda"
+  CXX_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON
+  LIBRARY_OUTPUT_DIRECTORY ${PLEXUS_EMU_PLUGIN_DIR})
+target_link_options(plexus_plugin_cuda_emu PRIVATE -Wl,--no-undefined)
+add_custom_command(TARGET plexus_plugin_cuda_emu POST_BUILD
+  COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:plexus_plugin_cpu>
+          ${PLEXUS_EMU_PLUGIN_DIR}/$<TARGET_FILE_NAME:plexus_plugin_cpu>)
+add_dependencies(plexus_plugin_cuda_emu plexus_plugin_cpu)
+add_dependencies(plexus_tests plexus_plugin_cuda_emu)
+
+# The emulator's own checks: barriers, shuffles, launch limits, capture, the sort.
+set(selftest_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/selftest.cpp)
+add_custom_command(OUTPUT ${selftest_cpp}
+  COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${emu_dir}/selftest.cu ${selftest_cpp}
+  DEPENDS ${emu_dir}/translate.py ${emu_dir}/selftest.cu
+  COMMENT "CUDA emulator: translating selftest.cu")
+add_executable(plexus_cuda_emu_selftest ${selftest_cpp} ${emu_dir}/runtime.cpp)
+target_include_directories(plexus_cuda_emu_selftest BEFORE PRIVATE ${emu_dir}/include)
+target_link_libraries(plexus_cuda_emu_selftest PRIVATE Plexus::sdk)
+target_compile_options(plexus_cuda_emu_selftest PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
+add_dependencies(plexus_tests plexus_cuda_emu_selftest)
+add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
+  COMMAND plexus_cuda_emu_selftest)
+
+# The CUDA tests that need no Tensor Core kernel, against the emulated plugin. (Run one by one:
+# a skipped test would turn a whole-suite run into a skip.)
+foreach(t
+    "cuda ops match the cpu reference"
+    "the classifier head fused on cuda matches the cpu"
+    "conv + max-pool fused on cuda matches the cpu"
+    "a fused cuda training step matches the step node by node"
+    "a cuda convnet training step matches the cpu step"
+    "every node of a cuda convnet training step matches the cpu op on its inputs"
+    "a captured cuda training step replays like the uncaptured one")
+  add_test(NAME "cuda emulator: ${t}"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+            $<TARGET_FILE:plexus_tests> ${t})
+  set_tests_properties("cuda emulator: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+endforeach()

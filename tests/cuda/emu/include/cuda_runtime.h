@@ -1,0 +1,182 @@
+// The CUDA emulator's runtime API (tests/cuda/emu/README.md): the subset of cuda_runtime.h the
+// CUDA plugin uses, on host memory. Streams run their work at once, in order, except while a
+// stream is captured: then launches, copies and sets are recorded into the graph and run by
+// cudaGraphLaunch. The rules CUDA enforces during a capture (no allocation, no synchronisation)
+// and at a launch (block size, grid size, dynamic shared memory above 48 KiB only after
+// cudaFuncSetAttribute) are enforced here too.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "plx_emu.hpp"
+
+typedef enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
+  cudaErrorNotReady = 600,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnmatched = 903,
+} cudaError_t;
+
+struct CUstream_st;
+struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
+typedef CUstream_st* cudaStream_t;
+typedef CUevent_st* cudaEvent_t;
+typedef CUgraph_st* cudaGraph_t;
+typedef CUgraphExec_st* cudaGraphExec_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+};
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaMemAttachGlobal 0x01
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major;
+  int minor;
+  int multiProcessorCount;
+  int l2CacheSize;
+  int maxThreadsPerMultiProcessor;
+};
+
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+cudaError_t cudaGetDeviceCount(int* n);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags = cudaMemAttachGlobal);
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s = nullptr);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value);
+
+template <class T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+template <class T>
+cudaError_t cudaMallocManaged(T** p, size_t bytes, unsigned flags = cudaMemAttachGlobal) {
+  return cudaMallocManaged(reinterpret_cast<void**>(p), bytes, flags);
+}
+template <class T>
+cudaError_t cudaHostAlloc(T** p, size_t bytes, unsigned flags) {
+  return cudaHostAlloc(reinterpret_cast<void**>(p), bytes, flags);
+}
+template <class T>
+cudaError_t cudaHostGetDevicePointer(T** dev, void* host, unsigned flags) {
+  return cudaHostGetDevicePointer(reinterpret_cast<void**>(dev), host, flags);
+}
+template <class R, class... P>
+cudaError_t cudaFuncSetAttribute(R (*fn)(P...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), attr, value);
+}
+
+namespace plx_emu {
+
+// A launch's configuration, as between <<< and >>>.
+struct Config {
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  Config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr)
+      : grid(g), block(b), smem(s), stream(st) {}
+};
+
+// Checks the configuration (the error is kept for cudaGetLastError, as CUDA does), then runs
+// the grid now or records it into the stream's capture. `thread` runs one CUDA thread.
+void submit_launch(const char* name, const void* fn, const Config& c,
+                   std::function<void()> thread);
+
+// `kernel<<<config>>>(args...)`, as tests/cuda/emu/translate.py rewrites it: the arguments are
+// converted to the kernel's parameter types once, at the launch, and every thread gets a copy.
+template <class... P, class... A>
+void launch(const char* name, void (*kernel)(P...), const Config& c, A&&... a) {
+  static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+  auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(static_cast<std::decay_t<P>>(a)...);
+  submit_launch(name, reinterpret_cast<const void*>(kernel), c,
+                [kernel, args] { std::apply(kernel, *args); });
+}
+
+// Runs `work` on stream `s` now, or records it when the stream is being captured (library
+// calls such as cub's sort go through here).
+cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* what);
+
+}  // namespace plx_emu

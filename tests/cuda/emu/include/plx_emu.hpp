@@ -1,0 +1,239 @@
+// The CUDA emulator: the CUDA plugin's own kernels (ops/*.cu), compiled as C++ by the host
+// compiler, run on the CPU with CUDA's execution model. Every thread of a block is a fiber on its
+// own stack; a block runs its fibers until each finishes or waits at a barrier (__syncthreads,
+// __syncwarp, a warp shuffle), so barriers and shuffles have their CUDA meaning, and a barrier
+// some threads never reach is reported as a deadlock instead of hanging. Blocks run one after
+// another, so `__shared__` variables are plain statics. See tests/cuda/emu/README.md.
+//
+// This header is what the kernels see: the CUDA keywords, the built-in indices, barriers,
+// shuffles, atomics and intrinsics. The runtime API (cuda_runtime.h) is declared beside it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---- keywords ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static
+#define __constant__ static
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+namespace plx_emu {
+
+constexpr int kWarp = 32;
+
+// The fiber being run (one CUDA thread) and the block it belongs to.
+struct Thread {
+  uint3 idx;
+  int linear;  // x + y * bx + z * bx * by
+};
+extern thread_local Thread* g_thread;
+extern thread_local uint3 g_block_idx;
+extern thread_local dim3 g_block_dim;
+extern thread_local dim3 g_grid_dim;
+
+// Barriers (the calling fiber waits until the others arrive).
+void sync_block();
+int sync_block_or(int v);
+int sync_block_count(int v);
+void sync_warp(unsigned mask);
+// Warp exchange: every lane of `mask` offers `bytes` at `mine`; after the barrier the value of
+// lane `src` is copied to `out` (a lane outside the mask or the block is an error).
+void shfl(unsigned mask, const void* mine, void* out, size_t bytes, int src);
+// The launch's dynamic shared memory (extern __shared__).
+void* dynamic_smem();
+[[noreturn]] void trap(const char* what);
+
+inline int lane_id() { return g_thread->linear & (kWarp - 1); }
+
+}  // namespace plx_emu
+
+#define threadIdx (::plx_emu::g_thread->idx)
+#define blockIdx (::plx_emu::g_block_idx)
+#define blockDim (::plx_emu::g_block_dim)
+#define gridDim (::plx_emu::g_grid_dim)
+inline constexpr int warpSize = 32;
+
+inline void __syncthreads() { ::plx_emu::sync_block(); }
+inline int __syncthreads_or(int v) { return ::plx_emu::sync_block_or(v); }
+inline int __syncthreads_count(int v) { return ::plx_emu::sync_block_count(v); }
+inline int __syncthreads_and(int v) {
+  return ::plx_emu::sync_block_count(v != 0) == static_cast<int>(
+      ::plx_emu::g_block_dim.x * ::plx_emu::g_block_dim.y * ::plx_emu::g_block_dim.z);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::plx_emu::sync_warp(mask); }
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+inline void __threadfence_system() {}
+[[noreturn]] inline void __trap() { ::plx_emu::trap("__trap()"); }
+
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  const int lane = ::plx_emu::lane_id();
+  const int base = lane & ~(width - 1);
+  T out;
+  ::plx_emu::shfl(mask, &v, &out, sizeof(T), base + (src & (width - 1)));
+  return out;
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int lane = ::plx_emu::lane_id();
+  int src = lane ^ lane_mask;
+  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
+  T out;
+  ::plx_emu::shfl(mask, &v, &out, sizeof(T), src);
+  return out;
+}
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = ::plx_emu::lane_id();
+  int src = lane + static_cast<int>(delta);
+  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;
+  T out;
+  ::plx_emu::shfl(mask, &v, &out, sizeof(T), src);
+  return out;
+}
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = ::plx_emu::lane_id();
+  int src = lane - static_cast<int>(delta);
+  if (src < (lane & ~(width - 1))) src = lane;
+  T out;
+  ::plx_emu::shfl(mask, &v, &out, sizeof(T), src);
+  return out;
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  unsigned out = 0;
+  const unsigned mine = pred ? 1u << ::plx_emu::lane_id() : 0u;
+  for (int l = 0; l < 32; ++l) {
+    if (!(mask & (1u << l))) continue;
+    unsigned v;
+    ::plx_emu::shfl(mask, &mine, &v, sizeof v, l);
+    out |= v;
+  }
+  return out;
+}
+
+// ---- atomics: the fibers of a launch run one at a time, so a read-modify-write is atomic ----
+template <class T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <class T>
+inline T atomicSub(T* p, T v) {
+  const T old = *p;
+  *p = old - v;
+  return old;
+}
+template <class T>
+inline T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+template <class T>
+inline T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <class T>
+inline T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+template <class T>
+inline T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <class T>
+inline T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
+  return old;
+}
+
+// ---- arithmetic intrinsics (built with -ffp-contract=off: no fused multiply-adds unless asked) ----
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline long long __double2ll_rn(double a) { return std::llrint(a); }
+inline long long __float2ll_rn(float a) { return std::llrint(a); }
+inline int __float2int_rn(float a) { return static_cast<int>(std::lrint(a)); }
+inline float __int_as_float(int v) {
+  float f;
+  std::memcpy(&f, &v, sizeof f);
+  return f;
+}
+inline int __float_as_int(float f) {
+  int v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
+inline float __uint_as_float(unsigned v) {
+  float f;
+  std::memcpy(&f, &v, sizeof f);
+  return f;
+}
+inline float __expf(float a) { return std::exp(a); }
+inline float __logf(float a) { return std::log(a); }
+inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }
+inline double rsqrt(double a) { return 1.0 / std::sqrt(a); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(static_cast<unsigned>(v)); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+
+// CUDA's global min/max for the integer types (device code calls them unqualified).
+#define PLX_EMU_MINMAX(T)                               \
+  inline T min(T a, T b) { return b < a ? b : a; }      \
+  inline T max(T a, T b) { return a < b ? b : a; }
+PLX_EMU_MINMAX(int)
+PLX_EMU_MINMAX(unsigned)
+PLX_EMU_MINMAX(long)
+PLX_EMU_MINMAX(unsigned long)
+PLX_EMU_MINMAX(long long)
+PLX_EMU_MINMAX(unsigned long long)
+#undef PLX_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

@@ -1,0 +1,667 @@
+// The CUDA emulator's runtime (tests/cuda/emu/README.md): fibers for CUDA threads, barriers and
+// warp exchanges between them, and the runtime API on host memory with stream capture.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+// ---- fiber switch (x86-64 System V: the callee-saved registers on the old stack) ----
+extern "C" void plx_emu_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+asm(R"(
+  .text
+  .globl plx_emu_switch
+  .hidden plx_emu_switch
+  .type plx_emu_switch,@function
+plx_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size plx_emu_switch, .-plx_emu_switch
+)");
+#else
+#error "the CUDA emulator's fibers are written for x86-64"
+#endif
+
+namespace plx_emu {
+
+thread_local Thread* g_thread = nullptr;
+thread_local uint3 g_block_idx{0, 0, 0};
+thread_local dim3 g_block_dim{1, 1, 1};
+thread_local dim3 g_grid_dim{1, 1, 1};
+
+namespace {
+
+constexpr size_t kStack = size_t{256} << 10;  // per CUDA thread; the pages are touched on use
+constexpr int kMaxThreads = 1024;
+
+// Thrown out of a launch when a block cannot go on (a deadlock, a trap, an error in a thread).
+struct LaunchFault : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Fiber {
+  Thread thread;
+  void* sp = nullptr;
+  bool done = false;
+  bool waiting = false;  // parked at a barrier
+  const char* where = "";
+};
+
+// One block's fibers and barrier state; one per host thread that launches.
+struct Block {
+  std::vector<Fiber> fibers;
+  char* stacks = nullptr;
+  void* sched_sp = nullptr;
+  Fiber* current = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::string fault;  // set by a thread that threw
+  int live = 0;       // fibers not done
+  bool progress = false;
+  // __syncthreads: arrivals of this generation, the OR / count accumulator, per-generation results.
+  int arrived = 0;
+  unsigned gen = 0;
+  int acc = 0;
+  int result[2] = {0, 0};
+  // Warps: arrival masks, generations, and two banks of 32 value slots each.
+  struct Warp {
+    unsigned arrived = 0, mask = 0, gen = 0;
+    alignas(16) unsigned char slot[2][kWarp][16];
+  };
+  std::vector<Warp> warps;
+  std::vector<unsigned char> smem;  // dynamic shared memory
+
+  Block() {
+    void* p = mmap(nullptr, kStack * kMaxThreads, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    stacks = static_cast<char*>(p);
+  }
+  ~Block() { munmap(stacks, kStack * kMaxThreads); }
+};
+
+thread_local Block* g_block = nullptr;
+
+Block& block() {
+  if (!g_block) g_block = new Block();  // kept for the thread's life (its stacks are reused)
+  return *g_block;
+}
+
+void fiber_entry() {
+  Block& b = *g_block;
+  Fiber* f = b.current;
+  try {
+    (*b.body)();
+  } catch (const std::exception& e) {
+    if (b.fault.empty()) b.fault = e.what();
+  } catch (...) {
+    if (b.fault.empty()) b.fault = "a CUDA thread threw";
+  }
+  f->done = true;
+  --b.live;
+  b.progress = true;
+  // Threads that exited are not waited for at __syncthreads: the others may go on now.
+  if (b.arrived > 0 && b.arrived >= b.live) {
+    b.result[b.gen & 1] = b.acc;
+    b.acc = 0;
+    b.arrived = 0;
+    ++b.gen;
+  }
+  plx_emu_switch(&f->sp, b.sched_sp);
+  __builtin_unreachable();
+}
+
+// Back to the scheduler until this fiber's barrier is released.
+void park(Block& b, const char* where) {
+  Fiber* f = b.current;
+  f->waiting = true;
+  f->where = where;
+  plx_emu_switch(&f->sp, b.sched_sp);
+  f->waiting = false;
+}
+
+std::string describe(const Block& b, const char* name) {
+  std::string waits;
+  int shown = 0;
+  for (const Fiber& f : b.fibers) {
+    if (f.done || !f.waiting || shown >= 4) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%sthread (%u,%u,%u) at %s", shown ? ", " : "", f.thread.idx.x,
+                  f.thread.idx.y, f.thread.idx.z, f.where);
+    waits += buf;
+    ++shown;
+  }
+  char head[256];
+  std::snprintf(head, sizeof head, "%s, block (%u,%u,%u): ", name, g_block_idx.x, g_block_idx.y,
+                g_block_idx.z);
+  return head + waits;
+}
+
+void run_block(Block& b, const char* name, int nthreads) {
+  b.live = nthreads;
+  b.arrived = 0;
+  b.acc = 0;
+  for (auto& w : b.warps) w.arrived = 0, w.mask = 0;
+  for (int t = 0; t < nthreads; ++t) {
+    Fiber& f = b.fibers[t];
+    f.done = false;
+    f.waiting = false;
+    f.thread.linear = t;
+    f.thread.idx = {t % g_block_dim.x, (t / g_block_dim.x) % g_block_dim.y,
+                    t / (g_block_dim.x * g_block_dim.y)};
+    // A fresh stack: fiber_entry's address for plx_emu_switch's `ret`, six zero registers below.
+    auto top = reinterpret_cast<uintptr_t>(b.stacks + kStack * (t + 1)) & ~uintptr_t{15};
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;  // fiber_entry's (never used) return address: keeps its frame 16-aligned
+    *--sp = reinterpret_cast<void*>(&fiber_entry);
+    for (int r = 0; r < 6; ++r) *--sp = nullptr;
+    f.sp = sp;
+  }
+  while (b.live > 0) {
+    b.progress = false;
+    for (int t = 0; t < nthreads; ++t) {
+      Fiber& f = b.fibers[t];
+      if (f.done) continue;
+      b.current = &f;
+      g_thread = &f.thread;
+      plx_emu_switch(&b.sched_sp, f.sp);
+      if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
+    }
+    if (!b.progress && b.live > 0)
+      throw LaunchFault("deadlock in " + describe(b, name) +
+                        ": a barrier that some threads of the block never reach");
+  }
+  g_thread = nullptr;
+}
+
+}  // namespace
+
+// ---- barriers ----
+
+void sync_block() { (void)sync_block_count(0); }
+
+int sync_block_or(int v) { return sync_block_count(v != 0) != 0; }
+
+int sync_block_count(int v) {
+  Block& b = *g_block;
+  const unsigned my_gen = b.gen;
+  b.acc += v != 0;
+  ++b.arrived;
+  b.progress = true;
+  if (b.arrived >= b.live) {  // the last to arrive (threads that exited are not waited for)
+    b.result[my_gen & 1] = b.acc;
+    b.acc = 0;
+    b.arrived = 0;
+    ++b.gen;
+    b.progress = true;
+  } else {
+    do {
+      park(b, "__syncthreads");
+    } while (b.gen == my_gen);
+    b.progress = true;
+  }
+  return b.result[my_gen & 1];
+}
+
+namespace {
+
+// The lanes of `mask` meet; returns the bank of slots written before the meeting.
+int warp_meet(Block& b, unsigned mask, const void* mine, size_t bytes, const char* what) {
+  const int lane = lane_id(), w = g_thread->linear / kWarp;
+  Block::Warp& warp = b.warps[w];
+  const int nthreads = static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
+  const int lanes_here = std::min(kWarp, nthreads - w * kWarp);
+  const unsigned exists = lanes_here == kWarp ? ~0u : (1u << lanes_here) - 1u;
+  if (!(mask & (1u << lane))) trap((std::string(what) + " called by a lane outside its mask").c_str());
+  if (mask & ~exists) trap((std::string(what) + ": the mask names lanes the block does not have").c_str());
+  for (int l = 0; l < kWarp; ++l)
+    if ((mask & (1u << l)) && b.fibers[w * kWarp + l].done)
+      trap((std::string(what) + ": the mask names a lane that has exited").c_str());
+  if (warp.arrived == 0) warp.mask = mask;
+  else if (warp.mask != mask) trap((std::string(what) + ": lanes of one warp disagree on the mask").c_str());
+  const unsigned my_gen = warp.gen;
+  if (bytes) std::memcpy(warp.slot[my_gen & 1][lane], mine, bytes);
+  warp.arrived |= 1u << lane;
+  b.progress = true;
+  if ((warp.arrived & mask) == mask) {
+    warp.arrived = 0;
+    ++warp.gen;
+    b.progress = true;
+  } else {
+    for (;;) {
+      park(b, what);
+      if (warp.gen != my_gen) break;
+      for (int l = 0; l < kWarp; ++l)
+        if ((mask & (1u << l)) && b.fibers[w * kWarp + l].done)
+          trap((std::string(what) + ": the mask names a lane that has exited").c_str());
+    }
+    b.progress = true;
+  }
+  return static_cast<int>(my_gen & 1);
+}
+
+}  // namespace
+
+void sync_warp(unsigned mask) { (void)warp_meet(*g_block, mask, nullptr, 0, "__syncwarp"); }
+
+void shfl(unsigned mask, const void* mine, void* out, size_t bytes, int src) {
+  Block& b = *g_block;
+  if (bytes > 16) trap("a warp shuffle of more than 16 bytes");
+  const int bank = warp_meet(b, mask, mine, bytes, "__shfl_*_sync");
+  if (src < 0 || src >= kWarp || !(mask & (1u << src)))
+    trap("__shfl_*_sync reads a lane outside the mask");
+  std::memcpy(out, b.warps[g_thread->linear / kWarp].slot[bank][src], bytes);
+}
+
+void* dynamic_smem() { return g_block->smem.data(); }
+
+void trap(const char* what) { throw std::runtime_error(what); }
+
+// ---- the runtime ----
+
+namespace {
+
+std::mutex g_mu;  // one launch or API call at a time (the plugin may be driven from threads)
+thread_local cudaError_t g_last = cudaSuccess;
+
+constexpr size_t kTotal = size_t{16} << 30;  // the emulated device's memory
+size_t g_used = 0;
+std::unordered_map<void*, size_t> g_allocs;
+
+struct Capture;
+}  // namespace
+}  // namespace plx_emu
+
+struct CUstream_st {
+  unsigned flags = 0;
+  std::shared_ptr<plx_emu::Capture> capture;  // set while captured
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point when{};
+  bool recorded = false;
+  std::shared_ptr<plx_emu::Capture> capture;  // recorded into a capture: waiting on it joins it
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
+
+namespace plx_emu {
+namespace {
+
+struct Capture {
+  std::vector<std::function<void()>> work;
+  bool invalid = false;
+  std::string why;
+  cudaStream_t origin = nullptr;
+  std::vector<cudaStream_t> joined;
+};
+thread_local std::shared_ptr<Capture> g_thread_capture;  // this thread's capture (thread-local mode)
+
+std::map<const void*, int> g_smem_optin;  // kernel -> max dynamic shared memory
+
+cudaError_t fail(cudaError_t e) {
+  g_last = e;
+  return e;
+}
+
+// An API call that CUDA refuses while this thread captures: invalidates the capture.
+bool refused_in_capture(const char* what) {
+  if (!g_thread_capture) return false;
+  g_thread_capture->invalid = true;
+  if (g_thread_capture->why.empty()) g_thread_capture->why = what;
+  std::fprintf(stderr, "cuda emulator: %s during a stream capture (the capture is invalidated)\n", what);
+  return true;
+}
+
+void run_grid(const char* name, const Config& c, const std::function<void()>& thread) {
+  Block& b = block();
+  const int nthreads = static_cast<int>(c.block.x * c.block.y * c.block.z);
+  if (b.fibers.size() < static_cast<size_t>(nthreads)) b.fibers.resize(nthreads);
+  b.warps.resize((nthreads + kWarp - 1) / kWarp);
+  b.smem.assign(c.smem, 0xFF);  // shared memory starts as garbage: NaN in every float type
+  b.body = &thread;
+  b.fault.clear();
+  g_grid_dim = c.grid;
+  g_block_dim = c.block;
+  for (unsigned z = 0; z < c.grid.z; ++z)
+    for (unsigned y = 0; y < c.grid.y; ++y)
+      for (unsigned x = 0; x < c.grid.x; ++x) {
+        g_block_idx = {x, y, z};
+        run_block(b, name, nthreads);
+      }
+}
+
+void run_or_record(cudaStream_t s, std::function<void()> work) {
+  if (s && s->capture) s->capture->work.push_back(std::move(work));
+  else work();
+}
+
+}  // namespace
+
+void submit_launch(const char* name, const void* fn, const Config& c, std::function<void()> thread) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const unsigned long long nthreads = 1ull * c.block.x * c.block.y * c.block.z;
+  if (nthreads == 0 || nthreads > 1024 || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
+      c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.grid.x > 2147483647u) {
+    std::fprintf(stderr, "cuda emulator: %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)\n",
+                 name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z);
+    fail(cudaErrorInvalidConfiguration);
+    return;
+  }
+  const auto opt = g_smem_optin.find(fn);
+  const size_t smem_limit = c.smem <= (48u << 10) ? (48u << 10)
+                            : opt == g_smem_optin.end() ? (48u << 10)
+                                                        : static_cast<size_t>(opt->second);
+  if (c.smem > smem_limit || c.smem > (227u << 10)) {
+    std::fprintf(stderr,
+                 "cuda emulator: %s: %zu bytes of dynamic shared memory, above the %zu the kernel "
+                 "may have (more than 48 KiB needs cudaFuncSetAttribute)\n",
+                 name, c.smem, smem_limit);
+    fail(cudaErrorInvalidValue);
+    return;
+  }
+  const Config cfg = c;
+  const std::string kernel = name;
+  run_or_record(c.stream, [cfg, kernel, thread = std::move(thread)] {
+    try {
+      run_grid(kernel.c_str(), cfg, thread);
+    } catch (const LaunchFault& e) {
+      std::fprintf(stderr, "cuda emulator: %s\n", e.what());
+      g_last = cudaErrorLaunchFailure;
+    }
+  });
+}
+
+cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char*) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  run_or_record(s, std::move(work));
+  return cudaSuccess;
+}
+
+}  // namespace plx_emu
+
+using plx_emu::fail;
+using plx_emu::g_mu;
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    default: return "cudaError";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator's message is on stderr)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    default: return "error (the emulator's message is on stderr)";
+  }
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = plx_emu::g_last;
+  plx_emu::g_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return plx_emu::g_last; }
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "CUDA emulator on the CPU (sm_90-like)");
+  p->totalGlobalMem = plx_emu::kTotal;
+  p->sharedMemPerBlock = 48 << 10;
+  p->sharedMemPerBlockOptin = 227 << 10;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 4;  // few "SMs": grids sized by SM count stay small on the CPU
+  p->l2CacheSize = 50 << 20;
+  p->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  if (plx_emu::refused_in_capture("cudaDeviceSynchronize")) return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+namespace {
+cudaError_t allocate(void** p, size_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (plx_emu::refused_in_capture(what)) return fail(cudaErrorStreamCaptureUnsupported);
+  if (bytes > plx_emu::kTotal - plx_emu::g_used) return fail(cudaErrorMemoryAllocation);
+  void* q = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
+  if (!q) return fail(cudaErrorMemoryAllocation);
+  std::memset(q, 0xFF, bytes);  // fresh device memory is garbage: NaN in every float type
+  plx_emu::g_allocs[q] = bytes;
+  plx_emu::g_used += bytes;
+  *p = q;
+  return cudaSuccess;
+}
+cudaError_t release(void* p, const char* what) {
+  if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (plx_emu::refused_in_capture(what)) return fail(cudaErrorStreamCaptureUnsupported);
+  const auto it = plx_emu::g_allocs.find(p);
+  if (it == plx_emu::g_allocs.end()) {
+    std::fprintf(stderr, "cuda emulator: %s of a pointer it did not allocate\n", what);
+    return fail(cudaErrorInvalidValue);
+  }
+  plx_emu::g_used -= it->second;
+  plx_emu::g_allocs.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, "cudaMalloc"); }
+cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned) {
+  return allocate(p, bytes, "cudaMallocManaged");
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return allocate(p, bytes, "cudaHostAlloc"); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, "cudaMallocHost"); }
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned) {
+  *dev = host;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) { return release(p, "cudaFree"); }
+cudaError_t cudaFreeHost(void* p) { return release(p, "cudaFreeHost"); }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  *free_bytes = plx_emu::kTotal - plx_emu::g_used;
+  *total_bytes = plx_emu::kTotal;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (plx_emu::refused_in_capture("cudaMemcpy")) return fail(cudaErrorStreamCaptureUnsupported);
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  if (!bytes) return cudaSuccess;
+  return plx_emu::submit_work(s, [=] { std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
+  if (!bytes) return cudaSuccess;
+  return plx_emu::submit_work(s, [=] { std::memset(dst, value, bytes); }, "cudaMemsetAsync");
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (plx_emu::refused_in_capture("cudaMemset")) return fail(cudaErrorStreamCaptureUnsupported);
+  if (bytes) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  *s = new CUstream_st;
+  (*s)->flags = flags;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if ((s && s->capture) || plx_emu::refused_in_capture("cudaStreamSynchronize")) {
+    if (s && s->capture) {
+      s->capture->invalid = true;
+      s->capture->why = "cudaStreamSynchronize on the captured stream";
+    }
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  // Waiting on an event recorded in a capture pulls the stream into that capture, as in CUDA.
+  if (s && e->capture && !s->capture) {
+    s->capture = e->capture;
+    e->capture->joined.push_back(s);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (s && s->capture) {
+    e->capture = s->capture;
+    // Timing events inside a graph take their time when the graph runs that far.
+    s->capture->work.push_back([e] {
+      e->when = std::chrono::steady_clock::now();
+      e->recorded = true;
+    });
+    return cudaSuccess;
+  }
+  e->capture = nullptr;
+  e->when = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e->capture || plx_emu::refused_in_capture("cudaEventSynchronize"))
+    return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e->capture) return fail(cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!s || s->capture) return fail(cudaErrorIllegalState);
+  auto c = std::make_shared<plx_emu::Capture>();
+  c->origin = s;
+  s->capture = c;
+  plx_emu::g_thread_capture = c;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!s || !s->capture || s->capture->origin != s) return fail(cudaErrorIllegalState);
+  auto c = s->capture;
+  for (cudaStream_t j : c->joined) j->capture = nullptr;
+  s->capture = nullptr;
+  plx_emu::g_thread_capture = nullptr;
+  if (c->invalid) {
+    std::fprintf(stderr, "cuda emulator: the capture was invalidated by %s\n", c->why.c_str());
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(c->work)};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  std::unique_lock<std::mutex> lock(g_mu);
+  if (s && s->capture) {
+    s->capture->work.push_back([exec] {
+      for (const auto& w : exec->work) w();
+    });
+    return cudaSuccess;
+  }
+  for (const auto& w : exec->work) w();
+  return plx_emu::g_last;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > (227 << 10)) return fail(cudaErrorInvalidValue);
+    plx_emu::g_smem_optin[fn] = value;
+  }
+  return cudaSuccess;
+}

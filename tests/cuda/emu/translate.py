@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Rewrites a CUDA source of the plugin into C++ for the CUDA emulator (tests/cuda/emu/README.md).
+
+Two constructs are not C++: a launch, `kernel<targs><<<grid, block, smem, stream>>>(args);`,
+becomes `::plx_emu::launch("kernel<targs>", &kernel<targs>, ::plx_emu::Config(grid, block,
+smem, stream), args);`, and a dynamic shared-memory array, `extern __shared__ T name[];`, becomes
+a pointer to the launch's dynamic shared memory. Everything else (keywords, built-in indices,
+intrinsics) is defined by the emulator's headers. Line numbers are kept, so compiler errors
+point at the original file.
+
+usage: translate.py IN.cu OUT.cpp
+"""
+import re
+import sys
+
+
+def find_kernel_start(s, i):
+    """The start of the kernel expression that ends just before index i (at `<<<`)."""
+    j = i
+    while j > 0 and s[j - 1].isspace():
+        j -= 1
+    if s[j - 1] == ">":  # template arguments: match the angle brackets backwards
+        depth = 0
+        k = j - 1
+        while k >= 0:
+            if s[k] == ">":
+                depth += 1
+            elif s[k] == "<":
+                depth -= 1
+                if depth == 0:
+                    break
+            k -= 1
+        j = k
+    k = j
+    while k > 0 and (s[k - 1].isalnum() or s[k - 1] in "_:"):
+        k -= 1
+    return k
+
+
+def matching(s, i, open_ch, close_ch):
+    depth = 0
+    for k in range(i, len(s)):
+        if s[k] == open_ch:
+            depth += 1
+        elif s[k] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return k
+    raise SystemExit(f"unbalanced {open_ch}{close_ch} from offset {i}")
+
+
+def rewrite_launches(s):
+    out = []
+    pos = 0
+    while True:
+        i = s.find("<<<", pos)
+        if i < 0:
+            out.append(s[pos:])
+            return "".join(out)
+        start = find_kernel_start(s, i)
+        kernel = s[start:i].rstrip()
+        end_cfg = s.find(">>>", i)
+        cfg = s[i + 3:end_cfg]
+        lp = end_cfg + 3
+        while s[lp].isspace():
+            lp += 1
+        if s[lp] != "(":
+            raise SystemExit(f"no argument list after >>> at offset {end_cfg}")
+        rp = matching(s, lp, "(", ")")
+        args = s[lp + 1:rp]
+        name = " ".join(kernel.split())
+        call = (f'::plx_emu::launch("{name}", &{kernel}, ::plx_emu::Config({cfg})'
+                + (f", {args})" if args.strip() else ")"))
+        # Keep the line count: the rewritten launch spans as many lines as the original did.
+        lines = s[start:rp + 1].count("\n")
+        call = call.replace("\n", " ") + "\n" * lines
+        out.append(s[pos:start])
+        out.append(call)
+        pos = rp + 1
+
+
+SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:]+(?:\s+[\w:]+)*)\s+"
+    r"(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s*\[\s*\]\s*;")
+
+
+def main():
+    src, dst = sys.argv[1], sys.argv[2]
+    s = open(src).read()
+    s = rewrite_launches(s)
+    s = SHARED.sub(lambda m: f"{m.group(1)}* {m.group(2)} = "
+                   f"static_cast<{m.group(1)}*>(::plx_emu::dynamic_smem());", s)
+    with open(dst, "w") as f:
+        f.write(f'#line 1 "{src}"\n' + s)
+
+
+main()
