@@ -72,3 +72,16 @@ foreach(t
             $<TARGET_FILE:plexus_tests> ${t})
   set_tests_properties("cuda emulator: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
+
+# The kernels again with each warp running as far ahead as CUDA allows (PLEXUS_EMU_SCHEDULE):
+# a result that changes is a race on memory another warp writes without a barrier between.
+foreach(t
+    "cuda ops match the cpu reference"
+    "the classifier head fused on cuda matches the cpu"
+    "conv + max-pool fused on cuda matches the cpu")
+  add_test(NAME "cuda emulator, warps drifting apart: ${t}"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+            PLEXUS_EMU_SCHEDULE=ahead $<TARGET_FILE:plexus_tests> ${t})
+  set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
+    SKIP_RETURN_CODE 77 TIMEOUT 900)
+endforeach()

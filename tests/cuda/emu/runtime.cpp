@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -160,6 +161,42 @@ std::string describe(const Block& b, const char* name) {
   return head + waits;
 }
 
+// The order the fibers of a block run in between barriers (PLEXUS_EMU_SCHEDULE): "forward"
+// (thread 0 first, the default), "reverse", "shuffle" (a fixed pseudo-random permutation per
+// pass), or "ahead" (each warp, the last first, runs as far as it can before the next: warps
+// drift apart between __syncthreads as far as CUDA allows). A kernel whose result depends on it reads shared or global memory another thread
+// writes without a barrier between: a race that the GPU's warp scheduler may or may not show.
+enum class Schedule { kForward, kReverse, kShuffle, kAhead };
+Schedule schedule() {
+  static const Schedule s = [] {
+    const char* e = std::getenv("PLEXUS_EMU_SCHEDULE");
+    const std::string v = e ? e : "";
+    if (v == "reverse") return Schedule::kReverse;
+    if (v == "shuffle") return Schedule::kShuffle;
+    if (v == "ahead") return Schedule::kAhead;
+    if (!v.empty() && v != "forward")
+      std::fprintf(stderr, "cuda emulator: PLEXUS_EMU_SCHEDULE=%s: expected forward, reverse, "
+                           "shuffle or ahead; running forward\n", v.c_str());
+    return Schedule::kForward;
+  }();
+  return s;
+}
+thread_local uint32_t g_pass = 0;
+int schedule_index(int i, int n) {
+  switch (schedule()) {
+    case Schedule::kReverse: return n - 1 - i;
+    case Schedule::kShuffle: {
+      if (i == 0) ++g_pass;
+      // i -> (a i + c) mod n with a odd and coprime to n's odd part: a permutation of 0..n-1
+      // for every n when a is chosen coprime to n.
+      uint32_t a = 2654435761u % static_cast<uint32_t>(n);
+      while (std::gcd(a, static_cast<uint32_t>(n)) != 1) ++a;
+      return static_cast<int>((static_cast<uint64_t>(a) * i + g_pass * 40503u) % n);
+    }
+    default: return i;
+  }
+}
+
 void run_block(Block& b, const char* name, int nthreads) {
   b.live = nthreads;
   b.arrived = 0;
@@ -180,16 +217,31 @@ void run_block(Block& b, const char* name, int nthreads) {
     for (int r = 0; r < 6; ++r) *--sp = nullptr;
     f.sp = sp;
   }
+  const int nwarps = (nthreads + kWarp - 1) / kWarp;
+  const bool ahead = schedule() == Schedule::kAhead;
   while (b.live > 0) {
-    b.progress = false;
-    for (int t = 0; t < nthreads; ++t) {
-      Fiber& f = b.fibers[t];
-      if (f.done) continue;
-      b.current = &f;
-      g_thread = &f.thread;
-      plx_emu_switch(&b.sched_sp, f.sp);
-      if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
+    bool moved = false;
+    for (int wi = 0; wi < nwarps; ++wi) {
+      // "ahead": the last warp first, each warp as far as it can go (to a __syncthreads) before
+      // the next one runs; otherwise one pass over the block's threads in schedule order.
+      const int w = ahead ? nwarps - 1 - wi : 0;
+      const int lo = ahead ? w * kWarp : 0;
+      const int hi = ahead ? std::min(nthreads, lo + kWarp) : nthreads;
+      do {
+        b.progress = false;
+        for (int i = lo; i < hi; ++i) {
+          Fiber& f = b.fibers[ahead ? i : schedule_index(i, nthreads)];
+          if (f.done) continue;
+          b.current = &f;
+          g_thread = &f.thread;
+          plx_emu_switch(&b.sched_sp, f.sp);
+          if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
+        }
+        moved = moved || b.progress;
+      } while (ahead && b.progress);
+      if (!ahead) break;
     }
+    b.progress = moved;
     if (!b.progress && b.live > 0)
       throw LaunchFault("deadlock in " + describe(b, name) +
                         ": a barrier that some threads of the block never reach");
@@ -386,8 +438,21 @@ void submit_launch(const char* name, const void* fn, const Config& c, std::funct
     fail(cudaErrorInvalidValue);
     return;
   }
+  // PLEXUS_EMU_TRACE=file: one line per kernel as it runs (name, grid, block), to count what a
+  // step launches.
+  static FILE* trace = [] {
+    const char* f = std::getenv("PLEXUS_EMU_TRACE");
+    return f && *f ? std::fopen(f, "w") : nullptr;
+  }();
   const Config cfg = c;
   const std::string kernel = name;
+  if (trace) {
+    run_or_record(c.stream, [cfg, kernel] {
+      std::fprintf(trace, "%s grid (%u,%u,%u) block (%u,%u,%u)\n", kernel.c_str(), cfg.grid.x,
+                   cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
+      std::fflush(trace);
+    });
+  }
   run_or_record(c.stream, [cfg, kernel, thread = std::move(thread)] {
     try {
       run_grid(kernel.c_str(), cfg, thread);
