@@ -268,7 +268,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   RuntimeOptions o;
-  o.plugins.paths = {PLEXUS_PLUGIN_DIR};
+  // PLEXUS_TEST_PLUGIN_DIR: another plugin folder, as for plexus_tests (the CUDA emulator's).
+  const char* dir = std::getenv("PLEXUS_TEST_PLUGIN_DIR");
+  o.plugins.paths = {dir && *dir ? dir : PLEXUS_PLUGIN_DIR};
   o.plugins.use_env = false;
   o.plugins.use_default_dir = false;
   o.plugins.options = options;

@@ -20,16 +20,24 @@ foreach(src ${emu_kernel_sources})
     COMMENT "CUDA emulator: translating ${f}")
   list(APPEND emu_sources ${out})
 endforeach()
+# The emulated runtime (and NCCL) is one shared library, as libcudart is: the emulated CUDA and
+# NCCL plugins share its streams, captures and allocations.
+add_library(plexus_cuda_emu_runtime SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp)
+target_include_directories(plexus_cuda_emu_runtime BEFORE PUBLIC ${emu_dir}/include)
+target_link_libraries(plexus_cuda_emu_runtime PUBLIC Plexus::sdk)
+target_compile_options(plexus_cuda_emu_runtime PUBLIC -ffp-contract=off -Wno-unknown-pragmas)
+set_target_properties(plexus_cuda_emu_runtime PROPERTIES
+  LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/emu-lib)
+
 add_library(plexus_plugin_cuda_emu MODULE ${emu_sources}
-  ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp
-  ${emu_dir}/runtime.cpp)
+  ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp)
 # The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
 target_include_directories(plexus_plugin_cuda_emu BEFORE PRIVATE ${emu_dir}/include)
 target_include_directories(plexus_plugin_cuda_emu PRIVATE ${cuda_dir})
-target_link_libraries(plexus_plugin_cuda_emu PRIVATE Plexus::sdk)
+# (-ffp-contract=off comes with the runtime: no contraction into fused multiply-adds, so the
+# kernels' __fadd_rn/__fmul_rn mean what they say.)
+target_link_libraries(plexus_plugin_cuda_emu PRIVATE plexus_cuda_emu_runtime)
 target_compile_definitions(plexus_plugin_cuda_emu PRIVATE PLEXUS_CUDA_EMU=1)
-# No contraction into fused multiply-adds: the kernels' __fadd_rn/__fmul_rn mean what they say.
-target_compile_options(plexus_plugin_cuda_emu PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
 set_target_properties(plexus_plugin_cuda_emu PROPERTIES
   PREFIX "lib"
   OUTPUT_NAME "plexus-cuda"
@@ -37,11 +45,28 @@ set_target_properties(plexus_plugin_cuda_emu PROPERTIES
   VISIBILITY_INLINES_HIDDEN ON
   LIBRARY_OUTPUT_DIRECTORY ${PLEXUS_EMU_PLUGIN_DIR})
 target_link_options(plexus_plugin_cuda_emu PRIVATE -Wl,--no-undefined)
-add_custom_command(TARGET plexus_plugin_cuda_emu POST_BUILD
-  COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:plexus_plugin_cpu>
-          ${PLEXUS_EMU_PLUGIN_DIR}/$<TARGET_FILE_NAME:plexus_plugin_cpu>)
-add_dependencies(plexus_plugin_cuda_emu plexus_plugin_cpu)
+# The CPU plugin (the reference) and the MPI communicator (NCCL's bootstrap) beside them.
+foreach(other plexus_plugin_cpu plexus_plugin_mpi)
+  if(TARGET ${other})
+    add_custom_command(TARGET plexus_plugin_cuda_emu POST_BUILD
+      COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:${other}>
+              ${PLEXUS_EMU_PLUGIN_DIR}/$<TARGET_FILE_NAME:${other}>)
+    add_dependencies(plexus_plugin_cuda_emu ${other})
+  endif()
+endforeach()
 add_dependencies(plexus_tests plexus_plugin_cuda_emu)
+
+# The NCCL communicator plugin on the emulator's one-rank NCCL (include/nccl.h).
+add_library(plexus_plugin_nccl_emu MODULE ${PROJECT_SOURCE_DIR}/plugins/nccl/nccl.cpp)
+target_link_libraries(plexus_plugin_nccl_emu PRIVATE plexus_cuda_emu_runtime)
+set_target_properties(plexus_plugin_nccl_emu PROPERTIES
+  PREFIX "lib"
+  OUTPUT_NAME "plexus-nccl"
+  CXX_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON
+  LIBRARY_OUTPUT_DIRECTORY ${PLEXUS_EMU_PLUGIN_DIR})
+target_link_options(plexus_plugin_nccl_emu PRIVATE -Wl,--no-undefined)
+add_dependencies(plexus_tests plexus_plugin_nccl_emu)
 
 # The emulator's own checks: barriers, shuffles, launch limits, capture, the sort.
 set(selftest_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/selftest.cpp)
@@ -49,10 +74,8 @@ add_custom_command(OUTPUT ${selftest_cpp}
   COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${emu_dir}/selftest.cu ${selftest_cpp}
   DEPENDS ${emu_dir}/translate.py ${emu_dir}/selftest.cu
   COMMENT "CUDA emulator: translating selftest.cu")
-add_executable(plexus_cuda_emu_selftest ${selftest_cpp} ${emu_dir}/runtime.cpp)
-target_include_directories(plexus_cuda_emu_selftest BEFORE PRIVATE ${emu_dir}/include)
-target_link_libraries(plexus_cuda_emu_selftest PRIVATE Plexus::sdk)
-target_compile_options(plexus_cuda_emu_selftest PRIVATE -ffp-contract=off -Wno-unknown-pragmas)
+add_executable(plexus_cuda_emu_selftest ${selftest_cpp})
+target_link_libraries(plexus_cuda_emu_selftest PRIVATE plexus_cuda_emu_runtime)
 add_dependencies(plexus_tests plexus_cuda_emu_selftest)
 add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
   COMMAND plexus_cuda_emu_selftest)
@@ -66,7 +89,13 @@ foreach(t
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
     "every node of a cuda convnet training step matches the cpu op on its inputs"
-    "a captured cuda training step replays like the uncaptured one")
+    "a captured cuda training step replays like the uncaptured one"
+    "nccl single rank: every collective, op and dtype, exact"
+    "nccl single rank: bench_native runs each collective, with the right results"
+    "nccl single rank: count 0, send/recv to itself in a group, barriers"
+    "nccl refuses overlapping buffers NCCL cannot handle, and stays usable"
+    "nccl abort: later operations fail with aborted, destroy still works"
+    "gradient buckets on a cuda communication stream leave a one-rank step unchanged")
   add_test(NAME "cuda emulator: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             $<TARGET_FILE:plexus_tests> ${t})
@@ -85,3 +114,13 @@ foreach(t
   set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
+
+# The communicator conformance suite over the emulator's NCCL, one rank, bootstrapped over MPI.
+if(TARGET plexus_plugin_mpi)
+  add_test(NAME "cuda emulator: nccl communicator conformance on 1 rank"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --allow-run-as-root
+            $<TARGET_FILE:plexus_comm_conformance> --comm nccl --backend cuda --bootstrap mpi)
+  set_tests_properties("cuda emulator: nccl communicator conformance on 1 rank" PROPERTIES
+    SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()

@@ -730,3 +730,15 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
   }
   return cudaSuccess;
 }
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  *status = !s || !s->capture    ? cudaStreamCaptureStatusNone
+            : s->capture->invalid ? cudaStreamCaptureStatusInvalidated
+                                  : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+  std::swap(current, *mode);
+  return cudaSuccess;
+}
