@@ -15,6 +15,7 @@
 // - node by node: every node of the CUDA step (forward, backward and update) is run again on the
 //   CPU with the CUDA node's own inputs, and its outputs compared. No decision can differ there,
 //   so every gradient and update is checked with f32 tolerances whatever the batch.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "plexus/graph.hpp"
 #include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
+#include "train/step_graph.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -423,7 +425,65 @@ void check_fusion(Backend& gpu, bool bitwise) {
   }
 }
 
+// The trainer's mixed-precision step (build_step, bf16): its casts (each parameter to bf16 before
+// its layer, each gradient back to f32 for the update) run as a few multi-tensor kernels, which
+// round as the per-node cast does, so the fused step follows the step node by node (to the
+// tolerance the other fused kernels, such as the head, need).
+void check_cast_fusion(Backend& gpu) {
+  const int64_t batch = 8;
+  const ModelSpec spec = builtin_model("convnet");
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0.9;
+  auto sg = build_step(runtime().ops(), spec, batch, spec.input_shape, true, opt, false, PLX_BF16);
+  TensorStore store_a, store_b;
+  ExecutableOptions ea, eb;
+  ea.seed = eb.seed = 17;
+  ea.fuse = true;
+  eb.fuse = false;
+  Executable a(gpu, sg->graph, store_a, ea);
+  Executable b(gpu, sg->graph, store_b, eb);
+  int casts = 0, cast_kernels = 0, cast_nodes = 0;
+  for (const GraphNode& n : sg->graph.nodes())
+    if (n.schema && n.schema->name == "cast") ++casts;
+  std::string names;
+  for (const auto& k : a.kernel_names()) {
+    names += k + "\n";
+    if (k.find("fused kernel 'multi_tensor_cast'") == std::string::npos) continue;
+    ++cast_kernels;
+    cast_nodes += static_cast<int>(std::count(k.begin(), k.end(), ',')) + 1;
+  }
+  INFO("kernels of the fused step:\n" << names);
+  // 10 parameters to bf16 (with the images, 11 casts in 5 runs: a layer's weight and bias
+  // before the layer) and 10 gradients to f32 (one run at the end of backward); the logits'
+  // cast belongs to the fused head, and its gradient's cast runs alone.
+  CHECK(casts == 23);
+  CHECK(cast_kernels == 6);
+  CHECK(cast_nodes == 21);
+  for (int i = 0; i < 3; ++i) {
+    const Batch data = make_batch(batch, 500 + static_cast<uint64_t>(i));
+    for (Executable* e : {&a, &b}) {
+      feed(*e, data, kLr);
+      e->run();
+      e->sync();
+    }
+    const double la = loss_of(a), lb = loss_of(b);
+    INFO("step " << i << ": fused " << la << ", node by node " << lb);
+    CHECK(std::isfinite(la));
+    CHECK(std::fabs(la - lb) <= 1e-3 * std::fabs(lb) + 1e-5);
+  }
+  for (const auto& [name, t] : store_b.all()) {
+    INFO("after three steps: " << name);
+    CHECK(compare_tensors(store_a.get(name), t, nmse_only(1e-4)) == "");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("a fused cuda bf16 step runs its casts as multi-tensor kernels", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  check_cast_fusion(gpu);
+}
 
 TEST_CASE("a fused cuda training step matches the step node by node", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);

@@ -25,6 +25,9 @@
 //    the plugin's own kernels run a chunk of images at a time, so neither the full pre-pool
 //    tensor nor its gradient exists (ops/conv_pool.cpp). Claimed before the epilogue chains,
 //    which would otherwise take the conv2d -> relu.
+//  - casts between f32, f16 and bf16 (a mixed-precision step's parameters to 16 bits, their
+//    gradients back to f32): runs of them that can run as one, one multi-tensor launch each
+//    (ops/multi_cast.hpp), claimed last, so that casts in the patterns above stay there.
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +35,7 @@
 #include "common.hpp"
 #include "ops/conv_pool.hpp"
 #include "ops/linear_ce.hpp"
+#include "ops/multi_cast.hpp"
 #include "ops/optim_fused.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
@@ -144,10 +148,94 @@ class MultiAdamw final : public Kernel {
   std::vector<const float*> grad_;
 };
 
+// Every cast of a group (independent casts, one dtype pair) in one launch per
+// kMultiCastCapacity tensors.
+class MultiCast final : public Kernel {
+ public:
+  MultiCast(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
+      : in_(g, b), device_(device) {
+    from_ = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
+    to_ = static_cast<plx_dtype>(g.value(g.node(0).outputs[0]).dtype);
+    for (int32_t n = 0; n < in_.nodes(); ++n) {
+      const plx_graph_node& node = g.node(n);
+      PLX_DECLINE_UNLESS(node.num_outputs == 1 && g.value(node.outputs[0]).dtype == to_ &&
+                             g.value(node.inputs[0]).dtype == from_,
+                         "multi-tensor cast: casts of one dtype pair");
+      const int32_t slot = b.output(node.outputs[0]);
+      PLX_DECLINE_UNLESS(slot >= 0, "multi-tensor cast: a cast read only inside the group");
+      out_slot_.push_back(slot);
+      numel_.push_back(in_.numel(n));
+      PLX_DECLINE_UNLESS(sdk::is_contiguous(g.value(node.inputs[0])) &&
+                             sdk::is_contiguous(g.value(node.outputs[0])),
+                         "multi-tensor cast: contiguous tensors");
+    }
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    src_.clear(), dst_.clear();
+    for (int32_t n = 0; n < in_.nodes(); ++n) {
+      src_.push_back(in_.get(c, n, 0).data);
+      dst_.push_back(c.out(out_slot_[static_cast<size_t>(n)]).data);
+    }
+    launch_multi_cast(from_, to_, in_.nodes(), src_.data(), dst_.data(), numel_.data(),
+                      native(c.stream));
+  }
+
+ private:
+  sdk::GroupInputs in_;
+  int32_t device_;
+  plx_dtype from_ = PLX_F32, to_ = PLX_F32;
+  std::vector<int32_t> out_slot_;
+  std::vector<int64_t> numel_;
+  std::vector<const void*> src_;
+  std::vector<void*> dst_;
+};
+
+bool float_dtype(int32_t d) { return d == PLX_F32 || d == PLX_F16 || d == PLX_BF16; }
+
+// Runs of casts (one dtype pair, floats) that may run as one kernel at the place of their last
+// member: no node between the first and the last reads what a member writes (the rule the core
+// checks claims against). Greedy in graph order; runs of one are left out. `taken`: nodes in
+// earlier claims.
+std::vector<std::vector<int32_t>> cast_runs(const sdk::GraphView& g, const std::vector<bool>& taken) {
+  std::vector<std::vector<int32_t>> runs;
+  for (const auto& grp : sdk::same_op_groups(g, "cast", {})) {
+    std::vector<int32_t> run;
+    auto flush = [&] {
+      if (run.size() >= 2) runs.push_back(run);
+      run.clear();
+    };
+    for (int32_t n : grp) {
+      const plx_graph_node& node = g.node(n);
+      if (taken[static_cast<size_t>(n)] || node.num_outputs != 1 ||
+          !float_dtype(g.value(node.inputs[0]).dtype) || !float_dtype(g.value(node.outputs[0]).dtype))
+        continue;
+      // Would a node after the run's last member and before n read a member's output?
+      bool clash = false;
+      for (int32_t m : run)
+        for (int32_t r : g.readers(g.node(m).outputs[0]))
+          clash = clash || (r > run.back() && r < n);
+      if (clash) flush();
+      run.push_back(n);
+    }
+    flush();
+  }
+  return runs;
+}
+
 }  // namespace
 
-void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim, void* user) {
+void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim_fn, void* user) {
   const sdk::GraphView g(graph);
+  // The nodes of accepted claims, so that the casts' runs (claimed last) leave them out.
+  std::vector<bool> taken(static_cast<size_t>(std::max(g.num_nodes(), 0)), false);
+  auto claim = [&](void* u, const int32_t* nodes, int32_t count, const char* name) {
+    const plx_status st = claim_fn(u, nodes, count, name);
+    if (st == PLX_OK)
+      for (int32_t i = 0; i < count; ++i) taken[static_cast<size_t>(nodes[i])] = true;
+    return st;
+  };
   // A refused claim (the core's debug log says why) leaves the nodes to run alone.
   for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
     if (is_f32_group(g, grp))
@@ -178,6 +266,8 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
     claim(user, chain.data(), static_cast<int32_t>(chain.size()), name.c_str());
   }
+  for (const auto& run : cast_runs(g, taken))
+    claim(user, run.data(), static_cast<int32_t>(run.size()), "multi_tensor_cast");
 }
 
 void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* inputs,
@@ -194,6 +284,11 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor sgd_update: f32 only, got %s", dtype_name(dtype));
     fused_.give("multi_tensor_sgd", dtype, optim_flags,
                 std::make_unique<MultiSgd>(g, b, graph.device), kernel, state, workspace_bytes);
+    return;
+  }
+  if (g.is(0, "cast")) {
+    fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+                std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes);
     return;
   }
   if (g.is(0, "adamw_update")) {

@@ -8,6 +8,7 @@
 
 #include "device.cuh"
 #include "ops/indexing.cuh"
+#include "ops/multi_cast.hpp"
 #include "plexus/sdk/philox.hpp"
 
 namespace plexus::cuda {
@@ -154,6 +155,91 @@ class CastKernel final : public Kernel {
   int32_t device_;
   void (*launch_)(const void*, void*, int64_t, cudaStream_t) = nullptr;
 };
+
+// ---- many casts in one launch (ops/multi_cast.hpp) ----
+
+constexpr int64_t kCastChunk = 4096;  // elements per block
+
+struct MultiCastLaunch {
+  const void* src[kMultiCastCapacity];
+  void* dst[kMultiCastCapacity];
+  int64_t numel[kMultiCastCapacity];
+  int32_t first_block[kMultiCastCapacity];  // the tensor's first block; ascending
+  int32_t count;
+};
+static_assert(sizeof(MultiCastLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+
+// Block b casts chunk (b - first_block[t]) of tensor t, the last t with first_block[t] <= b.
+template <class From, class To>
+__global__ void __launch_bounds__(kBlock) multi_cast_kernel(const MultiCastLaunch L) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  int lo = 0, hi = L.count - 1;
+  while (lo < hi) {  // uniform over the block
+    const int mid = (lo + hi + 1) / 2;
+    if (L.first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const int t = lo;
+  const int64_t begin = static_cast<int64_t>(b - L.first_block[t]) * kCastChunk;
+  const int64_t end = min(L.numel[t], begin + kCastChunk);
+  const From* x = static_cast<const From*>(L.src[t]);
+  To* y = static_cast<To*>(L.dst[t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) y[i] = cast_value<To>(x[i]);
+}
+
+template <class From, class To>
+void launch_multi_cast_typed(int32_t count, const void* const* src, void* const* dst,
+                             const int64_t* numel, cudaStream_t stream) {
+  MultiCastLaunch L{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (L.count == 0) return;
+    multi_cast_kernel<From, To><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(L);
+    PLX_CUDA_LAUNCH_CHECK();
+    L.count = 0;
+    blocks = 0;
+  };
+  for (int32_t i = 0; i < count; ++i) {
+    const int64_t n = numel[i];
+    if (n <= 0) continue;
+    const int64_t chunks = (n + kCastChunk - 1) / kCastChunk;
+    PLX_REQUIRE(chunks < INT32_MAX, "multi-tensor cast: a tensor of %lld elements is too large",
+                static_cast<long long>(n));
+    if (L.count == kMultiCastCapacity || blocks + chunks > INT32_MAX) flush();
+    L.src[L.count] = src[i];
+    L.dst[L.count] = dst[i];
+    L.numel[L.count] = n;
+    L.first_block[L.count] = static_cast<int32_t>(blocks);
+    ++L.count;
+    blocks += chunks;
+  }
+  flush();
+}
+
+}  // namespace
+
+void launch_multi_cast(plx_dtype from, plx_dtype to, int32_t count, const void* const* src,
+                       void* const* dst, const int64_t* numel, cudaStream_t stream) {
+  auto pick_to = [&](auto f) {
+    using F = typename decltype(f)::type;
+    switch (to) {
+      case PLX_F32: return launch_multi_cast_typed<F, float>(count, src, dst, numel, stream);
+      case PLX_F16: return launch_multi_cast_typed<F, f16>(count, src, dst, numel, stream);
+      case PLX_BF16: return launch_multi_cast_typed<F, bf16>(count, src, dst, numel, stream);
+      default:
+        throw sdk::Unsupported(sdk::format("multi-tensor cast: to %s", dtype_name(to)));
+    }
+  };
+  switch (from) {
+    case PLX_F32: return pick_to(std::type_identity<float>{});
+    case PLX_F16: return pick_to(std::type_identity<f16>{});
+    case PLX_BF16: return pick_to(std::type_identity<bf16>{});
+    default:
+      throw sdk::Unsupported(sdk::format("multi-tensor cast: from %s", dtype_name(from)));
+  }
+}
+
+namespace {
 
 // ---- dropout ----
 
