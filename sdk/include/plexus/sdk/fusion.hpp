@@ -179,6 +179,22 @@ class OwnedNodeInfo {
   }
   OwnedNodeInfo(const OwnedNodeInfo&) = delete;
   OwnedNodeInfo& operator=(const OwnedNodeInfo&) = delete;
+  // Gives input (or output) k the shape of `like` with shape[0] = rows, contiguous: an
+  // elementwise node run on another tensor than its own (a ReLU applied after the max-pool that
+  // read its input, which is the same where the pool's indices carry the ReLU's mask).
+  void reshape(bool output, int32_t k, const plx_tensor& like, int64_t rows) {
+    std::vector<plx_tensor>& ts = output ? outputs_ : inputs_;
+    PLX_REQUIRE(k >= 0 && k < static_cast<int32_t>(ts.size()) && like.ndim >= 1,
+                "%s: no %s %d to reshape", info_.op, output ? "output" : "input", k);
+    plx_tensor& t = ts[static_cast<size_t>(k)];
+    t.ndim = like.ndim;
+    for (int32_t i = 0; i < like.ndim; ++i) t.shape[i] = like.shape[i];
+    t.shape[0] = rows;
+    for (int64_t i = t.ndim - 1, step = 1; i >= 0; --i) {
+      t.strides[i] = step;
+      step *= t.shape[i];
+    }
+  }
   const plx_node_info& get() const { return info_; }
   const std::vector<plx_tensor>& inputs() const { return inputs_; }
   const std::vector<plx_tensor>& outputs() const { return outputs_; }

@@ -91,11 +91,16 @@ struct Member {
   std::vector<plx_tensor> in, out;
 
   bool present() const { return kernel != nullptr; }
+  // `like`: an elementwise node (input 0 -> output 0) made for tensors shaped as `like`, with
+  // `rows` images, instead of its own.
   void make(Backend& backend, const GraphView& g, int32_t n, int64_t rows,
             std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
-            bool patch_input_shape) {
-    const OwnedNodeInfo info(g, n, rows, batched_in, batched_out,
-                             patch_input_shape ? "input_shape" : "");
+            bool patch_input_shape, const plx_tensor* like = nullptr) {
+    OwnedNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape ? "input_shape" : "");
+    if (like) {
+      info.reshape(false, 0, *like, rows);
+      info.reshape(true, 0, *like, rows);
+    }
     kernel = std::make_unique<NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
     in = info.inputs();
     out = info.outputs();
@@ -169,6 +174,15 @@ class ChunkedConvMaxPool final : public Kernel {
     const uint64_t ux = static_cast<uint64_t>(x_img_), uy = static_cast<uint64_t>(y_img_);
     rows_ = detail::chunked::chunk_rows(n_, static_cast<uint64_t>(pre_img_) * es_, chunk_bytes,
                                         {ux * es_, uy * es_, uy * idx_es_});
+    // With relu_mask the pool's indices are the same whether it reads the ReLU's output or its
+    // input (the maximum's position where it is > 0, none elsewhere), and max then ReLU equals
+    // ReLU then max: so the ReLU runs on the pooled chunk, a quarter of the pre-pool tensor for
+    // 2x2 windows, instead of on the pre-pool chunk. (They differ only where a window holds a
+    // NaN, which the pool takes and a ReLU would have made 0.)
+    {
+      const OwnedNodeInfo pool_info(g, s_.pool);
+      relu_after_pool_ = s_.relu >= 0 && NodeInfo(&pool_info.get()).attr_int_or("relu_mask", 0) == 1;
+    }
 
     const int64_t rem = n_ % rows_;
     for (int64_t rows : {rows_, rem}) {
@@ -177,7 +191,7 @@ class ChunkedConvMaxPool final : public Kernel {
       p.rows = rows;
       p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
       if (s_.relu >= 0) {
-        p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false);
+        p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, relu_after_pool_ ? &y : nullptr);
         PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
                            "conv2d+relu+max_pool2d: relu's kernel %s cannot run in place",
                            p.relu.kernel->table().impl);
@@ -217,17 +231,22 @@ class ChunkedConvMaxPool final : public Kernel {
       if (s_.bias >= 0) p.conv.in[2].data = c.in(s_.bias).data;
       p.conv.out[0].data = pre;
       p.conv.run(mws, member_ws_, c.stream);
-      if (p.relu.present()) {
+      if (p.relu.present() && !relu_after_pool_) {
         p.relu.in[0].data = pre;
         p.relu.out[0].data = pre;
         p.relu.run(mws, member_ws_, c.stream);
       }
+      void* y_chunk = detail::chunked::at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
       p.pool.in[0].data = pre;
-      p.pool.out[0].data =
-          detail::chunked::at_bytes(y.data, img * static_cast<uint64_t>(y_img_) * es_);
+      p.pool.out[0].data = y_chunk;
       p.pool.out[1].data =
           detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
       p.pool.run(mws, member_ws_, c.stream);
+      if (p.relu.present() && relu_after_pool_) {
+        p.relu.in[0].data = y_chunk;
+        p.relu.out[0].data = y_chunk;
+        p.relu.run(mws, member_ws_, c.stream);
+      }
     }
   }
 
@@ -238,6 +257,7 @@ class ChunkedConvMaxPool final : public Kernel {
   };
 
   ConvMaxPoolSlots s_;
+  bool relu_after_pool_ = false;  // the ReLU runs on the pooled chunk (relu_mask)
   int64_t n_ = 0, rows_ = 0;
   uint64_t es_ = 0, idx_es_ = 0;
   int64_t x_img_ = 0, pre_img_ = 0, y_img_ = 0;  // elements per image
