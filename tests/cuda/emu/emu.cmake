@@ -20,41 +20,49 @@ foreach(src ${emu_kernel_sources})
     COMMENT "CUDA emulator: translating ${f}")
   list(APPEND emu_sources ${out})
 endforeach()
-# The emulated runtime (and NCCL) is one shared library, as libcudart is: the emulated CUDA and
-# NCCL plugins share its streams, captures and allocations.
-add_library(plexus_cuda_emu_runtime SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp)
-target_include_directories(plexus_cuda_emu_runtime BEFORE PUBLIC ${emu_dir}/include)
-target_link_libraries(plexus_cuda_emu_runtime PUBLIC Plexus::sdk)
-target_compile_options(plexus_cuda_emu_runtime PUBLIC -ffp-contract=off -Wno-unknown-pragmas)
-set_target_properties(plexus_cuda_emu_runtime PROPERTIES
-  LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/emu-lib)
+# One build of the emulator: its runtime library and the emulated CUDA plugin, in plugin folder
+# `dir` beside links to the CPU and MPI plugins, compiled with the extra `flags` (the memcheck
+# build's AddressSanitizer).
+function(plexus_emu_variant suffix dir flags)
+  # The emulated runtime (and NCCL) is one shared library, as libcudart is: the emulated CUDA
+  # and NCCL plugins share its streams, captures and allocations.
+  set(rt plexus_cuda_emu_runtime${suffix})
+  add_library(${rt} SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp)
+  target_include_directories(${rt} BEFORE PUBLIC ${emu_dir}/include)
+  target_link_libraries(${rt} PUBLIC Plexus::sdk)
+  # No contraction into fused multiply-adds: the kernels' __fadd_rn/__fmul_rn mean what they say.
+  target_compile_options(${rt} PUBLIC -ffp-contract=off -Wno-unknown-pragmas ${flags})
+  target_link_options(${rt} PUBLIC ${flags})
+  set_target_properties(${rt} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/emu-lib)
 
-add_library(plexus_plugin_cuda_emu MODULE ${emu_sources}
-  ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp)
-# The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
-target_include_directories(plexus_plugin_cuda_emu BEFORE PRIVATE ${emu_dir}/include)
-target_include_directories(plexus_plugin_cuda_emu PRIVATE ${cuda_dir})
-# (-ffp-contract=off comes with the runtime: no contraction into fused multiply-adds, so the
-# kernels' __fadd_rn/__fmul_rn mean what they say.)
-target_link_libraries(plexus_plugin_cuda_emu PRIVATE plexus_cuda_emu_runtime)
-target_compile_definitions(plexus_plugin_cuda_emu PRIVATE PLEXUS_CUDA_EMU=1)
-set_target_properties(plexus_plugin_cuda_emu PROPERTIES
-  PREFIX "lib"
-  OUTPUT_NAME "plexus-cuda"
-  CXX_VISIBILITY_PRESET hidden
-  VISIBILITY_INLINES_HIDDEN ON
-  LIBRARY_OUTPUT_DIRECTORY ${PLEXUS_EMU_PLUGIN_DIR})
-target_link_options(plexus_plugin_cuda_emu PRIVATE -Wl,--no-undefined)
-# The CPU plugin (the reference) and the MPI communicator (NCCL's bootstrap) beside them.
-foreach(other plexus_plugin_cpu plexus_plugin_mpi)
-  if(TARGET ${other})
-    add_custom_command(TARGET plexus_plugin_cuda_emu POST_BUILD
-      COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:${other}>
-              ${PLEXUS_EMU_PLUGIN_DIR}/$<TARGET_FILE_NAME:${other}>)
-    add_dependencies(plexus_plugin_cuda_emu ${other})
-  endif()
-endforeach()
-add_dependencies(plexus_tests plexus_plugin_cuda_emu)
+  set(plugin plexus_plugin_cuda_emu${suffix})
+  add_library(${plugin} MODULE ${emu_sources}
+    ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp)
+  # The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
+  target_include_directories(${plugin} BEFORE PRIVATE ${emu_dir}/include)
+  target_include_directories(${plugin} PRIVATE ${cuda_dir})
+  target_link_libraries(${plugin} PRIVATE ${rt})
+  target_compile_definitions(${plugin} PRIVATE PLEXUS_CUDA_EMU=1)
+  set_target_properties(${plugin} PROPERTIES
+    PREFIX "lib"
+    OUTPUT_NAME "plexus-cuda"
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    LIBRARY_OUTPUT_DIRECTORY ${dir})
+  target_link_options(${plugin} PRIVATE -Wl,--no-undefined)
+  # The CPU plugin (the reference) and the MPI communicator (NCCL's bootstrap) beside it.
+  foreach(other plexus_plugin_cpu plexus_plugin_mpi)
+    if(TARGET ${other})
+      add_custom_command(TARGET ${plugin} POST_BUILD
+        COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE:${other}>
+                ${dir}/$<TARGET_FILE_NAME:${other}>)
+      add_dependencies(${plugin} ${other})
+    endif()
+  endforeach()
+  add_dependencies(plexus_tests ${plugin})
+endfunction()
+
+plexus_emu_variant("" ${PLEXUS_EMU_PLUGIN_DIR} "")
 
 # The NCCL communicator plugin on the emulator's one-rank NCCL (include/nccl.h).
 add_library(plexus_plugin_nccl_emu MODULE ${PROJECT_SOURCE_DIR}/plugins/nccl/nccl.cpp)
@@ -124,4 +132,25 @@ if(TARGET plexus_plugin_mpi)
             $<TARGET_FILE:plexus_comm_conformance> --comm nccl --backend cuda --bootstrap mpi)
   set_tests_properties("cuda emulator: nccl communicator conformance on 1 rank" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()
+
+# The emulator's memcheck: the same plugin under AddressSanitizer, so a kernel reading or writing
+# past a __shared__ array, the dynamic shared memory or a device allocation is stopped with the
+# line (the test binary stays uninstrumented; libasan is preloaded). Where GCC has libasan.
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+  OUTPUT_VARIABLE plexus_libasan OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_libasan}")
+  set(PLEXUS_EMU_ASAN_DIR ${PROJECT_BINARY_DIR}/emu-asan-plugins)
+  plexus_emu_variant(_asan ${PLEXUS_EMU_ASAN_DIR} "-fsanitize=address;-fno-omit-frame-pointer")
+  foreach(t
+      "cuda ops match the cpu reference"
+      "the classifier head fused on cuda matches the cpu"
+      "conv + max-pool fused on cuda matches the cpu")
+    add_test(NAME "cuda emulator, memcheck: ${t}"
+      COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
+              LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0
+              $<TARGET_FILE:plexus_tests> ${t})
+    set_tests_properties("cuda emulator, memcheck: ${t}" PROPERTIES
+      SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endforeach()
 endif()

@@ -17,6 +17,16 @@
 
 #include "cuda_runtime.h"
 
+// Under AddressSanitizer (the emulator's memcheck build, emu.cmake) every switch between stacks
+// is announced, and a fiber's stack is unpoisoned before it is used again.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define PLX_EMU_ASAN 1
+#else
+#define PLX_EMU_ASAN 0
+#endif
+
 // ---- fiber switch (x86-64 System V: the callee-saved registers on the old stack) ----
 extern "C" void plx_emu_switch(void** save_sp, void* load_sp);
 #if defined(__x86_64__)
@@ -67,6 +77,7 @@ struct LaunchFault : std::runtime_error {
 struct Fiber {
   Thread thread;
   void* sp = nullptr;
+  void* asan_fake = nullptr;  // AddressSanitizer's fake stack while switched out
   bool done = false;
   bool waiting = false;  // parked at a barrier
   const char* where = "";
@@ -78,6 +89,8 @@ struct Block {
   char* stacks = nullptr;
   void* sched_sp = nullptr;
   Fiber* current = nullptr;
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
+  size_t sched_size = 0;
   const std::function<void()>* body = nullptr;
   std::string fault;  // set by a thread that threw
   int live = 0;       // fibers not done
@@ -111,9 +124,28 @@ Block& block() {
   return *g_block;
 }
 
+// Announces a switch to the scheduler's stack (`exiting`: this fiber's stack is done with).
+inline void to_scheduler(Block& b, Fiber* f, bool exiting) {
+#if PLX_EMU_ASAN
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &f->asan_fake, b.sched_bottom, b.sched_size);
+#else
+  (void)b, (void)f, (void)exiting;
+#endif
+}
+inline void back_in_fiber(Fiber* f) {
+#if PLX_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f->asan_fake, nullptr, nullptr);
+#else
+  (void)f;
+#endif
+}
+
 void fiber_entry() {
   Block& b = *g_block;
   Fiber* f = b.current;
+#if PLX_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &b.sched_bottom, &b.sched_size);
+#endif
   try {
     (*b.body)();
   } catch (const std::exception& e) {
@@ -131,6 +163,7 @@ void fiber_entry() {
     b.arrived = 0;
     ++b.gen;
   }
+  to_scheduler(b, f, true);
   plx_emu_switch(&f->sp, b.sched_sp);
   __builtin_unreachable();
 }
@@ -140,7 +173,9 @@ void park(Block& b, const char* where) {
   Fiber* f = b.current;
   f->waiting = true;
   f->where = where;
+  to_scheduler(b, f, false);
   plx_emu_switch(&f->sp, b.sched_sp);
+  back_in_fiber(f);
   f->waiting = false;
 }
 
@@ -210,6 +245,10 @@ void run_block(Block& b, const char* name, int nthreads) {
     f.thread.idx = {t % g_block_dim.x, (t / g_block_dim.x) % g_block_dim.y,
                     t / (g_block_dim.x * g_block_dim.y)};
     // A fresh stack: fiber_entry's address for plx_emu_switch's `ret`, six zero registers below.
+#if PLX_EMU_ASAN
+    // Frames a fiber left when its launch failed may still be poisoned.
+    __asan_unpoison_memory_region(b.stacks + kStack * t, kStack);
+#endif
     auto top = reinterpret_cast<uintptr_t>(b.stacks + kStack * (t + 1)) & ~uintptr_t{15};
     void** sp = reinterpret_cast<void**>(top);
     *--sp = nullptr;  // fiber_entry's (never used) return address: keeps its frame 16-aligned
@@ -234,7 +273,14 @@ void run_block(Block& b, const char* name, int nthreads) {
           if (f.done) continue;
           b.current = &f;
           g_thread = &f.thread;
+#if PLX_EMU_ASAN
+          void* fake = nullptr;
+          __sanitizer_start_switch_fiber(&fake, b.stacks + kStack * (&f - b.fibers.data()), kStack);
+#endif
           plx_emu_switch(&b.sched_sp, f.sp);
+#if PLX_EMU_ASAN
+          __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
           if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
         }
         moved = moved || b.progress;
