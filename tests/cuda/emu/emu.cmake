@@ -154,3 +154,13 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       SKIP_RETURN_CODE 77 TIMEOUT 900)
   endforeach()
 endif()
+
+# The trainer end to end on the emulated plugin (resident data, capture, fusion, checkpoints)
+# against the CPU, and in bf16 and f16.
+add_test(NAME "cuda emulator: plexus train on the emulated cuda plugin follows the cpu"
+  COMMAND bash ${emu_dir}/train_on_emulator.sh $<TARGET_FILE:plexus>
+          $<TARGET_FILE:plexus_compare_runs> ${PLEXUS_EMU_PLUGIN_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/emu-train
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties("cuda emulator: plexus train on the emulated cuda plugin follows the cpu"
+  PROPERTIES PASS_REGULAR_EXPRESSION "trains on the emulator as on the cpu" TIMEOUT 900)

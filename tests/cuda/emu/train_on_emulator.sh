@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The trainer on the emulated CUDA plugin against the CPU (ctest runs it; see emu.cmake):
+#   train_on_emulator.sh PLEXUS COMPARE EMU_PLUGIN_DIR WORKDIR
+# trains SimpleCNN for 6 steps on the CPU and on the emulated CUDA plugin (resident data gathered
+# on the device, the step captured and replayed, the fused kernels, a checkpoint read back from
+# the device) and holds their losses and final checkpoints to each other; then the same in bf16
+# and in f16 with loss scaling on the emulator alone, which must train (finite, falling losses)
+# and, for f16, start at a loss scale of 65536.
+set -euo pipefail
+plexus=$1 compare=$2 emu=$3 work=$4
+rm -rf "$work"
+mkdir -p "$work"
+common=(--set train.max_steps=6 --set train.eval=false --set data.limit=768
+        --set logging.progress=\"plain\" --set train.seed=3)
+emu_args=(--set backend.name=\"cuda\" --set "plugins.paths=[\"$emu\"]")
+echo "== cpu, f32"
+"$plexus" train configs/simplecnn.toml --set backend.name=\"cpu\" "${common[@]}" \
+  --set output.dir=\"$work/cpu\"
+echo "== emulated cuda, f32"
+"$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+  --set plugins.options.cuda.tf32=false --set output.dir=\"$work/cuda\" 2>&1 | tee "$work/cuda.log"
+grep -q "on cuda:0" "$work/cuda.log" || { echo "the run was not on cuda:0"; exit 1; }
+echo "== compare"
+# Sums in another order (the CPU's Winograd convolutions against the emulator's direct loops).
+"$compare" "$work/cpu" "$work/cuda" --rtol 1e-3 --atol 1e-5
+for p in bf16 f16; do
+  echo "== emulated cuda, $p"
+  "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+    --set train.precision=\"$p\" --set output.dir=\"$work/cuda-$p\"
+  python3 - "$work/cuda-$p/metrics.jsonl" "$p" <<'PY'
+import json, math, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [s for s in steps if s.get("type") == "step"]
+losses = [s["loss"] for s in steps]
+assert len(losses) == 6, f"{len(losses)} steps, 6 expected"
+assert all(math.isfinite(x) for x in losses), f"non-finite loss: {losses}"
+assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
+if sys.argv[2] == "f16":
+    assert steps[0]["loss_scale"] == 65536, steps[0]
+    assert not any(s["skipped"] for s in steps), "f16 skipped steps"
+print(sys.argv[2], "losses", " ".join(f"{x:.4f}" for x in losses))
+PY
+done
+echo "trains on the emulator as on the cpu"
