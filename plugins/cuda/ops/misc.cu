@@ -9,6 +9,7 @@
 #include "device.cuh"
 #include "ops/indexing.cuh"
 #include "ops/multi_cast.hpp"
+#include "ops/multi_tensor.cuh"
 #include "plexus/sdk/philox.hpp"
 
 namespace plexus::cuda {
@@ -169,18 +170,11 @@ struct MultiCastLaunch {
 };
 static_assert(sizeof(MultiCastLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
 
-// Block b casts chunk (b - first_block[t]) of tensor t, the last t with first_block[t] <= b.
+// Each block casts one chunk of one tensor (multi_tensor.cuh).
 template <class From, class To>
 __global__ void __launch_bounds__(kBlock) multi_cast_kernel(const MultiCastLaunch L) {
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  int lo = 0, hi = L.count - 1;
-  while (lo < hi) {  // uniform over the block
-    const int mid = (lo + hi + 1) / 2;
-    if (L.first_block[mid] <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  const int t = lo;
-  const int64_t begin = static_cast<int64_t>(b - L.first_block[t]) * kCastChunk;
+  const int t = block_tensor(L);
+  const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kCastChunk;
   const int64_t end = min(L.numel[t], begin + kCastChunk);
   const From* x = static_cast<const From*>(L.src[t]);
   To* y = static_cast<To*>(L.dst[t]);
@@ -191,29 +185,16 @@ template <class From, class To>
 void launch_multi_cast_typed(int32_t count, const void* const* src, void* const* dst,
                              const int64_t* numel, cudaStream_t stream) {
   MultiCastLaunch L{};
-  int64_t blocks = 0;
-  auto flush = [&] {
-    if (L.count == 0) return;
-    multi_cast_kernel<From, To><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(L);
-    PLX_CUDA_LAUNCH_CHECK();
-    L.count = 0;
-    blocks = 0;
-  };
-  for (int32_t i = 0; i < count; ++i) {
-    const int64_t n = numel[i];
-    if (n <= 0) continue;
-    const int64_t chunks = (n + kCastChunk - 1) / kCastChunk;
-    PLX_REQUIRE(chunks < INT32_MAX, "multi-tensor cast: a tensor of %lld elements is too large",
-                static_cast<long long>(n));
-    if (L.count == kMultiCastCapacity || blocks + chunks > INT32_MAX) flush();
-    L.src[L.count] = src[i];
-    L.dst[L.count] = dst[i];
-    L.numel[L.count] = n;
-    L.first_block[L.count] = static_cast<int32_t>(blocks);
-    ++L.count;
-    blocks += chunks;
-  }
-  flush();
+  pack_launches<kCastChunk, kMultiCastCapacity>(
+      L, count, numel, "multi-tensor cast",
+      [&](int slot, int32_t i) {
+        L.src[slot] = src[i];
+        L.dst[slot] = dst[i];
+      },
+      [&](unsigned blocks) {
+        multi_cast_kernel<From, To><<<blocks, kBlock, 0, stream>>>(L);
+        PLX_CUDA_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "device.cuh"
+#include "ops/multi_tensor.cuh"
 #include "ops/optim_fused.hpp"
 
 namespace plexus::cuda {
@@ -33,16 +34,6 @@ struct alignas(16) F4 {
 __device__ __forceinline__ double read_scalar(const void* p, int32_t dtype) {
   return dtype == PLX_F64 ? *static_cast<const double*>(p)
                           : static_cast<double>(*static_cast<const float*>(p));
-}
-
-// The block's tensor: the last one whose first block is at or before this block (tensors with
-// no elements were left out by the host, so every tensor owns at least one block).
-template <class L>
-__device__ __forceinline__ int block_tensor(const L& launch) {
-  int t = 0;
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  while (t + 1 < launch.count && b >= launch.first_block[t + 1]) ++t;
-  return t;
 }
 
 // ---- SGD ----
@@ -234,34 +225,6 @@ void check_scalar_dtype(int32_t dtype, const char* what) {
               dtype_name(dtype));
 }
 
-// Packs the tensors with elements into launches of at most kCap tensors; add(slot, i) copies
-// tensor i's pointers into the launch, launch(blocks) enqueues it and empties it.
-template <class Launch, class Add, class Go>
-void pack_launches(Launch& L, int32_t count, const int64_t* numel, Add&& add, Go&& go) {
-  int64_t blocks = 0;
-  L.count = 0;
-  auto flush = [&] {
-    if (L.count == 0) return;
-    go(static_cast<unsigned>(blocks));
-    L.count = 0;
-    blocks = 0;
-  };
-  for (int32_t i = 0; i < count; ++i) {
-    const int64_t n = numel[i];
-    if (n <= 0) continue;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    PLX_REQUIRE(chunks < INT32_MAX, "multi-tensor update: tensor of %lld elements is too large",
-                static_cast<long long>(n));
-    if (L.count == kCap || blocks + chunks > INT32_MAX) flush();
-    L.numel[L.count] = n;
-    L.first_block[L.count] = static_cast<int32_t>(blocks);
-    add(L.count, i);
-    ++L.count;
-    blocks += chunks;
-  }
-  flush();
-}
-
 }  // namespace
 
 void launch_multi_sgd(const MultiSgdArgs& a, cudaStream_t stream) {
@@ -270,8 +233,8 @@ void launch_multi_sgd(const MultiSgdArgs& a, cudaStream_t stream) {
   PLX_REQUIRE(a.momentum == 0 || a.momentum_buf != nullptr, "sgd_update: momentum needs momentum_buf");
   SgdLaunch L{};
   L.h = SgdHyper{a.momentum, a.dampening, a.weight_decay, a.lr, a.lr_dtype, a.nesterov ? 1 : 0};
-  pack_launches(
-      L, a.count, a.numel,
+  pack_launches<kChunk, kCap>(
+      L, a.count, a.numel, "multi-tensor update",
       [&](int slot, int32_t i) {
         L.param[slot] = a.param[i];
         L.grad[slot] = a.grad[i];
@@ -290,8 +253,8 @@ void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
   AdamwLaunch L{};
   L.h = AdamwHyper{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.step, a.lr_dtype, a.step_dtype};
   L.error = a.error;
-  pack_launches(
-      L, a.count, a.numel,
+  pack_launches<kChunk, kCap>(
+      L, a.count, a.numel, "multi-tensor update",
       [&](int slot, int32_t i) {
         L.param[slot] = a.param[i];
         L.grad[slot] = a.grad[i];
