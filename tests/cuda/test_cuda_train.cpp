@@ -140,6 +140,16 @@ void feed(Executable& e, const Batch& b, double lr) {
 
 double loss_of(const Executable& e) { return e.tensor("loss_value").to_doubles().at(0); }
 
+// One step of each executable on the same batch; their losses.
+std::pair<double, double> step_both(Executable& a, Executable& b, const Batch& data) {
+  for (Executable* e : {&a, &b}) {
+    feed(*e, data, kLr);
+    e->run();
+    e->sync();
+  }
+  return {loss_of(a), loss_of(b)};
+}
+
 // A CPU copy of a tensor of any backend (Tensor::to returns the tensor itself on the CPU).
 Tensor host_copy(const Tensor& t) {
   std::vector<uint8_t> b(static_cast<size_t>(t.nbytes()) + 1);
@@ -401,13 +411,7 @@ void check_fusion(Backend& gpu, bool bitwise) {
   CHECK(a.plan().unplanned_bytes < b.plan().unplanned_bytes);
   CHECK(b.plan().fused_kernels == 0);
   for (int i = 0; i < 3; ++i) {
-    const Batch data = make_batch(batch, 400 + static_cast<uint64_t>(i));
-    for (Executable* e : {&a, &b}) {
-      feed(*e, data, kLr);
-      e->run();
-      e->sync();
-    }
-    const double la = loss_of(a), lb = loss_of(b);
+    const auto [la, lb] = step_both(a, b, make_batch(batch, 400 + static_cast<uint64_t>(i)));
     INFO("step " << i << ": fused " << la << ", node by node " << lb);
     CHECK(std::isfinite(la));
     if (bitwise) CHECK(la == lb);
@@ -461,13 +465,7 @@ void check_cast_fusion(Backend& gpu) {
   CHECK(cast_kernels == 6);
   CHECK(cast_nodes == 21);
   for (int i = 0; i < 3; ++i) {
-    const Batch data = make_batch(batch, 500 + static_cast<uint64_t>(i));
-    for (Executable* e : {&a, &b}) {
-      feed(*e, data, kLr);
-      e->run();
-      e->sync();
-    }
-    const double la = loss_of(a), lb = loss_of(b);
+    const auto [la, lb] = step_both(a, b, make_batch(batch, 500 + static_cast<uint64_t>(i)));
     INFO("step " << i << ": fused " << la << ", node by node " << lb);
     CHECK(std::isfinite(la));
     CHECK(std::fabs(la - lb) <= 1e-3 * std::fabs(lb) + 1e-5);
