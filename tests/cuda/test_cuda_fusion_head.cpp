@@ -26,6 +26,9 @@ struct HeadCase {
   double smoothing = 0;
   int64_t n = 7, k = 9, c = 5;
   bool fused_on_cuda = true;  // false: the weight does not fit in shared memory, declined
+  // x needs a gradient (it comes from a parameter through a ReLU, as after a hidden layer), so
+  // the linear's dx, and with it db, joins the cuda group (and dlogits' cast back, mixed).
+  bool dx = false;
 };
 
 struct Run {
@@ -36,7 +39,9 @@ struct Run {
 Run run_head(Backend& b, const HeadCase& h, const TensorStore* params_from, TensorStore& store) {
   Graph g(runtime().ops());
   const plx_dtype ld = h.mixed ? PLX_F32 : h.d;
-  const Var x = g.input("x", {h.d, {h.n, h.k}});
+  const Var x = h.dx ? g.add1("relu", {g.parameter("x", {h.d, {h.n, h.k}}, init::uniform(-2, 2))},
+                              {}, "x.relu")
+                     : g.input("x", {h.d, {h.n, h.k}});
   const Var labels = g.input("labels", {PLX_I32, {h.n}});
   const Var w = g.parameter("out.weight", {h.d, {h.c, h.k}}, init::xavier_uniform(h.k, h.c));
   const Var bias = g.parameter("out.bias", {h.d, {h.c}}, init::uniform(-0.5, 0.5));
@@ -55,14 +60,16 @@ Run run_head(Backend& b, const HeadCase& h, const TensorStore* params_from, Tens
                                      ? backward(g, loss, params, g.input("dloss", {ld, {h.n}}))
                                      : backward(g, loss, params);
   g.mark_output(loss, "loss_out");
-  g.mark_output(grads[0], "dw");
-  g.mark_output(grads[1], "db");
+  const size_t p0 = h.dx ? 1 : 0;  // the parameter x first, then the linear's
+  g.mark_output(grads[p0], "dw");
+  g.mark_output(grads[p0 + 1], "db");
+  if (h.dx) g.mark_output(grads[0], "dx");
   ExecutableOptions eo;
   eo.seed = 23;
   Executable exe(b, g, store, eo);
   if (params_from)
     for (const auto& [name, t] : params_from->all()) fill(store.get(name), t.to_doubles());
-  fill(exe.tensor("x"), random_doubles(static_cast<size_t>(h.n * h.k), 41, -2, 2));
+  if (!h.dx) fill(exe.tensor("x"), random_doubles(static_cast<size_t>(h.n * h.k), 41, -2, 2));
   std::vector<int32_t> lab(static_cast<size_t>(h.n));
   for (size_t i = 0; i < lab.size(); ++i)
     lab[i] = i % 4 == 2 ? -100 : static_cast<int32_t>((i * 7) % static_cast<size_t>(h.c));
@@ -73,6 +80,7 @@ Run run_head(Backend& b, const HeadCase& h, const TensorStore* params_from, Tens
   Run r;
   r.kernels = exe.kernel_names();
   for (const char* name : {"logits_out", "pred_out", "loss_out", "dw", "db"}) r.out[name] = exe.tensor(name).to(cpu());
+  if (h.dx) r.out["dx"] = exe.tensor("dx").to(cpu());
   return r;
 }
 
@@ -105,6 +113,25 @@ TEST_CASE("the classifier head fused on cuda matches the cpu", "[cuda][fusion]")
   big.k = 100;
   big.c = 100;
   cases.push_back(big);
+  // The linear's dx and db in the group: f32, 16-bit, mixed (dlogits cast back), reduction sum,
+  // many blocks adding up db, and an empty batch (the loss and db still written).
+  for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_F16}) {
+    HeadCase h;
+    h.d = d;
+    h.dx = true;
+    cases.push_back(h);
+  }
+  HeadCase mixed_dx = mixed;
+  mixed_dx.dx = true;
+  cases.push_back(mixed_dx);
+  HeadCase sum_dx;
+  sum_dx.dx = true;
+  sum_dx.reduction = "sum";
+  cases.push_back(sum_dx);
+  HeadCase big_dx = big;
+  big_dx.dx = true;
+  big_dx.c = 37;
+  cases.push_back(big_dx);
   HeadCase declined = big;  // 100 x 400 f32 weights: 160 KB, more than shared memory holds
   declined.n = 64;
   declined.k = 400;
@@ -118,6 +145,17 @@ TEST_CASE("the classifier head fused on cuda matches the cpu", "[cuda][fusion]")
     const Run got = run_head(gpu, h, &cpu_store, gpu_store);
     CHECK(has_kernel(want, "cpu/linear+softmax_cross_entropy"));
     CHECK(has_kernel(got, "cuda/linear+softmax_cross_entropy") == h.fused_on_cuda);
+    // With dx, the cuda group also computes the linear's dx and db (its name lists the nodes);
+    // only dw's matmul runs on its own.
+    if (h.dx) {
+      std::string group;
+      for (const auto& k : got.kernels)
+        if (k.find("cuda/linear+softmax_cross_entropy") != std::string::npos) group = k;
+      INFO("the fused kernel: " << group);
+      CHECK(group.find("out.grad") != std::string::npos);
+      if (h.mixed) CHECK(group.find("logits.cast.grad") != std::string::npos);
+      CHECK(compare_tensors(got.out.at("dx"), want.out.at("dx"), tolerance_for(h.d, h.c, false)) == "");
+    }
     CHECK(compare_tensors(got.out.at("logits_out"), want.out.at("logits_out"), tolerance_for(h.d, h.k, false)) == "");
     // Predictions: equal, or a near-tie in the CPU's logits.
     const std::vector<double> gp = got.out.at("pred_out").to_doubles();

@@ -481,6 +481,9 @@ std::unique_ptr<Kernel> make_linear_cross_entropy(const sdk::GraphView& g, const
                                                   plx_dtype& dtype) {
   const sdk::LinearCrossEntropySlots s = sdk::linear_cross_entropy_slots(g, b);
   dtype = s.dtype;
+  // The linear's dx and db are BLAS's and the sum's (the CPU asks for no such group).
+  PLX_DECLINE_UNLESS(s.dx_matmul < 0 && s.db_sum < 0 && s.dcast < 0,
+                     "linear+softmax_cross_entropy: the linear's backward runs on its own");
   const sdk::OwnedNodeInfo info(g, s.ce);
   const NodeInfo ce(&info.get());
   const bool cast = s.cast >= 0;

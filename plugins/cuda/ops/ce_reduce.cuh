@@ -7,11 +7,12 @@
 namespace plexus::cuda {
 
 // One block: the sum of the row losses in a fixed order, in f64, divided for mean by the rows
-// not ignored (0 when every row is ignored). L: the labels' type; T: the loss's.
+// not ignored (0 when every row is ignored). L: the labels' type; T: the loss's. Every thread of
+// the block calls it (block_sum's barriers). The row losses are read through volatile: the
+// fused head's last block reads what the other blocks wrote in the same launch.
 template <class T, class L>
-__global__ void __launch_bounds__(kBlock)
-    ce_reduce(const float* __restrict__ row_loss, const L* __restrict__ labels,
-              T* __restrict__ loss, int64_t n, long long ignore, bool mean) {
+__device__ __forceinline__ void ce_reduce_block(const volatile float* row_loss, const L* labels,
+                                                T* loss, int64_t n, long long ignore, bool mean) {
   __shared__ double shared_sum[32];
   __shared__ long long shared_count[32];
   double s = 0;
@@ -26,6 +27,13 @@ __global__ void __launch_bounds__(kBlock)
     if (mean) s = count > 0 ? s / static_cast<double>(count) : 0.0;
     store(loss, 0, static_cast<float>(s));
   }
+}
+
+template <class T, class L>
+__global__ void __launch_bounds__(kBlock)
+    ce_reduce(const float* __restrict__ row_loss, const L* __restrict__ labels,
+              T* __restrict__ loss, int64_t n, long long ignore, bool mean) {
+  ce_reduce_block<T, L>(row_loss, labels, loss, n, ignore, mean);
 }
 
 }  // namespace plexus::cuda

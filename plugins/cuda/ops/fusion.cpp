@@ -16,9 +16,9 @@
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
 //    kernel that masks each gradient as it reads it (ops/pool.cu).
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
-//    the logits and the loss's backward when the graph allows (sdk::find_linear_cross_entropy):
-//    one kernel over the rows with the weight in shared memory (ops/linear_ce.cu), declined
-//    when the weight does not fit.
+//    the logits, the loss's backward and the linear's dx and db (after dlogits' cast back) when
+//    the graph allows (sdk::find_linear_cross_entropy): one kernel over the rows with the
+//    weight in shared memory (ops/linear_ce.cu), declined when the weight does not fit.
 //  - a convolution with the max pooling after it (sdk::find_conv_max_pool: conv2d -> [relu] ->
 //    max_pool2d) and the backward of the pair (sdk::find_max_pool_conv_backward:
 //    max_pool2d_backward read only by conv2d_backward_data/_weight and the bias gradient's sum):
@@ -256,7 +256,7 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
   // The classifier head: the largest of its groups the core accepts.
-  for (const auto& head : sdk::find_linear_cross_entropy(g))
+  for (const auto& head : sdk::find_linear_cross_entropy(g, /*linear_backward=*/true))
     for (const auto& grp : head.groups)
       if (claim(user, grp.data(), static_cast<int32_t>(grp.size()), "linear+softmax_cross_entropy") ==
           PLX_OK)

@@ -1,22 +1,28 @@
 // CUDA: the classifier head, linear -> [cast to f32] -> softmax_cross_entropy with the argmax of
-// the logits and the loss's backward, as one kernel over the rows (plus, for reduction mean or
-// sum, the one-block kernel that adds the row losses), for fusion (sdk::linear_cross_entropy_
-// slots, ops/fusion.cpp). The logits and log_probs stay on chip unless they are needed outside.
+// the logits, the loss's backward and the linear's own dx and db (after the cast back to the
+// linear's dtype, under mixed precision), as one kernel over the rows, for fusion
+// (sdk::linear_cross_entropy_slots, ops/fusion.cpp). The logits, log_probs and (when only the
+// group reads them) dlogits stay on chip.
 //
 // A block stages the weight (C, K) in shared memory as f32 once, then each of its 8 warps takes
 // a row at a time: the C logits as dot products of the row of x with the weight's rows (each
 // lane a strided slice of K, 8 classes at a time, then a shuffle tree), rounded to the linear's
 // dtype as the linear node stores them (and widened exactly by the cast); then, from the logits
 // in shared memory, log-sum-exp, the row loss, the argmax and dlogits, with the arithmetic of the
-// unfused kernels (ops/softmax.cu, ops/reduce.cu). The weight must fit in shared memory beside
+// unfused kernels (ops/softmax.cu, ops/reduce.cu); then the row's dx, dl (C) times the staged
+// weight, and dl added into the warp's sums for db. The weight must fit in shared memory beside
 // the logits (48 KiB, no opt-in): the constructor declines larger heads, which then run node by
-// node.
+// node. dw, a product summed over the rows, stays a GEMM of its own.
 //
-// Deterministic: every sum has a fixed order (per lane, then a fixed shuffle tree; the row
-// losses in f64 in row order), no atomics. The mean's count of rows not ignored, which dlogits
-// needs before any row is done, is counted by every block over all labels (a block reduction in
-// a fixed order, so every block gets the same count): N label reads per block, cheap next to
-// the block's share of x for any classifier batch. Capture-safe: no allocation, no host sync.
+// The loss (mean or sum) and db need every row: the last block to finish adds them up (the
+// blocks count themselves on a counter the kernel owns, after a fence), so the whole head is one
+// launch. Deterministic: every sum has a fixed order (per lane, then a fixed shuffle tree; the
+// row losses in f64 in row order, as ce_reduce; db per warp in row order, then warps, then
+// blocks in order), and the counter only says which block is last. The mean's count of rows not
+// ignored, which dlogits needs before any row is done, is counted by every block over all labels
+// (a block reduction in a fixed order, so every block gets the same count): N label reads per
+// block, cheap next to the block's share of x for any classifier batch. Capture-safe: no
+// allocation, no host sync (the counter is allocated when the kernel is created).
 #include <climits>
 #include <cmath>
 
@@ -50,7 +56,14 @@ struct HeadArgs {
   void* log_probs;     // (N, C), TC, or null
   int64_t* pred;       // (N), or null
   void* dlogits;       // (N, C), TC, or null
+  void* dlogits_cast;  // (N, C), TL, or null: dlogits cast back to the linear's dtype
+  void* dx;            // (N, K), TL, or null: the linear's dx = dl w
+  void* db;            // (C), TL, or null: the linear's db = dl summed over the rows
   float* row_loss;     // (N) for mean and sum (the workspace), else null
+  float* db_part;      // (grid, C): each block's sum of its rows' dl (the workspace), or null
+  void* loss_out;      // (), TC: the reduced loss, written by the last block, or null
+  unsigned* done;      // blocks finished (zero between launches), when the last block reduces
+  bool backward;       // dlogits are computed (the loss's backward is in the group)
   int64_t n, k, c;
   long long ignore;
   float on, off;  // the target: on at the label, plus off everywhere
@@ -58,6 +71,14 @@ struct HeadArgs {
   Reduction reduction;
   DeviceErrorRecord* err;
 };
+
+// What the linear's backward reads of dl: dlogits rounded to TC as the backward node stores
+// them, then (after a mixed-precision cast back) to TL.
+template <class TL, class TC>
+__device__ __forceinline__ float as_dl(float v) {
+  const float c = to_accum<TC>(from_accum<TC>(v));
+  return to_accum<TL>(from_accum<TL>(c));
+}
 
 // (v, i) beats (bv, bi) for argmax: a NaN beats any number, a larger value a smaller one, and
 // among equals (two NaNs included) the lower index. A lane with no element holds (-inf,
@@ -71,8 +92,11 @@ __device__ __forceinline__ bool beats(float v, long long i, float bv, long long 
 
 template <class TL, class TC, class L>
 __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
-  extern __shared__ float smem[];  // the weight (C, K) in f32, then kWarps rows of C logits
+  // The weight (C, K) in f32, then kWarps rows of C logits, then (with db) kWarps rows of C
+  // per-warp sums of dl.
+  extern __shared__ float smem[];
   __shared__ long long shared_count[32];
+  __shared__ bool last_block;
   const int64_t C = a.c, K = a.k;
   const TL* x = static_cast<const TL*>(a.x);
   const TL* w = static_cast<const TL*>(a.w);
@@ -83,20 +107,26 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
   TC* cast_logits = static_cast<TC*>(a.cast_logits);
   TC* loss = static_cast<TC*>(a.loss);
   TC* lp = static_cast<TC*>(a.log_probs);
-  TC* dx = static_cast<TC*>(a.dlogits);
+  TC* dlogits = static_cast<TC*>(a.dlogits);
+  TL* dl_cast = static_cast<TL*>(a.dlogits_cast);
+  TL* dxo = static_cast<TL*>(a.dx);
+  TL* dbo = static_cast<TL*>(a.db);
   float* ws = smem;
   for (int64_t i = threadIdx.x; i < C * K; i += blockDim.x) ws[i] = load(w, i);
+  float* dbw = smem + C * K + kWarps * C;  // (kWarps, C) with db
+  if (dbo)
+    for (int64_t i = threadIdx.x; i < kWarps * C; i += blockDim.x) dbw[i] = 0.f;
   // The backward's scale of every row, unless reduction none: dloss, or dloss / (rows not
   // ignored) for mean (0 if there are none), as ce_mean_scale computes it. The condition is a
   // kernel argument: uniform, so block_sum's barriers are reached by every thread.
   float scale = 0.f;
-  if (dx && a.reduction == Reduction::kMean) {
+  if (a.backward && a.reduction == Reduction::kMean) {
     long long count = 0;
     for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x)
       count += static_cast<long long>(labels[i]) != a.ignore ? 1 : 0;
     count = block_sum(count, shared_count);
     scale = count > 0 ? load(dloss, 0) / static_cast<float>(count) : 0.f;
-  } else if (dx && a.reduction == Reduction::kSum) {
+  } else if (a.backward && a.reduction == Reduction::kSum) {
     scale = load(dloss, 0);
   }
   __syncthreads();  // the weight is staged
@@ -185,20 +215,70 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
 
     // softmax_cross_entropy_backward (ce_backward), from log_probs rounded to TC as it would
     // read them; 0 on ignored rows and rows whose label is out of range (reported above).
-    if (dx) {
-      TC* dr = dx + row * C;  // (C)
-      if (ignored || bad) {
-        for (int64_t k = lane; k < C; k += 32) store(dr, k, 0.f);
-      } else {
-        const float g = a.reduction == Reduction::kNone ? load(dloss, row) : scale;
-        for (int64_t k = lane; k < C; k += 32) {
+    if (a.backward) {
+      const bool linear_bwd = dxo || dbo;
+      // Every lane has read z above (lane 0 at the label) before dl replaces the logits there.
+      __syncwarp();
+      const float g = a.reduction == Reduction::kNone ? load(dloss, row) : scale;
+      for (int64_t k = lane; k < C; k += 32) {
+        float v = 0.f;
+        if (!ignored && !bad) {
           const float lpk = to_accum<TC>(from_accum<TC>(z[k] - lse));
-          store(dr, k, g * (expf(lpk) - a.off - (k == l ? a.on : 0.f)));
+          v = g * (expf(lpk) - a.off - (k == l ? a.on : 0.f));
+        }
+        if (dlogits) store(dlogits, row * C + k, v);
+        if (linear_bwd) {
+          const float d = as_dl<TL, TC>(v);
+          if (dl_cast) store(dl_cast, row * C + k, d);
+          z[k] = d;
+          if (dbo) dbw[warp * C + k] += d;
+        }
+      }
+      // The linear's dx for this row: dl (C) times the weight (C, K), each lane over
+      // k = lane, lane + 32, ..., the classes in order.
+      if (dxo) {
+        __syncwarp();  // dl is in z
+        TL* dr = dxo + row * K;
+        for (int64_t k = lane; k < K; k += 32) {
+          float acc = 0.f;
+          for (int64_t c = 0; c < C; ++c) acc = fmaf(z[c], ws[c * K + k], acc);
+          store(dr, k, acc);
         }
       }
     }
     __syncwarp();  // every lane is done with z before the next row overwrites it
   }
+
+  // The last block to finish reduces what all wrote: the loss (as ce_reduce) and db (the
+  // blocks' sums in block order, each block's its warps' in warp order). Deterministic for a
+  // given grid. It resets the counter for the next launch.
+  if (!a.done) return;  // a kernel argument: uniform
+  if (dbo) {
+    __syncthreads();  // every warp's sums are in dbw
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float t = 0.f;
+      for (int w8 = 0; w8 < kWarps; ++w8) t += dbw[w8 * C + c];
+      a.db_part[static_cast<int64_t>(blockIdx.x) * C + c] = t;
+    }
+  }
+  __threadfence();  // this thread's row losses and sums are visible before the count
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  if (a.loss_out)
+    ce_reduce_block<TC, L>(a.row_loss, labels, static_cast<TC*>(a.loss_out), a.n, a.ignore,
+                           a.reduction == Reduction::kMean);
+  if (dbo) {
+    const volatile float* part = a.db_part;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float t = 0.f;
+      for (unsigned b = 0; b < gridDim.x; ++b) t += part[static_cast<int64_t>(b) * C + c];
+      store(dbo, c, t);
+    }
+  }
+  if (threadIdx.x == 0) *a.done = 0;
 }
 
 
@@ -212,7 +292,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     PLX_DECLINE_UNLESS(s.c > 0, "no classes (argmax over an empty axis is the node's error)");
     PLX_DECLINE_UNLESS(s.c <= int64_t{1} << 20 && s.k <= int64_t{1} << 20,
                        "more than 2^20 classes or inputs");
-    const uint64_t floats = static_cast<uint64_t>(s.c * s.k + kWarps * s.c);
+    const uint64_t floats = static_cast<uint64_t>(s.c * s.k + kWarps * s.c * (s.db >= 0 ? 2 : 1));
     smem_ = floats * sizeof(float);
     PLX_DECLINE_UNLESS(smem_ <= kMaxShared,
                        "the weight (%lld x %lld) and the logits need %llu bytes of shared memory, "
@@ -226,12 +306,27 @@ class LinearCrossEntropyKernel final : public Kernel {
     // beyond that, so the weight is staged once per block rather than once per 8 rows.
     const int64_t most = std::max<int64_t>(1, int64_t{4} * ctx.prop.multiProcessorCount);
     grid_ = static_cast<unsigned>(std::clamp<int64_t>((s.n + kWarps - 1) / kWarps, 1, most));
+    // The last block reduces the loss (mean, sum) and db: it needs the count of finished blocks,
+    // zero between launches (each launch's last block resets it), so it lives as long as the
+    // kernel, not in the workspace.
+    last_reduces_ = (p_.reduction != Reduction::kNone && s.loss >= 0) || s.db >= 0;
+    if (last_reduces_) {
+      PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
+      PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
+    }
+    row_loss_bytes_ = p_.reduction == Reduction::kNone
+                          ? 0
+                          : (static_cast<uint64_t>(s.n) * sizeof(float) + 255) / 256 * 256;
+    db_part_bytes_ = s.db >= 0 ? uint64_t{grid_} * static_cast<uint64_t>(s.c) * sizeof(float) : 0;
   }
+  ~LinearCrossEntropyKernel() override {
+    if (done_) cudaFree(done_);
+  }
+  LinearCrossEntropyKernel(const LinearCrossEntropyKernel&) = delete;
+  LinearCrossEntropyKernel& operator=(const LinearCrossEntropyKernel&) = delete;
 
-  // The row losses, for mean and sum.
-  uint64_t workspace_bytes() const override {
-    return p_.reduction == Reduction::kNone ? 0 : static_cast<uint64_t>(s_.n) * sizeof(float);
-  }
+  // The row losses, for mean and sum, then the blocks' sums of dl for db.
+  uint64_t workspace_bytes() const override { return row_loss_bytes_ + db_part_bytes_; }
 
   void compute(const KernelCall& c) override {
     if (s_.label_dtype == PLX_I32) run<int32_t>(c);
@@ -260,7 +355,16 @@ class LinearCrossEntropyKernel final : public Kernel {
     a.log_probs = out(c, s.log_probs);
     a.pred = static_cast<int64_t*>(out(c, s.pred));
     a.dlogits = out(c, s.dlogits);
+    a.dlogits_cast = out(c, s.dlogits_cast);
+    a.dx = out(c, s.dx);
+    a.db = out(c, s.db);
+    a.backward = s.backward >= 0;
     a.row_loss = none ? nullptr : static_cast<float*>(c.workspace);
+    a.db_part = s.db >= 0 ? reinterpret_cast<float*>(static_cast<unsigned char*>(c.workspace) +
+                                                     row_loss_bytes_)
+                          : nullptr;
+    a.loss_out = none ? nullptr : out(c, s.loss);
+    a.done = done_;
     a.n = s.n;
     a.k = s.k;
     a.c = s.c;
@@ -271,16 +375,11 @@ class LinearCrossEntropyKernel final : public Kernel {
     a.smoothing = p_.smoothing != 0;
     a.reduction = p_.reduction;
     a.err = err_;
-    if (s.n > 0) {
+    if (s.n > 0 || last_reduces_) {
+      // One launch: with no rows, the last (only) block still writes the loss and db.
       linear_ce_rows<TL, TC, L><<<grid_, kThreads, smem_, stream>>>(a);
       PLX_CUDA_LAUNCH_CHECK();
     }
-    void* loss = out(c, s.loss);
-    if (none || !loss) return;
-    ce_reduce<TC, L><<<1, kBlock, 0, stream>>>(
-        a.row_loss, static_cast<const L*>(a.labels), static_cast<TC*>(loss), s.n, a.ignore,
-        p_.reduction == Reduction::kMean);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   sdk::LinearCrossEntropySlots s_;
@@ -289,6 +388,9 @@ class LinearCrossEntropyKernel final : public Kernel {
   DeviceErrorRecord* err_ = nullptr;
   uint64_t smem_ = 0;
   unsigned grid_ = 1;
+  bool last_reduces_ = false;
+  unsigned* done_ = nullptr;  // device memory
+  uint64_t row_loss_bytes_ = 0, db_part_bytes_ = 0;
 };
 
 }  // namespace

@@ -416,9 +416,34 @@ inline bool widening_cast(const GraphView& g, int32_t n) {
   const int32_t from = g.value(c.inputs[0]).dtype, to = g.value(c.outputs[0]).dtype;
   return (from == PLX_F16 || from == PLX_BF16) && to == PLX_F32;
 }
+// Node n's int attribute, `def` where it has none.
+inline int64_t int_attr_or(const GraphView& g, int32_t n, std::string_view name, int64_t def) {
+  const plx_attr* a = g.find_attr(n, name);
+  return a && a->type == PLX_ATTR_INT ? a->i : def;
+}
+// The linear's dx: matmul(dl, w) with neither operand transposed and alpha 1, 2-D.
+inline bool linear_dx_matmul(const GraphView& g, int32_t n, int32_t dl, int32_t w) {
+  if (!g.is(n, "matmul")) return false;
+  const plx_graph_node& m = g.node(n);
+  const plx_attr* alpha = g.find_attr(n, "alpha");
+  return m.num_inputs == 2 && m.num_outputs == 1 && m.inputs[0] == dl && m.inputs[1] == w &&
+         int_attr_or(g, n, "trans_a", 0) == 0 && int_attr_or(g, n, "trans_b", 0) == 0 &&
+         (!alpha || (alpha->type == PLX_ATTR_FLOAT && alpha->f == 1.0)) &&
+         g.value(m.outputs[0]).ndim == 2;
+}
+// The linear's bias gradient: sum(dl) over axis 0 only (dl is 2-D).
+inline bool linear_db_sum(const GraphView& g, int32_t n, int32_t dl) {
+  if (!g.is(n, "sum")) return false;
+  const plx_graph_node& s = g.node(n);
+  const plx_attr* axes = g.find_attr(n, "axes");
+  return s.num_inputs == 1 && s.num_outputs == 1 && s.inputs[0] == dl && axes &&
+         axes->type == PLX_ATTR_INTS && axes->count == 1 &&
+         (axes->ints[0] == 0 || axes->ints[0] == -2);
+}
 }  // namespace detail
 
-inline std::vector<LinearCrossEntropyCandidates> find_linear_cross_entropy(const GraphView& g) {
+inline std::vector<LinearCrossEntropyCandidates> find_linear_cross_entropy(const GraphView& g,
+                                                                           bool linear_backward = false) {
   std::vector<LinearCrossEntropyCandidates> heads;
   for (int32_t ce = 0; ce < g.num_nodes(); ++ce) {
     if (!g.is(ce, "softmax_cross_entropy")) continue;
@@ -464,17 +489,57 @@ inline std::vector<LinearCrossEntropyCandidates> find_linear_cross_entropy(const
           b.inputs[0] != cen.outputs[1] && same_attrs(cen, b))
         bwd = lp_readers[0];
     }
+    // The linear's own backward (`linear_backward`): dx = matmul(dl, w) and db = sum(dl, axis
+    // 0), where dl is dlogits or, after the mixed-precision cast, the narrowing cast of them
+    // back to the linear's dtype (which then joins too). dw (a sum over the rows) stays out.
+    std::vector<int32_t> dx_db;  // [dcast,] dx [, db]
+    if (linear_backward && bwd >= 0) {
+      int32_t dl = g.node(bwd).outputs[0], dcast = -1;
+      if (cast >= 0) {
+        const auto& r = g.readers(dl);
+        if (r.size() == 1 && g.is(r[0], "cast") && g.node(r[0]).num_outputs == 1 &&
+            g.value(g.node(r[0]).outputs[0]).dtype == g.value(lin.outputs[0]).dtype) {
+          dcast = r[0];
+          dl = g.node(dcast).outputs[0];
+        } else {
+          dl = -1;
+        }
+      }
+      int32_t dx = -1, db = -1;
+      if (dl >= 0)
+        for (int32_t r : g.readers(dl)) {
+          if (dx < 0 && detail::linear_dx_matmul(g, r, dl, lin.inputs[1])) dx = r;
+          else if (db < 0 && lin.num_inputs >= 3 && g.valid(lin.inputs[2]) &&
+                   detail::linear_db_sum(g, r, dl))
+            db = r;
+        }
+      if (dx >= 0) {
+        if (dcast >= 0) dx_db.push_back(dcast);
+        dx_db.push_back(dx);
+        if (db >= 0) dx_db.push_back(db);
+      }
+    }
     LinearCrossEntropyCandidates head;
-    auto add = [&](bool with_argmax, bool with_bwd) {
+    auto add = [&](bool with_argmax, bool with_bwd, size_t extra = 0) {
       std::vector<int32_t> nodes{producer, ce};
       if (cast >= 0) nodes.push_back(cast);
       if (with_argmax) nodes.push_back(argmax);
       if (with_bwd) nodes.push_back(bwd);
+      nodes.insert(nodes.end(), dx_db.begin(), dx_db.begin() + static_cast<std::ptrdiff_t>(extra));
       std::sort(nodes.begin(), nodes.end());
       if (detail::runs_at_last(g, nodes)) head.groups.push_back(std::move(nodes));
     };
     // Largest first (the backward before the argmax: it saves log_probs). An argmax left out
-    // between the first and last node reads the logits: runs_at_last() drops that group.
+    // between the first and last node reads the logits: runs_at_last() drops that group. With
+    // the linear's backward: dx and db, then dx alone (db may come after dw's matmul, which
+    // reads dl).
+    std::vector<size_t> extras;
+    if (!dx_db.empty()) extras.push_back(dx_db.size());
+    if (dx_db.size() >= 2 && g.is(dx_db.back(), "sum")) extras.push_back(dx_db.size() - 1);
+    for (size_t extra : extras) {
+      if (argmax >= 0) add(true, true, extra);
+      add(false, true, extra);
+    }
     if (bwd >= 0 && argmax >= 0) add(true, true);
     if (bwd >= 0) add(false, true);
     if (argmax >= 0) add(true, false);
@@ -488,12 +553,16 @@ inline std::vector<LinearCrossEntropyCandidates> find_linear_cross_entropy(const
 // of the group is which, and the shapes and dtypes. Outputs at -1 are internal to the group
 // (never written: they have no memory). Declines (Unsupported) any other group.
 struct LinearCrossEntropySlots {
-  // Nodes, as indices into the group's view; -1 where absent.
+  // Nodes, as indices into the group's view; -1 where absent. dcast, dx_matmul and db_sum: the
+  // linear's backward (find_linear_cross_entropy's linear_backward).
   int32_t linear = -1, cast = -1, ce = -1, argmax = -1, backward = -1;
+  int32_t dcast = -1, dx_matmul = -1, db_sum = -1;
   // Boundary inputs; bias and dloss -1 where absent.
   int32_t x = -1, w = -1, bias = -1, labels = -1, dloss = -1;
-  // Boundary outputs: the linear's output, the cast's, the loss, log_probs, argmax's, dlogits.
+  // Boundary outputs: the linear's output, the cast's, the loss, log_probs, argmax's, dlogits;
+  // dlogits cast back to the linear's dtype, the linear's dx and db.
   int32_t logits = -1, cast_logits = -1, loss = -1, log_probs = -1, pred = -1, dlogits = -1;
+  int32_t dlogits_cast = -1, dx = -1, db = -1;
   plx_dtype dtype = PLX_DTYPE_NONE;       // the linear's (x, w, b, its output)
   plx_dtype loss_dtype = PLX_DTYPE_NONE;  // the cross-entropy's (f32 after a cast, else dtype)
   plx_dtype label_dtype = PLX_DTYPE_NONE;
@@ -502,13 +571,16 @@ struct LinearCrossEntropySlots {
 namespace detail {
 // Sets each node's slot by its op (ops and slots in pairs); declines (Unsupported) a node of
 // another op, or a second node of one op, as not a `what` group.
+// `twice`: an op that may have two nodes, the second going to `second`.
 inline void assign_nodes(const GraphView& g,
                          std::initializer_list<std::pair<std::string_view, int32_t*>> slots,
-                         const char* what) {
+                         const char* what, std::string_view twice = {},
+                         int32_t* second = nullptr) {
   for (int32_t n = 0; n < g.num_nodes(); ++n) {
     int32_t* slot = nullptr;
     for (const auto& [op, at] : slots)
       if (g.is(n, op)) slot = at;
+    if (slot && *slot >= 0 && second && g.is(n, twice)) slot = second;
     PLX_DECLINE_UNLESS(slot && *slot < 0, "not a %s group (%s)", what, g.node(n).op);
     *slot = n;
   }
@@ -517,13 +589,19 @@ inline void assign_nodes(const GraphView& g,
 
 inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, const Boundary& b) {
   LinearCrossEntropySlots s;
+  // Two casts at most: the logits' (its input comes from the linear) and dlogits' (from the
+  // backward), told apart once the rest are known.
+  int32_t casts[2] = {-1, -1}, cast2 = -1;
   detail::assign_nodes(g,
                        {{"linear", &s.linear},
-                        {"cast", &s.cast},
+                        {"cast", &casts[0]},
                         {"softmax_cross_entropy", &s.ce},
                         {"argmax", &s.argmax},
-                        {"softmax_cross_entropy_backward", &s.backward}},
-                       "linear + softmax_cross_entropy");
+                        {"softmax_cross_entropy_backward", &s.backward},
+                        {"matmul", &s.dx_matmul},
+                        {"sum", &s.db_sum}},
+                       "linear + softmax_cross_entropy", "cast", &cast2);
+  casts[1] = cast2;
   PLX_DECLINE_UNLESS(s.linear >= 0 && s.ce >= 0, "a linear and a softmax_cross_entropy expected");
   const plx_graph_node& lin = g.node(s.linear);
   const plx_graph_node& ce = g.node(s.ce);
@@ -531,6 +609,13 @@ inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, co
                          ce.num_outputs == 2,
                      "unexpected arity");
   const int32_t z = lin.outputs[0];
+  for (int32_t c : casts) {
+    if (c < 0) continue;
+    PLX_DECLINE_UNLESS(g.node(c).num_inputs == 1 && g.node(c).num_outputs == 1, "unexpected arity");
+    int32_t& slot = g.node(c).inputs[0] == z ? s.cast : s.dcast;
+    PLX_DECLINE_UNLESS(slot < 0, "two casts of the logits");
+    slot = c;
+  }
   int32_t logits = z;
   if (s.cast >= 0) {
     PLX_DECLINE_UNLESS(detail::widening_cast(g, s.cast) && g.node(s.cast).inputs[0] == z,
@@ -584,6 +669,37 @@ inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, co
   s.label_dtype = static_cast<plx_dtype>(g.value(ce.inputs[1]).dtype);
   PLX_DECLINE_UNLESS(s.label_dtype == PLX_I32 || s.label_dtype == PLX_I64,
                      "labels must be i32 or i64");
+  // The linear's backward: dl is dlogits, or their cast back to the linear's dtype (which the
+  // mixed-precision group needs, and only it).
+  if (s.dcast >= 0 || s.dx_matmul >= 0 || s.db_sum >= 0) {
+    PLX_DECLINE_UNLESS(s.backward >= 0 && s.dx_matmul >= 0,
+                       "the linear's backward without the loss's backward or dx");
+    int32_t dl = g.node(s.backward).outputs[0];
+    PLX_DECLINE_UNLESS((s.cast >= 0) == (s.dcast >= 0),
+                       "dlogits are cast back only after the logits were cast");
+    if (s.dcast >= 0) {
+      PLX_DECLINE_UNLESS(g.node(s.dcast).inputs[0] == dl &&
+                             g.value(g.node(s.dcast).outputs[0]).dtype == s.dtype,
+                         "the second cast is not dlogits' cast to the linear's dtype");
+      dl = g.node(s.dcast).outputs[0];
+      s.dlogits_cast = b.output(dl);
+    }
+    PLX_DECLINE_UNLESS(detail::linear_dx_matmul(g, s.dx_matmul, dl, lin.inputs[1]),
+                       "the matmul is not the linear's dx");
+    const plx_tensor& dxv = g.value(g.node(s.dx_matmul).outputs[0]);
+    PLX_DECLINE_UNLESS(dxv.dtype == s.dtype && dxv.shape[0] == s.n && dxv.shape[1] == s.k,
+                       "dx is not (N, K) in the linear's dtype");
+    s.dx = b.output(g.node(s.dx_matmul).outputs[0]);
+    if (s.db_sum >= 0) {
+      PLX_DECLINE_UNLESS(s.bias >= 0 && detail::linear_db_sum(g, s.db_sum, dl),
+                         "the sum is not the linear's bias gradient");
+      const plx_tensor& dbv = g.value(g.node(s.db_sum).outputs[0]);
+      PLX_DECLINE_UNLESS(dbv.dtype == s.dtype && numel(dbv) == s.c,
+                         "db is not (C) in the linear's dtype");
+      s.db = b.output(g.node(s.db_sum).outputs[0]);
+    }
+    PLX_DECLINE_UNLESS(s.dx >= 0 && (s.db_sum < 0 || s.db >= 0), "dx or db is not written");
+  }
   return s;
 }
 
