@@ -181,6 +181,9 @@ void register_pool(KernelRegistry& r);         // max/avg pooling
 // relu_backward feeding max_pool2d_backward as one kernel (ops/pool.cu), for fusion.
 std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, const sdk::Boundary& b,
                                                     plx_dtype& dtype);
+// max_pool2d with a ReLU on y as it is written (ops/pool.cu): sdk::PoolReluMaker for the
+// chunked conv + ReLU + pool (ops/conv_pool.cpp). Null for a dtype it has no kernel for.
+std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)

@@ -155,10 +155,13 @@ struct PoolIndex<uint8_t> {
   }
 };
 
-// y, indices = max_pool2d(x); one thread per output element.
+// y, indices = max_pool2d(x); one thread per output element. `relu_out` (the conv + ReLU +
+// pool fusion, where the ReLU runs after the pool): y = relu(y) as it is written, the same bits
+// as the ReLU kernel on y (best is a loaded T, so exact; NaN gives 0).
 template <class T, class I, class Ix>
 __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                Ix* __restrict__ idx, PoolGeom g, I total, bool relu_mask) {
+                                Ix* __restrict__ idx, PoolGeom g, I total, bool relu_mask,
+                                bool relu_out) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
@@ -185,7 +188,7 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
         if (at < 0 || beats(v, best)) best = v, at = j, tap = a * kw + b;
       }
     }
-    y[i] = from_accum<T>(best);
+    y[i] = from_accum<T>(relu_out && !(best > 0.0f) ? 0.0f : best);
     // relu_mask: no index where y is not > 0, the mask relu_backward(dy, y) would apply (best
     // is a loaded T, so it is y exactly).
     idx[i] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(best > 0.0f)));
@@ -293,10 +296,11 @@ bool fits_i32(int64_t n) {
 template <class T>
 class MaxPool2dKernel final : public Kernel {
  public:
-  explicit MaxPool2dKernel(const NodeInfo& node)
+  explicit MaxPool2dKernel(const NodeInfo& node, bool relu_out = false)
       : device_(node.device()),
         g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)),
         relu_mask_(node.attr_int_or("relu_mask", 0) != 0),
+        relu_out_(relu_out),
         u8_(node.output(1).dtype == PLX_U8) {
     // The schema limits planes to what i32 indices can name; the kernel relies on it.
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
@@ -320,17 +324,19 @@ class MaxPool2dKernel final : public Kernel {
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
       max_pool_kernel<T, int32_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total), relu_mask_);
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total),
+                                              relu_mask_, relu_out_);
     else
       max_pool_kernel<T, int64_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_);
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_, relu_out_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
   PoolGeom g_;
   bool relu_mask_;
-  bool u8_;  // window_index: u8 taps
+  bool relu_out_;  // y = relu(max): the fused conv + ReLU + pool
+  bool u8_;        // window_index: u8 taps
 };
 
 template <class T>
@@ -477,6 +483,18 @@ std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, con
   }
   throw sdk::Unsupported(
       sdk::format("relu_backward+max_pool2d_backward: no %s kernel", plexus::dtype_name(dtype)));
+}
+
+std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags) {
+  const NodeInfo node(&pool);
+  flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  if (node.num_inputs() < 1 || node.num_outputs() < 2) return nullptr;
+  switch (node.input(0).dtype) {
+    case PLX_F32: return std::make_unique<MaxPool2dKernel<float>>(node, true);
+    case PLX_F16: return std::make_unique<MaxPool2dKernel<f16>>(node, true);
+    case PLX_BF16: return std::make_unique<MaxPool2dKernel<bf16>>(node, true);
+    default: return nullptr;
+  }
 }
 
 void register_pool(KernelRegistry& r) {

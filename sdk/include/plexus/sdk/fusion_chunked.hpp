@@ -6,7 +6,9 @@
 // this code without a GPU.
 //
 //  - forward, per chunk: conv2d (with its bias) into scratch, the ReLU there in place, then
-//    max_pool2d from scratch into the chunk's slice of y and of the indices;
+//    max_pool2d from scratch into the chunk's slice of y and of the indices (with relu_mask the
+//    ReLU runs after the pool instead, on y's slice, or inside the pool's kernel where the
+//    backend gives one: PoolReluMaker);
 //  - backward, per chunk: max_pool2d_backward (dy's and the indices' slices) into scratch, then
 //    conv2d_backward_data into dx's slice, conv2d_backward_weight and the bias gradient's sum into
 //    per-chunk partials that the backend's accumulate function adds up over the chunks.
@@ -57,6 +59,14 @@ enum class ChunkAccum : int32_t { Set = 0, Add = 1, Final = 2 };
 using ChunkAccumulate = std::function<void(plx_dtype dtype, const void* part, float* acc, void* out,
                                            int64_t n, ChunkAccum mode, plx_stream stream)>;
 
+// Optional, for the forward of conv2d -> relu -> max_pool2d with relu_mask (where the ReLU runs on
+// the pooled chunk): a kernel for `pool` (a chunk's max_pool2d node: x in, y and the indices
+// out) that also applies the ReLU to y as it writes it, so the chunk's pool and ReLU are one
+// launch. Sets `flags` (its plx_kernel flags). Returns null where the backend has none for this
+// node; the pool and the ReLU then run as two kernels.
+using PoolReluMaker =
+    std::function<std::unique_ptr<Kernel>(const plx_node_info& pool, uint32_t& flags)>;
+
 namespace detail::chunked {
 
 inline constexpr uint64_t kAlign = 256;
@@ -88,9 +98,24 @@ inline void* at_bytes(void* p, uint64_t offset) {
 // data pointers compute() fills in (no allocation per call).
 struct Member {
   std::unique_ptr<NodeKernel> kernel;
+  std::unique_ptr<Kernel> own;  // instead of `kernel`: the backend's own (make_own)
+  uint32_t own_flags = 0;
   std::vector<plx_tensor> in, out;
 
-  bool present() const { return kernel != nullptr; }
+  bool present() const { return kernel != nullptr || own != nullptr; }
+  uint32_t flags() const { return own ? own_flags : kernel->table().flags; }
+  uint64_t workspace_bytes() const { return own ? own->workspace_bytes() : kernel->workspace_bytes(); }
+  // As make(), with the kernel from `maker`; false (nothing made) where it gives none.
+  bool make_own(const PoolReluMaker& maker, const GraphView& g, int32_t n, int64_t rows,
+                std::initializer_list<int32_t> batched_in,
+                std::initializer_list<int32_t> batched_out) {
+    OwnedNodeInfo info(g, n, rows, batched_in, batched_out, "");
+    own = maker(info.get(), own_flags);
+    if (!own) return false;
+    in = info.inputs();
+    out = info.outputs();
+    return true;
+  }
   // `like`: an elementwise node (input 0 -> output 0) made for tensors shaped as `like`, with
   // `rows` images, instead of its own.
   void make(Backend& backend, const GraphView& g, int32_t n, int64_t rows,
@@ -106,6 +131,13 @@ struct Member {
     out = info.outputs();
   }
   void run(void* workspace, uint64_t workspace_bytes, plx_stream stream) const {
+    if (own) {
+      const uint64_t need = own->workspace_bytes();
+      own->compute(KernelCall{in.data(), static_cast<int32_t>(in.size()), out.data(),
+                              static_cast<int32_t>(out.size()), need ? workspace : nullptr,
+                              need ? workspace_bytes : 0, stream});
+      return;
+    }
     kernel->compute(in, out, workspace, workspace_bytes, stream);
   }
 };
@@ -131,7 +163,7 @@ inline int64_t chunk_rows(int64_t n, uint64_t scratch_image, uint64_t limit,
 // The member kernels' flags the fused kernel can promise: capturable and deterministic only when
 // every member is (the per-chunk sums are deterministic themselves).
 inline uint32_t member_flags(const Member& m) {
-  return m.present() ? m.kernel->table().flags : ~0u;
+  return m.present() ? m.flags() : ~0u;
 }
 
 inline constexpr const char* kLog = "fusion";
@@ -145,7 +177,8 @@ class ChunkedConvMaxPool final : public Kernel {
   using Carve = detail::chunked::Carve;
 
  public:
-  ChunkedConvMaxPool(Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes)
+  ChunkedConvMaxPool(Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes,
+                     const PoolReluMaker& pool_relu = {})
       : s_(conv_max_pool_slots(g, b)) {
     const plx_graph_node& conv = g.node(s_.conv);
     const plx_graph_node& pool = g.node(s_.pool);
@@ -190,16 +223,19 @@ class ChunkedConvMaxPool final : public Kernel {
       Pass& p = passes_.emplace_back();
       p.rows = rows;
       p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
-      if (s_.relu >= 0) {
+      // The pool with the ReLU folded in, where the backend has one (PoolReluMaker).
+      p.pool_relu = relu_after_pool_ && pool_relu &&
+                    p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1});
+      if (!p.pool_relu) p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+      if (s_.relu >= 0 && !p.pool_relu) {
         p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, relu_after_pool_ ? &y : nullptr);
         PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
                            "conv2d+relu+max_pool2d: relu's kernel %s cannot run in place",
                            p.relu.kernel->table().impl);
       }
-      p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
       for (const Member* m : {&p.conv, &p.relu, &p.pool}) {
         flags_ &= detail::chunked::member_flags(*m);
-        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+        if (m->present()) member_ws_ = std::max(member_ws_, m->workspace_bytes());
       }
     }
     Carve carve;
@@ -254,6 +290,7 @@ class ChunkedConvMaxPool final : public Kernel {
   struct Pass {
     int64_t rows = 0;
     Member conv, relu, pool;
+    bool pool_relu = false;  // `pool` applies the ReLU too (no `relu`)
   };
 
   ConvMaxPoolSlots s_;
@@ -341,7 +378,7 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       if (s_.bias >= 0) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
       for (const Member* m : {&p.pool, &p.data, &p.weight, &p.bias}) {
         flags_ &= detail::chunked::member_flags(*m);
-        if (m->present()) member_ws_ = std::max(member_ws_, m->kernel->workspace_bytes());
+        if (m->present()) member_ws_ = std::max(member_ws_, m->workspace_bytes());
       }
     }
     Carve carve;
@@ -457,8 +494,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
 inline std::unique_ptr<Kernel> make_chunked_conv_max_pool(Backend& backend, const GraphView& g,
                                                           const Boundary& b, uint64_t chunk_bytes,
                                                           plx_dtype& dtype, uint32_t& flags,
-                                                          std::string& name) {
-  auto k = std::make_unique<ChunkedConvMaxPool>(backend, g, b, chunk_bytes);
+                                                          std::string& name,
+                                                          const PoolReluMaker& pool_relu = {}) {
+  auto k = std::make_unique<ChunkedConvMaxPool>(backend, g, b, chunk_bytes, pool_relu);
   dtype = k->slots().dtype;
   flags = k->flags();
   name = k->slots().relu >= 0 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
