@@ -2,6 +2,7 @@
 // InitSpecs, and errors that name the layer and where it is written.
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "plexus/error.hpp"
@@ -21,6 +22,22 @@ bool is_float(plx_dtype d) {
 plx_dtype master_dtype(plx_dtype compute) {
   return compute == PLX_F16 || compute == PLX_BF16 ? PLX_F32 : compute;
 }
+
+// Mixed precision makes every parameter's 16-bit cast before the first layer (build_model), so
+// that the casts are adjacent and a backend may run them as one kernel (the CUDA plugin's
+// multi-tensor cast) instead of one per layer. A first pass over the layers in a scratch graph
+// records the parameters in order (`record`); the real pass then finds each, made up front, in
+// `made`.
+struct ParamHoist {
+  struct Param {
+    std::string name;
+    TensorDesc desc;
+    InitSpec init;
+    bool cast = false;
+  };
+  std::vector<Param>* record = nullptr;
+  std::map<std::string, Var> made;
+};
 
 // Weight init by rule (docs/models.md, Initialisation). fan_in and fan_out as PyTorch computes
 // them: conv2d fan_in = C/groups·kh·kw, fan_out = out·kh·kw; linear fan_in = in, fan_out = out.
@@ -44,9 +61,9 @@ InitSpec bias_init(const std::string& rule, int64_t fan_in) {
 class LayerBuilder {
  public:
   LayerBuilder(Graph& g, const ModelSpec& spec, const LayerSpec& l, plx_dtype dtype, bool training,
-               std::string state_prefix = "")
+               std::string state_prefix = "", ParamHoist* hoist = nullptr)
       : g_(g), spec_(spec), l_(l), dtype_(dtype), training_(training),
-        state_prefix_(std::move(state_prefix)) {}
+        state_prefix_(std::move(state_prefix)), hoist_(hoist) {}
 
   [[noreturn]] void fail(const std::string& msg) const {
     throw ConfigError(prefix(spec_, l_) + msg);
@@ -125,7 +142,14 @@ class LayerBuilder {
   Var param(const std::string& what, Shape shape, InitSpec init, bool cast = true) {
     TensorDesc d{master_dtype(dtype_), std::move(shape)};
     params_ += d.numel();
-    const Var p = g_.parameter(l_.name + "." + what, d, init);
+    const std::string name = l_.name + "." + what;
+    if (hoist_ && hoist_->record)
+      hoist_->record->push_back({name, d, init, cast && d.dtype != dtype_});
+    if (hoist_ && !hoist_->record) {
+      auto it = hoist_->made.find(name);
+      if (it != hoist_->made.end()) return it->second;
+    }
+    const Var p = g_.parameter(name, d, init);
     if (!cast || d.dtype == dtype_) return p;
     return g_.add1("cast", {p}, {{"dtype", std::string(dtype_name(dtype_))}},
                    l_.name + "." + what + ".cast");
@@ -298,6 +322,7 @@ class LayerBuilder {
   plx_dtype dtype_;
   bool training_;
   std::string state_prefix_;
+  ParamHoist* hoist_;
   int64_t params_ = 0;
 };
 
@@ -321,34 +346,61 @@ Var build_model(Graph& g, const ModelSpec& spec_in, Var x, bool training,
                       std::to_string(n_layers) + " layers");
   // x stands for the input (first 0) or for layer first-1's output.
   const std::string x_name = first == 0 ? "input" : spec.layers[static_cast<size_t>(first - 1)].name;
-  std::map<std::string, Var> outputs{{x_name, x}};
-  Var prev = x;
-  if (summary) summary->clear();
-  for (int li = first; li < last; ++li) {
-    const LayerSpec& l = spec.layers[static_cast<size_t>(li)];
-    std::vector<Var> in;
-    if (l.inputs.empty()) in.push_back(prev);
-    for (const auto& name : l.inputs) {
-      auto it = outputs.find(name);
-      if (it == outputs.end())
-        throw ConfigError(LayerBuilder::prefix(spec, l) + "reads '" + name +
-                          "', which is in an earlier pipeline stage than layer '" + x_name +
-                          "' (a stage may read only its own layers and the one before its first)");
-      in.push_back(it->second);
+  // The layers [first, last) on x in `gg`, each builder given `hoist`; their summary if asked.
+  auto build_layers = [&](Graph& gg, Var x0, ParamHoist* hoist,
+                          std::vector<LayerSummary>* sum) -> Var {
+    std::map<std::string, Var> outputs{{x_name, x0}};
+    Var prev = x0;
+    if (sum) sum->clear();
+    for (int li = first; li < last; ++li) {
+      const LayerSpec& l = spec.layers[static_cast<size_t>(li)];
+      std::vector<Var> in;
+      if (l.inputs.empty()) in.push_back(prev);
+      for (const auto& name : l.inputs) {
+        auto it = outputs.find(name);
+        if (it == outputs.end())
+          throw ConfigError(LayerBuilder::prefix(spec, l) + "reads '" + name +
+                            "', which is in an earlier pipeline stage than layer '" + x_name +
+                            "' (a stage may read only its own layers and the one before its first)");
+        in.push_back(it->second);
+      }
+      LayerBuilder b(gg, spec, l, xd.dtype, training, range.state_prefix, hoist);
+      Var y;
+      try {
+        y = b.build(in);
+      } catch (const ConfigError&) {
+        throw;
+      } catch (const Error& e) {
+        // The graph's own checks (shapes, attributes): say which layer and where it is written.
+        throw ConfigError(LayerBuilder::prefix(spec, l) + e.what());
+      }
+      outputs[l.name] = y;
+      prev = y;
+      if (sum) sum->push_back({l.name, l.type, gg.desc(y).shape, b.params()});
     }
-    LayerBuilder b(g, spec, l, xd.dtype, training, range.state_prefix);
-    Var y;
-    try {
-      y = b.build(in);
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const Error& e) {
-      // The graph's own checks (shapes, attributes): say which layer and where it is written.
-      throw ConfigError(LayerBuilder::prefix(spec, l) + e.what());
+    return prev;
+  };
+  Var prev;
+  if (master_dtype(xd.dtype) != xd.dtype) {
+    // Mixed precision: the parameters, in the order the layers make them, and their casts first
+    // (ParamHoist).
+    std::vector<ParamHoist::Param> params;
+    ParamHoist hoist;
+    hoist.record = &params;
+    {
+      Graph scratch(g.ops());
+      build_layers(scratch, scratch.input(x_name, xd), &hoist, nullptr);
     }
-    outputs[l.name] = y;
-    prev = y;
-    if (summary) summary->push_back({l.name, l.type, g.desc(y).shape, b.params()});
+    hoist.record = nullptr;
+    for (const auto& p : params) {
+      const Var v = g.parameter(p.name, p.desc, p.init);
+      hoist.made[p.name] =
+          p.cast ? g.add1("cast", {v}, {{"dtype", std::string(dtype_name(xd.dtype))}}, p.name + ".cast")
+                 : v;
+    }
+    prev = build_layers(g, x, &hoist, summary);
+  } else {
+    prev = build_layers(g, x, nullptr, summary);
   }
 
   const TensorDesc yd = g.desc(prev);
