@@ -4,7 +4,8 @@
 //  - the optimizer's per-parameter updates (every f32 sgd_update, or every f32 adamw_update,
 //    sharing attributes and learning rate): one multi-tensor kernel (optim_fused.hpp) updates
 //    all parameters, up to kMultiTensorCapacity tensors per launch, instead of one launch per
-//    parameter;
+//    parameter; under mixed precision with the casts of the 16-bit gradients to f32, which the
+//    kernel then reads widened itself;
 //  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
 //    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
 //    own GEMM): then a chain, as below, except for our Hopper GEMM (ops/wgmma_gemm.cu), whose
@@ -28,6 +29,7 @@
 //  - casts between f32, f16 and bf16 (a mixed-precision step's parameters to 16 bits, their
 //    gradients back to f32): runs of them that can run as one, one multi-tensor launch each
 //    (ops/multi_cast.hpp), claimed last, so that casts in the patterns above stay there.
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,12 +56,107 @@ bool is_f32_group(const sdk::GraphView& g, const std::vector<int32_t>& grp) {
   return g.value(g.node(grp[0]).inputs[0]).dtype == PLX_F32;
 }
 
+// The first node of `op` in the view, -1 if none.
+int32_t first_of(const sdk::GraphView& g, std::string_view op) {
+  for (int32_t n = 0; n < g.num_nodes(); ++n)
+    if (g.is(n, op)) return n;
+  return -1;
+}
+
+// A cast from f16 or bf16 to f32.
+bool widening_cast(const sdk::GraphView& g, int32_t n) {
+  if (!g.is(n, "cast") || g.node(n).num_inputs != 1 || g.node(n).num_outputs != 1) return false;
+  const int32_t from = g.value(g.node(n).inputs[0]).dtype;
+  return (from == PLX_F16 || from == PLX_BF16) && g.value(g.node(n).outputs[0]).dtype == PLX_F32;
+}
+
+// A mixed-precision step's optimizer group with its gradients' casts: the optimizer nodes `grp`
+// and, when every one's gradient (input 1) is a widening cast of one source dtype read by that
+// node alone, those casts too (sorted). The update then reads the 16-bit gradients itself.
+// Empty where the gradients are not all such casts.
+std::vector<int32_t> with_grad_casts(const sdk::GraphView& g, const std::vector<int32_t>& grp) {
+  std::vector<int32_t> nodes = grp;
+  int32_t from = -1;
+  for (int32_t n : grp) {
+    const int32_t v = g.node(n).inputs[1];
+    const int32_t c = g.valid(v) ? g.producer(v) : -1;
+    if (c < 0 || !widening_cast(g, c) || g.readers(v).size() != 1) return {};
+    const int32_t d = g.value(g.node(c).inputs[0]).dtype;
+    if (from >= 0 && d != from) return {};
+    from = d;
+    nodes.push_back(c);
+  }
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
+}
+
+// Where an optimizer group (MultiSgd, MultiAdamw) finds each node's inputs among create_fused()'s:
+// as sdk::GroupInputs, but a gradient may come from a widening cast in the group
+// (with_grad_casts), whose input (f16 or bf16, grad_dtype()) is then read instead.
+class OptimInputs {
+ public:
+  OptimInputs(const sdk::GraphView& g, const sdk::Boundary& b, std::string_view op) {
+    for (int32_t n = 0; n < g.num_nodes(); ++n) {
+      if (g.is(n, "cast")) continue;
+      PLX_DECLINE_UNLESS(g.is(n, op), "multi-tensor %s: a %s node in the group", std::string(op).c_str(),
+                         g.node(n).op);
+      const plx_graph_node& node = g.node(n);
+      auto& slots = slots_.emplace_back();
+      for (int32_t k = 0; k < node.num_inputs; ++k) {
+        int32_t v = node.inputs[k];
+        if (!g.valid(v)) {
+          slots.push_back(-1);
+          continue;
+        }
+        int32_t dtype = g.value(v).dtype;
+        if (k == 1 && g.producer(v) >= 0) {
+          const int32_t c = g.producer(v);
+          PLX_DECLINE_UNLESS(widening_cast(g, c) && b.output(v) < 0,
+                             "multi-tensor %s: a gradient made in the group that is not a "
+                             "widening cast read by the update alone", std::string(op).c_str());
+          v = g.node(c).inputs[0];
+          dtype = g.value(v).dtype;
+        }
+        if (k == 1) {
+          PLX_DECLINE_UNLESS(grad_dtype_ < 0 || grad_dtype_ == dtype,
+                             "multi-tensor %s: gradients of two dtypes", std::string(op).c_str());
+          grad_dtype_ = dtype;
+        }
+        PLX_DECLINE_UNLESS(b.input(v) >= 0, "%s: input %d comes from inside the group", node.op, k);
+        slots.push_back(b.input(v));
+      }
+      PLX_REQUIRE(node.num_inputs >= 2, "%s: no gradient input", node.op);
+      numel_.push_back(sdk::numel(g.value(node.inputs[0])));
+    }
+  }
+  int32_t nodes() const { return static_cast<int32_t>(slots_.size()); }
+  bool has(int32_t n, int32_t k) const {
+    const auto& s = slots_[static_cast<size_t>(n)];
+    return k < static_cast<int32_t>(s.size()) && s[static_cast<size_t>(k)] >= 0;
+  }
+  plx_tensor get(const KernelCall& c, int32_t n, int32_t k) const {
+    if (!has(n, k)) {
+      plx_tensor t{};
+      t.dtype = PLX_DTYPE_NONE;
+      return t;
+    }
+    return c.in(slots_[static_cast<size_t>(n)][static_cast<size_t>(k)]);
+  }
+  int64_t numel(int32_t n) const { return numel_[static_cast<size_t>(n)]; }
+  int32_t grad_dtype() const { return grad_dtype_; }
+
+ private:
+  std::vector<std::vector<int32_t>> slots_;
+  std::vector<int64_t> numel_;
+  int32_t grad_dtype_ = -1;
+};
+
 // Every sgd_update of a group in one launch per kMultiTensorCapacity tensors.
 class MultiSgd final : public Kernel {
  public:
   MultiSgd(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
-      : in_(g, b), device_(device) {
-    const sdk::OwnedNodeInfo info(g, 0);
+      : in_(g, b, "sgd_update"), device_(device) {
+    const sdk::OwnedNodeInfo info(g, first_of(g, "sgd_update"));
     const NodeInfo node(&info.get());
     args_.momentum = node.attr_float("momentum");
     args_.dampening = node.attr_float("dampening");
@@ -76,7 +173,7 @@ class MultiSgd final : public Kernel {
     param_.clear(), grad_.clear(), buf_.clear();
     for (int32_t n = 0; n < in_.nodes(); ++n) {
       param_.push_back(sdk::data<float>(in_.get(c, n, 0)));
-      grad_.push_back(sdk::data<float>(in_.get(c, n, 1)));
+      grad_.push_back(in_.get(c, n, 1).data);
       buf_.push_back(args_.momentum != 0 ? sdk::data<float>(in_.get(c, n, 2)) : nullptr);
     }
     const plx_tensor lr = in_.get(c, 0, 3);
@@ -84,6 +181,7 @@ class MultiSgd final : public Kernel {
     a.count = in_.nodes();
     a.param = param_.data();
     a.grad = grad_.data();
+    a.grad_dtype = in_.grad_dtype();
     a.momentum_buf = buf_.data();
     a.numel = numel_.data();
     a.lr = lr.data;
@@ -92,19 +190,19 @@ class MultiSgd final : public Kernel {
   }
 
  private:
-  sdk::GroupInputs in_;
+  OptimInputs in_;
   int32_t device_;
   MultiSgdArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, buf_;
-  std::vector<const float*> grad_;
+  std::vector<const void*> grad_;
 };
 
 class MultiAdamw final : public Kernel {
  public:
   MultiAdamw(const sdk::GraphView& g, const sdk::Boundary& b, CudaBackend& backend, int32_t device)
-      : in_(g, b), device_(device) {
-    const sdk::OwnedNodeInfo info(g, 0);
+      : in_(g, b, "adamw_update"), device_(device) {
+    const sdk::OwnedNodeInfo info(g, first_of(g, "adamw_update"));
     const NodeInfo node(&info.get());
     args_.beta1 = node.attr_float("beta1");
     args_.beta2 = node.attr_float("beta2");
@@ -119,7 +217,7 @@ class MultiAdamw final : public Kernel {
     param_.clear(), grad_.clear(), m_.clear(), v_.clear();
     for (int32_t n = 0; n < in_.nodes(); ++n) {
       param_.push_back(sdk::data<float>(in_.get(c, n, 0)));
-      grad_.push_back(sdk::data<float>(in_.get(c, n, 1)));
+      grad_.push_back(in_.get(c, n, 1).data);
       m_.push_back(sdk::data<float>(in_.get(c, n, 2)));
       v_.push_back(sdk::data<float>(in_.get(c, n, 3)));
     }
@@ -129,6 +227,7 @@ class MultiAdamw final : public Kernel {
     a.count = in_.nodes();
     a.param = param_.data();
     a.grad = grad_.data();
+    a.grad_dtype = in_.grad_dtype();
     a.exp_avg = m_.data();
     a.exp_avg_sq = v_.data();
     a.numel = numel_.data();
@@ -140,12 +239,12 @@ class MultiAdamw final : public Kernel {
   }
 
  private:
-  sdk::GroupInputs in_;
+  OptimInputs in_;
   int32_t device_;
   MultiAdamwArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, m_, v_;
-  std::vector<const float*> grad_;
+  std::vector<const void*> grad_;
 };
 
 // Every cast of a group (independent casts, one dtype pair) in one launch per
@@ -237,12 +336,18 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     return st;
   };
   // A refused claim (the core's debug log says why) leaves the nodes to run alone.
+  // The updates with their gradients' casts where they can (one launch for both), else alone.
+  auto claim_optim = [&](const std::vector<int32_t>& grp, const char* name) {
+    const std::vector<int32_t> with_casts = with_grad_casts(g, grp);
+    if (!with_casts.empty() &&
+        claim(user, with_casts.data(), static_cast<int32_t>(with_casts.size()), name) == PLX_OK)
+      return;
+    claim(user, grp.data(), static_cast<int32_t>(grp.size()), name);
+  };
   for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
-    if (is_f32_group(g, grp))
-      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
+    if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_sgd");
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
-    if (is_f32_group(g, grp))
-      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
+    if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_adamw");
   // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
   // epilogue chains, as claims are first come, first served. Inference graphs too: indices
   // nobody reads are still among the group's outputs (the core writes every value read by
@@ -280,22 +385,26 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   check_device(graph.device);
   const plx_dtype dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
   const uint32_t optim_flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  if (g.is(0, "sgd_update")) {
-    PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor sgd_update: f32 only, got %s", dtype_name(dtype));
-    fused_.give("multi_tensor_sgd", dtype, optim_flags,
+  // An optimizer group (maybe with its gradients' casts first): its dtype is the parameters'.
+  auto param_dtype = [&](int32_t n) { return static_cast<plx_dtype>(g.value(g.node(n).inputs[0]).dtype); };
+  if (const int32_t n = first_of(g, "sgd_update"); n >= 0) {
+    const plx_dtype pd = param_dtype(n);
+    PLX_DECLINE_UNLESS(pd == PLX_F32, "multi-tensor sgd_update: f32 only, got %s", dtype_name(pd));
+    fused_.give("multi_tensor_sgd", pd, optim_flags,
                 std::make_unique<MultiSgd>(g, b, graph.device), kernel, state, workspace_bytes);
+    return;
+  }
+  if (const int32_t n = first_of(g, "adamw_update"); n >= 0) {
+    const plx_dtype pd = param_dtype(n);
+    PLX_DECLINE_UNLESS(pd == PLX_F32, "multi-tensor adamw_update: f32 only, got %s", dtype_name(pd));
+    fused_.give("multi_tensor_adamw", pd, optim_flags,
+                std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
+                workspace_bytes);
     return;
   }
   if (g.is(0, "cast")) {
     fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
                 std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes);
-    return;
-  }
-  if (g.is(0, "adamw_update")) {
-    PLX_DECLINE_UNLESS(dtype == PLX_F32, "multi-tensor adamw_update: f32 only, got %s", dtype_name(dtype));
-    fused_.give("multi_tensor_adamw", dtype, optim_flags,
-                std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
-                workspace_bytes);
     return;
   }
   bool conv_pool = false, conv_pool_backward = false;

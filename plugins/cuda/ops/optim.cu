@@ -31,6 +31,24 @@ struct alignas(16) F4 {
   float v[4];
 };
 
+// Four gradients as f32 from 4 * sizeof(G) bytes at g (aligned for it): an f16/bf16 gradient
+// widened exactly, as a cast to f32 would (the fusion of the gradients' casts into the update).
+template <class G>
+__device__ __forceinline__ F4 load4(const G* g) {
+  if constexpr (std::is_same_v<G, float>) {
+    return *reinterpret_cast<const F4*>(g);
+  } else {
+    struct alignas(4 * sizeof(G)) G4 {
+      G v[4];
+    };
+    const G4 h = *reinterpret_cast<const G4*>(g);
+    F4 f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) f.v[q] = to_accum<G>(h.v[q]);
+    return f;
+  }
+}
+
 __device__ __forceinline__ double read_scalar(const void* p, int32_t dtype) {
   return dtype == PLX_F64 ? *static_cast<const double*>(p)
                           : static_cast<double>(*static_cast<const float*>(p));
@@ -45,16 +63,17 @@ struct SgdHyper {
   int32_t nesterov;
 };
 
+template <class G>
 struct SgdLaunch {
   float* param[kCap];
-  const float* grad[kCap];
+  const G* grad[kCap];
   float* buf[kCap];
   int64_t numel[kCap];
   int32_t first_block[kCap];
   int32_t count;
   SgdHyper h;
 };
-static_assert(sizeof(SgdLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(SgdLaunch<float>) <= 4000, "kernel parameters are limited to 4 KiB");
 
 struct SgdCoef {
   float lr, mom, keep, wd;
@@ -83,7 +102,8 @@ __device__ __forceinline__ void sgd_element(const SgdCoef& k, bool has_buf, bool
   p = __fsub_rn(p, __fmul_rn(k.lr, g));
 }
 
-__global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch L) {
+template <class G>
+__global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch<G> L) {
   __shared__ SgdCoef s_coef;
   if (threadIdx.x == 0) s_coef = sgd_coef(L.h);
   __syncthreads();
@@ -92,7 +112,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch 
   const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kChunk;
   const int64_t end = L.numel[t] < begin + kChunk ? L.numel[t] : begin + kChunk;
   float* p = L.param[t];
-  const float* g = L.grad[t];
+  const G* g = L.grad[t];
   const bool has_buf = L.h.momentum != 0;  // with momentum 0 a given buffer is left untouched
   float* buf = has_buf ? L.buf[t] : nullptr;
   const bool nesterov = L.h.nesterov != 0;
@@ -104,7 +124,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch 
     for (int64_t j = threadIdx.x; j < packs; j += blockDim.x) {
       const int64_t o = begin + 4 * j;
       F4 pp = *reinterpret_cast<const F4*>(p + o);
-      const F4 gg = *reinterpret_cast<const F4*>(g + o);
+      const F4 gg = load4(g + o);
       F4 bb{};
       if (has_buf) bb = *reinterpret_cast<const F4*>(buf + o);
 #pragma unroll
@@ -116,7 +136,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch 
   }
   for (; e < end; e += blockDim.x) {
     float pe = p[e], be = has_buf ? buf[e] : 0.f;
-    sgd_element(k, has_buf, nesterov, pe, g[e], be);
+    sgd_element(k, has_buf, nesterov, pe, to_accum<G>(g[e]), be);
     p[e] = pe;
     if (has_buf) buf[e] = be;
   }
@@ -131,9 +151,10 @@ struct AdamwHyper {
   int32_t lr_dtype, step_dtype;
 };
 
+template <class G>
 struct AdamwLaunch {
   float* param[kCap];
-  const float* grad[kCap];
+  const G* grad[kCap];
   float* m[kCap];
   float* v[kCap];
   int64_t numel[kCap];
@@ -142,7 +163,7 @@ struct AdamwLaunch {
   AdamwHyper h;
   DeviceErrorRecord* error;
 };
-static_assert(sizeof(AdamwLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(AdamwLaunch<float>) <= 4000, "kernel parameters are limited to 4 KiB");
 
 struct AdamwCoef {
   float decay, b1, b2, omb1, omb2, step_size, bc2_sqrt, eps;
@@ -178,7 +199,8 @@ __device__ __forceinline__ void adamw_element(const AdamwCoef& k, float& p, floa
   p = __fsub_rn(__fmul_rn(p, k.decay), __fmul_rn(k.step_size, __fdiv_rn(mi, den)));
 }
 
-__global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLaunch L) {
+template <class G>
+__global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLaunch<G> L) {
   __shared__ AdamwCoef s_coef;
   if (threadIdx.x == 0) {
     s_coef = adamw_coef(L.h);
@@ -193,7 +215,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLau
   const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kChunk;
   const int64_t end = L.numel[t] < begin + kChunk ? L.numel[t] : begin + kChunk;
   float* p = L.param[t];
-  const float* g = L.grad[t];
+  const G* g = L.grad[t];
   float* m = L.m[t];
   float* v = L.v[t];
   const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
@@ -204,7 +226,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLau
     for (int64_t j = threadIdx.x; j < packs; j += blockDim.x) {
       const int64_t o = begin + 4 * j;
       F4 pp = *reinterpret_cast<const F4*>(p + o);
-      const F4 gg = *reinterpret_cast<const F4*>(g + o);
+      const F4 gg = load4(g + o);
       F4 mm = *reinterpret_cast<const F4*>(m + o);
       F4 vv = *reinterpret_cast<const F4*>(v + o);
 #pragma unroll
@@ -215,7 +237,7 @@ __global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLau
     }
     e = begin + packs * 4 + threadIdx.x;
   }
-  for (; e < end; e += blockDim.x) adamw_element(k, p[e], g[e], m[e], v[e]);
+  for (; e < end; e += blockDim.x) adamw_element(k, p[e], to_accum<G>(g[e]), m[e], v[e]);
 }
 
 // ---- launchers ----
@@ -227,44 +249,73 @@ void check_scalar_dtype(int32_t dtype, const char* what) {
 
 }  // namespace
 
-void launch_multi_sgd(const MultiSgdArgs& a, cudaStream_t stream) {
-  if (a.count <= 0) return;
-  check_scalar_dtype(a.lr_dtype, "sgd_update: lr");
-  PLX_REQUIRE(a.momentum == 0 || a.momentum_buf != nullptr, "sgd_update: momentum needs momentum_buf");
-  SgdLaunch L{};
+namespace {
+
+template <class G>
+void launch_sgd_typed(const MultiSgdArgs& a, cudaStream_t stream) {
+  SgdLaunch<G> L{};
   L.h = SgdHyper{a.momentum, a.dampening, a.weight_decay, a.lr, a.lr_dtype, a.nesterov ? 1 : 0};
   pack_launches<kChunk, kCap>(
       L, a.count, a.numel, "multi-tensor update",
       [&](int slot, int32_t i) {
         L.param[slot] = a.param[i];
-        L.grad[slot] = a.grad[i];
+        L.grad[slot] = static_cast<const G*>(a.grad[i]);
         L.buf[slot] = a.momentum_buf ? a.momentum_buf[i] : nullptr;
       },
       [&](unsigned blocks) {
-        multi_sgd_kernel<<<blocks, kOptimBlock, 0, stream>>>(L);
+        multi_sgd_kernel<G><<<blocks, kOptimBlock, 0, stream>>>(L);
         PLX_CUDA_LAUNCH_CHECK();
       });
 }
 
-void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
-  if (a.count <= 0) return;
-  check_scalar_dtype(a.lr_dtype, "adamw_update: lr");
-  check_scalar_dtype(a.step_dtype, "adamw_update: step");
-  AdamwLaunch L{};
+template <class G>
+void launch_adamw_typed(const MultiAdamwArgs& a, cudaStream_t stream) {
+  AdamwLaunch<G> L{};
   L.h = AdamwHyper{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.step, a.lr_dtype, a.step_dtype};
   L.error = a.error;
   pack_launches<kChunk, kCap>(
       L, a.count, a.numel, "multi-tensor update",
       [&](int slot, int32_t i) {
         L.param[slot] = a.param[i];
-        L.grad[slot] = a.grad[i];
+        L.grad[slot] = static_cast<const G*>(a.grad[i]);
         L.m[slot] = a.exp_avg[i];
         L.v[slot] = a.exp_avg_sq[i];
       },
       [&](unsigned blocks) {
-        multi_adamw_kernel<<<blocks, kOptimBlock, 0, stream>>>(L);
+        multi_adamw_kernel<G><<<blocks, kOptimBlock, 0, stream>>>(L);
         PLX_CUDA_LAUNCH_CHECK();
       });
+}
+
+[[noreturn]] void bad_grad_dtype(int32_t dtype) {
+  throw sdk::Error(PLX_ERR_INTERNAL, sdk::format("multi-tensor update: no %s gradient kernel",
+                                                 dtype_name(dtype)));
+}
+
+}  // namespace
+
+void launch_multi_sgd(const MultiSgdArgs& a, cudaStream_t stream) {
+  if (a.count <= 0) return;
+  check_scalar_dtype(a.lr_dtype, "sgd_update: lr");
+  PLX_REQUIRE(a.momentum == 0 || a.momentum_buf != nullptr, "sgd_update: momentum needs momentum_buf");
+  switch (a.grad_dtype) {
+    case PLX_F32: return launch_sgd_typed<float>(a, stream);
+    case PLX_F16: return launch_sgd_typed<f16>(a, stream);
+    case PLX_BF16: return launch_sgd_typed<bf16>(a, stream);
+    default: bad_grad_dtype(a.grad_dtype);
+  }
+}
+
+void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
+  if (a.count <= 0) return;
+  check_scalar_dtype(a.lr_dtype, "adamw_update: lr");
+  check_scalar_dtype(a.step_dtype, "adamw_update: step");
+  switch (a.grad_dtype) {
+    case PLX_F32: return launch_adamw_typed<float>(a, stream);
+    case PLX_F16: return launch_adamw_typed<f16>(a, stream);
+    case PLX_BF16: return launch_adamw_typed<bf16>(a, stream);
+    default: bad_grad_dtype(a.grad_dtype);
+  }
 }
 
 namespace {
@@ -296,7 +347,7 @@ class SgdUpdate final : public Kernel {
   void compute(const KernelCall& c) override {
     use_device(device_);
     float* param = ptr<float>(c.in(0));                          // (any shape)
-    const float* grad = ptr<float>(c.in(1));                     // (same)
+    const void* grad = c.in(1).data;                             // (same) f32
     float* buf = momentum_ != 0 ? ptr<float>(c.in(2)) : nullptr;  // (same) or unused
     const int64_t n = numel(c.in(0));
     MultiSgdArgs a;
@@ -337,7 +388,7 @@ class AdamwUpdate final : public Kernel {
   void compute(const KernelCall& c) override {
     use_device(device_);
     float* param = ptr<float>(c.in(0));       // (any shape)
-    const float* grad = ptr<float>(c.in(1));  // (same)
+    const void* grad = c.in(1).data;          // (same) f32
     float* m = ptr<float>(c.in(2));           // (same) first moment
     float* v = ptr<float>(c.in(3));           // (same) second moment
     const int64_t n = numel(c.in(0));

@@ -24,11 +24,14 @@ namespace plexus::cuda {
 // Tensors per kernel launch: the kernel parameters stay well under the 4 KiB limit.
 constexpr int kMultiTensorCapacity = 48;
 
-// SGD with PyTorch's rule (docs/ops.md, sgd_update): f32 param, grad and momentum buffer.
+// SGD with PyTorch's rule (docs/ops.md, sgd_update): f32 param, grad and momentum buffer; the
+// gradients may be f16 or bf16 instead (grad_dtype), widened as they are read: the fusion of a
+// mixed-precision step's gradient casts into the update, the same bits as cast then update.
 struct MultiSgdArgs {
   int32_t count = 0;                      // tensors; those with 0 elements are skipped
   float* const* param = nullptr;          // [count], updated in place
-  const float* const* grad = nullptr;     // [count]
+  const void* const* grad = nullptr;      // [count], of grad_dtype
+  int32_t grad_dtype = PLX_F32;           // PLX_F32, PLX_F16 or PLX_BF16
   float* const* momentum_buf = nullptr;   // [count], updated in place; unused (may be null)
                                           // when momentum == 0
   const int64_t* numel = nullptr;         // [count] elements of each tensor
@@ -38,11 +41,12 @@ struct MultiSgdArgs {
   int32_t lr_dtype = PLX_F32;             // PLX_F32 or PLX_F64
 };
 
-// AdamW (docs/ops.md, adamw_update): f32 param, grad and moments.
+// AdamW (docs/ops.md, adamw_update): f32 param, grad and moments; gradients as for SGD.
 struct MultiAdamwArgs {
   int32_t count = 0;
   float* const* param = nullptr;          // [count], updated in place
-  const float* const* grad = nullptr;     // [count]
+  const void* const* grad = nullptr;      // [count], of grad_dtype
+  int32_t grad_dtype = PLX_F32;           // PLX_F32, PLX_F16 or PLX_BF16
   float* const* exp_avg = nullptr;        // [count], updated in place
   float* const* exp_avg_sq = nullptr;     // [count], updated in place
   const int64_t* numel = nullptr;         // [count]
