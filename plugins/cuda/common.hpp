@@ -184,6 +184,11 @@ std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, con
 // max_pool2d with a ReLU on y as it is written (ops/pool.cu): sdk::PoolReluMaker for the
 // chunked conv + ReLU + pool (ops/conv_pool.cpp). Null for a dtype it has no kernel for.
 std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags);
+// max_pool2d_backward whose second output is its dx summed per channel (the conv's bias
+// gradient), in one launch (ops/pool.cu): sdk::PoolBiasMaker for the chunked conv + pool
+// backward. `sms`: the device's multiprocessors, which size the grid.
+std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,
+                                                   uint32_t& flags);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)

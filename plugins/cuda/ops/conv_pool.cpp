@@ -1,6 +1,7 @@
 // The conv + max-pool fusions on CUDA: the SDK's chunked kernels (sdk/fusion_chunked.hpp, which
 // says how they work and why) running this plugin's own conv, relu, pool and sum kernels a chunk
-// of images at a time (the pool with the ReLU folded in where the ReLU runs after it), fuse_chunk_bytes of pre-pool tensor per chunk (32 MiB by default), with
+// of images at a time (the pool with the ReLU folded in where the ReLU runs after it, and the
+// pool's backward with the bias gradient's sum), fuse_chunk_bytes of pre-pool tensor per chunk (32 MiB by default), with
 // the per-chunk weight and bias gradients added up by launch_chunk_accumulate (ops/conv_pool.cu).
 #include "ops/conv_pool.hpp"
 
@@ -24,8 +25,12 @@ std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const 
     use_device(device);
     launch_chunk_accumulate(dt, part, acc, out, n, mode, native(stream));
   };
+  const int sms = backend.context(device).prop.multiProcessorCount;
+  auto pool_bias = [sms](const plx_node_info& pool, uint32_t& f) {
+    return make_max_pool_backward_sum(pool, sms, f);
+  };
   return sdk::make_chunked_max_pool_conv_backward(backend, g, b, backend.options().fuse_chunk_bytes,
-                                                  accumulate, dtype, flags, name);
+                                                  accumulate, dtype, flags, name, pool_bias);
 }
 
 }  // namespace plexus::cuda

@@ -199,36 +199,88 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
 // windows that cover it and whose index names it.
 // With `relu_y` (the backward of ReLU with pooling, fused): each dy is first masked by the ReLU
 // as relu_backward does (y > 0 ? dy : 0, in f32), so the sum equals the two ops' to the bit.
+// dx element i (of plane `plane`, at (ih, iw)) of max_pool2d_backward: the sum of the dy of the
+// windows that cover it and whose index names it, in window order. With `relu_y` (the backward of
+// ReLU with pooling, fused): each dy is first masked by the ReLU as relu_backward does (y > 0 ?
+// dy : 0, in f32), so the sum equals the two ops' to the bit.
+template <class T, class I, class Ix>
+__device__ __forceinline__ float max_pool_gather(const T* __restrict__ dy, const Ix* __restrict__ idx,
+                                                 const PoolGeom& g, I plane, I ih, I iw,
+                                                 const T* __restrict__ relu_y) {
+  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH), W = static_cast<I>(g.W);
+  const I ext_h = static_cast<I>(g.dh * (g.kh - 1) + 1),
+          ext_w = static_cast<I>(g.dw * (g.kw - 1) + 1);
+  const I out_base = plane * (OH * OW);
+  // The windows whose extent covers (ih, iw).
+  I oh_lo, oh_hi, ow_lo, ow_hi;
+  windows<I>(ih, static_cast<I>(g.sh), static_cast<I>(g.ph), ext_h, OH, oh_lo, oh_hi);
+  windows<I>(iw, static_cast<I>(g.sw), static_cast<I>(g.pw), ext_w, OW, ow_lo, ow_hi);
+  const I here = ih * W + iw;
+  float sum = 0.0f;
+  for (I oh = oh_lo; oh < oh_hi; ++oh)
+    for (I ow = ow_lo; ow < ow_hi; ++ow) {
+      const I o = out_base + oh * OW + ow;
+      if (PoolIndex<Ix>::names(idx[o], here, oh, ow, g)) {
+        const float v = to_accum<T>(dy[o]);
+        sum += relu_y && !(to_accum<T>(relu_y[o]) > 0.0f) ? 0.0f : v;
+      }
+    }
+  return sum;
+}
+
+// dx = max_pool2d_backward(dy, indices); one thread per input element (max_pool_gather).
 template <class T, class I, class Ix>
 __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
                                          T* __restrict__ dx, PoolGeom g, I total,
                                          const T* __restrict__ relu_y) {
-  const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
-  const I sh = static_cast<I>(g.sh), sw = static_cast<I>(g.sw);
-  const I ph = static_cast<I>(g.ph), pw = static_cast<I>(g.pw);
-  const I ext_h = static_cast<I>(g.dh * (g.kh - 1) + 1),
-          ext_w = static_cast<I>(g.dw * (g.kw - 1) + 1);
   PLX_POOL_LOOP(I, i, total) {
     const I iw = i % W, t = i / W;
     const I ih = t % H, plane = t / H;
-    const I out_base = plane * (OH * OW);
-    // The windows whose extent covers (ih, iw).
-    I oh_lo, oh_hi, ow_lo, ow_hi;
-    windows<I>(ih, sh, ph, ext_h, OH, oh_lo, oh_hi);
-    windows<I>(iw, sw, pw, ext_w, OW, ow_lo, ow_hi);
-    const I here = ih * W + iw;
-    float sum = 0.0f;
-    for (I oh = oh_lo; oh < oh_hi; ++oh)
-      for (I ow = ow_lo; ow < ow_hi; ++ow) {
-        const I o = out_base + oh * OW + ow;
-        if (PoolIndex<Ix>::names(idx[o], here, oh, ow, g)) {
-          const float v = to_accum<T>(dy[o]);
-          sum += relu_y && !(to_accum<T>(relu_y[o]) > 0.0f) ? 0.0f : v;
-        }
-      }
-    dx[i] = from_accum<T>(sum);
+    dx[i] = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, plane, ih, iw, relu_y));
   }
+}
+
+// dx = max_pool2d_backward(dy, indices) and db, dx summed over images and positions per channel
+// (the bias gradient of the convolution whose output was pooled), in one launch: block (c, s)
+// writes channel c's planes of images s, s + splits, ... and sums what it wrote (the rounded
+// values, as a sum node reads them) in f32; the last block to finish (a counter the kernel owns,
+// reset by that block) adds each channel's `splits` partial sums in order. Deterministic.
+template <class T, class I, class Ix>
+__global__ void __launch_bounds__(kBlock)
+    max_pool_backward_sum_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
+                                 T* __restrict__ dx, PoolGeom g, I channels, I images,
+                                 float* part, T* __restrict__ db, unsigned* done) {
+  __shared__ float shared_sum[32];
+  __shared__ bool last_block;
+  const I c = static_cast<I>(blockIdx.x), s = static_cast<I>(blockIdx.y);
+  const I splits = static_cast<I>(gridDim.y);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), HW = H * W;
+  float acc = 0.0f;
+  for (I n = s; n < images; n += splits) {
+    const I plane = n * channels + c;
+    for (I e = static_cast<I>(threadIdx.x); e < HW; e += static_cast<I>(blockDim.x)) {
+      const T v = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, plane, e / W, e % W, nullptr));
+      dx[plane * HW + e] = v;
+      acc += to_accum<T>(v);
+    }
+  }
+  acc = block_sum(acc, shared_sum);
+  if (threadIdx.x == 0) part[static_cast<int64_t>(c) * splits + s] = acc;
+  __threadfence();
+  __syncthreads();
+  const unsigned blocks = gridDim.x * gridDim.y;
+  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == blocks - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const volatile float* vp = part;
+  for (I ch = static_cast<I>(threadIdx.x); ch < channels; ch += static_cast<I>(blockDim.x)) {
+    float t = 0.0f;
+    for (I k = 0; k < splits; ++k) t += vp[static_cast<int64_t>(ch) * splits + k];
+    db[ch] = from_accum<T>(t);
+  }
+  if (threadIdx.x == 0) *done = 0;
 }
 
 // y = avg_pool2d(x); one thread per output element.
@@ -380,6 +432,75 @@ class MaxPool2dBackwardKernel final : public Kernel {
   bool u8_;  // window_index: u8 taps
 };
 
+// max_pool2d_backward with the bias gradient's sum of its output (max_pool_backward_sum_kernel),
+// for the chunked conv + pool backward (sdk::PoolBiasMaker). Outputs: dx, db (C).
+template <class T>
+class MaxPool2dBackwardSumKernel final : public Kernel {
+ public:
+  MaxPool2dBackwardSumKernel(const NodeInfo& node, int sms)
+      : device_(node.device()),
+        g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
+        u8_(node.input(1).dtype == PLX_U8) {
+    const plx_tensor& dy = node.input(0);
+    PLX_REQUIRE(dy.ndim == 4, "max_pool2d_backward: 4-D dy expected");
+    images_ = dy.shape[0];
+    channels_ = dy.shape[1];
+    PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
+                "max_pool2d_backward: an input plane too large for i32 indices");
+    // Blocks for about two per SM over all channels, each with at least one image (and at most
+    // 65535 splits, the grid's y limit).
+    splits_ = static_cast<unsigned>(std::clamp<int64_t>(
+        (int64_t{2} * std::max(sms, 1) + channels_ - 1) / std::max<int64_t>(channels_, 1), 1,
+        std::clamp<int64_t>(images_, 1, 65535)));
+    PLX_REQUIRE(channels_ <= INT32_MAX, "max_pool2d_backward: too many channels");
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
+    PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
+  }
+  ~MaxPool2dBackwardSumKernel() override {
+    if (done_) cudaFree(done_);
+  }
+  MaxPool2dBackwardSumKernel(const MaxPool2dBackwardSumKernel&) = delete;
+  MaxPool2dBackwardSumKernel& operator=(const MaxPool2dBackwardSumKernel&) = delete;
+
+  // The partial sums, channels x splits.
+  uint64_t workspace_bytes() const override {
+    return static_cast<uint64_t>(channels_) * splits_ * sizeof(float);
+  }
+
+  void compute(const KernelCall& c) override {
+    if (u8_) launch(c, ptr<uint8_t>(c.in(1)));
+    else launch(c, ptr<int32_t>(c.in(1)));
+  }
+
+ private:
+  template <class Ix>
+  void launch(const KernelCall& c, const Ix* idx) const {
+    use_device(device_);
+    const cudaStream_t s = native(c.stream);
+    T* db = ptr<T>(c.out(1));
+    if (channels_ == 0) return;
+    const dim3 grid(static_cast<unsigned>(channels_), splits_);
+    const T* dy = ptr<T>(c.in(0));
+    T* dx = ptr<T>(c.out(0));
+    float* part = static_cast<float*>(c.workspace);
+    if (fits_i32(std::max(g_.planes * g_.H * g_.W, g_.planes * g_.OH * g_.OW)))
+      max_pool_backward_sum_kernel<T, int32_t, Ix><<<grid, kBlock, 0, s>>>(
+          dy, idx, dx, g_, static_cast<int32_t>(channels_), static_cast<int32_t>(images_), part,
+          db, done_);
+    else
+      max_pool_backward_sum_kernel<T, int64_t, Ix><<<grid, kBlock, 0, s>>>(
+          dy, idx, dx, g_, channels_, images_, part, db, done_);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+  int32_t device_;
+  PoolGeom g_;
+  bool u8_;
+  int64_t images_ = 0, channels_ = 0;
+  unsigned splits_ = 1;
+  unsigned* done_ = nullptr;  // device memory: blocks finished, zero between launches
+};
+
 // relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel (the backward of ReLU
 // with pooling): the masked gradient is never written. Inputs and output at the fused group's
 // boundary slots.
@@ -493,6 +614,19 @@ std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& 
     case PLX_F32: return std::make_unique<MaxPool2dKernel<float>>(node, true);
     case PLX_F16: return std::make_unique<MaxPool2dKernel<f16>>(node, true);
     case PLX_BF16: return std::make_unique<MaxPool2dKernel<bf16>>(node, true);
+    default: return nullptr;
+  }
+}
+
+std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,
+                                                   uint32_t& flags) {
+  const NodeInfo node(&pool);
+  flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  if (node.num_inputs() < 2 || node.num_outputs() < 1 || node.input(0).ndim != 4) return nullptr;
+  switch (node.input(0).dtype) {
+    case PLX_F32: return std::make_unique<MaxPool2dBackwardSumKernel<float>>(node, sms);
+    case PLX_F16: return std::make_unique<MaxPool2dBackwardSumKernel<f16>>(node, sms);
+    case PLX_BF16: return std::make_unique<MaxPool2dBackwardSumKernel<bf16>>(node, sms);
     default: return nullptr;
   }
 }

@@ -11,7 +11,8 @@
 //    backend gives one: PoolReluMaker);
 //  - backward, per chunk: max_pool2d_backward (dy's and the indices' slices) into scratch, then
 //    conv2d_backward_data into dx's slice, conv2d_backward_weight and the bias gradient's sum into
-//    per-chunk partials that the backend's accumulate function adds up over the chunks.
+//    per-chunk partials that the backend's accumulate function adds up over the chunks (the sum
+//    inside the pool's backward kernel where the backend gives one: PoolBiasMaker).
 // NCHW tensors have N outermost, so a chunk of images is one contiguous slice of x, y, the
 // indices, dy and dx: no copies.
 //
@@ -59,13 +60,20 @@ enum class ChunkAccum : int32_t { Set = 0, Add = 1, Final = 2 };
 using ChunkAccumulate = std::function<void(plx_dtype dtype, const void* part, float* acc, void* out,
                                            int64_t n, ChunkAccum mode, plx_stream stream)>;
 
-// Optional, for the forward of conv2d -> relu -> max_pool2d with relu_mask (where the ReLU runs on
-// the pooled chunk): a kernel for `pool` (a chunk's max_pool2d node: x in, y and the indices
-// out) that also applies the ReLU to y as it writes it, so the chunk's pool and ReLU are one
-// launch. Sets `flags` (its plx_kernel flags). Returns null where the backend has none for this
-// node; the pool and the ReLU then run as two kernels.
-using PoolReluMaker =
-    std::function<std::unique_ptr<Kernel>(const plx_node_info& pool, uint32_t& flags)>;
+// A backend's own kernel for a chunk's node that also does the work of a neighbour, so the two
+// are one launch. Sets `flags` (its plx_kernel flags). Returns null where the backend has none
+// for this node; the two nodes then run as two kernels. Both are optional:
+//  - PoolReluMaker, for the forward of conv2d -> relu -> max_pool2d with relu_mask (where the
+//    ReLU runs on the pooled chunk): a kernel for `node` (max_pool2d: x in, y and the indices
+//    out) that also applies the ReLU to y as it writes it;
+//  - PoolBiasMaker, for the backward with the bias gradient: a kernel for `node`
+//    (max_pool2d_backward: dy and the indices in, dx out) with a second output, dx summed over
+//    axes 0, 2 and 3 (the conv's bias gradient for the chunk, in dx's dtype, as the sum node
+//    gives it).
+using ChunkKernelMaker =
+    std::function<std::unique_ptr<Kernel>(const plx_node_info& node, uint32_t& flags)>;
+using PoolReluMaker = ChunkKernelMaker;
+using PoolBiasMaker = ChunkKernelMaker;
 
 namespace detail::chunked {
 
@@ -106,10 +114,10 @@ struct Member {
   uint32_t flags() const { return own ? own_flags : kernel->table().flags; }
   uint64_t workspace_bytes() const { return own ? own->workspace_bytes() : kernel->workspace_bytes(); }
   // As make(), with the kernel from `maker`; false (nothing made) where it gives none.
-  bool make_own(const PoolReluMaker& maker, const GraphView& g, int32_t n, int64_t rows,
+  bool make_own(const ChunkKernelMaker& maker, const GraphView& g, int32_t n, int64_t rows,
                 std::initializer_list<int32_t> batched_in,
-                std::initializer_list<int32_t> batched_out) {
-    OwnedNodeInfo info(g, n, rows, batched_in, batched_out, "");
+                std::initializer_list<int32_t> batched_out, bool patch_input_shape) {
+    OwnedNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape ? "input_shape" : "");
     own = maker(info.get(), own_flags);
     if (!own) return false;
     in = info.inputs();
@@ -225,7 +233,7 @@ class ChunkedConvMaxPool final : public Kernel {
       p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
       // The pool with the ReLU folded in, where the backend has one (PoolReluMaker).
       p.pool_relu = relu_after_pool_ && pool_relu &&
-                    p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1});
+                    p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1}, false);
       if (!p.pool_relu) p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
       if (s_.relu >= 0 && !p.pool_relu) {
         p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, relu_after_pool_ ? &y : nullptr);
@@ -311,7 +319,8 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
 
  public:
   ChunkedMaxPoolConvBackward(Backend& backend, const GraphView& g, const Boundary& b,
-                             uint64_t chunk_bytes, ChunkAccumulate accumulate)
+                             uint64_t chunk_bytes, ChunkAccumulate accumulate,
+                             const PoolBiasMaker& pool_bias = {})
       : s_(max_pool_conv_backward_slots(g, b)), accumulate_(std::move(accumulate)) {
     const char* op = "max_pool2d_backward+conv2d_backward";
     const plx_graph_node& pool = g.node(s_.pool);
@@ -372,10 +381,15 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       if (rows == 0) continue;
       Pass& p = passes_.emplace_back();
       p.rows = rows;
-      p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true);
+      // The pool's backward with the bias gradient's sum, where the backend gives one
+      // (PoolBiasMaker): its second output is the chunk's db.
+      p.pool_bias = s_.bias >= 0 && pool_bias &&
+                    p.pool.make_own(pool_bias, g, s_.pool, rows, {0, 1}, {0}, true);
+      if (p.pool_bias) p.pool.out.push_back(g.value(g.node(s_.bias).outputs[0]));
+      else p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true);
       if (s_.data >= 0) p.data.make(backend, g, s_.data, rows, {0}, {0}, true);
       if (s_.weight >= 0) p.weight.make(backend, g, s_.weight, rows, {0, 1}, {}, false);
-      if (s_.bias >= 0) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
+      if (s_.bias >= 0 && !p.pool_bias) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
       for (const Member* m : {&p.pool, &p.data, &p.weight, &p.bias}) {
         flags_ &= detail::chunked::member_flags(*m);
         if (m->present()) member_ws_ = std::max(member_ws_, m->workspace_bytes());
@@ -424,7 +438,14 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       p.pool.in[1].data =
           detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(dy_img_) * idx_es_);
       p.pool.out[0].data = grad;
+      void* db_part = nullptr;
+      if (p.pool_bias) {
+        db_part = sum_target(c, c.out(s_.db).data, part_db_off_, first);
+        p.pool.out[1].data = db_part;
+      }
       p.pool.run(mws, member_ws_, c.stream);
+      if (p.pool_bias)
+        sum_fold(c, db_part, c.out(s_.db).data, acc_db_off_, db_elems_, first, last);
       if (p.data.present()) {
         p.data.in[0].data = grad;
         p.data.in[1].data = c.in(s_.w).data;
@@ -451,6 +472,7 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
   struct Pass {
     int64_t rows = 0;
     Member pool, data, weight, bias;
+    bool pool_bias = false;  // `pool` writes the chunk's db too (no `bias`)
   };
 
   // Runs a member whose output sums over the batch (dw, db) on this chunk and adds it to the
@@ -459,13 +481,22 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
   // into out with the last.
   void sum_chunk(Member& m, const KernelCall& c, void* out, uint64_t part_off, uint64_t acc_off,
                  int64_t elems, bool first, bool last, void* mws) {
-    const bool f32 = s_.dtype == PLX_F32;
-    const bool direct = chunks_ == 1 || (f32 && first);
-    void* part = direct ? out : detail::chunked::at_bytes(c.workspace, part_off);
+    void* part = sum_target(c, out, part_off, first);
     m.out[0].data = part;
     m.run(mws, member_ws_, c.stream);
-    if (direct) return;
-    if (f32) {
+    sum_fold(c, part, out, acc_off, elems, first, last);
+  }
+  // Where this chunk's partial sum goes: `out` itself when it is the total (one chunk, or f32's
+  // first), else the partial in the workspace.
+  void* sum_target(const KernelCall& c, void* out, uint64_t part_off, bool first) const {
+    const bool direct = chunks_ == 1 || (s_.dtype == PLX_F32 && first);
+    return direct ? out : detail::chunked::at_bytes(c.workspace, part_off);
+  }
+  // Adds the chunk's partial (written at sum_target) into the total.
+  void sum_fold(const KernelCall& c, void* part, void* out, uint64_t acc_off, int64_t elems,
+                bool first, bool last) {
+    if (part == out) return;
+    if (s_.dtype == PLX_F32) {
       accumulate_(PLX_F32, part, static_cast<float*>(out), nullptr, elems, ChunkAccum::Add,
                   c.stream);
     } else {
@@ -507,9 +538,10 @@ inline std::unique_ptr<Kernel> make_chunked_conv_max_pool(Backend& backend, cons
 // [bias gradient sum]} group ("max_pool2d_backward+conv2d_backward").
 inline std::unique_ptr<Kernel> make_chunked_max_pool_conv_backward(
     Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes,
-    ChunkAccumulate accumulate, plx_dtype& dtype, uint32_t& flags, std::string& name) {
+    ChunkAccumulate accumulate, plx_dtype& dtype, uint32_t& flags, std::string& name,
+    const PoolBiasMaker& pool_bias = {}) {
   auto k = std::make_unique<ChunkedMaxPoolConvBackward>(backend, g, b, chunk_bytes,
-                                                        std::move(accumulate));
+                                                        std::move(accumulate), pool_bias);
   dtype = k->dtype();
   flags = k->flags();
   name = "max_pool2d_backward+conv2d_backward";
