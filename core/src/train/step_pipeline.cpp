@@ -42,15 +42,10 @@ ResidentData make_resident(Backend& backend, int32_t device, const data::Loader&
   int64_t d = 1;  // values per sample
   for (int64_t x : ds.sample_shape) d *= x;
   std::vector<float> images(static_cast<size_t>((n + 1) * d), 0.0f);
-  std::vector<float> labels(static_cast<size_t>(n + 1), static_cast<float>(data::kIgnoreLabel));
-  for (int64_t i = 0; i < n; ++i) {
-    loader.normalise(i, images.data() + i * d);
-    labels[static_cast<size_t>(i)] = static_cast<float>(ds.labels[static_cast<size_t>(i)]);
-  }
+  for (int64_t i = 0; i < n; ++i) loader.normalise(i, images.data() + i * d);
   ResidentData r;
   r.rows = n;
   r.images = Tensor::from_host(backend, images.data(), {n + 1, d}, PLX_F32, device);
-  r.labels = Tensor::from_host(backend, labels.data(), {n + 1, 1}, PLX_F32, device);
   return r;
 }
 
@@ -93,8 +88,10 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   x_bytes_ = x_.nbytes();
   labels_bytes_ = labels_.nbytes();
   // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale | grad scale |
-  // grad unscale, 8-byte aligned.
-  const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_ + labels_bytes_;
+  // grad unscale, 8-byte aligned. The labels come from the host either way (a few bytes a row):
+  // gathering them on the device would cost two launches a step (a gather and a cast to i32).
+  const uint64_t head =
+      (resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_) + labels_bytes_;
   in_bytes_ = (head + 7) / 8 * 8 + kScalars * sizeof(float);
   out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
   compute_ = backend.stream(device);
@@ -130,15 +127,7 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
       const Tensor idx = slots_[0].staging.alias(PLX_I32, {rows_}, 0);
       gather_images_ = prepare(backend, ops, "embedding", {}, {resident_->images, idx},
                                {x_.reshape({rows_, d})}, device);
-      gathered_labels_ = Tensor::empty(backend, {rows_, 1}, PLX_F32, device);
-      gather_labels_ = prepare(backend, ops, "embedding", {}, {resident_->labels, idx},
-                               {gathered_labels_}, device);
-      Attrs ca;
-      ca.set("dtype", std::string("i32"));
-      cast_labels_ = prepare(backend, ops, "cast", ca, {gathered_labels_},
-                             {labels_.reshape({rows_, 1})}, device);
-      const uint64_t ws = std::max({gather_images_->workspace_bytes(),
-                                    gather_labels_->workspace_bytes(), cast_labels_->workspace_bytes()});
+      const uint64_t ws = gather_images_->workspace_bytes();
       if (ws) workspace_ = Tensor::empty(backend, {static_cast<int64_t>(ws)}, PLX_U8, device);
     }
   } catch (...) {
@@ -150,7 +139,7 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
 StepPipeline::~StepPipeline() { release(); }
 
 uint64_t StepPipeline::device_bytes() const {
-  uint64_t n = gathered_labels_.defined() ? gathered_labels_.nbytes() : 0;
+  uint64_t n = 0;
   if (workspace_.defined()) n += workspace_.nbytes();
   for (const Slot& s : slots_)
     if (s.staging.defined()) n += s.staging.nbytes();
@@ -203,7 +192,11 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
       const int64_t smp = b.samples[static_cast<size_t>(r)];
       idx[r] = static_cast<int32_t>(smp < 0 ? resident_->rows : smp);  // padding: the zero row
     }
+    if (b.labels.size() * sizeof(int32_t) != labels_bytes_)
+      throw Error("step pipeline: the batch's labels do not fill the step's");
     off = static_cast<uint64_t>(rows_) * sizeof(int32_t);
+    std::memcpy(s.in + off, b.labels.data(), labels_bytes_);
+    off += labels_bytes_;
   } else {
     if (b.images.size() * sizeof(float) != x_bytes_)
       throw Error("step pipeline: the batch has no images (data.resident mismatch)");
@@ -238,11 +231,8 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     const plx_tensor gi[2] = {resident_->images.view(), idx};
     const plx_tensor go = x_.reshape({rows_, d}).view();
     gather_images_->run(gi, 2, &go, 1, ws, compute_);
-    const plx_tensor li[2] = {resident_->labels.view(), idx};
-    const plx_tensor lo = gathered_labels_.view();
-    gather_labels_->run(li, 2, &lo, 1, ws, compute_);
-    const plx_tensor co = labels_.reshape({rows_, 1}).view();
-    cast_labels_->run(&lo, 1, &co, 1, ws, compute_);
+    backend_.copy(device_, labels_.data(), stage + static_cast<uint64_t>(rows_) * sizeof(int32_t),
+                  labels_bytes_, PLX_COPY_D2D, compute_);
   } else {
     backend_.copy(device_, x_.data(), stage, x_bytes_, PLX_COPY_D2D, compute_);
     backend_.copy(device_, labels_.data(), stage + x_bytes_, labels_bytes_, PLX_COPY_D2D, compute_);

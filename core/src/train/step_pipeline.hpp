@@ -3,7 +3,7 @@
 // The host launches step n+1 before it reads step n's results, so the device never idles on the
 // host between steps. Each of two slots holds:
 // - a pinned host buffer the batch (or, with the data set resident on the device, just its sample
-//   indices) and the step's scalars (lr, step) are written into;
+//   indices and labels) and the step's scalars (lr, step) are written into;
 // - a device staging buffer the copy stream fills from it, so the copy of batch n+1 overlaps the
 //   step on batch n;
 // - a pinned buffer the step's loss and predictions come back into, read when its event is done.
@@ -33,10 +33,9 @@ namespace plexus {
 // The training set's normalised images and labels on the device, one extra all-zero row labelled
 // kIgnoreLabel at the end for padding rows. Batches are gathered from it by sample index.
 struct ResidentData {
-  Tensor images;  // (n + 1, C*H*W) f32
-  Tensor labels;  // (n + 1, 1) f32 (exact integers; gathered, then cast to i32)
+  Tensor images;  // (n + 1, C*H*W) f32; the labels come with each batch from the host
   int64_t rows = 0;  // n
-  uint64_t bytes() const { return images.nbytes() + labels.nbytes(); }
+  uint64_t bytes() const { return images.nbytes(); }
 };
 
 // Uploads `loader`'s samples [0, n) normalised as its batches are.
@@ -173,8 +172,8 @@ class StepPipeline : public StepRunner {
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.
-  std::unique_ptr<PreparedKernel> gather_images_, gather_labels_, cast_labels_;
-  Tensor gathered_labels_, workspace_;
+  std::unique_ptr<PreparedKernel> gather_images_;
+  Tensor workspace_;
   Slot slots_[kSlots];
   int next_ = 0, in_flight_ = 0;
   std::chrono::steady_clock::time_point last_;
