@@ -112,22 +112,27 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   Attrs la;
   la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
-  m->loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
-  if (training && scaled)
-    m->loss = g.add1("mul", {m->loss, g.input(kLossScaleInput, TensorDesc{PLX_F32, {}})}, {},
-                     "loss.scale");
+  const Var ce_loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
+  m->loss = ce_loss;
+  const TensorDesc scalar{PLX_F32, {}};
+  // Data parallelism's loss scale (one over the global batch's rows) and f16's gradient scale
+  // S multiply the loss. Backward starts from their product as the loss's gradient instead of
+  // from a mul after the loss (the same bits: d(S·loss)/d(loss) = 1·S), so no node sits between
+  // the cross-entropy and its backward and a backend may fuse the two
+  // (sdk::find_linear_cross_entropy); the reported loss's mul comes after backward.
+  const Var loss_scale = training && scaled ? g.input(kLossScaleInput, scalar) : Var{};
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
   m->pred = g.add1("argmax", {logits}, aa, "pred");
   if (training && loss_scaling) {
     // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
     // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
-    const TensorDesc scalar{PLX_F32, {}};
-    const Var scaled_loss =
-        g.add1("mul", {m->loss, g.input(kGradScaleInput, scalar)}, {}, "loss.grad_scale");
+    Var seed = g.input(kGradScaleInput, scalar);
+    if (loss_scale.valid()) seed = g.add1("mul", {loss_scale, seed}, {}, "loss.seed");
+    bo.seed_grad = seed;
     const Var unscale = g.input(kGradUnscaleInput, scalar);
     m->params = g.parameters();
-    const std::vector<Var> grads = backward(g, scaled_loss, m->params, bo);
+    const std::vector<Var> grads = backward(g, ce_loss, m->params, bo);
     m->update = std::make_unique<Graph>(ops);
     std::vector<Var> update_params, update_grads;
     Var check;
@@ -153,9 +158,11 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
     add_optimizer(*m->update, update_params, update_grads, opt);
   } else if (training) {
     m->params = g.parameters();
-    m->grads = backward(g, m->loss, m->params, bo);
+    if (loss_scale.valid()) bo.seed_grad = loss_scale;
+    m->grads = backward(g, ce_loss, m->params, bo);
     add_optimizer(g, m->params, m->grads, opt);
   }
+  if (loss_scale.valid()) m->loss = g.add1("mul", {ce_loss, loss_scale}, {}, "loss.scale");
   g.mark_output(m->loss, "loss_value");
   g.mark_output(m->pred, "predictions");
   return m;

@@ -376,10 +376,11 @@ inline ReluMaxPoolBackwardSlots relu_max_pool_backward_slots(const GraphView& g,
 //  - the backward may join when its log_probs are this cross-entropy's, read by nothing else,
 //    with the same labels and attributes;
 //  - a group runs where its last node runs, so no node outside it between its first and last
-//    node may read a value it writes (the core's rule). Under data parallelism the loss_scale
-//    `mul` reads the loss right after the cross-entropy: the backward and the argmax that come
-//    after it stay out, and the group is linear + cross-entropy, writing the logits for the
-//    argmax and log_probs for the backward.
+//    node may read a value it writes (the core's rule). A node that reads the loss right after
+//    the cross-entropy (a `mul` by a scale, say) keeps the backward and the argmax after it out:
+//    the group is then linear + cross-entropy, writing the logits for the argmax and log_probs
+//    for the backward. (The core's training steps seed backward with their loss scales instead,
+//    so no such node is there.)
 // linear_cross_entropy_slots() is the one parser of such a group for create_fused().
 struct LinearCrossEntropyCandidates {
   std::vector<std::vector<int32_t>> groups;  // ascending node ids, largest group first
