@@ -27,6 +27,7 @@
 #include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
 #include "train/step_graph.hpp"
+#include "train/step_pipeline.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -487,7 +488,77 @@ void check_cast_fusion(Backend& gpu) {
   }
 }
 
+// f16 loss scaling (build_step, f16, loss_scaling): the unscale and check of every gradient (its
+// cast to f32, a mul by 1/S, a sum, the sums added up) run as one multi-tensor kernel. Its
+// unscaled gradients follow the step node by node (to the tolerance the fused head needs; the
+// unscale itself is the mul's bits) and its check is their sum to rounding; a scale that
+// overflows f16 makes the check non-finite in both, so the step would be skipped.
+void check_unscale_fusion(Backend& gpu) {
+  const int64_t batch = 8;
+  const ModelSpec spec = builtin_model("convnet");
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0.9;
+  auto sg = build_step(runtime().ops(), spec, batch, spec.input_shape, true, opt, false, PLX_F16,
+                       true);
+  REQUIRE(sg->update);
+  TensorStore store_a, store_b;
+  ExecutableOptions ea, eb;
+  ea.seed = eb.seed = 19;
+  ea.fuse = true;
+  eb.fuse = false;
+  Executable a(gpu, sg->graph, store_a, ea);
+  Executable b(gpu, sg->graph, store_b, eb);
+  int listed = -1;
+  std::string names;
+  for (const auto& k : a.kernel_names()) {
+    names += k + "\n";
+    if (k.find("fused kernel 'multi_tensor_unscale_check'") != std::string::npos)
+      listed = static_cast<int>(std::count(k.begin(), k.end(), ',')) + 1;
+  }
+  INFO("kernels of the fused step:\n" << names);
+  // 10 gradients: 10 casts, 10 muls, 10 sums and the 9 adds of the check.
+  CHECK(listed == 39);
+  const Batch data = make_batch(batch, 600);
+  for (const double scale : {1024.0, 0x1p40}) {
+    INFO("loss scale " << scale);
+    for (Executable* e : {&a, &b}) {
+      e->tensor("x").copy_from_host(data.x.data());
+      e->tensor("labels").copy_from_host(data.labels.data());
+      const float s = static_cast<float>(scale), u = static_cast<float>(1.0 / scale);
+      e->tensor(kGradScaleInput).copy_from_host(&s);
+      e->tensor(kGradUnscaleInput).copy_from_host(&u);
+      e->run();
+      e->sync();
+    }
+    const double ca = a.tensor(kGradCheckOutput).to_doubles().at(0);
+    const double cb = b.tensor(kGradCheckOutput).to_doubles().at(0);
+    INFO("check: fused " << ca << ", node by node " << cb);
+    if (scale > 1e6) {
+      CHECK(!std::isfinite(ca));
+      CHECK(!std::isfinite(cb));
+      continue;
+    }
+    REQUIRE(std::isfinite(cb));
+    CHECK(std::isfinite(ca));
+    double magnitude = 0;
+    for (Var p : sg->params) {
+      const std::string name = sg->graph.value(p).name + ".grad";
+      INFO("unscaled gradient " << name);
+      const std::vector<double> gb = b.tensor(name).to_doubles();
+      for (double v : gb) magnitude += std::fabs(v);
+      CHECK(compare_tensors(a.tensor(name), b.tensor(name), nmse_only(1e-4)) == "");
+    }
+    CHECK(std::fabs(ca - cb) <= 1e-3 * magnitude + 1e-6);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("a fused cuda f16 step unscales and checks its gradients in one kernel", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  check_unscale_fusion(gpu);
+}
 
 TEST_CASE("a fused cuda bf16 step runs its casts as multi-tensor kernels", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);

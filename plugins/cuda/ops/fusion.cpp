@@ -26,6 +26,8 @@
 //    the plugin's own kernels run a chunk of images at a time, so neither the full pre-pool
 //    tensor nor its gradient exists (ops/conv_pool.cpp). Claimed before the epilogue chains,
 //    which would otherwise take the conv2d -> relu.
+//  - f16 loss scaling's unscale and check (each gradient times 1/S, summed, the sums added up):
+//    one multi-tensor launch (ops/multi_unscale.hpp), with the gradients' casts to f32;
 //  - casts between f32, f16 and bf16 (a mixed-precision step's parameters to 16 bits, their
 //    gradients back to f32): runs of them that can run as one, one multi-tensor launch each
 //    (ops/multi_cast.hpp), claimed last, so that casts in the patterns above stay there.
@@ -38,6 +40,7 @@
 #include "ops/conv_pool.hpp"
 #include "ops/linear_ce.hpp"
 #include "ops/multi_cast.hpp"
+#include "ops/multi_unscale.hpp"
 #include "ops/optim_fused.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
@@ -247,6 +250,164 @@ class MultiAdamw final : public Kernel {
   std::vector<const void*> grad_;
 };
 
+// f16 loss scaling's unscale and check (core/src/train/step_graph.cpp): per gradient, u =
+// mul(g, U) with U one f32 scalar shared by all and g f32 (or a widening cast's output, read by
+// that mul alone, which joins), s = sum(u) over every axis, read only by the chain of adds that
+// totals the sums into the check, which nothing in the graph reads (a graph output). The group
+// (sorted), or empty where the graph has no such pattern.
+std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
+  int32_t unscale = -1;
+  std::vector<int32_t> muls, sums, adds, casts;
+  std::vector<int32_t> open;  // sums and adds whose output the chain has not read yet
+  auto only_reader = [&](int32_t v, int32_t n) {
+    return g.readers(v).size() == 1 && g.readers(v)[0] == n;
+  };
+  for (int32_t n = 0; n < g.num_nodes(); ++n) {
+    const plx_graph_node& node = g.node(n);
+    if (g.is(n, "sum") && node.num_inputs == 1 && node.num_outputs == 1 &&
+        g.value(node.outputs[0]).ndim == 0 && g.value(node.outputs[0]).dtype == PLX_F32) {
+      const int32_t u = node.inputs[0];
+      const int32_t m = g.valid(u) ? g.producer(u) : -1;
+      if (m < 0 || !g.is(m, "mul") || !only_reader(u, n)) continue;
+      const plx_graph_node& mn = g.node(m);
+      if (mn.num_inputs != 2 || !g.valid(mn.inputs[0]) || !g.valid(mn.inputs[1])) continue;
+      const plx_tensor& sc = g.value(mn.inputs[1]);
+      const plx_tensor& x = g.value(mn.inputs[0]);
+      if (sc.dtype != PLX_F32 || sdk::numel(sc) != 1 || sc.ndim != 0 || x.dtype != PLX_F32 ||
+          g.value(u).dtype != PLX_F32 || sdk::numel(x) != sdk::numel(g.value(u)) ||
+          !sdk::is_contiguous(x) || g.producer(mn.inputs[1]) >= 0)
+        continue;
+      if (unscale >= 0 && mn.inputs[1] != unscale) return {};
+      unscale = mn.inputs[1];
+      muls.push_back(m);
+      sums.push_back(n);
+      open.push_back(n);
+    } else if (g.is(n, "add") && node.num_inputs == 2 && node.num_outputs == 1) {
+      auto take = [&](int32_t v) {
+        const int32_t p = g.valid(v) ? g.producer(v) : -1;
+        auto it = std::find(open.begin(), open.end(), p);
+        if (it == open.end() || !only_reader(v, n)) return false;
+        open.erase(it);
+        return true;
+      };
+      const int32_t p0 = g.valid(node.inputs[0]) ? g.producer(node.inputs[0]) : -1;
+      const int32_t p1 = g.valid(node.inputs[1]) ? g.producer(node.inputs[1]) : -1;
+      if (p0 < 0 || p1 < 0 || p0 == p1 || std::find(open.begin(), open.end(), p0) == open.end() ||
+          std::find(open.begin(), open.end(), p1) == open.end())
+        continue;
+      if (!take(node.inputs[0]) || !take(node.inputs[1])) return {};
+      adds.push_back(n);
+      open.push_back(n);
+    }
+  }
+  // One total, read by nobody in the graph.
+  if (sums.empty() || open.size() != 1 || !g.readers(g.node(open[0]).outputs[0]).empty()) return {};
+  // The gradients' casts join when every mul reads one (one source dtype) and nothing else does.
+  int32_t from = -1;
+  for (int32_t m : muls) {
+    const int32_t v = g.node(m).inputs[0];
+    const int32_t c = g.producer(v);
+    if (c < 0 || !widening_cast(g, c) || !only_reader(v, m)) {
+      casts.clear();
+      break;
+    }
+    const int32_t d = g.value(g.node(c).inputs[0]).dtype;
+    if (from >= 0 && d != from) {
+      casts.clear();
+      break;
+    }
+    from = d;
+    casts.push_back(c);
+  }
+  std::vector<int32_t> nodes = muls;
+  for (const auto* v : {&sums, &adds, &casts}) nodes.insert(nodes.end(), v->begin(), v->end());
+  std::sort(nodes.begin(), nodes.end());
+  return nodes;
+}
+
+// The group find_unscale_check() claims, as one multi-tensor launch (ops/multi_unscale.hpp).
+class MultiUnscaleCheck final : public Kernel {
+ public:
+  MultiUnscaleCheck(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
+      : device_(device) {
+    int32_t root = -1;
+    for (int32_t n = 0; n < g.num_nodes(); ++n) {
+      const plx_graph_node& node = g.node(n);
+      if ((g.is(n, "sum") || g.is(n, "add")) && g.readers(node.outputs[0]).empty()) {
+        PLX_DECLINE_UNLESS(root < 0, "multi-tensor unscale: two totals");
+        root = n;
+      }
+      if (!g.is(n, "mul")) continue;
+      int32_t v = node.inputs[0];
+      int32_t dtype = PLX_F32;
+      if (g.producer(v) >= 0) {
+        const int32_t c = g.producer(v);
+        PLX_DECLINE_UNLESS(widening_cast(g, c) && b.output(v) < 0,
+                           "multi-tensor unscale: a gradient made in the group that is not a "
+                           "widening cast read by the mul alone");
+        v = g.node(c).inputs[0];
+        dtype = g.value(v).dtype;
+      }
+      PLX_DECLINE_UNLESS(in_dtype_ < 0 || in_dtype_ == dtype,
+                         "multi-tensor unscale: gradients of two dtypes");
+      in_dtype_ = dtype;
+      const int32_t in = b.input(v), out = b.output(node.outputs[0]);
+      const int32_t sc = b.input(node.inputs[1]);
+      PLX_DECLINE_UNLESS(in >= 0 && out >= 0 && sc >= 0,
+                         "multi-tensor unscale: a gradient, its unscaled value or the scale is "
+                         "not at the boundary");
+      PLX_DECLINE_UNLESS(unscale_ < 0 || unscale_ == sc, "multi-tensor unscale: two scales");
+      unscale_ = sc;
+      in_.push_back(in);
+      out_.push_back(out);
+      numel_.push_back(sdk::numel(g.value(node.outputs[0])));
+    }
+    PLX_DECLINE_UNLESS(root >= 0 && !in_.empty(), "multi-tensor unscale: no total");
+    check_ = b.output(g.node(root).outputs[0]);
+    PLX_DECLINE_UNLESS(check_ >= 0, "multi-tensor unscale: the total is not written");
+    blocks_ = multi_unscale_blocks(static_cast<int32_t>(in_.size()), numel_.data());
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
+    PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
+  }
+  ~MultiUnscaleCheck() override {
+    if (done_) cudaFree(done_);
+  }
+  MultiUnscaleCheck(const MultiUnscaleCheck&) = delete;
+  MultiUnscaleCheck& operator=(const MultiUnscaleCheck&) = delete;
+
+  uint64_t workspace_bytes() const override { return static_cast<uint64_t>(blocks_) * sizeof(float); }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    src_.clear(), dst_.clear();
+    for (size_t i = 0; i < in_.size(); ++i) {
+      src_.push_back(c.in(in_[i]).data);
+      dst_.push_back(static_cast<float*>(c.out(out_[i]).data));
+    }
+    MultiUnscaleArgs a;
+    a.count = static_cast<int32_t>(in_.size());
+    a.in = src_.data();
+    a.in_dtype = in_dtype_;
+    a.out = dst_.data();
+    a.numel = numel_.data();
+    a.unscale = static_cast<const float*>(c.in(unscale_).data);
+    a.check = static_cast<float*>(c.out(check_).data);
+    a.partial = static_cast<float*>(c.workspace);
+    a.done = done_;
+    launch_multi_unscale(a, native(c.stream));
+  }
+
+ private:
+  int32_t device_;
+  int32_t in_dtype_ = -1, unscale_ = -1, check_ = -1;
+  std::vector<int32_t> in_, out_;
+  std::vector<int64_t> numel_;
+  int64_t blocks_ = 0;
+  unsigned* done_ = nullptr;  // device memory
+  std::vector<const void*> src_;
+  std::vector<float*> dst_;
+};
+
 // Every cast of a group (independent casts, one dtype pair) in one launch per
 // kMultiCastCapacity tensors.
 class MultiCast final : public Kernel {
@@ -348,6 +509,10 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_sgd");
   for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
     if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_adamw");
+  // f16 loss scaling's unscale and check: one launch (before the casts' runs, which would take
+  // the gradients' casts).
+  if (const auto grp = find_unscale_check(g); !grp.empty())
+    claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_unscale_check");
   // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
   // epilogue chains, as claims are first come, first served. Inference graphs too: indices
   // nobody reads are still among the group's outputs (the core writes every value read by
@@ -401,6 +566,18 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
                 std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
                 workspace_bytes);
     return;
+  }
+  {
+    bool unscale = first_of(g, "mul") >= 0 && first_of(g, "sum") >= 0;
+    for (int32_t n = 0; n < g.num_nodes() && unscale; ++n)
+      unscale = g.is(n, "mul") || g.is(n, "sum") || g.is(n, "add") || g.is(n, "cast");
+    if (unscale) {
+      fused_.give("multi_tensor_unscale_check", PLX_F32,
+                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+                  std::make_unique<MultiUnscaleCheck>(g, b, graph.device), kernel, state,
+                  workspace_bytes);
+      return;
+    }
   }
   if (g.is(0, "cast")) {
     fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,

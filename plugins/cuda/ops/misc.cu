@@ -9,6 +9,7 @@
 #include "device.cuh"
 #include "ops/indexing.cuh"
 #include "ops/multi_cast.hpp"
+#include "ops/multi_unscale.hpp"
 #include "ops/multi_tensor.cuh"
 #include "plexus/sdk/philox.hpp"
 
@@ -218,6 +219,112 @@ void launch_multi_cast(plx_dtype from, plx_dtype to, int32_t count, const void* 
     default:
       throw sdk::Unsupported(sdk::format("multi-tensor cast: from %s", dtype_name(from)));
   }
+}
+
+// ---- f16 loss scaling's unscale and check (ops/multi_unscale.hpp) ----
+
+namespace {
+
+constexpr int64_t kUnscaleChunk = 4096;  // elements per block
+
+struct MultiUnscaleLaunch {
+  const void* src[kMultiUnscaleCapacity];
+  float* dst[kMultiUnscaleCapacity];
+  int64_t numel[kMultiUnscaleCapacity];
+  int32_t first_block[kMultiUnscaleCapacity];
+  int32_t count;
+  int32_t block_base;    // this launch's first block among all the launches'
+  int32_t total_blocks;  // all the launches' blocks
+  const float* unscale;
+  float* check;
+  float* partial;
+  unsigned* done;
+};
+static_assert(sizeof(MultiUnscaleLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
+
+template <class G>
+__global__ void __launch_bounds__(kBlock) multi_unscale_kernel(const MultiUnscaleLaunch L) {
+  __shared__ float shared_sum[32];
+  __shared__ bool last_block;
+  const int t = block_tensor(L);
+  const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kUnscaleChunk;
+  const int64_t end = min(L.numel[t], begin + kUnscaleChunk);
+  const G* x = static_cast<const G*>(L.src[t]);
+  float* y = L.dst[t];
+  const float s = *L.unscale;
+  float acc = 0.f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = __fmul_rn(to_accum<G>(x[i]), s);
+    y[i] = v;
+    acc += v;
+  }
+  acc = block_sum(acc, shared_sum);
+  if (threadIdx.x == 0) L.partial[L.block_base + static_cast<int32_t>(blockIdx.x)] = acc;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last_block = atomicAdd(L.done, 1u) == static_cast<unsigned>(L.total_blocks) - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  // Each thread's share of the partial sums in order, then the block's fixed tree.
+  const volatile float* part = L.partial;
+  float total = 0.f;
+  for (int32_t b = static_cast<int32_t>(threadIdx.x); b < L.total_blocks; b += blockDim.x)
+    total += part[b];
+  total = block_sum(total, shared_sum);
+  if (threadIdx.x == 0) {
+    *L.check = total;
+    *L.done = 0;
+  }
+}
+
+template <class G>
+void launch_multi_unscale_typed(const MultiUnscaleArgs& a, int64_t total, cudaStream_t stream) {
+  MultiUnscaleLaunch L{};
+  L.unscale = a.unscale;
+  L.check = a.check;
+  L.partial = a.partial;
+  L.done = a.done;
+  L.total_blocks = static_cast<int32_t>(total);
+  int32_t base = 0;
+  pack_launches<kUnscaleChunk, kMultiUnscaleCapacity>(
+      L, a.count, a.numel, "multi-tensor unscale",
+      [&](int slot, int32_t i) {
+        L.src[slot] = a.in[i];
+        L.dst[slot] = a.out[i];
+      },
+      [&](unsigned blocks) {
+        L.block_base = base;
+        multi_unscale_kernel<G><<<blocks, kBlock, 0, stream>>>(L);
+        PLX_CUDA_LAUNCH_CHECK();
+        base += static_cast<int32_t>(blocks);
+      });
+}
+
+}  // namespace
+
+int64_t multi_unscale_blocks(int32_t count, const int64_t* numel) {
+  int64_t blocks = 0;
+  for (int32_t i = 0; i < count; ++i)
+    if (numel[i] > 0) blocks += (numel[i] + kUnscaleChunk - 1) / kUnscaleChunk;
+  return blocks;
+}
+
+void launch_multi_unscale(const MultiUnscaleArgs& a, cudaStream_t stream) {
+  const int64_t total = multi_unscale_blocks(a.count, a.numel);
+  PLX_REQUIRE(total < INT32_MAX, "multi-tensor unscale: too many blocks");
+  if (total == 0) {  // no element: the check is the empty sum
+    PLX_CUDA_CHECK(cudaMemsetAsync(a.check, 0, sizeof(float), stream));
+    return;
+  }
+  switch (a.in_dtype) {
+    case PLX_F32: return launch_multi_unscale_typed<float>(a, total, stream);
+    case PLX_F16: return launch_multi_unscale_typed<f16>(a, total, stream);
+    case PLX_BF16: return launch_multi_unscale_typed<bf16>(a, total, stream);
+    default: break;
+  }
+  throw sdk::Unsupported(sdk::format("multi-tensor unscale: %s gradients", dtype_name(a.in_dtype)));
 }
 
 namespace {

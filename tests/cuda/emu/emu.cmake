@@ -99,6 +99,7 @@ foreach(t
     "every node of a cuda convnet training step matches the cpu op on its inputs"
     "a captured cuda training step replays like the uncaptured one"
     "a fused cuda bf16 step runs its casts as multi-tensor kernels"
+    "a fused cuda f16 step unscales and checks its gradients in one kernel"
     "nccl single rank: every collective, op and dtype, exact"
     "nccl single rank: bench_native runs each collective, with the right results"
     "nccl single rank: count 0, send/recv to itself in a group, barriers"
