@@ -22,7 +22,9 @@
 // ignored, which dlogits needs before any row is done, is counted by every block over all labels
 // (a block reduction in a fixed order, so every block gets the same count): N label reads per
 // block, cheap next to the block's share of x for any classifier batch. Capture-safe: no
-// allocation, no host sync (the counter is allocated when the kernel is created).
+// allocation, no host sync (the counter is allocated when the kernel is created). One launch of
+// a kernel object at a time: two in flight on two streams would share its counter (the executor
+// runs an executable's kernels on one stream).
 #include <climits>
 #include <cmath>
 

@@ -18,7 +18,8 @@ namespace plexus::cuda {
 // order. The check's value differs from the nodes' sum of sums by rounding; what it is for,
 // being finite exactly when every element is (or when the sum overflows), is the same.
 // Up to kMultiUnscaleCapacity tensors a launch, longer lists in several (the last launch's last
-// block adds every block's sum). Allocates nothing and never waits (capturable).
+// block adds every block's sum). Allocates nothing and never waits (capturable). One launch per
+// `done` counter at a time (the fused kernel owns its counter and runs on one stream).
 constexpr int kMultiUnscaleCapacity = 64;
 
 struct MultiUnscaleArgs {

@@ -245,7 +245,8 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __r
 // (the bias gradient of the convolution whose output was pooled), in one launch: block (c, s)
 // writes channel c's planes of images s, s + splits, ... and sums what it wrote (the rounded
 // values, as a sum node reads them) in f32; the last block to finish (a counter the kernel owns,
-// reset by that block) adds each channel's `splits` partial sums in order. Deterministic.
+// reset by that block) adds each channel's `splits` partial sums in order. Deterministic. One
+// launch per counter at a time (the kernel object owns it; the chunks run in stream order).
 template <class T, class I, class Ix>
 __global__ void __launch_bounds__(kBlock)
     max_pool_backward_sum_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
