@@ -189,6 +189,10 @@ std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& 
 // backward. `sms`: the device's multiprocessors, which size the grid.
 std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,
                                                    uint32_t& flags);
+// relu_backward and the bias gradient's sum of its output (axes 0, 2, 3) as one kernel writing
+// both (ops/pool.cu), for fusion; sets the dtype.
+std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
+                                               int sms, plx_dtype& dtype);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)

@@ -147,6 +147,10 @@ void register_conv(OpRegistry& r) {
           [](GradContext& g) {
             const Var dy = g.grad_output(0);
             if (!dy.valid()) return;
+            // The bias first: nothing then comes between what made dy and the sum, so a backend
+            // may sum dy as it writes it (the CUDA plugin's relu_backward + bias sum).
+            if (g.input(2).valid() && g.needs_grad(2))
+              g.set_grad(2, g.call("sum", {dy}, {{"axes", Ints{0, 2, 3}}}));
             if (g.needs_grad(0))
               g.set_grad(0, g.call("conv2d_backward_data", {dy, g.input(1)},
                                    with_shape(g.attrs(), "input_shape", g.desc(g.input(0)).shape)));
@@ -154,8 +158,6 @@ void register_conv(OpRegistry& r) {
               g.set_grad(1,
                          g.call("conv2d_backward_weight", {dy, g.input(0)},
                                 with_shape(g.attrs(), "weight_shape", g.desc(g.input(1)).shape)));
-            if (g.input(2).valid() && g.needs_grad(2))
-              g.set_grad(2, g.call("sum", {dy}, {{"axes", Ints{0, 2, 3}}}));
           },
   });
   // Both backward ops are linear in each input, so their own gradients are convolutions again

@@ -15,7 +15,8 @@
 //    activation's output and the activation runs there in place (sdk::EpilogueChain), so the
 //    pre-activation tensor is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
-//    kernel that masks each gradient as it reads it (ops/pool.cu).
+//    kernel that masks each gradient as it reads it (ops/pool.cu); and of a ReLU after a conv
+//    without a pool: relu_backward with the conv's bias-gradient sum, one kernel writing both.
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
 //    the logits, the loss's backward and the linear's dx and db (after dlogits' cast back) when
 //    the graph allows (sdk::find_linear_cross_entropy): one kernel over the rows with the
@@ -525,6 +526,19 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
+  // A ReLU's backward with the bias gradient's sum of what it writes (a conv layer without a
+  // pool): one pass over the gradient instead of two (ops/pool.cu).
+  for (int32_t n = 0; n < g.num_nodes(); ++n) {
+    if (!g.is(n, "relu_backward") || g.node(n).num_outputs != 1) continue;
+    const int32_t v = g.node(n).outputs[0];
+    if (!g.valid(v) || g.value(v).ndim != 4) continue;
+    for (int32_t r : g.readers(v))
+      if (g.is(r, "sum") && sdk::detail::bias_grad_sum(g, r)) {
+        const int32_t pair[2] = {n, r};
+        claim(user, pair, 2, "relu_backward+sum");
+        break;
+      }
+  }
   // The classifier head: the largest of its groups the core accepts.
   for (const auto& head : sdk::find_linear_cross_entropy(g, /*linear_backward=*/true))
     for (const auto& grp : head.groups)
@@ -596,6 +610,13 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     auto k = conv_pool ? make_conv_max_pool(*this, g, b, dt, flags, fused_name)
                        : make_max_pool_conv_backward(*this, g, b, dt, flags, fused_name);
     fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes);
+    return;
+  }
+  if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {
+    plx_dtype dt = dtype;
+    auto k = make_relu_backward_sum(g, b, context(graph.device).prop.multiProcessorCount, dt);
+    fused_.give("relu_backward+sum", dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+                std::move(k), kernel, state, workspace_bytes);
     return;
   }
   if (g.is(0, "relu_backward")) {

@@ -241,27 +241,25 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __r
   }
 }
 
-// dx = max_pool2d_backward(dy, indices) and db, dx summed over images and positions per channel
-// (the bias gradient of the convolution whose output was pooled), in one launch: block (c, s)
-// writes channel c's planes of images s, s + splits, ... and sums what it wrote (the rounded
-// values, as a sum node reads them) in f32; the last block to finish (a counter the kernel owns,
-// reset by that block) adds each channel's `splits` partial sums in order. Deterministic. One
-// launch per counter at a time (the kernel object owns it; the chunks run in stream order).
-template <class T, class I, class Ix>
+// A gradient written with its sum per channel (the bias gradient of the convolution it flows
+// into), in one launch: block (c, s) writes channel c's planes of images s, s + splits, ... (each
+// element F::at(plane, e) rounded to T) and sums what it wrote (the rounded values, as a sum node
+// reads them) in f32; the last block to finish (a counter the kernel owns, reset by that block)
+// adds each channel's `splits` partial sums in order. Deterministic. One launch per counter at a
+// time (the kernel object owns it; launches run in stream order).
+template <class T, class I, class F>
 __global__ void __launch_bounds__(kBlock)
-    max_pool_backward_sum_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
-                                 T* __restrict__ dx, PoolGeom g, I channels, I images,
-                                 float* part, T* __restrict__ db, unsigned* done) {
+    channel_sum_kernel(const F f, T* __restrict__ dx, I channels, I images, I HW, float* part,
+                       T* __restrict__ db, unsigned* done) {
   __shared__ float shared_sum[32];
   __shared__ bool last_block;
   const I c = static_cast<I>(blockIdx.x), s = static_cast<I>(blockIdx.y);
   const I splits = static_cast<I>(gridDim.y);
-  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), HW = H * W;
   float acc = 0.0f;
   for (I n = s; n < images; n += splits) {
     const I plane = n * channels + c;
     for (I e = static_cast<I>(threadIdx.x); e < HW; e += static_cast<I>(blockDim.x)) {
-      const T v = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, plane, e / W, e % W, nullptr));
+      const T v = from_accum<T>(f.at(plane, e));
       dx[plane * HW + e] = v;
       acc += to_accum<T>(v);
     }
@@ -283,6 +281,51 @@ __global__ void __launch_bounds__(kBlock)
   }
   if (threadIdx.x == 0) *done = 0;
 }
+
+// channel_sum_kernel's elements: max_pool2d_backward's dx (max_pool_gather).
+template <class T, class I, class Ix>
+struct PoolGrad {
+  const T* dy;
+  const Ix* idx;
+  PoolGeom g;
+  __device__ float at(I plane, I e) const {
+    const I W = static_cast<I>(g.W);
+    return max_pool_gather<T, I, Ix>(dy, idx, g, plane, e / W, e % W, nullptr);
+  }
+};
+// ... and relu_backward's: dy where y > 0, else 0 (in f32, as ReluBackward).
+template <class T, class I>
+struct ReluGrad {
+  const T* dy;
+  const T* y;
+  I hw;
+  __device__ float at(I plane, I e) const {
+    const I i = plane * hw + e;
+    return to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f;
+  }
+};
+
+// The grid of channel_sum_kernel: about two blocks per SM over all channels, each with at least
+// one image (and at most 65535 splits, the grid's y limit).
+unsigned channel_sum_splits(int sms, int64_t channels, int64_t images) {
+  return static_cast<unsigned>(std::clamp<int64_t>(
+      (int64_t{2} * std::max(sms, 1) + channels - 1) / std::max<int64_t>(channels, 1), 1,
+      std::clamp<int64_t>(images, 1, 65535)));
+}
+
+// Device memory for a channel_sum_kernel's counter, zeroed, owned by a kernel object.
+struct DoneCounter {
+  unsigned* p = nullptr;
+  DoneCounter() {
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(unsigned)));
+    PLX_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned)));
+  }
+  ~DoneCounter() {
+    if (p) cudaFree(p);
+  }
+  DoneCounter(const DoneCounter&) = delete;
+  DoneCounter& operator=(const DoneCounter&) = delete;
+};
 
 // y = avg_pool2d(x); one thread per output element.
 template <class T, class I>
@@ -433,7 +476,7 @@ class MaxPool2dBackwardKernel final : public Kernel {
   bool u8_;  // window_index: u8 taps
 };
 
-// max_pool2d_backward with the bias gradient's sum of its output (max_pool_backward_sum_kernel),
+// max_pool2d_backward with the bias gradient's sum of its output (channel_sum_kernel, PoolGrad),
 // for the chunked conv + pool backward (sdk::PoolBiasMaker). Outputs: dx, db (C).
 template <class T>
 class MaxPool2dBackwardSumKernel final : public Kernel {
@@ -448,20 +491,9 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
     channels_ = dy.shape[1];
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
                 "max_pool2d_backward: an input plane too large for i32 indices");
-    // Blocks for about two per SM over all channels, each with at least one image (and at most
-    // 65535 splits, the grid's y limit).
-    splits_ = static_cast<unsigned>(std::clamp<int64_t>(
-        (int64_t{2} * std::max(sms, 1) + channels_ - 1) / std::max<int64_t>(channels_, 1), 1,
-        std::clamp<int64_t>(images_, 1, 65535)));
     PLX_REQUIRE(channels_ <= INT32_MAX, "max_pool2d_backward: too many channels");
-    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
-    PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
+    splits_ = channel_sum_splits(sms, channels_, images_);
   }
-  ~MaxPool2dBackwardSumKernel() override {
-    if (done_) cudaFree(done_);
-  }
-  MaxPool2dBackwardSumKernel(const MaxPool2dBackwardSumKernel&) = delete;
-  MaxPool2dBackwardSumKernel& operator=(const MaxPool2dBackwardSumKernel&) = delete;
 
   // The partial sums, channels x splits.
   uint64_t workspace_bytes() const override {
@@ -477,20 +509,21 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
   template <class Ix>
   void launch(const KernelCall& c, const Ix* idx) const {
     use_device(device_);
-    const cudaStream_t s = native(c.stream);
-    T* db = ptr<T>(c.out(1));
     if (channels_ == 0) return;
+    const cudaStream_t s = native(c.stream);
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
     const T* dy = ptr<T>(c.in(0));
     T* dx = ptr<T>(c.out(0));
+    T* db = ptr<T>(c.out(1));
     float* part = static_cast<float*>(c.workspace);
-    if (fits_i32(std::max(g_.planes * g_.H * g_.W, g_.planes * g_.OH * g_.OW)))
-      max_pool_backward_sum_kernel<T, int32_t, Ix><<<grid, kBlock, 0, s>>>(
-          dy, idx, dx, g_, static_cast<int32_t>(channels_), static_cast<int32_t>(images_), part,
-          db, done_);
+    const int64_t hw = g_.H * g_.W;
+    if (fits_i32(std::max(g_.planes * hw, g_.planes * g_.OH * g_.OW)))
+      channel_sum_kernel<T, int32_t, PoolGrad<T, int32_t, Ix>><<<grid, kBlock, 0, s>>>(
+          PoolGrad<T, int32_t, Ix>{dy, idx, g_}, dx, static_cast<int32_t>(channels_),
+          static_cast<int32_t>(images_), static_cast<int32_t>(hw), part, db, done_.p);
     else
-      max_pool_backward_sum_kernel<T, int64_t, Ix><<<grid, kBlock, 0, s>>>(
-          dy, idx, dx, g_, channels_, images_, part, db, done_);
+      channel_sum_kernel<T, int64_t, PoolGrad<T, int64_t, Ix>><<<grid, kBlock, 0, s>>>(
+          PoolGrad<T, int64_t, Ix>{dy, idx, g_}, dx, channels_, images_, hw, part, db, done_.p);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -499,7 +532,68 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
   bool u8_;
   int64_t images_ = 0, channels_ = 0;
   unsigned splits_ = 1;
-  unsigned* done_ = nullptr;  // device memory: blocks finished, zero between launches
+  DoneCounter done_;  // blocks finished, zero between launches
+};
+
+// relu_backward(dy, y) whose output a bias gradient's sum (over axes 0, 2, 3) also reads, as one
+// kernel writing both (a conv layer without a pool: its ReLU's backward and its bias gradient).
+// Inputs and outputs at the fused group's boundary slots.
+template <class T>
+class ReluBackwardSumKernel final : public Kernel {
+ public:
+  ReluBackwardSumKernel(const sdk::GraphView& g, const sdk::Boundary& b, int sms)
+      : device_(g.device()) {
+    const plx_graph_node& relu = g.node(0);
+    const plx_graph_node& sum = g.node(1);
+    dy_ = b.input(relu.inputs[0]);
+    y_ = b.input(relu.inputs[1]);
+    dx_ = b.output(relu.outputs[0]);
+    db_ = b.output(sum.outputs[0]);
+    PLX_DECLINE_UNLESS(dy_ >= 0 && y_ >= 0 && dx_ >= 0 && db_ >= 0,
+                       "relu_backward+sum: an input or output is not at the boundary");
+    const plx_tensor& x = g.value(relu.outputs[0]);
+    PLX_DECLINE_UNLESS(x.ndim == 4 && sdk::is_contiguous(x) &&
+                           sdk::is_contiguous(g.value(relu.inputs[0])) &&
+                           sdk::is_contiguous(g.value(relu.inputs[1])),
+                       "relu_backward+sum: NCHW contiguous tensors");
+    images_ = x.shape[0];
+    channels_ = x.shape[1];
+    hw_ = x.shape[2] * x.shape[3];
+    PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "relu_backward+sum: too many channels");
+    splits_ = channel_sum_splits(sms, channels_, images_);
+  }
+
+  uint64_t workspace_bytes() const override {
+    return static_cast<uint64_t>(channels_) * splits_ * sizeof(float);
+  }
+
+  void compute(const KernelCall& c) override {
+    use_device(device_);
+    if (channels_ == 0) return;
+    const cudaStream_t s = native(c.stream);
+    const dim3 grid(static_cast<unsigned>(channels_), splits_);
+    const T* dy = ptr<T>(c.in(dy_));
+    const T* y = ptr<T>(c.in(y_));
+    T* dx = ptr<T>(c.out(dx_));
+    T* db = ptr<T>(c.out(db_));
+    float* part = static_cast<float*>(c.workspace);
+    if (fits_i32(images_ * channels_ * hw_))
+      channel_sum_kernel<T, int32_t, ReluGrad<T, int32_t>><<<grid, kBlock, 0, s>>>(
+          ReluGrad<T, int32_t>{dy, y, static_cast<int32_t>(hw_)}, dx,
+          static_cast<int32_t>(channels_), static_cast<int32_t>(images_),
+          static_cast<int32_t>(hw_), part, db, done_.p);
+    else
+      channel_sum_kernel<T, int64_t, ReluGrad<T, int64_t>><<<grid, kBlock, 0, s>>>(
+          ReluGrad<T, int64_t>{dy, y, hw_}, dx, channels_, images_, hw_, part, db, done_.p);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  int32_t dy_ = -1, y_ = -1, dx_ = -1, db_ = -1;
+  int64_t images_ = 0, channels_ = 0, hw_ = 0;
+  unsigned splits_ = 1;
+  DoneCounter done_;
 };
 
 // relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel (the backward of ReLU
@@ -630,6 +724,21 @@ std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, in
     case PLX_BF16: return std::make_unique<MaxPool2dBackwardSumKernel<bf16>>(node, sms);
     default: return nullptr;
   }
+}
+
+std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
+                                               int sms, plx_dtype& dtype) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum"),
+                     "not relu_backward then its sum");
+  dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
+  switch (dtype) {
+    case PLX_F32: return std::make_unique<ReluBackwardSumKernel<float>>(g, b, sms);
+    case PLX_F16: return std::make_unique<ReluBackwardSumKernel<f16>>(g, b, sms);
+    case PLX_BF16: return std::make_unique<ReluBackwardSumKernel<bf16>>(g, b, sms);
+    default: break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("relu_backward+sum: no %s kernel", plexus::dtype_name(dtype)));
 }
 
 void register_pool(KernelRegistry& r) {
