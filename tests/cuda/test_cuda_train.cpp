@@ -434,6 +434,46 @@ void check_fusion(Backend& gpu, bool bitwise) {
   }
 }
 
+// The trainer's convnet step (build_step, batch 8, SGD with momentum) in `compute`, twice on one
+// backend from one seed: `a` with the backend's fusion, `b` node by node.
+struct FusedAndPlain {
+  static constexpr int64_t kBatch = 8;
+  std::unique_ptr<StepGraph> sg;
+  TensorStore store_a, store_b;
+  Executable a, b;
+  FusedAndPlain(Backend& gpu, plx_dtype compute, bool loss_scaling, uint64_t seed)
+      : sg(step(compute, loss_scaling)),
+        a(gpu, sg->graph, store_a, options(true, seed)),
+        b(gpu, sg->graph, store_b, options(false, seed)) {}
+  // The fused step's kernels, one a line (for INFO).
+  std::string kernels() const {
+    std::string names;
+    for (const auto& k : a.kernel_names()) names += k + "\n";
+    return names;
+  }
+
+ private:
+  static std::unique_ptr<StepGraph> step(plx_dtype compute, bool loss_scaling) {
+    const ModelSpec spec = builtin_model("convnet");
+    OptimizerOptions opt;
+    opt.kind = "sgd";
+    opt.momentum = 0.9;
+    return build_step(runtime().ops(), spec, kBatch, spec.input_shape, true, opt, false, compute,
+                      loss_scaling);
+  }
+  static ExecutableOptions options(bool fuse, uint64_t seed) {
+    ExecutableOptions o;
+    o.seed = seed;
+    o.fuse = fuse;
+    return o;
+  }
+};
+
+// The nodes a fused kernel's name lists ("fused kernel 'x' [n1, n2, ...]: ...").
+int listed_nodes(const std::string& kernel) {
+  return static_cast<int>(std::count(kernel.begin(), kernel.end(), ',')) + 1;
+}
+
 // The trainer's mixed-precision step (build_step, bf16): its casts (each parameter to bf16,
 // all before the first layer; each gradient back to f32 for the update) run inside a few
 // kernels: the parameters' as one multi-tensor cast, the gradients' inside the multi-tensor
@@ -441,34 +481,23 @@ void check_fusion(Backend& gpu, bool bitwise) {
 // inside the fused head. So the fused step follows the step node by node (to the tolerance the
 // other fused kernels, such as the head, need).
 void check_cast_fusion(Backend& gpu) {
-  const int64_t batch = 8;
-  const ModelSpec spec = builtin_model("convnet");
-  OptimizerOptions opt;
-  opt.kind = "sgd";
-  opt.momentum = 0.9;
-  auto sg = build_step(runtime().ops(), spec, batch, spec.input_shape, true, opt, false, PLX_BF16);
-  TensorStore store_a, store_b;
-  ExecutableOptions ea, eb;
-  ea.seed = eb.seed = 17;
-  ea.fuse = true;
-  eb.fuse = false;
-  Executable a(gpu, sg->graph, store_a, ea);
-  Executable b(gpu, sg->graph, store_b, eb);
+  FusedAndPlain p(gpu, PLX_BF16, false, 17);
+  const int64_t batch = FusedAndPlain::kBatch;
+  Executable& a = p.a;
+  Executable& b = p.b;
   int casts = 0, cast_kernels = 0, cast_nodes = 0, update_nodes = -1;
   bool head_casts = false;
-  for (const GraphNode& n : sg->graph.nodes())
+  for (const GraphNode& n : p.sg->graph.nodes())
     if (n.schema && n.schema->name == "cast") ++casts;
-  std::string names;
-  auto listed = [](const std::string& k) { return static_cast<int>(std::count(k.begin(), k.end(), ',')) + 1; };
+  const std::string names = p.kernels();
   for (const auto& k : a.kernel_names()) {
-    names += k + "\n";
-    if (k.find("fused kernel 'multi_tensor_sgd'") != std::string::npos) update_nodes = listed(k);
+    if (k.find("fused kernel 'multi_tensor_sgd'") != std::string::npos) update_nodes = listed_nodes(k);
     if (k.find("fused kernel 'linear+softmax_cross_entropy'") != std::string::npos)
       head_casts = k.find("logits.cast,") != std::string::npos &&
                    k.find("logits.cast.grad") != std::string::npos;
     if (k.find("fused kernel 'multi_tensor_cast'") == std::string::npos) continue;
     ++cast_kernels;
-    cast_nodes += listed(k);
+    cast_nodes += listed_nodes(k);
   }
   INFO("kernels of the fused step:\n" << names);
   // The images and 10 parameters to bf16 in one run; 10 gradients to f32 with their 10
@@ -484,9 +513,9 @@ void check_cast_fusion(Backend& gpu) {
     CHECK(std::isfinite(la));
     CHECK(std::fabs(la - lb) <= 1e-3 * std::fabs(lb) + 1e-5);
   }
-  for (const auto& [name, t] : store_b.all()) {
+  for (const auto& [name, t] : p.store_b.all()) {
     INFO("after three steps: " << name);
-    CHECK(compare_tensors(store_a.get(name), t, nmse_only(1e-4)) == "");
+    CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
   }
 }
 
@@ -496,32 +525,19 @@ void check_cast_fusion(Backend& gpu) {
 // unscale itself is the mul's bits) and its check is their sum to rounding; a scale that
 // overflows f16 makes the check non-finite in both, so the step would be skipped.
 void check_unscale_fusion(Backend& gpu) {
-  const int64_t batch = 8;
-  const ModelSpec spec = builtin_model("convnet");
-  OptimizerOptions opt;
-  opt.kind = "sgd";
-  opt.momentum = 0.9;
-  auto sg = build_step(runtime().ops(), spec, batch, spec.input_shape, true, opt, false, PLX_F16,
-                       true);
+  FusedAndPlain p(gpu, PLX_F16, true, 19);
+  const auto& sg = p.sg;
   REQUIRE(sg->update);
-  TensorStore store_a, store_b;
-  ExecutableOptions ea, eb;
-  ea.seed = eb.seed = 19;
-  ea.fuse = true;
-  eb.fuse = false;
-  Executable a(gpu, sg->graph, store_a, ea);
-  Executable b(gpu, sg->graph, store_b, eb);
+  Executable& a = p.a;
+  Executable& b = p.b;
   int listed = -1;
-  std::string names;
-  for (const auto& k : a.kernel_names()) {
-    names += k + "\n";
+  for (const auto& k : a.kernel_names())
     if (k.find("fused kernel 'multi_tensor_unscale_check'") != std::string::npos)
-      listed = static_cast<int>(std::count(k.begin(), k.end(), ',')) + 1;
-  }
-  INFO("kernels of the fused step:\n" << names);
+      listed = listed_nodes(k);
+  INFO("kernels of the fused step:\n" << p.kernels());
   // 10 gradients: 10 casts, 10 muls, 10 sums and the 9 adds of the check.
   CHECK(listed == 39);
-  const Batch data = make_batch(batch, 600);
+  const Batch data = make_batch(FusedAndPlain::kBatch, 600);
   for (const double scale : {1024.0, 0x1p40}) {
     INFO("loss scale " << scale);
     for (Executable* e : {&a, &b}) {

@@ -94,72 +94,33 @@ std::vector<int32_t> with_grad_casts(const sdk::GraphView& g, const std::vector<
   return nodes;
 }
 
-// Where an optimizer group (MultiSgd, MultiAdamw) finds each node's inputs among create_fused()'s:
-// as sdk::GroupInputs, but a gradient may come from a widening cast in the group
-// (with_grad_casts), whose input (f16 or bf16, grad_dtype()) is then read instead.
-class OptimInputs {
- public:
-  OptimInputs(const sdk::GraphView& g, const sdk::Boundary& b, std::string_view op) {
-    for (int32_t n = 0; n < g.num_nodes(); ++n) {
-      if (g.is(n, "cast")) continue;
-      PLX_DECLINE_UNLESS(g.is(n, op), "multi-tensor %s: a %s node in the group", std::string(op).c_str(),
-                         g.node(n).op);
-      const plx_graph_node& node = g.node(n);
-      auto& slots = slots_.emplace_back();
-      for (int32_t k = 0; k < node.num_inputs; ++k) {
-        int32_t v = node.inputs[k];
-        if (!g.valid(v)) {
-          slots.push_back(-1);
-          continue;
-        }
-        int32_t dtype = g.value(v).dtype;
-        if (k == 1 && g.producer(v) >= 0) {
-          const int32_t c = g.producer(v);
-          PLX_DECLINE_UNLESS(widening_cast(g, c) && b.output(v) < 0,
-                             "multi-tensor %s: a gradient made in the group that is not a "
-                             "widening cast read by the update alone", std::string(op).c_str());
-          v = g.node(c).inputs[0];
-          dtype = g.value(v).dtype;
-        }
-        if (k == 1) {
-          PLX_DECLINE_UNLESS(grad_dtype_ < 0 || grad_dtype_ == dtype,
-                             "multi-tensor %s: gradients of two dtypes", std::string(op).c_str());
-          grad_dtype_ = dtype;
-        }
-        PLX_DECLINE_UNLESS(b.input(v) >= 0, "%s: input %d comes from inside the group", node.op, k);
-        slots.push_back(b.input(v));
-      }
-      PLX_REQUIRE(node.num_inputs >= 2, "%s: no gradient input", node.op);
-      numel_.push_back(sdk::numel(g.value(node.inputs[0])));
+// The gradients' dtype of a multi-tensor group (MultiSgd, MultiAdamw, MultiUnscaleCheck) whose
+// inputs `in` were found with the op as members: input 1 of an update, input 0 of the unscale's
+// mul. f32, or the one 16-bit dtype that widening casts in the group (with_grad_casts), each
+// read by its member alone, bring to f32.
+int32_t grad_dtype(const sdk::GraphView& g, const sdk::Boundary& b, const sdk::GroupInputs& in,
+                   const char* op, int32_t k = 1) {
+  int32_t dtype = -1;
+  for (int32_t n = 0; n < in.nodes(); ++n) {
+    const int32_t c = in.feeder(n, k);
+    int32_t d = PLX_F32;
+    if (c >= 0) {
+      PLX_DECLINE_UNLESS(widening_cast(g, c) && b.output(g.node(c).outputs[0]) < 0,
+                         "multi-tensor %s: a gradient made in the group that is not a widening "
+                         "cast read by its %s alone", op, op);
+      d = g.value(g.node(c).inputs[0]).dtype;
     }
+    PLX_DECLINE_UNLESS(dtype < 0 || dtype == d, "multi-tensor %s: gradients of two dtypes", op);
+    dtype = d;
   }
-  int32_t nodes() const { return static_cast<int32_t>(slots_.size()); }
-  bool has(int32_t n, int32_t k) const {
-    const auto& s = slots_[static_cast<size_t>(n)];
-    return k < static_cast<int32_t>(s.size()) && s[static_cast<size_t>(k)] >= 0;
-  }
-  plx_tensor get(const KernelCall& c, int32_t n, int32_t k) const {
-    if (!has(n, k)) {
-      plx_tensor t{};
-      t.dtype = PLX_DTYPE_NONE;
-      return t;
-    }
-    return c.in(slots_[static_cast<size_t>(n)][static_cast<size_t>(k)]);
-  }
-  int64_t numel(int32_t n) const { return numel_[static_cast<size_t>(n)]; }
-  int32_t grad_dtype() const { return grad_dtype_; }
-
- private:
-  std::vector<std::vector<int32_t>> slots_;
-  std::vector<int64_t> numel_;
-  int32_t grad_dtype_ = -1;
-};
+  return dtype;
+}
 
 // Every sgd_update of a group in one launch per kMultiTensorCapacity tensors.
 class MultiSgd final : public Kernel {
  public:
   MultiSgd(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
-      : in_(g, b, "sgd_update"), device_(device) {
+      : in_(g, b, "sgd_update"), device_(device), grad_dtype_(grad_dtype(g, b, in_, "sgd_update")) {
     const sdk::OwnedNodeInfo info(g, first_of(g, "sgd_update"));
     const NodeInfo node(&info.get());
     args_.momentum = node.attr_float("momentum");
@@ -185,7 +146,7 @@ class MultiSgd final : public Kernel {
     a.count = in_.nodes();
     a.param = param_.data();
     a.grad = grad_.data();
-    a.grad_dtype = in_.grad_dtype();
+    a.grad_dtype = grad_dtype_;
     a.momentum_buf = buf_.data();
     a.numel = numel_.data();
     a.lr = lr.data;
@@ -194,8 +155,9 @@ class MultiSgd final : public Kernel {
   }
 
  private:
-  OptimInputs in_;
+  sdk::GroupInputs in_;
   int32_t device_;
+  int32_t grad_dtype_;
   MultiSgdArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, buf_;
@@ -205,7 +167,7 @@ class MultiSgd final : public Kernel {
 class MultiAdamw final : public Kernel {
  public:
   MultiAdamw(const sdk::GraphView& g, const sdk::Boundary& b, CudaBackend& backend, int32_t device)
-      : in_(g, b, "adamw_update"), device_(device) {
+      : in_(g, b, "adamw_update"), device_(device), grad_dtype_(grad_dtype(g, b, in_, "adamw_update")) {
     const sdk::OwnedNodeInfo info(g, first_of(g, "adamw_update"));
     const NodeInfo node(&info.get());
     args_.beta1 = node.attr_float("beta1");
@@ -231,7 +193,7 @@ class MultiAdamw final : public Kernel {
     a.count = in_.nodes();
     a.param = param_.data();
     a.grad = grad_.data();
-    a.grad_dtype = in_.grad_dtype();
+    a.grad_dtype = grad_dtype_;
     a.exp_avg = m_.data();
     a.exp_avg_sq = v_.data();
     a.numel = numel_.data();
@@ -243,8 +205,9 @@ class MultiAdamw final : public Kernel {
   }
 
  private:
-  OptimInputs in_;
+  sdk::GroupInputs in_;
   int32_t device_;
+  int32_t grad_dtype_;
   MultiAdamwArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, m_, v_;
@@ -330,7 +293,7 @@ std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
 class MultiUnscaleCheck final : public Kernel {
  public:
   MultiUnscaleCheck(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
-      : device_(device) {
+      : in_(g, b, "mul"), device_(device), in_dtype_(grad_dtype(g, b, in_, "mul", 0)) {
     int32_t root = -1;
     for (int32_t n = 0; n < g.num_nodes(); ++n) {
       const plx_graph_node& node = g.node(n);
@@ -339,34 +302,19 @@ class MultiUnscaleCheck final : public Kernel {
         root = n;
       }
       if (!g.is(n, "mul")) continue;
-      int32_t v = node.inputs[0];
-      int32_t dtype = PLX_F32;
-      if (g.producer(v) >= 0) {
-        const int32_t c = g.producer(v);
-        PLX_DECLINE_UNLESS(widening_cast(g, c) && b.output(v) < 0,
-                           "multi-tensor unscale: a gradient made in the group that is not a "
-                           "widening cast read by the mul alone");
-        v = g.node(c).inputs[0];
-        dtype = g.value(v).dtype;
-      }
-      PLX_DECLINE_UNLESS(in_dtype_ < 0 || in_dtype_ == dtype,
-                         "multi-tensor unscale: gradients of two dtypes");
-      in_dtype_ = dtype;
-      const int32_t in = b.input(v), out = b.output(node.outputs[0]);
-      const int32_t sc = b.input(node.inputs[1]);
-      PLX_DECLINE_UNLESS(in >= 0 && out >= 0 && sc >= 0,
-                         "multi-tensor unscale: a gradient, its unscaled value or the scale is "
-                         "not at the boundary");
-      PLX_DECLINE_UNLESS(unscale_ < 0 || unscale_ == sc, "multi-tensor unscale: two scales");
-      unscale_ = sc;
-      in_.push_back(in);
+      const int32_t out = b.output(node.outputs[0]);
+      PLX_DECLINE_UNLESS(out >= 0, "multi-tensor unscale: an unscaled gradient is not written");
       out_.push_back(out);
-      numel_.push_back(sdk::numel(g.value(node.outputs[0])));
     }
-    PLX_DECLINE_UNLESS(root >= 0 && !in_.empty(), "multi-tensor unscale: no total");
+    for (int32_t m = 0; m < in_.nodes(); ++m) {
+      PLX_DECLINE_UNLESS(in_.has(m, 1) && in_.slot(m, 1) == in_.slot(0, 1),
+                         "multi-tensor unscale: two scales");
+      numel_.push_back(in_.numel(m));
+    }
+    PLX_DECLINE_UNLESS(root >= 0 && in_.nodes() > 0, "multi-tensor unscale: no total");
     check_ = b.output(g.node(root).outputs[0]);
     PLX_DECLINE_UNLESS(check_ >= 0, "multi-tensor unscale: the total is not written");
-    blocks_ = multi_unscale_blocks(static_cast<int32_t>(in_.size()), numel_.data());
+    blocks_ = multi_unscale_blocks(in_.nodes(), numel_.data());
     PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
     PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
   }
@@ -381,17 +329,17 @@ class MultiUnscaleCheck final : public Kernel {
   void compute(const KernelCall& c) override {
     use_device(device_);
     src_.clear(), dst_.clear();
-    for (size_t i = 0; i < in_.size(); ++i) {
-      src_.push_back(c.in(in_[i]).data);
-      dst_.push_back(static_cast<float*>(c.out(out_[i]).data));
+    for (int32_t m = 0; m < in_.nodes(); ++m) {
+      src_.push_back(in_.get(c, m, 0).data);
+      dst_.push_back(static_cast<float*>(c.out(out_[static_cast<size_t>(m)]).data));
     }
     MultiUnscaleArgs a;
-    a.count = static_cast<int32_t>(in_.size());
+    a.count = in_.nodes();
     a.in = src_.data();
     a.in_dtype = in_dtype_;
     a.out = dst_.data();
     a.numel = numel_.data();
-    a.unscale = static_cast<const float*>(c.in(unscale_).data);
+    a.unscale = static_cast<const float*>(in_.get(c, 0, 1).data);
     a.check = static_cast<float*>(c.out(check_).data);
     a.partial = static_cast<float*>(c.workspace);
     a.done = done_;
@@ -399,9 +347,11 @@ class MultiUnscaleCheck final : public Kernel {
   }
 
  private:
+  sdk::GroupInputs in_;  // the muls': the gradient (through its cast) and the scale
   int32_t device_;
-  int32_t in_dtype_ = -1, unscale_ = -1, check_ = -1;
-  std::vector<int32_t> in_, out_;
+  int32_t in_dtype_;
+  int32_t check_ = -1;
+  std::vector<int32_t> out_;
   std::vector<int64_t> numel_;
   int64_t blocks_ = 0;
   unsigned* done_ = nullptr;  // device memory

@@ -707,17 +707,32 @@ inline LinearCrossEntropySlots linear_cross_entropy_slots(const GraphView& g, co
 // For a group of independent nodes (from same_op_groups): where each node's inputs are among
 // create_fused()'s inputs, so compute() finds node n's input k. Every present input must come
 // from outside the group.
+// With `member` given, the group's members are its nodes of that op (numbered in view order)
+// and each other node must make one member input from one outside value (a one-input,
+// one-output node, such as a cast widening the gradient an update reads): the member's input
+// is then that outside value, and feeder(n, k) names the node that was skipped.
 class GroupInputs {
  public:
-  GroupInputs(const GraphView& g, const Boundary& b) {
+  GroupInputs(const GraphView& g, const Boundary& b, std::string_view member = {}) {
     for (int32_t n = 0; n < g.num_nodes(); ++n) {
+      if (!member.empty() && !g.is(n, member)) continue;
       const plx_graph_node& node = g.node(n);
       auto& slots = slots_.emplace_back();
+      auto& feeders = feeders_.emplace_back();
       for (int32_t k = 0; k < node.num_inputs; ++k) {
-        const int32_t v = node.inputs[k];
+        int32_t v = node.inputs[k];
+        feeders.push_back(-1);
         if (!g.valid(v)) {
           slots.push_back(-1);
           continue;
+        }
+        if (const int32_t f = g.producer(v); !member.empty() && f >= 0) {
+          const plx_graph_node& fn = g.node(f);
+          PLX_DECLINE_UNLESS(fn.num_inputs == 1 && fn.num_outputs == 1 && g.valid(fn.inputs[0]),
+                             "%s: input %d is made in the group by a %s, not one value's", node.op,
+                             k, fn.op);
+          feeders.back() = f;
+          v = fn.inputs[0];
         }
         PLX_DECLINE_UNLESS(b.input(v) >= 0, "%s: input %d comes from inside the group", node.op, k);
         slots.push_back(b.input(v));
@@ -742,9 +757,18 @@ class GroupInputs {
   }
   // Elements of node n's input 0.
   int64_t numel(int32_t n) const { return numel_[static_cast<size_t>(n)]; }
+  // Where node n's input k is among create_fused()'s inputs, or -1 where it is absent.
+  int32_t slot(int32_t n, int32_t k) const {
+    return has(n, k) ? slots_[static_cast<size_t>(n)][static_cast<size_t>(k)] : -1;
+  }
+  // The group's node that made node n's input k (with `member`), or -1.
+  int32_t feeder(int32_t n, int32_t k) const {
+    const auto& f = feeders_[static_cast<size_t>(n)];
+    return k < static_cast<int32_t>(f.size()) ? f[static_cast<size_t>(k)] : -1;
+  }
 
  private:
-  std::vector<std::vector<int32_t>> slots_;
+  std::vector<std::vector<int32_t>> slots_, feeders_;
   std::vector<int64_t> numel_;
 };
 
