@@ -94,6 +94,22 @@ struct CudaOptions {
   uint64_t fuse_chunk_bytes = uint64_t{32} << 20;
 };
 
+// The count of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
+// device memory, zero between launches, owned by one kernel object. One launch of it at a time
+// (the executor runs an executable's kernels on one stream).
+struct BlockCounter {
+  unsigned* p = nullptr;
+  BlockCounter() {
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(unsigned)));
+    PLX_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned)));
+  }
+  ~BlockCounter() {
+    if (p) cudaFree(p);
+  }
+  BlockCounter(const BlockCounter&) = delete;
+  BlockCounter& operator=(const BlockCounter&) = delete;
+};
+
 // The per-device objects kernels share. Created on first use; handles are bound to a stream
 // before every call, under `mu` (the executor drives a device from one thread, so the lock is
 // uncontended).

@@ -119,6 +119,21 @@ __device__ __forceinline__ A block_sum(A v, A* shared) {
   t = warp_sum(t);
   return t;
 }
+// Cross-block reductions in one launch: every thread of every block calls this after writing
+// its block's partial results; true, for the whole block, in the last of `blocks` blocks to
+// arrive, which may then read every block's partials (through volatile: another block wrote
+// them in this launch) and must reset *done to 0 for the next launch (BlockCounter, common.hpp,
+// owns it). The count only says which block is last, so the results stay deterministic.
+__device__ __forceinline__ bool last_block_arrives(unsigned* done, unsigned blocks) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partials are visible before the count
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == blocks - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 template <class A>
 __device__ __forceinline__ A block_max(A v, A* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -246,20 +246,15 @@ std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
       muls.push_back(m);
       sums.push_back(n);
       open.push_back(n);
-    } else if (g.is(n, "add") && node.num_inputs == 2 && node.num_outputs == 1) {
-      auto take = [&](int32_t v) {
-        const int32_t p = g.valid(v) ? g.producer(v) : -1;
-        auto it = std::find(open.begin(), open.end(), p);
-        if (it == open.end() || !only_reader(v, n)) return false;
-        open.erase(it);
-        return true;
-      };
-      const int32_t p0 = g.valid(node.inputs[0]) ? g.producer(node.inputs[0]) : -1;
-      const int32_t p1 = g.valid(node.inputs[1]) ? g.producer(node.inputs[1]) : -1;
-      if (p0 < 0 || p1 < 0 || p0 == p1 || std::find(open.begin(), open.end(), p0) == open.end() ||
-          std::find(open.begin(), open.end(), p1) == open.end())
-        continue;
-      if (!take(node.inputs[0]) || !take(node.inputs[1])) return {};
+    } else if (g.is(n, "add") && node.num_inputs == 2 && node.num_outputs == 1 &&
+               g.valid(node.inputs[0]) && g.valid(node.inputs[1])) {
+      // An add of two open totals joins the chain; each must be read by it alone.
+      const int32_t p0 = g.producer(node.inputs[0]), p1 = g.producer(node.inputs[1]);
+      auto is_open = [&](int32_t p) { return std::find(open.begin(), open.end(), p) != open.end(); };
+      if (p0 < 0 || p0 == p1 || !is_open(p0) || !is_open(p1)) continue;
+      if (!only_reader(node.inputs[0], n) || !only_reader(node.inputs[1], n)) return {};
+      std::erase(open, p0);
+      std::erase(open, p1);
       adds.push_back(n);
       open.push_back(n);
     }
@@ -315,14 +310,7 @@ class MultiUnscaleCheck final : public Kernel {
     check_ = b.output(g.node(root).outputs[0]);
     PLX_DECLINE_UNLESS(check_ >= 0, "multi-tensor unscale: the total is not written");
     blocks_ = multi_unscale_blocks(in_.nodes(), numel_.data());
-    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
-    PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
   }
-  ~MultiUnscaleCheck() override {
-    if (done_) cudaFree(done_);
-  }
-  MultiUnscaleCheck(const MultiUnscaleCheck&) = delete;
-  MultiUnscaleCheck& operator=(const MultiUnscaleCheck&) = delete;
 
   uint64_t workspace_bytes() const override { return static_cast<uint64_t>(blocks_) * sizeof(float); }
 
@@ -342,7 +330,7 @@ class MultiUnscaleCheck final : public Kernel {
     a.unscale = static_cast<const float*>(in_.get(c, 0, 1).data);
     a.check = static_cast<float*>(c.out(check_).data);
     a.partial = static_cast<float*>(c.workspace);
-    a.done = done_;
+    a.done = done_.p;
     launch_multi_unscale(a, native(c.stream));
   }
 
@@ -354,7 +342,7 @@ class MultiUnscaleCheck final : public Kernel {
   std::vector<int32_t> out_;
   std::vector<int64_t> numel_;
   int64_t blocks_ = 0;
-  unsigned* done_ = nullptr;  // device memory
+  BlockCounter done_;
   std::vector<const void*> src_;
   std::vector<float*> dst_;
 };

@@ -26,6 +26,7 @@
 // a kernel object at a time: two in flight on two streams would share its counter (the executor
 // runs an executable's kernels on one stream).
 #include <climits>
+#include <optional>
 #include <cmath>
 
 #include "device.cuh"
@@ -98,7 +99,6 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
   // per-warp sums of dl.
   extern __shared__ float smem[];
   __shared__ long long shared_count[32];
-  __shared__ bool last_block;
   const int64_t C = a.c, K = a.k;
   const TL* x = static_cast<const TL*>(a.x);
   const TL* w = static_cast<const TL*>(a.w);
@@ -263,12 +263,7 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
       a.db_part[static_cast<int64_t>(blockIdx.x) * C + c] = t;
     }
   }
-  __threadfence();  // this thread's row losses and sums are visible before the count
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(a.done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
+  if (!last_block_arrives(a.done, gridDim.x)) return;
   if (a.loss_out)
     ce_reduce_block<TC, L>(a.row_loss, labels, static_cast<TC*>(a.loss_out), a.n, a.ignore,
                            a.reduction == Reduction::kMean);
@@ -312,21 +307,12 @@ class LinearCrossEntropyKernel final : public Kernel {
     // zero between launches (each launch's last block resets it), so it lives as long as the
     // kernel, not in the workspace.
     last_reduces_ = (p_.reduction != Reduction::kNone && s.loss >= 0) || s.db >= 0;
-    if (last_reduces_) {
-      PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&done_), sizeof(unsigned)));
-      PLX_CUDA_CHECK(cudaMemset(done_, 0, sizeof(unsigned)));
-    }
+    if (last_reduces_) done_.emplace();
     row_loss_bytes_ = p_.reduction == Reduction::kNone
                           ? 0
                           : (static_cast<uint64_t>(s.n) * sizeof(float) + 255) / 256 * 256;
     db_part_bytes_ = s.db >= 0 ? uint64_t{grid_} * static_cast<uint64_t>(s.c) * sizeof(float) : 0;
   }
-  ~LinearCrossEntropyKernel() override {
-    if (done_) cudaFree(done_);
-  }
-  LinearCrossEntropyKernel(const LinearCrossEntropyKernel&) = delete;
-  LinearCrossEntropyKernel& operator=(const LinearCrossEntropyKernel&) = delete;
-
   // The row losses, for mean and sum, then the blocks' sums of dl for db.
   uint64_t workspace_bytes() const override { return row_loss_bytes_ + db_part_bytes_; }
 
@@ -366,7 +352,7 @@ class LinearCrossEntropyKernel final : public Kernel {
                                                      row_loss_bytes_)
                           : nullptr;
     a.loss_out = none ? nullptr : out(c, s.loss);
-    a.done = done_;
+    a.done = done_ ? done_->p : nullptr;
     a.n = s.n;
     a.k = s.k;
     a.c = s.c;
@@ -391,7 +377,7 @@ class LinearCrossEntropyKernel final : public Kernel {
   uint64_t smem_ = 0;
   unsigned grid_ = 1;
   bool last_reduces_ = false;
-  unsigned* done_ = nullptr;  // device memory
+  std::optional<BlockCounter> done_;
   uint64_t row_loss_bytes_ = 0, db_part_bytes_ = 0;
 };
 

@@ -245,7 +245,6 @@ static_assert(sizeof(MultiUnscaleLaunch) <= 4000, "kernel parameters are limited
 template <class G>
 __global__ void __launch_bounds__(kBlock) multi_unscale_kernel(const MultiUnscaleLaunch L) {
   __shared__ float shared_sum[32];
-  __shared__ bool last_block;
   const int t = block_tensor(L);
   const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kUnscaleChunk;
   const int64_t end = min(L.numel[t], begin + kUnscaleChunk);
@@ -260,13 +259,7 @@ __global__ void __launch_bounds__(kBlock) multi_unscale_kernel(const MultiUnscal
   }
   acc = block_sum(acc, shared_sum);
   if (threadIdx.x == 0) L.partial[L.block_base + static_cast<int32_t>(blockIdx.x)] = acc;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last_block = atomicAdd(L.done, 1u) == static_cast<unsigned>(L.total_blocks) - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
+  if (!last_block_arrives(L.done, static_cast<unsigned>(L.total_blocks))) return;
   // Each thread's share of the partial sums in order, then the block's fixed tree.
   const volatile float* part = L.partial;
   float total = 0.f;

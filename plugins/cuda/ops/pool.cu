@@ -195,10 +195,6 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
   }
 }
 
-// dx = max_pool2d_backward(dy, indices); one thread per input element, gathering the dy of the
-// windows that cover it and whose index names it.
-// With `relu_y` (the backward of ReLU with pooling, fused): each dy is first masked by the ReLU
-// as relu_backward does (y > 0 ? dy : 0, in f32), so the sum equals the two ops' to the bit.
 // dx element i (of plane `plane`, at (ih, iw)) of max_pool2d_backward: the sum of the dy of the
 // windows that cover it and whose index names it, in window order. With `relu_y` (the backward of
 // ReLU with pooling, fused): each dy is first masked by the ReLU as relu_backward does (y > 0 ?
@@ -252,7 +248,6 @@ __global__ void __launch_bounds__(kBlock)
     channel_sum_kernel(const F f, T* __restrict__ dx, I channels, I images, I HW, float* part,
                        T* __restrict__ db, unsigned* done) {
   __shared__ float shared_sum[32];
-  __shared__ bool last_block;
   const I c = static_cast<I>(blockIdx.x), s = static_cast<I>(blockIdx.y);
   const I splits = static_cast<I>(gridDim.y);
   float acc = 0.0f;
@@ -266,13 +261,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   acc = block_sum(acc, shared_sum);
   if (threadIdx.x == 0) part[static_cast<int64_t>(c) * splits + s] = acc;
-  __threadfence();
-  __syncthreads();
-  const unsigned blocks = gridDim.x * gridDim.y;
-  if (threadIdx.x == 0) last_block = atomicAdd(done, 1u) == blocks - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
+  if (!last_block_arrives(done, gridDim.x * gridDim.y)) return;
   const volatile float* vp = part;
   for (I ch = static_cast<I>(threadIdx.x); ch < channels; ch += static_cast<I>(blockDim.x)) {
     float t = 0.0f;
@@ -312,20 +301,6 @@ unsigned channel_sum_splits(int sms, int64_t channels, int64_t images) {
       (int64_t{2} * std::max(sms, 1) + channels - 1) / std::max<int64_t>(channels, 1), 1,
       std::clamp<int64_t>(images, 1, 65535)));
 }
-
-// Device memory for a channel_sum_kernel's counter, zeroed, owned by a kernel object.
-struct DoneCounter {
-  unsigned* p = nullptr;
-  DoneCounter() {
-    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(unsigned)));
-    PLX_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned)));
-  }
-  ~DoneCounter() {
-    if (p) cudaFree(p);
-  }
-  DoneCounter(const DoneCounter&) = delete;
-  DoneCounter& operator=(const DoneCounter&) = delete;
-};
 
 // y = avg_pool2d(x); one thread per output element.
 template <class T, class I>
@@ -532,7 +507,7 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
   bool u8_;
   int64_t images_ = 0, channels_ = 0;
   unsigned splits_ = 1;
-  DoneCounter done_;  // blocks finished, zero between launches
+  BlockCounter done_;
 };
 
 // relu_backward(dy, y) whose output a bias gradient's sum (over axes 0, 2, 3) also reads, as one
@@ -593,7 +568,7 @@ class ReluBackwardSumKernel final : public Kernel {
   int32_t dy_ = -1, y_ = -1, dx_ = -1, db_ = -1;
   int64_t images_ = 0, channels_ = 0, hw_ = 0;
   unsigned splits_ = 1;
-  DoneCounter done_;
+  BlockCounter done_;
 };
 
 // relu_backward(dy, y) -> max_pool2d_backward(., indices) as one kernel (the backward of ReLU
