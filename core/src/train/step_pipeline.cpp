@@ -90,9 +90,9 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale | grad scale |
   // grad unscale, 8-byte aligned. The labels come from the host either way (a few bytes a row):
   // gathering them on the device would cost two launches a step (a gather and a cast to i32).
-  const uint64_t head =
-      (resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_) + labels_bytes_;
-  in_bytes_ = (head + 7) / 8 * 8 + kScalars * sizeof(float);
+  labels_at_ = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_;
+  scalars_at_ = (labels_at_ + labels_bytes_ + 7) / 8 * 8;
+  in_bytes_ = scalars_at_ + kScalars * sizeof(float);
   out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
   compute_ = backend.stream(device);
   copy_ = backend.create_stream(device);
@@ -185,26 +185,21 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     have_last_ = true;
   }
 
-  uint64_t off = 0;
   if (resident_) {
     auto* idx = reinterpret_cast<int32_t*>(s.in);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t smp = b.samples[static_cast<size_t>(r)];
       idx[r] = static_cast<int32_t>(smp < 0 ? resident_->rows : smp);  // padding: the zero row
     }
-    if (b.labels.size() * sizeof(int32_t) != labels_bytes_)
-      throw Error("step pipeline: the batch's labels do not fill the step's");
-    off = static_cast<uint64_t>(rows_) * sizeof(int32_t);
-    std::memcpy(s.in + off, b.labels.data(), labels_bytes_);
-    off += labels_bytes_;
   } else {
     if (b.images.size() * sizeof(float) != x_bytes_)
       throw Error("step pipeline: the batch has no images (data.resident mismatch)");
     std::memcpy(s.in, b.images.data(), x_bytes_);
-    std::memcpy(s.in + x_bytes_, b.labels.data(), labels_bytes_);
-    off = x_bytes_ + labels_bytes_;
   }
-  off = (off + 7) / 8 * 8;
+  if (b.labels.size() * sizeof(int32_t) != labels_bytes_)
+    throw Error("step pipeline: the batch's labels do not fill the step's");
+  std::memcpy(s.in + labels_at_, b.labels.data(), labels_bytes_);
+  const uint64_t off = scalars_at_;
   // A skipped step is no optimizer step: AdamW's count leaves the skipped ones out (as
   // GradScaler skips optimizer.step()).
   const double scale = scaler_ ? scaler_->scale : 1.0;
@@ -231,12 +226,10 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     const plx_tensor gi[2] = {resident_->images.view(), idx};
     const plx_tensor go = x_.reshape({rows_, d}).view();
     gather_images_->run(gi, 2, &go, 1, ws, compute_);
-    backend_.copy(device_, labels_.data(), stage + static_cast<uint64_t>(rows_) * sizeof(int32_t),
-                  labels_bytes_, PLX_COPY_D2D, compute_);
   } else {
     backend_.copy(device_, x_.data(), stage, x_bytes_, PLX_COPY_D2D, compute_);
-    backend_.copy(device_, labels_.data(), stage + x_bytes_, labels_bytes_, PLX_COPY_D2D, compute_);
   }
+  backend_.copy(device_, labels_.data(), stage + labels_at_, labels_bytes_, PLX_COPY_D2D, compute_);
   if (lr_.defined()) backend_.copy(device_, lr_.data(), stage + off, sizeof(float), PLX_COPY_D2D, compute_);
   if (step_.defined())
     backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);

@@ -170,6 +170,8 @@ class StepPipeline : public StepRunner {
   Tensor grad_scale_, grad_unscale_, grad_check_;
   std::vector<std::pair<Tensor, Tensor>> grads_;
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
+  // Where the labels and the scalars start in a slot's input (after x or the indices).
+  uint64_t labels_at_ = 0, scalars_at_ = 0;
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.
   std::unique_ptr<PreparedKernel> gather_images_;
