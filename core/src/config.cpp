@@ -131,13 +131,16 @@ const std::vector<ConfigKey>& Config::keys() {
                      "backend has it: cuda; the CPU computes f32); bf16 or f16 (the model computes "
                      "in the 16-bit type; parameters, optimizer, loss and softmax stay f32)");
     prec.choices = {"f32", "tf32", "bf16", "f16"};
-    add("train.loss_scale_init", ConfigType::Float, "65536",
-        "f16: the loss scale at the start (dynamic loss scaling halves it and skips the step "
-        "when a gradient is not finite)")
-        .fmin = 1;
-    add("train.loss_scale_window", ConfigType::Int, "2000",
-        "f16: finite steps in a row after which the loss scale doubles")
-        .min = 1;
+    // The scale and its count of finite steps are f32 states of the step (loss_scale_update).
+    auto& scale_init = add("train.loss_scale_init", ConfigType::Float, "65536",
+                           "f16: the loss scale at the start (dynamic loss scaling halves it and "
+                           "skips the step when a gradient is not finite)");
+    scale_init.fmin = 1;
+    scale_init.fmax = 3.4e38;
+    auto& window = add("train.loss_scale_window", ConfigType::Int, "2000",
+                       "f16: finite steps in a row after which the loss scale doubles");
+    window.min = 1;
+    window.max = int64_t{1} << 24;
     add("train.recompute", ConfigType::StringList, "[]",
         "Ops whose outputs backward computes again instead of keeping them from the forward, "
         "where that frees memory: any of relu, gelu, sigmoid, tanh, cast, max_pool2d, "

@@ -60,6 +60,13 @@ std::string too_old(const LoadedPlugin& source, const std::string& newer) {
          ", before the node's " + newer + "; rebuild it against this SDK";
 }
 
+// Which of a node's inputs are present (an absent optional one has dtype PLX_DTYPE_NONE).
+std::vector<bool> given_inputs(const std::vector<plx_tensor>& inputs) {
+  std::vector<bool> given;
+  for (const plx_tensor& t : inputs) given.push_back(t.dtype != PLX_DTYPE_NONE);
+  return given;
+}
+
 // The ABI's view of a node, valid while its arguments live.
 plx_node_info node_info(const OpSchema& schema, const std::vector<plx_tensor>& inputs,
                         const std::vector<plx_tensor>& outputs, const AttrPack& pack,
@@ -114,7 +121,7 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   }
 
   std::string newer;
-  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer);
+  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer, given_inputs(inputs));
   auto try_create = [&](const plx_kernel* k) -> std::unique_ptr<PreparedKernel> {
     void* state = nullptr;
     uint64_t ws = 0;
@@ -225,7 +232,7 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
   const plx_node_info node = node_info(schema, inputs, outputs, pack, device);
   std::vector<CandidateTime> out;
   std::string newer;
-  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer);
+  const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer, given_inputs(inputs));
   for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
     CandidateTime t;
     t.impl = k->impl ? k->impl : "?";

@@ -324,8 +324,22 @@ AttrDef since_abi(AttrDef a, uint16_t minor) {
   return a;
 }
 
-uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why) {
+ArgDef since_abi(ArgDef a, uint16_t minor) {
+  a.since_abi_minor = minor;
+  return a;
+}
+
+uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why,
+                          const std::vector<bool>& given) {
   uint16_t need = 0;
+  for (size_t i = 0; i < schema.inputs.size() && i < given.size(); ++i) {
+    const ArgDef& d = schema.inputs[i];
+    if (d.since_abi_minor <= need || !given[i]) continue;
+    need = d.since_abi_minor;
+    if (why)
+      *why = "input '" + d.name + "' (ABI " + std::to_string(PLX_ABI_MAJOR) + "." +
+             std::to_string(need) + ")";
+  }
   for (const AttrDef& d : schema.attrs) {
     if (d.since_abi_minor <= need || !d.default_value || !attrs.has(d.name)) continue;
     const AttrValue* v = attrs.find(d.name);

@@ -2,7 +2,7 @@
 //
 // It claims:
 //  - the optimizer's per-parameter updates (every sgd_update, or every adamw_update, sharing
-//    attributes and learning rate), run as one multi-tensor kernel: one parallel loop over all
+//    attributes, learning rate and check), run as one multi-tensor kernel: one parallel loop over all
 //    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
 //  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm,
 //    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
@@ -39,9 +39,9 @@ const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
 void claim_fusions(const plx_graph_view& graph, plx_claim_fn claim, void* host_user) {
   const sdk::GraphView g(graph);
   // A refused claim (the core explains why in its debug log) leaves the nodes to run alone.
-  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
+  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3, 4}))
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_sgd");
-  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
+  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5, 6}))
     claim(host_user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_adamw");
   // A conv layer with its pool, forward and backward (before the ReLU/pool pairs and the
   // epilogue chains, which would take some of their nodes).

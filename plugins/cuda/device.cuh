@@ -40,6 +40,12 @@ template <> struct Accum<bf16> { using type = float; };
 template <class T>
 using accum_t = typename Accum<T>::type;
 
+// Whether x is finite (neither infinite nor NaN), from its bits: the same on the device and in
+// the emulator, whatever the math headers declare.
+__device__ __forceinline__ bool finite_f32(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+
 template <class T>
 __device__ __forceinline__ accum_t<T> to_accum(T v) {
   if constexpr (std::is_same_v<T, f16>) return __half2float(v);

@@ -815,6 +815,43 @@ void optim(Table& t) {
               g.scalar(1e-3, s.lr_dtype, {1}), g.scalar(s.step, s.lr_dtype)};
     });
   }
+  // f16's gradient check: the update runs when it is finite and leaves every tensor alone when
+  // it is not (a skipped AdamW step with a step below 1 is no error either).
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  for (double check : {3.5, -1e30, inf, -inf, nan}) {
+    const std::string w = "check " + std::to_string(check);
+    t.add("sgd_update", w + " momentum 0.9", Attrs{{"momentum", 0.9}}, [check](Gen& g) -> Inputs {
+      return {g.uniform({4099}), g.uniform({4099}), g.uniform({4099}, -0.1, 0.1), g.scalar(0.05, F32),
+              g.scalar(check, F32)};
+    });
+    t.add("sgd_update", w + " plain", {}, [check](Gen& g) -> Inputs {
+      return {g.uniform({7, 33}), g.uniform({7, 33}), Tensor(), g.scalar(0.05, F32), g.scalar(check, F32, {1})};
+    });
+    const bool finite = std::isfinite(check);
+    t.add("adamw_update", w, {}, [check, finite](Gen& g) -> Inputs {
+      return {g.uniform({4099}), g.uniform({4099}), g.uniform({4099}, -0.1, 0.1), g.uniform({4099}, 0, 0.01),
+              g.scalar(1e-3, F32), g.scalar(finite ? 3.0 : 0.0, F32), g.scalar(check, F32)};
+    });
+  }
+  // f16's loss scale: check, scale, unscale, good, skipped, step (optional); the report out.
+  struct L {
+    double check, scale, good, skipped;
+    bool step;
+    int64_t interval;
+  };
+  const std::vector<L> ls = {{12.5, 1024, 0, 0, true, 2000},  {12.5, 1024, 2, 1, true, 3},
+                             {-3, 65536, 1, 4, false, 3},    {inf, 65536, 2, 0, true, 3},
+                             {nan, 1, 5, 9, false, 2000},    {-inf, 3e38, 0, 0, true, 1},
+                             {0.0, 3e38, 0, 0, true, 1},     {1.0, 1000, 6, 2, true, 7}};
+  for (const L& l : ls) {
+    const std::string w = "check " + std::to_string(l.check) + " scale " + std::to_string(l.scale) + " good " +
+                          std::to_string(l.good) + " interval " + std::to_string(l.interval) +
+                          (l.step ? " step" : "");
+    t.add("loss_scale_update", w, Attrs{{"growth_interval", l.interval}}, [l](Gen& g) -> Inputs {
+      return {g.scalar(l.check, g.T), g.scalar(l.scale, g.T), g.scalar(1.0 / l.scale, g.T), g.scalar(l.good, g.T),
+              g.scalar(l.skipped, g.T), l.step ? g.scalar(12, g.T) : Tensor()};
+    });
+  }
   // step < 1 is an error of the kernel (it is data).
   for (double step : {0.0, 0.5}) {
     t.add("adamw_update", "step " + std::to_string(step), {}, [step](Gen& g) -> Inputs {

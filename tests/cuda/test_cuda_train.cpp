@@ -441,7 +441,7 @@ struct FusedAndPlain {
   std::unique_ptr<StepGraph> sg;
   TensorStore store_a, store_b;
   Executable a, b;
-  FusedAndPlain(Backend& gpu, plx_dtype compute, bool loss_scaling, uint64_t seed)
+  FusedAndPlain(Backend& gpu, plx_dtype compute, const LossScaling* loss_scaling, uint64_t seed)
       : sg(step(compute, loss_scaling)),
         a(gpu, sg->graph, store_a, options(true, seed)),
         b(gpu, sg->graph, store_b, options(false, seed)) {}
@@ -453,7 +453,7 @@ struct FusedAndPlain {
   }
 
  private:
-  static std::unique_ptr<StepGraph> step(plx_dtype compute, bool loss_scaling) {
+  static std::unique_ptr<StepGraph> step(plx_dtype compute, const LossScaling* loss_scaling) {
     const ModelSpec spec = builtin_model("convnet");
     OptimizerOptions opt;
     opt.kind = "sgd";
@@ -481,7 +481,7 @@ int listed_nodes(const std::string& kernel) {
 // inside the fused head. So the fused step follows the step node by node (to the tolerance the
 // other fused kernels, such as the head, need).
 void check_cast_fusion(Backend& gpu) {
-  FusedAndPlain p(gpu, PLX_BF16, false, 17);
+  FusedAndPlain p(gpu, PLX_BF16, nullptr, 17);
   const int64_t batch = FusedAndPlain::kBatch;
   Executable& a = p.a;
   Executable& b = p.b;
@@ -520,54 +520,76 @@ void check_cast_fusion(Backend& gpu) {
 }
 
 // f16 loss scaling (build_step, f16, loss_scaling): the unscale and check of every gradient (its
-// cast to f32, a mul by 1/S, a sum, the sums added up) run as one multi-tensor kernel. Its
-// unscaled gradients follow the step node by node (to the tolerance the fused head needs; the
-// unscale itself is the mul's bits) and its check is their sum to rounding; a scale that
-// overflows f16 makes the check non-finite in both, so the step would be skipped.
+// cast to f32, a mul by 1/S, a sum, the sums added up) run as one multi-tensor kernel, the
+// updates read its check (skipped unless it is finite) and loss_scale_update moves the scale on
+// the device, in the updates' launch (their last block). The fused step follows the step node by node (to the tolerance the fused head
+// needs; the unscale itself is the mul's bits); a scale that overflows f16 makes the check
+// non-finite in both, so both skip the update (every tensor as it was) and halve the scale.
 void check_unscale_fusion(Backend& gpu) {
-  FusedAndPlain p(gpu, PLX_F16, true, 19);
-  const auto& sg = p.sg;
-  REQUIRE(sg->update);
+  LossScaling scaling;
+  FusedAndPlain p(gpu, PLX_F16, &scaling, 19);
   Executable& a = p.a;
   Executable& b = p.b;
-  int listed = -1;
-  for (const auto& k : a.kernel_names())
-    if (k.find("fused kernel 'multi_tensor_unscale_check'") != std::string::npos)
-      listed = listed_nodes(k);
+  int listed = -1, updates = -1, scalers = 0;
+  bool scaler_joins = false;
+  for (const auto& k : a.kernel_names()) {
+    if (k.find("fused kernel 'multi_tensor_unscale_check'") != std::string::npos) listed = listed_nodes(k);
+    if (k.find("fused kernel 'multi_tensor_sgd'") != std::string::npos) {
+      updates = listed_nodes(k);
+      scaler_joins = k.find(", loss_scale]") != std::string::npos;
+    }
+    scalers += k.find("loss_scale_update") != std::string::npos;
+  }
   INFO("kernels of the fused step:\n" << p.kernels());
-  // 10 gradients: 10 casts, 10 muls, 10 sums and the 9 adds of the check.
+  // 10 gradients: 10 casts, 10 muls, 10 sums and the 9 adds of the check; 10 updates reading
+  // it and the loss scale's update, with no kernel of its own.
   CHECK(listed == 39);
+  CHECK(updates == 11);
+  CHECK(scaler_joins);
+  CHECK(scalers == 0);
+  // Node by node, the loss scale's update is its own kernel.
+  int plain_scalers = 0;
+  for (const auto& k : b.kernel_names()) plain_scalers += k.find("loss_scale_update") != std::string::npos;
+  CHECK(plain_scalers == 1);
   const Batch data = make_batch(FusedAndPlain::kBatch, 600);
+  int64_t steps = 0;
   for (const double scale : {1024.0, 0x1p40}) {
     INFO("loss scale " << scale);
+    LossScaler s;
+    s.scale = scale;
+    std::map<std::string, std::vector<double>> before_a, before_b;
+    for (const auto& [name, t] : p.store_a.all()) before_a[name] = t.to_doubles();
+    for (const auto& [name, t] : p.store_b.all()) before_b[name] = t.to_doubles();
     for (Executable* e : {&a, &b}) {
+      write_loss_scaler(e == &a ? p.store_a : p.store_b, s, steps);
       e->tensor("x").copy_from_host(data.x.data());
       e->tensor("labels").copy_from_host(data.labels.data());
-      const float s = static_cast<float>(scale), u = static_cast<float>(1.0 / scale);
-      e->tensor(kGradScaleInput).copy_from_host(&s);
-      e->tensor(kGradUnscaleInput).copy_from_host(&u);
+      const float lr = 0.01f;
+      e->tensor(kLearningRateInput).copy_from_host(&lr);
       e->run();
       e->sync();
     }
-    const double ca = a.tensor(kGradCheckOutput).to_doubles().at(0);
-    const double cb = b.tensor(kGradCheckOutput).to_doubles().at(0);
-    INFO("check: fused " << ca << ", node by node " << cb);
-    if (scale > 1e6) {
-      CHECK(!std::isfinite(ca));
-      CHECK(!std::isfinite(cb));
-      continue;
+    ++steps;
+    const std::vector<double> ra = a.tensor(kLossScaleReport).to_doubles();
+    const std::vector<double> rb = b.tensor(kLossScaleReport).to_doubles();
+    const bool skip = scale > 1e6;
+    // The scale it ran with, skipped, the scale after, the finite steps in a row, skipped in all.
+    const std::vector<double> want = skip ? std::vector<double>{scale, 1, scale / 2, 0, 1}
+                                          : std::vector<double>{scale, 0, scale, 1, 0};
+    CHECK(ra == want);
+    CHECK(rb == want);
+    for (const auto& [name, t] : p.store_b.all()) {
+      INFO("tensor " << name);
+      if (name.rfind(kLossScalerPrefix, 0) == 0) {
+        CHECK(p.store_a.get(name).to_doubles() == t.to_doubles());
+      } else if (skip) {
+        CHECK(t.to_doubles() == before_b.at(name));
+        CHECK(p.store_a.get(name).to_doubles() == before_a.at(name));
+      } else {
+        CHECK(t.to_doubles() != before_b.at(name));
+        CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
+      }
     }
-    REQUIRE(std::isfinite(cb));
-    CHECK(std::isfinite(ca));
-    double magnitude = 0;
-    for (Var p : sg->params) {
-      const std::string name = sg->graph.value(p).name + ".grad";
-      INFO("unscaled gradient " << name);
-      const std::vector<double> gb = b.tensor(name).to_doubles();
-      for (double v : gb) magnitude += std::fabs(v);
-      CHECK(compare_tensors(a.tensor(name), b.tensor(name), nmse_only(1e-4)) == "");
-    }
-    CHECK(std::fabs(ca - cb) <= 1e-3 * magnitude + 1e-6);
   }
 }
 

@@ -2,7 +2,10 @@
 // against double-precision transcriptions of PyTorch's torch.optim.SGD and AdamW
 // (single-tensor, non-foreach code paths), in f32 and f64.
 #include <cmath>
+#include <limits>
+#include <optional>
 
+#include "plexus/op_schema.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -279,4 +282,100 @@ TEST_CASE("optimizer updates reject wrong dtypes and non-contiguous params",
   const Tensor gt = random_tensor({5, 3}, PLX_F32, 5);
   REQUIRE_THROWS_WITH(call(cpu(), "sgd_update", {pt, gt, Tensor(), lr}),
                       PLX_CONTAINS("'param' is written in place and must be contiguous"));
+}
+
+TEST_CASE("an update with a check runs when it is finite and writes nothing when it is not",
+          "[cpu][ops][optim]") {
+  const Shape s{3, 5};
+  const std::vector<double> p0 = random_doubles(15, 11, -1, 1), g0 = random_doubles(15, 12, -1, 1);
+  const Tensor lr = from_doubles({0.1}, Shape{}, PLX_F32), step = from_doubles({2}, Shape{}, PLX_F32);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const std::string op : {"sgd_update", "adamw_update"}) {
+    for (plx_dtype dt : kParamDtypes) {
+      // The same update without a check, the reference for a finite one.
+      auto run = [&](std::optional<double> check) {
+        Tensor p = from_doubles(p0, s, dt), g = from_doubles(g0, s, dt);
+        Tensor m = from_doubles(std::vector<double>(15, 0.25), s, dt);
+        Tensor v = from_doubles(std::vector<double>(15, 0.5), s, dt);
+        const Tensor c = check ? from_doubles({*check}, Shape{}, PLX_F32) : Tensor();
+        if (op == "sgd_update")
+          call(cpu(), op, {p, g, m, lr, c}, {{"momentum", 0.9}});
+        else
+          call(cpu(), op, {p, g, m, v, lr, step, c});
+        return std::vector<std::vector<double>>{p.to_doubles(), m.to_doubles(), v.to_doubles()};
+      };
+      INFO(op << " " << dtype_name(dt));
+      const std::vector<double> stored = from_doubles(p0, s, dt).to_doubles();  // p0 rounded
+      const auto plain = run(std::nullopt);
+      CHECK(plain[0] != stored);
+      CHECK(run(1e30) == plain);
+      CHECK(run(-2.5) == plain);
+      for (double bad : {inf, -inf, std::nan("")}) {
+        INFO("check " << bad);
+        const auto skipped = run(bad);
+        CHECK(skipped[0] == stored);
+        CHECK(skipped[1] == std::vector<double>(15, 0.25));
+        CHECK(skipped[2] == std::vector<double>(15, 0.5));
+      }
+    }
+  }
+  // The check is one f32 value.
+  Tensor p = from_doubles(p0, s, PLX_F32), g = from_doubles(g0, s, PLX_F32);
+  REQUIRE_THROWS_WITH(call(cpu(), "sgd_update", {p, g, Tensor(), lr, from_doubles({1, 2}, Shape{2}, PLX_F32)}),
+                      PLX_CONTAINS("op 'sgd_update': check must be a scalar tensor"));
+  REQUIRE_THROWS_WITH(call(cpu(), "sgd_update", {p, g, Tensor(), lr, from_doubles({1}, Shape{}, PLX_F64)}),
+                      PLX_CONTAINS("check"));
+}
+
+TEST_CASE("loss_scale_update halves on overflow and doubles after a window of finite steps",
+          "[cpu][ops][optim]") {
+  auto f32 = [](double v) { return from_doubles({v}, Shape{}, PLX_F32); };
+  Tensor scale = f32(8), unscale = f32(0.125), good = f32(0), skipped = f32(0), step = f32(1);
+  const Attrs window3{{"growth_interval", int64_t{3}}};
+  // The report: the scale the step ran with, skipped, then the scale, good and skipped after.
+  auto record = [&](double check, const Attrs& a) {
+    return call(cpu(), "loss_scale_update", {f32(check), scale, unscale, good, skipped, step}, a)
+        .at(0)
+        .to_doubles();
+  };
+  using R = std::vector<double>;
+  CHECK(record(1, window3) == R{8, 0, 8, 1, 0});
+  CHECK(record(-5, window3) == R{8, 0, 8, 2, 0});
+  CHECK(record(0, window3) == R{8, 0, 16, 0, 0});  // the third finite step in a row
+  CHECK(unscale.to_doubles() == R{1.0 / 16});
+  CHECK(step.to_doubles() == R{4});
+  CHECK(record(1, window3) == R{16, 0, 16, 1, 0});
+  // Skipped: halves, starts the count again and leaves the optimizer's step count alone.
+  CHECK(record(std::numeric_limits<double>::infinity(), window3) == R{16, 1, 8, 0, 1});
+  CHECK(record(std::nan(""), window3) == R{8, 1, 4, 0, 2});
+  CHECK(step.to_doubles() == R{5});
+  CHECK(unscale.to_doubles() == R{0.25});
+  CHECK(good.to_doubles() == R{0});
+  CHECK(skipped.to_doubles() == R{2});
+  for (int i = 0; i < 2; ++i) record(1, window3);
+  CHECK(record(1, window3) == R{4, 0, 8, 0, 2});
+  // A scale that would overflow f32 stays where it is; the step still counts.
+  scale = f32(3e38);
+  const double big = static_cast<float>(3e38);
+  CHECK(record(1, {{"growth_interval", int64_t{1}}}) == R{big, 0, big, 0, 2});
+  // Without a step count, and the attributes checked.
+  const Tensor none;
+  CHECK(call(cpu(), "loss_scale_update", {f32(1), scale, unscale, good, skipped, none}).at(0).to_doubles() ==
+        R{big, 0, big, 1, 2});
+  REQUIRE_THROWS_WITH(record(1, {{"growth_interval", int64_t{0}}}),
+                      PLX_CONTAINS("op 'loss_scale_update': growth_interval must be in [1, 2^24]"));
+  REQUIRE_THROWS_WITH(record(1, {{"backoff_factor", 1.5}}), PLX_CONTAINS("backoff_factor must be in (0, 1)"));
+  REQUIRE_THROWS_WITH(record(1, {{"growth_factor", 1.0}}), PLX_CONTAINS("growth_factor must be > 1"));
+}
+
+TEST_CASE("an update given a check needs a plugin of ABI 1.4", "[cpu][ops][optim][abi]") {
+  const OpSchema& sgd = runtime().ops().get("sgd_update");
+  const Attrs a = sgd.complete_attrs({});
+  std::string why;
+  CHECK(schema::abi_minor_needed(sgd, a, &why, {true, true, false, true, false}) == 0);
+  CHECK(schema::abi_minor_needed(sgd, a, &why, {true, true, false, true, true}) == 4);
+  CHECK(why == "input 'check' (ABI 1.4)");
+  const OpSchema& adamw = runtime().ops().get("adamw_update");
+  CHECK(schema::abi_minor_needed(adamw, adamw.complete_attrs({}), &why,
+                                 {true, true, true, true, true, true, true}) == 4);
 }

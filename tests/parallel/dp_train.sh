@@ -10,6 +10,10 @@
 # while at 0.02 the runs stay within 1e-7. The batch of 60 leaves a
 # padded last batch of 40 samples, so with 4 ranks one rank's slice is all padding.
 # MODE "resume": the parallel run stops after 7 steps and is resumed on the same ranks.
+# MODE "alone": only the parallel run, which must report its replicas identical at every
+# checkpoint (and, in f16, skip some steps): for runs one process need not match (an f16 rank
+# rounds its half of a weight gradient to f16 apart from the whole batch's, so where one process
+# overflows the ranks may not, and the skips differ).
 # PARALLEL_ARGS (environment): more arguments for the parallel runs only, e.g.
 # "--set parallel.pipeline_stages=2".
 set -euo pipefail
@@ -43,14 +47,27 @@ progress = "plain"
 TOML
 launch=("$mpiexec" -np "$ranks" --oversubscribe --allow-run-as-root)
 read -r -a par <<< "${PARALLEL_ARGS:-}"
-echo "== one process"
-"$plexus" train "$work/dp.toml" --set "output.dir=\"$work/one\"" "$@"
+if [ "$mode" != alone ]; then
+  echo "== one process"
+  "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/one\"" "$@"
+fi
 echo "== $ranks ranks ($mode)"
 if [ "$mode" = resume ]; then
   "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" --set train.max_steps=7 "${par[@]}" "$@"
   "${launch[@]}" "$plexus" train "$work/dp.toml" --resume "$work/dp" --set train.max_steps=0 "${par[@]}" "$@"
 else
-  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" "${par[@]}" "$@"
+  "${launch[@]}" "$plexus" train "$work/dp.toml" --set "output.dir=\"$work/dp\"" "${par[@]}" "$@" |
+    tee "$work/dp.log"
+fi
+if [ "$mode" = alone ]; then
+  grep -q "ranks' parameters and states were identical at each of" "$work/dp.log" ||
+    { echo "the run did not report its replicas identical" >&2; exit 1; }
+  if grep -q '"loss_scale"' "$work/dp/metrics.jsonl"; then
+    skipped=$(grep '"type":"step"' "$work/dp/metrics.jsonl" | grep -c '"skipped":true' || true)
+    [ "$skipped" -gt 0 ] || { echo "no step was skipped: the test's loss scale is too small" >&2; exit 1; }
+    echo "the $ranks ranks skipped $skipped steps alike"
+  fi
+  exit 0
 fi
 tr -d ' \n' < "$work/dp/manifest.json" | grep -q '"parallel":{"ranks":'"$ranks" ||
   { echo "manifest.json does not record $ranks ranks" >&2; exit 1; }
@@ -70,3 +87,17 @@ echo "== compare"
 # near 0 moves by up to lr on last-bit differences; its test widens atol.
 read -r -a tol <<< "${COMPARE_TOL:---rtol 1e-4 --atol 1e-6}"
 "$compare" "$work/one" "$work/dp" "${tol[@]}"
+# f16: the loss scale and the skipped steps, step by step, as one process had them (for a scale
+# at which neither overflows: see "alone" above).
+if grep -q '"loss_scale"' "$work/one/metrics.jsonl"; then
+  for run in one dp; do
+    grep '"type":"step"' "$work/$run/metrics.jsonl" |
+      grep -o '"loss_scale":[^,}]*,"skipped":[a-z]*' > "$work/$run.scales"
+  done
+  if ! cmp -s "$work/one.scales" "$work/dp.scales"; then
+    echo "the runs' loss scales differ (one process, then $ranks ranks):" >&2
+    diff "$work/one.scales" "$work/dp.scales" | head -20 >&2
+    exit 1
+  fi
+  echo "loss scales agree: $(wc -l < "$work/dp.scales") steps, $(grep -c true "$work/dp.scales") skipped"
+fi

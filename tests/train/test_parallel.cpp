@@ -22,6 +22,7 @@
 #include "plexus/plugin.hpp"
 #include "support/harness.hpp"
 #include "train/pipeline.hpp"
+#include "train/step_graph.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -398,5 +399,78 @@ TEST_CASE("gradient buckets on a cuda communication stream leave a one-rank step
     const std::vector<float>& got = synced.at(name);
     REQUIRE(got.size() == want.size());
     CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("a 16-bit cuda step all-reduces its gradients between their casts and their readers",
+          "[cuda][comm][parallel]") {
+  // The trainer's convnet step in bf16 and f16 (build_step, data-parallel loss): the CUDA
+  // plugin would fuse each gradient's cast to f32 into the kernel that reads it (the update, or
+  // f16's unscale), which leaves nothing to all-reduce in between. With the gradients exchanged
+  // (ExecutableOptions::exchanged, as the trainer sets them) the core refuses those groups, the
+  // plugin claims the same kernels without the casts, and 3 steps over a one-rank group give the
+  // same bits as without it.
+  Backend* gpu = runtime().find_backend("cuda");
+  if (!gpu || gpu->device_count() == 0) PLX_SKIP("no CUDA device");
+  Communicator* nccl = nullptr;
+  for (Communicator* c : runtime().communicators())
+    if (c->name() == "nccl") nccl = c;
+  if (!nccl) PLX_SKIP("the NCCL communicator plugin is not loaded");
+  auto group = nccl->join(*gpu, 0, 0, 1, nccl->unique_id(), 20000);
+  const ModelSpec spec = builtin_model("convnet");
+  const int64_t rows = 8;
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0.9;
+  LossScaling scaling;
+  scaling.init = 1024;
+  for (const plx_dtype compute : {PLX_BF16, PLX_F16}) {
+    DYNAMIC_SECTION(dtype_name(compute)) {
+      auto sg = build_step(runtime().ops(), spec, rows, spec.input_shape, true, opt, true, compute,
+                           compute == PLX_F16 ? &scaling : nullptr);
+      std::vector<std::string> names;
+      for (Var p : sg->params) names.push_back(sg->graph.value(p).name);
+      auto train = [&](CommGroup* g, std::string* kernels) {
+        TensorStore store;
+        ExecutableOptions eo;
+        eo.seed = 5;
+        for (Var v : sg->grads)
+          if (v.valid()) eo.exchanged.push_back(v);
+        Executable exe(*gpu, sg->graph, store, eo);
+        std::unique_ptr<GradientSync> sync;
+        if (g) {
+          GradSyncOptions o;
+          o.bucket_bytes = 4096;  // several buckets
+          sync = std::make_unique<GradientSync>(*g, exe, sg->grads, names, o);
+        }
+        for (const auto& k : exe.kernel_names()) *kernels += k + "\n";
+        fill(exe.tensor("lr"), {0.01});
+        fill(exe.tensor("loss_scale"), {1.0 / static_cast<double>(rows)});
+        for (int k = 0; k < 3; ++k) {
+          fill(exe.tensor("x"), random_doubles(static_cast<size_t>(rows * 28 * 28), 40 + k, -2, 2));
+          std::vector<int32_t> labels;
+          for (int64_t i = 0; i < rows; ++i) labels.push_back(static_cast<int32_t>((i * 3 + k) % 10));
+          exe.tensor("labels").copy_from_host(labels.data());
+          exe.run();
+          exe.sync();
+        }
+        std::map<std::string, std::vector<double>> out;
+        for (const auto& [name, t] : store.all()) out[name] = t.to_doubles();
+        return out;
+      };
+      std::string plain_kernels, synced_kernels;
+      const auto plain = train(nullptr, &plain_kernels);
+      const auto synced = train(group.get(), &synced_kernels);
+      INFO("kernels:\n" << synced_kernels);
+      CHECK(plain_kernels == synced_kernels);
+      // The updates (and f16's unscale) are still one kernel each, without the casts.
+      CHECK_THAT(synced_kernels, PLX_CONTAINS("fused kernel 'multi_tensor_sgd'"));
+      if (compute == PLX_F16) CHECK_THAT(synced_kernels, PLX_CONTAINS("fused kernel 'multi_tensor_unscale_check'"));
+      REQUIRE(plain.size() == synced.size());
+      for (const auto& [name, want] : plain) {
+        INFO(name);
+        CHECK(synced.at(name) == want);
+      }
+    }
   }
 }

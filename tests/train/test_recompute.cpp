@@ -98,7 +98,7 @@ ModelStep run_model_step(const std::string& model, plx_dtype compute, double mom
   opt.kind = "sgd";
   opt.momentum = momentum;
   auto sg = build_step(runtime().ops(), spec, 8, spec.input_shape, true, opt, false, compute,
-                       false, recompute);
+                       nullptr, recompute);
   ModelStep r;
   for (const GraphNode& node : sg->graph.nodes()) {
     if (node.phase != Phase::Backward || !node.schema) continue;

@@ -89,6 +89,10 @@ struct ExecutableOptions {
   bool fuse = true;     // offer the graph to the backend for fusion (get_capability)
   bool tune = true;     // with backend.kernels = "auto": time a node's candidate kernels
   uint64_t seed = 0;    // for parameters and states this executable creates
+  // Values something outside the graph works on between the kernel that writes them and the
+  // first that reads them (data parallelism all-reduces the gradients there, GradientSync): no
+  // fused kernel may both write and read one of them, and each is written to memory.
+  std::vector<Var> exchanged;
 };
 
 class Executable {

@@ -46,6 +46,10 @@ struct ArgDef {
   std::string name;
   uint32_t flags = 0;   // PLX_ARG_OPTIONAL | PLX_ARG_MUTATED | PLX_ARG_NO_GRAD
   uint32_t dtypes = 0;  // accepted dtypes; 0 = must equal the type input's dtype
+  // The plugin ABI minor that gave an existing op this optional input (0: the op always had
+  // it). A kernel built against an older minor never reads it, so a node that gives it goes to
+  // none of that plugin's kernels (see abi_minor_needed).
+  uint16_t since_abi_minor = 0;
 };
 
 struct AttrDef {
@@ -217,10 +221,15 @@ AttrDef attr(std::string name, plx_attr_type type, std::optional<AttrValue> def,
              std::string doc = "");
 // `a` as an attribute added to its op in plugin ABI 1.`minor`.
 AttrDef since_abi(AttrDef a, uint16_t minor);
+// `a` as an optional input added to its op in plugin ABI 1.`minor`.
+ArgDef since_abi(ArgDef a, uint16_t minor);
 // The plugin ABI minor a kernel must be built against to honour `attrs` (complete, as a node
-// holds them): the largest since_abi_minor among attributes not at their default, else 0. `why`
-// (if given) names the attribute that needs it: "attribute 'relu_mask' = 1 (ABI 1.3)".
-uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why = nullptr);
+// holds them) and the inputs `given` (given[i]: input i is present; empty: none of the newer
+// optional inputs is): the largest since_abi_minor among attributes not at their default and
+// inputs given, else 0. `why` (if given) names the attribute or input that needs it:
+// "attribute 'relu_mask' = 1 (ABI 1.3)", "input 'check' (ABI 1.4)".
+uint16_t abi_minor_needed(const OpSchema& schema, const Attrs& attrs, std::string* why = nullptr,
+                          const std::vector<bool>& given = {});
 // Broadcast shape of a and b by NumPy rules, or nullopt if they do not broadcast.
 std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
 // Normalises a possibly negative axis against ndim; throws via ctx.fail if out of range.

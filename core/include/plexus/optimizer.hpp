@@ -32,8 +32,11 @@ inline constexpr const char* kStepInput = "step";  // adamw: the 1-based step co
 // "lr" (and "step" for adamw) and the states "<param>.momentum_buffer" (sgd with momentum) or
 // "<param>.exp_avg" and "<param>.exp_avg_sq" (adamw), zero-initialised. Throws ConfigError for
 // an unknown kind or an option out of range (naming it).
+// `check` (valid: f16's loss scaling): each update's input `check`, so that it runs only when
+// the value is finite; `step` (valid): the 0-d f32 value AdamW reads as its step count instead
+// of the input "step".
 void add_optimizer(Graph& g, const std::vector<Var>& params, const std::vector<Var>& grads,
-                   const OptimizerOptions& options);
+                   const OptimizerOptions& options, Var check = {}, Var step = {});
 
 struct ScheduleOptions {
   std::string kind = "constant";  // constant | step | cosine

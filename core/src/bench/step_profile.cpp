@@ -96,14 +96,14 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   p.model = spec.name;
   std::vector<int64_t> sample = spec.input_shape;
   if (sample.empty()) sample = load_data(cfg, spec, false).train.sample_shape;
-  // f16 splits the step in two around the host's check of the gradients (StepGraph::update):
-  // both graphs are profiled, the update's kernels after the step's; the host's read of the
-  // check between them is not timed, and the update runs every time (no step is skipped).
-  const bool loss_scaling = compute == PLX_F16;
+  // f16 scales its loss on the device as a run does (build_step), from the config's scale: a
+  // step whose gradients overflow skips its update, and is timed as it runs.
+  LossScaling scaling;
+  scaling.init = cfg.get_float("train.loss_scale_init");
+  scaling.window = cfg.get_int("train.loss_scale_window");
   auto sg = build_step(rt.ops(), spec, p.batch, sample, true, optimizer_options(cfg), false,
-                       compute, loss_scaling, recompute_ops(cfg));
+                       compute, compute == PLX_F16 ? &scaling : nullptr, recompute_ops(cfg));
   std::vector<const Graph*> graphs = {&sg->graph};
-  if (sg->update) graphs.push_back(sg->update.get());
   ExecutableOptions eo;
   eo.device = dev;
   eo.seed = static_cast<uint64_t>(cfg.get_int("train.seed"));

@@ -145,6 +145,7 @@ struct ClaimHost {
   std::vector<int32_t> root;                 // per value: its storage root's id
   uint16_t plugin_minor = PLX_ABI_MINOR;     // the ABI minor the backend's plugin was built for
   std::vector<std::vector<int32_t>> declined;  // claims create_fused declined, each ascending
+  std::vector<Var> exchanged;                  // ExecutableOptions::exchanged
 
   // Empty if `nodes` may run as one kernel at the place of the last of them, else why not.
   std::string check(std::vector<int32_t> nodes) const {
@@ -159,13 +160,23 @@ struct ClaimHost {
       if (!all[static_cast<size_t>(n)].schema) return which + " is a reshape view";
       std::string newer;
       const GraphNode& node = all[static_cast<size_t>(n)];
-      if (schema::abi_minor_needed(*node.schema, node.attrs, &newer) > plugin_minor)
+      std::vector<bool> given;
+      for (Var v : node.inputs) given.push_back(v.valid());
+      if (schema::abi_minor_needed(*node.schema, node.attrs, &newer, given) > plugin_minor)
         return "node '" + node.name + "' sets " + newer + ", newer than the plugin's ABI 1." +
                std::to_string(plugin_minor);
     }
     if (std::find(declined.begin(), declined.end(), nodes) != declined.end())
       return "the backend declined these nodes as one kernel in an earlier round";
     auto in_group = [&](int32_t n) { return std::binary_search(nodes.begin(), nodes.end(), n); };
+    for (Var v : exchanged) {
+      if (!in_group(graph.value(v).producer)) continue;
+      for (const int32_t m : nodes)
+        for (Var in : all[static_cast<size_t>(m)].inputs)
+          if (in.valid() && root[static_cast<size_t>(in.id)] == root[static_cast<size_t>(v.id)])
+            return "node '" + all[static_cast<size_t>(m)].name + "' reads '" + graph.value(v).name +
+                   "', which the group writes and which is exchanged in between (data parallelism)";
+    }
     auto r = [&](Var v) { return root[static_cast<size_t>(v.id)]; };
     auto mutates = [](const GraphNode& node, size_t k) {
       return k < node.schema->inputs.size() && (node.schema->inputs[k].flags & PLX_ARG_MUTATED);
@@ -262,6 +273,7 @@ std::vector<Executable::Fused> Executable::fuse() {
 
   ClaimHost host{graph_, std::vector<int32_t>(nodes.size(), -1), {}, {}, {}};
   host.plugin_minor = backend_.plugin().abi_minor();
+  host.exchanged = options_.exchanged;
   for (size_t i = 0; i < nv; ++i) host.root.push_back(graph_.storage_root(Var{static_cast<int32_t>(i)}).id);
 
   // Who reads each value; which values the host reads after the step.
@@ -271,6 +283,7 @@ std::vector<Executable::Fused> Executable::fuse() {
       if (v.valid()) readers[static_cast<size_t>(v.id)].push_back(static_cast<int32_t>(n));
   std::vector<char> is_output(nv, 0);
   for (const auto& [name, v] : graph_.outputs()) is_output[static_cast<size_t>(v.id)] = 1;
+  for (Var v : options_.exchanged) is_output[static_cast<size_t>(v.id)] = 1;
 
   // Rounds: a claim the backend declines when it sees the group's boundary (a value it would
   // keep inside is a graph output, which the view does not show) frees its nodes, and the graph

@@ -15,7 +15,7 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 void add_optimizer(Graph& g, const std::vector<Var>& params, const std::vector<Var>& grads,
-                   const OptimizerOptions& o) {
+                   const OptimizerOptions& o, Var check, Var step_in) {
   if (params.size() != grads.size())
     throw Error("add_optimizer: " + std::to_string(params.size()) + " parameters but " +
                 std::to_string(grads.size()) + " gradients");
@@ -41,13 +41,13 @@ void add_optimizer(Graph& g, const std::vector<Var>& params, const std::vector<V
       Var buf;
       if (o.momentum > 0) buf = g.state(name + ".momentum_buffer", g.desc(params[i]), init::zeros());
       g.set_scope("sgd." + name);
-      g.add("sgd_update", {params[i], grads[i], buf, lr}, a);
+      g.add("sgd_update", {params[i], grads[i], buf, lr, check}, a);
     }
   } else {
     require(o.beta1 >= 0 && o.beta1 < 1, "train.beta1: must be in [0, 1), got " + std::to_string(o.beta1));
     require(o.beta2 >= 0 && o.beta2 < 1, "train.beta2: must be in [0, 1), got " + std::to_string(o.beta2));
     require(o.eps >= 0, "train.eps: must be >= 0, got " + std::to_string(o.eps));
-    const Var step = g.input(kStepInput, TensorDesc{PLX_F32, {}});
+    const Var step = step_in.valid() ? step_in : g.input(kStepInput, TensorDesc{PLX_F32, {}});
     Attrs a;
     a.set("beta1", o.beta1);
     a.set("beta2", o.beta2);
@@ -61,7 +61,7 @@ void add_optimizer(Graph& g, const std::vector<Var>& params, const std::vector<V
       const Var m = g.state(name + ".exp_avg", desc, init::zeros());
       const Var v = g.state(name + ".exp_avg_sq", desc, init::zeros());
       g.set_scope("adamw." + name);
-      g.add("adamw_update", {params[i], grads[i], m, v, lr, step}, a);
+      g.add("adamw_update", {params[i], grads[i], m, v, lr, step, check}, a);
     }
   }
   g.set_phase(old_phase);

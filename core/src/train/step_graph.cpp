@@ -94,7 +94,8 @@ OptimizerOptions optimizer_options(const Config& cfg) {
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled, plx_dtype compute,
-                                      bool loss_scaling, const std::vector<std::string>& recompute) {
+                                      const LossScaling* loss_scaling,
+                                      const std::vector<std::string>& recompute) {
   BackwardOptions bo;
   bo.recompute = recompute;
   auto m = std::make_unique<StepGraph>(ops);
@@ -127,35 +128,47 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   if (training && loss_scaling) {
     // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
     // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
-    Var seed = g.input(kGradScaleInput, scalar);
-    if (loss_scale.valid()) seed = g.add1("mul", {loss_scale, seed}, {}, "loss.seed");
-    bo.seed_grad = seed;
-    const Var unscale = g.input(kGradUnscaleInput, scalar);
+    // S, 1/S, the count of finite steps, the skipped steps and AdamW's step count (the steps
+    // that updated) are states the step moves itself (loss_scale_update), so nothing waits for
+    // the host between backward and the update.
+    auto scaler_state = [&](const char* name, double v) {
+      return g.state(std::string(kLossScalerPrefix) + name, scalar, init::constant(v));
+    };
+    const Var scale = scaler_state("scale", loss_scaling->init);
+    const Var unscale = scaler_state("unscale", 1.0 / loss_scaling->init);
+    const Var good = scaler_state("good", 0);
+    const Var skipped = scaler_state("skipped", 0);
+    const Var opt_step = opt.kind == "adamw" ? scaler_state("step", 1) : Var{};
+    // Backward's nodes, as backward() marks its own: the seed, the unscale and the check (no
+    // forward node reads a scaler state, so none is taken for a running statistic).
+    const Phase before = g.phase();
+    g.set_phase(Phase::Backward);
+    bo.seed_grad = loss_scale.valid() ? g.add1("mul", {loss_scale, scale}, {}, "loss.seed") : scale;
     m->params = g.parameters();
-    const std::vector<Var> grads = backward(g, ce_loss, m->params, bo);
-    m->update = std::make_unique<Graph>(ops);
-    std::vector<Var> update_params, update_grads;
+    m->grads = backward(g, ce_loss, m->params, bo);
+    std::vector<Var> unscaled;
     Var check;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      const GraphValue& p = g.value(m->params[i]);
-      const std::string name = p.name;  // copied: add() grows the graph
-      const TensorDesc desc = p.desc;
-      if (!grads[i].valid()) {
-        m->grads.push_back(grads[i]);
+    for (size_t i = 0; i < m->grads.size(); ++i) {
+      if (!m->grads[i].valid()) {
+        unscaled.push_back(Var{});
         continue;
       }
-      const Var gr = g.add1("mul", {grads[i], unscale}, {}, name + ".grad_unscale");
-      m->grads.push_back(gr);
-      g.mark_output(gr, name + ".grad");
+      const std::string name = g.value(m->params[i]).name;  // copied: add() grows the graph
+      const Var gr = g.add1("mul", {m->grads[i], unscale}, {}, name + ".grad_unscale");
+      unscaled.push_back(gr);
       const Var sum = g.add1("sum", {gr}, {}, name + ".grad_check");
       check = check.valid() ? g.add1("add", {check, sum}, {}, "grad_check." + name) : sum;
-      update_params.push_back(m->update->parameter(name, desc, p.init));
-      update_grads.push_back(m->update->input(name + ".grad", desc));
     }
     if (!check.valid())
       throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
-    g.mark_output(check, kGradCheckOutput);
-    add_optimizer(*m->update, update_params, update_grads, opt);
+    add_optimizer(g, m->params, unscaled, opt, check, opt_step);
+    Attrs sa;
+    sa.set("growth_interval", loss_scaling->window);
+    g.set_phase(Phase::Update);
+    const Var report = g.add1("loss_scale_update", {check, scale, unscale, good, skipped, opt_step},
+                              sa, "loss_scale");
+    g.set_phase(before);
+    g.mark_output(report, kLossScaleReport);
   } else if (training) {
     m->params = g.parameters();
     if (loss_scale.valid()) bo.seed_grad = loss_scale;

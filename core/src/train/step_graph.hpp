@@ -46,14 +46,20 @@ bool enable_tf32(Backend& backend);
 // train.optimizer and its hyper-parameters.
 OptimizerOptions optimizer_options(const Config& cfg);
 
+// f16's dynamic loss scaling (docs/training.md): where the scale starts and how many finite
+// steps in a row double it.
+struct LossScaling {
+  double init = 65536;
+  int64_t window = 2000;
+};
+
 struct StepGraph {
   Graph graph;
   Var loss, pred;
-  std::vector<Var> params, grads;  // the training step's
-  // Loss scaling splits the training step in two: `graph` ends with the unscaled gradients
-  // (outputs named "<parameter>.grad") and their check, and `update` reads them as inputs of
-  // the same names and runs the optimizer, only when the check is finite.
-  std::unique_ptr<Graph> update;
+  // The training step's parameters and the gradients backward makes for them: what data
+  // parallelism all-reduces (under loss scaling, still multiplied by the scale S; the updates
+  // read them times 1/S).
+  std::vector<Var> params, grads;
   explicit StepGraph(const OpRegistry& ops) : graph(ops) {}
 };
 
@@ -67,15 +73,19 @@ struct StepGraph {
 // `compute` f16 or bf16 (mixed precision): "x" is cast to it (node "x.cast"), the model runs in
 // it with f32 master parameters (build_model), and its logits are cast back to f32
 // ("logits.cast") before the loss, so the loss, the softmax, the gradients reaching the
-// parameters and the optimizer are f32. `loss_scaling` (a training step): the step is split as
-// StepGraph::update describes, with the inputs kGradScaleInput and kGradUnscaleInput and the
-// output kGradCheckOutput (step_pipeline.hpp).
+// parameters and the optimizer are f32.
+// `loss_scaling` (a training step): backward starts from the scale S (the state
+// kLossScalerPrefix + "scale"), the gradients are multiplied by 1/S and summed into a check, the
+// updates run only when it is finite (their input `check`), and loss_scale_update then moves S on
+// the device and writes its report (output kLossScaleReport, step_pipeline.hpp). No host reads
+// anything between backward and the update: the step is one graph.
 // `recompute`: train.recompute, the ops whose outputs backward computes again
 // (BackwardOptions::recompute).
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled = false,
-                                      plx_dtype compute = PLX_F32, bool loss_scaling = false,
+                                      plx_dtype compute = PLX_F32,
+                                      const LossScaling* loss_scaling = nullptr,
                                       const std::vector<std::string>& recompute = {});
 
 }  // namespace plexus

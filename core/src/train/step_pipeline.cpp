@@ -49,34 +49,37 @@ ResidentData make_resident(Backend& backend, int32_t device, const data::Loader&
   return r;
 }
 
+void write_loss_scaler(TensorStore& store, const LossScaler& s, int64_t steps_done) {
+  const std::string p = kLossScalerPrefix;
+  auto put = [&](const std::string& name, double v) {
+    if (!store.contains(p + name)) return;
+    const float f = static_cast<float>(v);
+    Tensor t = store.get(p + name);  // a handle: the copy writes the stored tensor
+    t.copy_from_host(&f);
+  };
+  put("scale", s.scale);
+  put("unscale", 1.0 / s.scale);
+  put("good", static_cast<double>(s.good));
+  put("skipped", static_cast<double>(s.skipped));
+  put("step", static_cast<double>(steps_done - s.skipped + 1));
+}
+
 StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
-                           const ResidentData* resident, Executable* update, LossScaler* scaler)
-    : backend_(backend),
-      device_(device),
-      exe_(exe),
-      resident_(resident),
-      update_(update),
-      scaler_(scaler) {
-  if (!update_ != !scaler_)
-    throw Error("step pipeline: loss scaling needs both the update and the scaler");
+                           const ResidentData* resident, LossScaler* scaler)
+    : backend_(backend), device_(device), exe_(exe), resident_(resident), scaler_(scaler) {
   const Graph& g = exe.graph();
   x_ = exe.tensor("x");
   labels_ = exe.tensor("labels");
   if (g.find(kLearningRateInput).valid()) lr_ = exe.tensor(kLearningRateInput);
   if (g.find(kStepInput).valid()) step_ = exe.tensor(kStepInput);
   if (g.find(kLossScaleInput).valid()) scale_ = exe.tensor(kLossScaleInput);
-  if (update_) {
-    const Graph& u = update_->graph();
-    if (u.find(kLearningRateInput).valid()) lr_ = update_->tensor(kLearningRateInput);
-    if (u.find(kStepInput).valid()) step_ = update_->tensor(kStepInput);
-    grad_scale_ = exe.tensor(kGradScaleInput);
-    grad_unscale_ = exe.tensor(kGradUnscaleInput);
-    grad_check_ = exe.tensor(kGradCheckOutput);
-    for (const GraphValue& v : u.values())
-      if (v.kind == ValueKind::Input && v.name != kLearningRateInput && v.name != kStepInput)
-        grads_.emplace_back(exe.tensor(v.name), update_->tensor(v.name));
-    if (grad_check_.dtype() != PLX_F32)
-      throw Error("step pipeline: the gradients' check is not f32");
+  if (scaler_) {
+    if (!g.find(kLossScaleReport).valid())
+      throw Error("step pipeline: loss scaling, but the step has no output " +
+                  std::string(kLossScaleReport));
+    report_ = exe.tensor(kLossScaleReport);
+    if (report_.dtype() != PLX_F32 || report_.numel() != kReport)
+      throw Error("step pipeline: the loss scale's report is not 5 f32 values");
   }
   loss_ = exe.tensor("loss_value");
   pred_ = exe.tensor("predictions");
@@ -87,13 +90,15 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   rows_ = labels_.numel();
   x_bytes_ = x_.nbytes();
   labels_bytes_ = labels_.nbytes();
-  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale | grad scale |
-  // grad unscale, 8-byte aligned. The labels come from the host either way (a few bytes a row):
+  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale, 8-byte
+  // aligned. The labels come from the host either way (a few bytes a row):
   // gathering them on the device would cost two launches a step (a gather and a cast to i32).
   labels_at_ = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_;
   scalars_at_ = (labels_at_ + labels_bytes_ + 7) / 8 * 8;
   in_bytes_ = scalars_at_ + kScalars * sizeof(float);
-  out_bytes_ = sizeof(float) * 2 + pred_.nbytes();
+  // Slot output layout: loss | (pad) | predictions | the loss scale's report.
+  report_at_ = sizeof(float) * 2 + pred_.nbytes();
+  out_bytes_ = report_at_ + (report_.defined() ? report_.nbytes() : 0);
   compute_ = backend.stream(device);
   copy_ = backend.create_stream(device);
 
@@ -200,14 +205,11 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     throw Error("step pipeline: the batch's labels do not fill the step's");
   std::memcpy(s.in + labels_at_, b.labels.data(), labels_bytes_);
   const uint64_t off = scalars_at_;
-  // A skipped step is no optimizer step: AdamW's count leaves the skipped ones out (as
-  // GradScaler skips optimizer.step()).
-  const double scale = scaler_ ? scaler_->scale : 1.0;
+  // Under loss scaling AdamW's step count is the step's own state (a skipped step is no
+  // optimizer step), and the graph has no input "step".
   const float scalars[kScalars] = {
-      static_cast<float>(lr),
-      static_cast<float>(scaler_ ? step - static_cast<double>(scaler_->skipped) : step),
-      b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f,
-      static_cast<float>(scale), static_cast<float>(1.0 / scale)};
+      static_cast<float>(lr), static_cast<float>(step),
+      b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f};
   std::memcpy(s.in + off, scalars, sizeof scalars);
   s.labels.assign(b.labels.begin(), b.labels.end());
   s.real = b.real;
@@ -235,32 +237,14 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
     backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
   if (scale_.defined())
     backend_.copy(device_, scale_.data(), stage + off + 2 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
-  if (grad_scale_.defined()) {
-    backend_.copy(device_, grad_scale_.data(), stage + off + 3 * sizeof(float), sizeof(float),
-                  PLX_COPY_D2D, compute_);
-    backend_.copy(device_, grad_unscale_.data(), stage + off + 4 * sizeof(float), sizeof(float),
-                  PLX_COPY_D2D, compute_);
-  }
   backend_.record(s.consumed, compute_);
 
   exe_.run();
-  s.loss_scale = scale;
-  s.skipped = false;
-  if (update_) {
-    // The host decides whether the update runs: the step waits here for the gradients' check.
-    float check = 0;
-    backend_.copy(device_, &check, grad_check_.data(), sizeof check, PLX_COPY_D2H, compute_);
-    backend_.sync_stream(compute_);
-    s.skipped = !scaler_->record(std::isfinite(check));
-    if (!s.skipped) {
-      for (const auto& [src, dst] : grads_)
-        backend_.copy(device_, dst.data(), src.data(), src.nbytes(), PLX_COPY_D2D, compute_);
-      update_->run();
-    }
-  }
 
   backend_.copy(device_, s.out, loss_.data(), sizeof(float), PLX_COPY_D2H, compute_);
   backend_.copy(device_, s.out + 2 * sizeof(float), pred_.data(), pred_.nbytes(), PLX_COPY_D2H, compute_);
+  if (report_.defined())
+    backend_.copy(device_, s.out + report_at_, report_.data(), report_.nbytes(), PLX_COPY_D2H, compute_);
   backend_.record(s.done, compute_);
   next_ = (next_ + 1) % kSlots;
   ++in_flight_;
@@ -278,8 +262,16 @@ StepOutcome StepPipeline::collect() {
   o.real = s.real;
   o.index = s.index;
   o.lr = s.lr;
-  o.loss_scale = s.loss_scale;
-  o.skipped = s.skipped;
+  if (scaler_) {
+    // Steps are collected in launch order, so the host's copy follows the device's states.
+    float r[kReport];
+    std::memcpy(r, s.out + report_at_, sizeof r);
+    o.loss_scale = r[0];
+    o.skipped = r[1] != 0;
+    scaler_->scale = r[2];
+    scaler_->good = static_cast<int64_t>(r[3]);
+    scaler_->skipped = static_cast<int64_t>(r[4]);
+  }
   const auto* pred = reinterpret_cast<const int64_t*>(s.out + 2 * sizeof(float));
   for (size_t i = 0; i < s.labels.size(); ++i)
     if (s.labels[i] != data::kIgnoreLabel && pred[i] == s.labels[i]) ++o.hits;

@@ -44,27 +44,28 @@ ResidentData make_resident(Backend& backend, int32_t device, const data::Loader&
 
 // f16's dynamic loss scaling, PyTorch's GradScaler: the loss is multiplied by `scale` before
 // backward and the gradients by 1/scale after it; a step whose gradients hold Inf or NaN is
-// skipped (no update) and halves the scale; `window` finite steps in a row double it.
+// skipped (no update) and halves the scale; `window` finite steps in a row double it. The step
+// does all of it on the device (build_step, op loss_scale_update) in the states named
+// kLossScalerPrefix + scale, unscale, good, skipped and (AdamW) step. This is the host's copy,
+// for the metrics and the checkpoint: StepPipeline brings it up to date from each step's report.
 struct LossScaler {
   double scale = 65536;
   int64_t window = 2000;
   int64_t good = 0;     // finite steps since the scale last changed
   int64_t skipped = 0;  // steps skipped in all
-  // Records a step's outcome; true when its update is to run.
-  bool record(bool finite) {
-    if (!finite) {
-      scale /= 2;
-      good = 0;
-      ++skipped;
-      return false;
-    }
-    if (++good >= window) {
-      scale *= 2;
-      good = 0;
-    }
-    return true;
-  }
 };
+
+// The prefix of the loss scaler's states in the TensorStore. A checkpoint leaves them out: its
+// meta entries hold the scaler (so that it resumes in any precision), and write_loss_scaler()
+// puts them back.
+inline constexpr const char* kLossScalerPrefix = "loss_scaler.";
+// The training step's output that loss_scale_update writes: [the scale the step ran with, 1 if
+// it was skipped else 0, and after it: the scale, the count of finite steps, the skipped steps].
+inline constexpr const char* kLossScaleReport = "loss_scale_report";
+
+// Writes `s` into the step's scaler states of `store` (those it has), with the optimizer's step
+// count after `steps_done` steps of which s.skipped were skipped.
+void write_loss_scaler(TensorStore& store, const LossScaler& s, int64_t steps_done);
 
 struct StepOutcome {
   double loss = 0;
@@ -80,13 +81,6 @@ struct StepOutcome {
 // A training step's 0-d f32 input that scales its summed loss under data parallelism: one over
 // the rows holding samples in the whole global batch (every rank's slice), written per step.
 inline constexpr const char* kLossScaleInput = "loss_scale";
-
-// f16's dynamic loss scaling (docs/training.md): the training step's 0-d f32 inputs holding the
-// scale S the loss is multiplied by before backward and 1/S the gradients are multiplied by
-// after it, and its 0-d f32 output that is finite exactly when every gradient is.
-inline constexpr const char* kGradScaleInput = "grad_scale";
-inline constexpr const char* kGradUnscaleInput = "grad_unscale";
-inline constexpr const char* kGradCheckOutput = "grad_check";
 
 // What the trainer drives, a step at a time: StepPipeline feeds one executable; a pipeline
 // stage (pipeline.hpp) runs its part of a micro-batched step.
@@ -116,13 +110,11 @@ class StepPipeline : public StepRunner {
   // and "labels", optionally "lr", "step" and "loss_scale", and outputs "loss_value" and
   // "predictions".
   //
-  // Loss scaling (`update` and `scaler` given): `exe` is build_step's first part (forward,
-  // backward, unscaled gradients and their check) and `update` its optimizer. Each launch then
-  // reads the check on the host after `exe` (the step waits for it, as GradScaler's step does),
-  // and runs `update` on the gradients only when they are finite; `scaler` follows the outcome.
+  // Loss scaling (`scaler` given): the graph also has the output kLossScaleReport, which comes
+  // back with the loss; collect() brings `scaler` up to date from it. Nothing waits between the
+  // launches.
   StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
-               const ResidentData* resident, Executable* update = nullptr,
-               LossScaler* scaler = nullptr);
+               const ResidentData* resident, LossScaler* scaler = nullptr);
   ~StepPipeline();
   StepPipeline(const StepPipeline&) = delete;
   StepPipeline& operator=(const StepPipeline&) = delete;
@@ -140,7 +132,8 @@ class StepPipeline : public StepRunner {
 
  private:
   static constexpr int kSlots = 2;
-  static constexpr int kScalars = 5;  // lr, step, loss scale, grad scale, grad unscale
+  static constexpr int kScalars = 3;  // lr, step, loss scale
+  static constexpr int kReport = 5;   // loss_scale_update's report
   struct Slot {
     MemoryBlock* pinned_in = nullptr;   // or host_in when the backend has no pinned memory
     MemoryBlock* pinned_out = nullptr;
@@ -152,8 +145,7 @@ class StepPipeline : public StepRunner {
     bool used = false;
     std::vector<int32_t> labels;
     int64_t real = 0, index = 0;
-    double lr = 0, loss_scale = 0;
-    bool skipped = false;
+    double lr = 0;
   };
   void release() noexcept;
 
@@ -163,13 +155,11 @@ class StepPipeline : public StepRunner {
   const ResidentData* resident_;
   plx_stream compute_ = nullptr, copy_ = nullptr;
   Tensor x_, labels_, lr_, step_, scale_, loss_, pred_;
-  // Loss scaling: the optimizer's executable, the scale and its inverse, the gradients' check,
-  // and each gradient as `exe` writes it and as `update` reads it.
-  Executable* update_ = nullptr;
+  // Loss scaling: the host's copy of the scaler and the step's report.
   LossScaler* scaler_ = nullptr;
-  Tensor grad_scale_, grad_unscale_, grad_check_;
-  std::vector<std::pair<Tensor, Tensor>> grads_;
+  Tensor report_;
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
+  uint64_t report_at_ = 0;  // where the report lands in a slot's output
   // Where the labels and the scalars start in a slot's input (after x or the indices).
   uint64_t labels_at_ = 0, scalars_at_ = 0;
   int64_t rows_ = 0;

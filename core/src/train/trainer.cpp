@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -123,6 +124,7 @@ Checkpoint snapshot(const TensorStore& store) {
   Checkpoint c;
   for (const auto& [name, t] : store.all()) {
     if (name.rfind(kRecomputePrefix, 0) == 0) continue;  // a stage's scratch statistics
+    if (name.rfind(kLossScalerPrefix, 0) == 0) continue;  // in the meta entries (write_loss_scaler)
     CheckpointTensor ct;
     ct.name = name;
     ct.dtype = t.dtype();
@@ -134,11 +136,29 @@ Checkpoint snapshot(const TensorStore& store) {
   return c;
 }
 
+// A 64-bit FNV-1a digest of a checkpoint's tensors (names, dtypes, shapes and bytes): replicas
+// holding the same bits have the same digest.
+uint64_t digest(const Checkpoint& c) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const CheckpointTensor& t : c.tensors) {
+    mix(t.name.data(), t.name.size());
+    mix(&t.dtype, sizeof t.dtype);
+    for (int64_t d : t.shape) mix(&d, sizeof d);
+    mix(t.data.data(), t.data.size());
+  }
+  return h;
+}
+
 // `partial`: the store holds part of the model (a pipeline stage), so the checkpoint may hold
 // tensors it does not.
 void restore(TensorStore& store, const Checkpoint& c, const std::string& path, bool partial = false) {
   for (const auto& [name, t] : store.all()) {
     if (name.rfind(kRecomputePrefix, 0) == 0) continue;  // a stage's scratch statistics
+    if (name.rfind(kLossScalerPrefix, 0) == 0) continue;  // from the meta entries
     const CheckpointTensor* ct = c.find(name);
     if (!ct) throw Error(path + ": has no tensor '" + name + "', which the model needs");
     if (ct->dtype != t.dtype() || ct->shape != t.shape())
@@ -348,19 +368,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                       "parallel.pipeline_stages = " + std::to_string(par.stages) +
                       " (a pipeline's stages compute in f32: use train.precision = \"f32\" or "
                       "\"tf32\", or one stage)");
-  // f16 scales the loss (dynamic loss scaling); its step reads a flag on the host between the
-  // backward and the update, which data parallelism's overlapped all-reduce does not do.
+  // f16 scales the loss (dynamic loss scaling, on the device: build_step); `scaler` is the
+  // host's copy for the metrics and the checkpoint. Under data parallelism every rank checks the
+  // same all-reduced gradients, so the ranks skip the same steps and keep the same scale.
   const bool loss_scaling = compute == PLX_F16;
-  if (loss_scaling && par.active())
-    throw ConfigError("train.precision = \"f16\" is not supported under a launcher (" +
-                      par.launch.source + ", " + std::to_string(par.size()) +
-                      " ranks: data parallelism); use train.precision = \"bf16\", which needs no "
-                      "loss scaling, or one process");
   std::unique_ptr<LossScaler> scaler;
+  LossScaling scaling;
   if (loss_scaling) {
     scaler = std::make_unique<LossScaler>();
-    scaler->scale = cfg.get_float("train.loss_scale_init");
-    scaler->window = cfg.get_int("train.loss_scale_window");
+    scaler->scale = scaling.init = cfg.get_float("train.loss_scale_init");
+    scaler->window = scaling.window = cfg.get_int("train.loss_scale_window");
   }
   // TF32 is a property of the kernels prepared after it is set: before the steps are built.
   const bool tf32 = precision == "tf32" && enable_tf32(backend);
@@ -421,7 +438,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
 
   // One process or data parallelism: one executable per step, fed by a StepPipeline.
   std::unique_ptr<StepGraph> train_model, eval_model;
-  std::unique_ptr<Executable> train_exe, eval_exe, update_exe;
+  std::unique_ptr<Executable> train_exe, eval_exe;
   std::unique_ptr<GradientSync> grad_sync;
   // Pipeline parallelism: this rank's stage runs its part of each step.
   PipelinePlace place;
@@ -438,10 +455,16 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                  cfg.origin("train.recompute"));
   if (!pipelined) {
     train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt,
-                             par.active(), compute, loss_scaling, recompute_ops(cfg));
-    train_exe = std::make_unique<Executable>(backend, train_model->graph, store, eo);
-    if (train_model->update)
-      update_exe = std::make_unique<Executable>(backend, *train_model->update, store, eo);
+                             par.active(), compute, loss_scaling ? &scaling : nullptr,
+                             recompute_ops(cfg));
+    // Data parallelism all-reduces the gradients between their kernels and their readers: no
+    // fused kernel may keep one inside (a 16-bit gradient's cast fused into the update that
+    // reads it, say).
+    ExecutableOptions train_eo = eo;
+    if (par.active())
+      for (Var v : train_model->grads)
+        if (v.valid()) train_eo.exchanged.push_back(v);
+    train_exe = std::make_unique<Executable>(backend, train_model->graph, store, train_eo);
     if (do_eval) {
       eval_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, false, opt,
                               false, compute);
@@ -458,8 +481,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       running_states = forward_states(train_model->graph);
     }
     n_params = count_parameters(train_model->graph);
-    train_plan_bytes =
-        train_exe->plan().total_bytes() + (update_exe ? update_exe->plan().total_bytes() : 0);
+    train_plan_bytes = train_exe->plan().total_bytes();
   } else {
     std::vector<LayerSummary> summary;
     {
@@ -516,9 +538,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   StepRunner* train_pipe_p = train_stage.get();
   StepRunner* eval_pipe = eval_stage.get();
   if (train_exe) {
-    train_feed =
-        std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(), train_resident.get(),
-                                       update_exe.get(), scaler.get());
+    train_feed = std::make_unique<StepPipeline>(backend, device, *train_exe, rt.ops(),
+                                                train_resident.get(), scaler.get());
     train_pipe_p = train_feed.get();
   }
   if (eval_exe) {
@@ -528,7 +549,6 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   StepRunner& train_pipe = *train_pipe_p;
   auto sync_steps = [&] {
     if (train_exe) train_exe->sync();
-    if (update_exe) update_exe->sync();
     if (train_stage) train_stage->sync();
   };
 
@@ -600,17 +620,20 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     }
   };
   if (par.lead()) {
-    std::vector<double> pos = {0, 0, 0, 0};  // ok, epoch, first batch, step
+    // ok, epoch, first batch, step, and the loss scaler's scale, good steps and skipped steps
+    std::vector<double> pos(7, 0);
     try {
       open_run();
-      pos = {1, static_cast<double>(epoch), static_cast<double>(first_batch), static_cast<double>(step)};
+      pos = {1, static_cast<double>(epoch), static_cast<double>(first_batch), static_cast<double>(step),
+             scaler ? scaler->scale : 0, scaler ? static_cast<double>(scaler->good) : 0,
+             scaler ? static_cast<double>(scaler->skipped) : 0};
     } catch (...) {
       par.share(pos);  // tells the others to stop
       throw;
     }
     par.share(pos);
   } else {
-    std::vector<double> pos(4, 0);
+    std::vector<double> pos(7, 0);
     par.share(pos);
     if (pos[0] != 1)
       throw Error("rank 0 could not " + std::string(req.resume_dir.empty() ? "start" : "resume") +
@@ -618,6 +641,11 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     epoch = static_cast<int64_t>(pos[1]);
     first_batch = static_cast<int64_t>(pos[2]);
     step = static_cast<int64_t>(pos[3]);
+    if (scaler) {
+      scaler->scale = pos[4];
+      scaler->good = static_cast<int64_t>(pos[5]);
+      scaler->skipped = static_cast<int64_t>(pos[6]);
+    }
     if (!req.resume_dir.empty()) last_good = (fs::path(req.resume_dir) / kCheckpointFile).string();
   }
   if (pipelined && !req.resume_dir.empty()) {  // each stage takes its tensors from rank 0's read
@@ -630,6 +658,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     resume_tensors.clear();
   }
   if (par.data) broadcast_store(*par.data, store, 0);
+  // The step's scaler states start where the run is (the config's scale, or the checkpoint's).
+  if (scaler) write_loss_scaler(store, *scaler, step);
   result.run_dir = run_dir;
   const std::string ckpt_path = (fs::path(run_dir) / kCheckpointFile).string();
   // Only rank 0 writes the run's files.
@@ -686,15 +716,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     if (train_exe) {
       JsonArray kernels;
       for (const std::string& k : train_exe->kernel_names()) kernels.push(k);
-      if (update_exe)
-        for (const std::string& k : update_exe->kernel_names()) kernels.push(k);
       m.add("kernels", kernels);
       // backend.kernels, where tuned choices are kept, and how the candidates compared.
       KernelTuner& tuner = backend.runtime().tuner();
       JsonArray choices;
       int64_t tuned = 0, cached = 0;
-      for (const Executable* e : {train_exe.get(), update_exe.get()}) {
-        if (!e) continue;
+      for (const Executable* e : {train_exe.get()}) {
         for (const Executable::KernelReport& r : e->kernel_choices()) {
           tuned += r.choice.how == KernelChoice::How::Tuned;
           cached += r.choice.how == KernelChoice::How::Cached;
@@ -743,14 +770,38 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       broadcast_store(*par.data, store, 0, running_states);
     }
   };
+  // Data parallelism: every rank's replica must hold the same bits (the all-reduced gradients,
+  // the same updates and, in f16, the same skipped steps keep them so). Checked before each
+  // checkpoint: a mismatch (a nondeterministic kernel, ranks deciding apart) fails the run on
+  // every rank, naming the step, before a diverged checkpoint is written.
+  int64_t replica_checks = 0;
+  auto verify_replicas = [&](const Checkpoint& ck) {
+    const uint64_t h = digest(ck);
+    std::vector<double> lead = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu)};
+    par.share(lead);
+    std::vector<double> differ = {
+        (static_cast<uint64_t>(lead[0]) << 32 | static_cast<uint64_t>(lead[1])) == h ? 0.0 : 1.0};
+    par.sum(differ);
+    if (differ[0] > 0)
+      throw Error("data parallelism: at step " + std::to_string(step) + " the parameters and states of " +
+                  std::to_string(static_cast<int64_t>(differ[0])) + " of " + std::to_string(par.size()) +
+                  " ranks differ from rank 0's: the replicas diverged, so no checkpoint is written" +
+                  (last_good.empty() ? std::string() : " (the last good one is kept: " + last_good + ")"));
+    ++replica_checks;
+  };
   auto save = [&](int64_t next_epoch, int64_t next_batch) {
     share_running();
     sync_steps();
     // A pipeline's stages send their tensors to rank 0, which writes one checkpoint of the whole
     // model (the same as one process's).
     if (pipelined && par.replica() == 0 && par.stage() > 0) par.send_bytes(pack_tensors(snapshot(store).tensors), 0);
+    std::optional<Checkpoint> mine;
+    if (!pipelined && par.data) {
+      mine = snapshot(store);
+      verify_replicas(*mine);
+    }
     if (!par.lead()) return;
-    Checkpoint ck = snapshot(store);
+    Checkpoint ck = mine ? std::move(*mine) : snapshot(store);
     if (pipelined) {
       for (int32_t st = 1; st < par.stages; ++st)
         for (CheckpointTensor& t : unpack_tensors(par.recv_bytes(st * par.width())))
@@ -1019,6 +1070,10 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     summary.add("ranks", static_cast<int64_t>(par.size()))
         .add("comm_seconds", gs.comm_seconds)
         .add("comm_wait_seconds", gs.wait_seconds);
+    if (replica_checks > 0)
+      progress.note("replicas: the " + std::to_string(par.size()) + " ranks' parameters and states " +
+                    "were identical at each of " + std::to_string(replica_checks) + " checkpoint(s)");
+    summary.add("replica_checks", replica_checks);
     if (gs.comm_seconds > 0)
       progress.note("gradient all-reduce: " + std::to_string(static_cast<int64_t>(gs.comm_seconds * 1000)) +
                     " ms over " + std::to_string(gs.steps) + " steps, of which the steps waited " +

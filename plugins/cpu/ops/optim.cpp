@@ -29,6 +29,12 @@ double scalar_value(const plx_tensor& t, const char* op, const char* name) {
   }
 }
 
+// An update's optional `check` (input `k`): false when it is given and not finite, and the
+// update is to be skipped (f16's gradient check, docs/training.md).
+bool check_passes(const plx_tensor& check, const char* op) {
+  return !sdk::present(check) || std::isfinite(scalar_value(check, op, "check"));
+}
+
 // ---- the element loops ----
 
 struct SgdAttrs {
@@ -132,13 +138,14 @@ void parallel_over(const std::vector<int64_t>& offsets, F&& fn) {
 
 // ---- one tensor ----
 
-// Inputs: param (mutated), grad, momentum_buf (optional, mutated), lr.
+// Inputs: param (mutated), grad, momentum_buf (optional, mutated), lr, check (optional).
 template <class T>
 class SgdUpdate final : public Kernel {
  public:
   explicit SgdUpdate(const NodeInfo& node) : a_(node) {}
 
   void compute(const KernelCall& c) override {
+    if (!check_passes(c.in(4), "sgd_update")) return;
     const SgdTensor<T> t{sdk::data<T>(c.in(0)), sdk::data<T>(c.in(1)),
                          a_.momentum != 0 ? sdk::data<T>(c.in(2)) : nullptr};
     const T lr = static_cast<T>(scalar_value(c.in(3), "sgd_update", "lr"));
@@ -150,13 +157,15 @@ class SgdUpdate final : public Kernel {
   SgdAttrs a_;
 };
 
-// Inputs: param (mutated), grad, exp_avg (mutated), exp_avg_sq (mutated), lr, step.
+// Inputs: param (mutated), grad, exp_avg (mutated), exp_avg_sq (mutated), lr, step, check
+// (optional).
 template <class T>
 class AdamwUpdate final : public Kernel {
  public:
   explicit AdamwUpdate(const NodeInfo& node) : a_(node) {}
 
   void compute(const KernelCall& c) override {
+    if (!check_passes(c.in(6), "adamw_update")) return;
     const AdamwTensor<T> t{sdk::data<T>(c.in(0)), sdk::data<T>(c.in(1)), sdk::data<T>(c.in(2)),
                            sdk::data<T>(c.in(3))};
     const AdamwCoeffs<T> k(a_, scalar_value(c.in(4), "adamw_update", "lr"),
@@ -188,6 +197,7 @@ class MultiSgd final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
+    if (!check_passes(in_.get(c, 0, 4), "sgd_update")) return;
     t_.clear();
     for (int32_t n = 0; n < in_.nodes(); ++n)
       t_.push_back({sdk::data<T>(in_.get(c, n, 0)), sdk::data<T>(in_.get(c, n, 1)),
@@ -210,6 +220,7 @@ class MultiAdamw final : public Kernel {
       : a_(NodeInfo(&sdk::OwnedNodeInfo(g, 0).get())), in_(g, b), offsets_(offsets_of(in_)) {}
 
   void compute(const KernelCall& c) override {
+    if (!check_passes(in_.get(c, 0, 6), "adamw_update")) return;
     t_.clear();
     for (int32_t n = 0; n < in_.nodes(); ++n)
       t_.push_back({sdk::data<T>(in_.get(c, n, 0)), sdk::data<T>(in_.get(c, n, 1)),
@@ -224,6 +235,51 @@ class MultiAdamw final : public Kernel {
   sdk::GroupInputs in_;
   std::vector<int64_t> offsets_;
   std::vector<AdamwTensor<T>> t_;
+};
+
+// ---- f16's loss scale ----
+
+// Inputs: check, scale, unscale, good, skipped (all mutated but check), step (optional,
+// mutated), each one value of T; output report (5) of T. PyTorch's _amp_update_scale_, with the
+// scale's inverse, the skipped steps and the optimizer's step count kept beside it.
+template <class T>
+class LossScaleUpdate final : public Kernel {
+ public:
+  explicit LossScaleUpdate(const NodeInfo& node)
+      : interval_(static_cast<T>(node.attr_int("growth_interval"))),
+        growth_(static_cast<T>(node.attr_float("growth_factor"))),
+        backoff_(static_cast<T>(node.attr_float("backoff_factor"))) {}
+
+  void compute(const KernelCall& c) override {
+    const T check = *sdk::data<T>(c.in(0));
+    T& scale = *sdk::data<T>(c.in(1));
+    T& unscale = *sdk::data<T>(c.in(2));
+    T& good = *sdk::data<T>(c.in(3));
+    T& skipped = *sdk::data<T>(c.in(4));
+    T* step = sdk::present(c.in(5)) ? sdk::data<T>(c.in(5)) : nullptr;
+    T* report = sdk::data<T>(c.out(0));
+    const T ran = scale;
+    const bool finite = std::isfinite(check);
+    if (!finite) {
+      scale *= backoff_;
+      good = 0;
+      skipped += 1;
+    } else {
+      good += 1;
+      if (step) *step += 1;
+      if (good >= interval_) {
+        const T grown = scale * growth_;
+        if (std::isfinite(grown)) scale = grown;
+        good = 0;
+      }
+    }
+    unscale = T(1) / scale;
+    const T r[5] = {ran, T(finite ? 0 : 1), scale, good, skipped};
+    std::copy(r, r + 5, report);
+  }
+
+ private:
+  T interval_, growth_, backoff_;
 };
 
 }  // namespace
@@ -252,6 +308,8 @@ void register_optim(KernelRegistry& r) {
   r.add<SgdUpdate<double>>("sgd_update", PLX_F64, "omp", f);
   r.add<AdamwUpdate<float>>("adamw_update", PLX_F32, "omp", f);
   r.add<AdamwUpdate<double>>("adamw_update", PLX_F64, "omp", f);
+  r.add<LossScaleUpdate<float>>("loss_scale_update", PLX_F32, "scalar", f);
+  r.add<LossScaleUpdate<double>>("loss_scale_update", PLX_F64, "scalar", f);
 }
 
 }  // namespace plexus::cpu

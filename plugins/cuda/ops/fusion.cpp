@@ -33,6 +33,7 @@
 //    gradients back to f32): runs of them that can run as one, one multi-tensor launch each
 //    (ops/multi_cast.hpp), claimed last, so that casts in the patterns above stay there.
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,24 @@ const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
 
 bool is_f32_group(const sdk::GraphView& g, const std::vector<int32_t>& grp) {
   return g.value(g.node(grp[0]).inputs[0]).dtype == PLX_F32;
+}
+
+// The loss_scale_update that reads the check (input `check_at`) of the optimizer nodes `grp`,
+// after all of them, and (AdamW) their step count; -1 if none.
+int32_t scaler_after(const sdk::GraphView& g, const std::vector<int32_t>& grp, int32_t check_at) {
+  const plx_graph_node& first = g.node(grp[0]);
+  if (first.num_inputs <= check_at || !g.valid(first.inputs[check_at])) return -1;
+  const int32_t check = first.inputs[check_at];
+  for (int32_t n = grp.back() + 1; n < g.num_nodes(); ++n) {
+    if (!g.is(n, "loss_scale_update") || g.node(n).num_inputs != 6 || g.node(n).inputs[0] != check)
+      continue;
+    const int32_t step = g.node(n).inputs[5];
+    // AdamW reads the step count the loss scale then moves; SGD has none.
+    const bool adamw = check_at == 6;
+    if (adamw ? step != first.inputs[5] : g.valid(step)) return -1;
+    return n;
+  }
+  return -1;
 }
 
 // The first node of `op` in the view, -1 if none.
@@ -116,11 +135,62 @@ int32_t grad_dtype(const sdk::GraphView& g, const sdk::Boundary& b, const sdk::G
   return dtype;
 }
 
+// The loss_scale_update node of an optimizer group (f16's loss scale, claimed after the updates
+// that read its check), run by the last block of the updates' launches.
+class FusedScaler {
+ public:
+  FusedScaler(const sdk::GraphView& g, const sdk::Boundary& b) {
+    const int32_t n = first_of(g, "loss_scale_update");
+    if (n < 0) return;
+    const plx_graph_node& node = g.node(n);
+    PLX_DECLINE_UNLESS(node.num_inputs == 6 && node.num_outputs == 1, "loss_scale_update: %d inputs",
+                       node.num_inputs);
+    for (int32_t k = 0; k < 6; ++k) {
+      in_[k] = g.valid(node.inputs[k]) ? b.input(node.inputs[k]) : -1;
+      PLX_DECLINE_UNLESS(in_[k] >= 0 || (k == 5 && !g.valid(node.inputs[k])),
+                         "loss_scale_update: input %d is made inside the group", k);
+      PLX_DECLINE_UNLESS((k == 5 && in_[k] < 0) || g.value(node.inputs[k]).dtype == PLX_F32,
+                         "loss_scale_update: f32 only");
+    }
+    out_ = b.output(node.outputs[0]);
+    PLX_DECLINE_UNLESS(out_ >= 0, "loss_scale_update: its report is not written");
+    const sdk::OwnedNodeInfo info(g, n);
+    const NodeInfo ni(&info.get());
+    args_.interval = static_cast<float>(ni.attr_int("growth_interval"));
+    args_.growth = static_cast<float>(ni.attr_float("growth_factor"));
+    args_.backoff = static_cast<float>(ni.attr_float("backoff_factor"));
+    done_ = std::make_unique<BlockCounter>();
+  }
+  // The loss scale's arguments in this call; null without one.
+  const LossScaleArgs* args(const KernelCall& c) {
+    if (!done_) return nullptr;
+    auto f = [&](int32_t k) { return in_[k] < 0 ? nullptr : static_cast<float*>(c.in(in_[k]).data); };
+    args_.check = f(0);
+    args_.scale = f(1);
+    args_.unscale = f(2);
+    args_.good = f(3);
+    args_.skipped = f(4);
+    args_.step = f(5);
+    args_.report = static_cast<float*>(c.out(out_).data);
+    return &args_;
+  }
+  unsigned* done() const { return done_ ? done_->p : nullptr; }
+
+ private:
+  int32_t in_[6] = {-1, -1, -1, -1, -1, -1};
+  int32_t out_ = -1;
+  LossScaleArgs args_;
+  std::unique_ptr<BlockCounter> done_;
+};
+
 // Every sgd_update of a group in one launch per kMultiTensorCapacity tensors.
 class MultiSgd final : public Kernel {
  public:
   MultiSgd(const sdk::GraphView& g, const sdk::Boundary& b, int32_t device)
-      : in_(g, b, "sgd_update"), device_(device), grad_dtype_(grad_dtype(g, b, in_, "sgd_update")) {
+      : in_(g, b, "sgd_update"),
+        device_(device),
+        grad_dtype_(grad_dtype(g, b, in_, "sgd_update")),
+        scaler_(g, b) {
     const sdk::OwnedNodeInfo info(g, first_of(g, "sgd_update"));
     const NodeInfo node(&info.get());
     args_.momentum = node.attr_float("momentum");
@@ -151,6 +221,9 @@ class MultiSgd final : public Kernel {
     a.numel = numel_.data();
     a.lr = lr.data;
     a.lr_dtype = lr.dtype;
+    a.check = static_cast<const float*>(in_.get(c, 0, 4).data);
+    a.scaler = scaler_.args(c);
+    a.done = scaler_.done();
     launch_multi_sgd(a, native(c.stream));
   }
 
@@ -158,6 +231,7 @@ class MultiSgd final : public Kernel {
   sdk::GroupInputs in_;
   int32_t device_;
   int32_t grad_dtype_;
+  FusedScaler scaler_;
   MultiSgdArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, buf_;
@@ -167,7 +241,10 @@ class MultiSgd final : public Kernel {
 class MultiAdamw final : public Kernel {
  public:
   MultiAdamw(const sdk::GraphView& g, const sdk::Boundary& b, CudaBackend& backend, int32_t device)
-      : in_(g, b, "adamw_update"), device_(device), grad_dtype_(grad_dtype(g, b, in_, "adamw_update")) {
+      : in_(g, b, "adamw_update"),
+        device_(device),
+        grad_dtype_(grad_dtype(g, b, in_, "adamw_update")),
+        scaler_(g, b) {
     const sdk::OwnedNodeInfo info(g, first_of(g, "adamw_update"));
     const NodeInfo node(&info.get());
     args_.beta1 = node.attr_float("beta1");
@@ -201,6 +278,9 @@ class MultiAdamw final : public Kernel {
     a.lr_dtype = lr.dtype;
     a.step = step.data;
     a.step_dtype = step.dtype;
+    a.check = static_cast<const float*>(in_.get(c, 0, 6).data);
+    a.scaler = scaler_.args(c);
+    a.done = scaler_.done();
     launch_multi_adamw(a, native(c.stream));
   }
 
@@ -208,6 +288,7 @@ class MultiAdamw final : public Kernel {
   sdk::GroupInputs in_;
   int32_t device_;
   int32_t grad_dtype_;
+  FusedScaler scaler_;
   MultiAdamwArgs args_;
   std::vector<int64_t> numel_;
   std::vector<float*> param_, m_, v_;
@@ -217,9 +298,10 @@ class MultiAdamw final : public Kernel {
 // f16 loss scaling's unscale and check (core/src/train/step_graph.cpp): per gradient, u =
 // mul(g, U) with U one f32 scalar shared by all and g f32 (or a widening cast's output, read by
 // that mul alone, which joins), s = sum(u) over every axis, read only by the chain of adds that
-// totals the sums into the check, which nothing in the graph reads (a graph output). The group
-// (sorted), or empty where the graph has no such pattern.
-std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
+// totals the sums into the check. The unscaled gradients and the check are written for the
+// updates and the loss scale's update after the group. The group (sorted), or empty where the
+// graph has no such pattern; without the gradients' casts when `casts` is false.
+std::vector<int32_t> find_unscale_check(const sdk::GraphView& g, bool casts_join = true) {
   int32_t unscale = -1;
   std::vector<int32_t> muls, sums, adds, casts;
   std::vector<int32_t> open;  // sums and adds whose output the chain has not read yet
@@ -232,7 +314,9 @@ std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
         g.value(node.outputs[0]).ndim == 0 && g.value(node.outputs[0]).dtype == PLX_F32) {
       const int32_t u = node.inputs[0];
       const int32_t m = g.valid(u) ? g.producer(u) : -1;
-      if (m < 0 || !g.is(m, "mul") || !only_reader(u, n)) continue;
+      // The unscaled gradient may have readers after the group too (the updates); the core
+      // refuses a claim with one between its members.
+      if (m < 0 || !g.is(m, "mul")) continue;
       const plx_graph_node& mn = g.node(m);
       if (mn.num_inputs != 2 || !g.valid(mn.inputs[0]) || !g.valid(mn.inputs[1])) continue;
       const plx_tensor& sc = g.value(mn.inputs[1]);
@@ -259,11 +343,12 @@ std::vector<int32_t> find_unscale_check(const sdk::GraphView& g) {
       open.push_back(n);
     }
   }
-  // One total, read by nobody in the graph.
-  if (sums.empty() || open.size() != 1 || !g.readers(g.node(open[0]).outputs[0]).empty()) return {};
+  // One total (the updates and the loss scale's update read it after the group).
+  if (sums.empty() || open.size() != 1) return {};
   // The gradients' casts join when every mul reads one (one source dtype) and nothing else does.
   int32_t from = -1;
   for (int32_t m : muls) {
+    if (!casts_join) break;
     const int32_t v = g.node(m).inputs[0];
     const int32_t c = g.producer(v);
     if (c < 0 || !widening_cast(g, c) || !only_reader(v, m)) {
@@ -437,21 +522,34 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   };
   // A refused claim (the core's debug log says why) leaves the nodes to run alone.
   // The updates with their gradients' casts where they can (one launch for both), else alone.
-  auto claim_optim = [&](const std::vector<int32_t>& grp, const char* name) {
+  // And with f16's loss scale after them (its last block moves it), where one reads their check.
+  auto claim_optim = [&](const std::vector<int32_t>& grp, int32_t check_at, const char* name) {
     const std::vector<int32_t> with_casts = with_grad_casts(g, grp);
-    if (!with_casts.empty() &&
-        claim(user, with_casts.data(), static_cast<int32_t>(with_casts.size()), name) == PLX_OK)
-      return;
-    claim(user, grp.data(), static_cast<int32_t>(grp.size()), name);
+    const int32_t scaler = scaler_after(g, grp, check_at);
+    std::vector<std::vector<int32_t>> tries;
+    for (const auto* base : {&with_casts, &grp}) {
+      if (base->empty()) continue;
+      if (scaler >= 0) {
+        tries.push_back(*base);
+        tries.back().push_back(scaler);
+      }
+      tries.push_back(*base);
+    }
+    for (const auto& t : tries)
+      if (claim(user, t.data(), static_cast<int32_t>(t.size()), name) == PLX_OK) return;
   };
-  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3}))
-    if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_sgd");
-  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5}))
-    if (is_f32_group(g, grp)) claim_optim(grp, "multi_tensor_adamw");
+  for (const auto& grp : sdk::same_op_groups(g, "sgd_update", {3, 4}))
+    if (is_f32_group(g, grp)) claim_optim(grp, 4, "multi_tensor_sgd");
+  for (const auto& grp : sdk::same_op_groups(g, "adamw_update", {4, 5, 6}))
+    if (is_f32_group(g, grp)) claim_optim(grp, 6, "multi_tensor_adamw");
   // f16 loss scaling's unscale and check: one launch (before the casts' runs, which would take
   // the gradients' casts).
-  if (const auto grp = find_unscale_check(g); !grp.empty())
-    claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_unscale_check");
+  // Without the casts where the core refuses them (data parallelism all-reduces the gradients
+  // between the casts and the unscale).
+  if (const auto grp = find_unscale_check(g); !grp.empty() &&
+      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_unscale_check") != PLX_OK)
+    if (const auto bare = find_unscale_check(g, false); bare.size() < grp.size())
+      claim(user, bare.data(), static_cast<int32_t>(bare.size()), "multi_tensor_unscale_check");
   // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
   // epilogue chains, as claims are first come, first served. Inference graphs too: indices
   // nobody reads are still among the group's outputs (the core writes every value read by

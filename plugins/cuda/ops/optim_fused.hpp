@@ -24,6 +24,21 @@ namespace plexus::cuda {
 // Tensors per kernel launch: the kernel parameters stay well under the 4 KiB limit.
 constexpr int kMultiTensorCapacity = 48;
 
+// f16's loss scale after a step (docs/ops.md, loss_scale_update): one thread reads the check
+// and updates the scale, its inverse, the count of finite steps, the skipped steps and (when
+// given) the optimizer's step count, and writes the five-value report. Every pointer is on the
+// device; `step` may be null.
+struct LossScaleArgs {
+  const float* check = nullptr;
+  float* scale = nullptr;
+  float* unscale = nullptr;
+  float* good = nullptr;
+  float* skipped = nullptr;
+  float* step = nullptr;
+  float* report = nullptr;
+  float interval = 2000, growth = 2, backoff = 0.5f;
+};
+
 // SGD with PyTorch's rule (docs/ops.md, sgd_update): f32 param, grad and momentum buffer; the
 // gradients may be f16 or bf16 instead (grad_dtype), widened as they are read: the fusion of a
 // mixed-precision step's gradient casts into the update, the same bits as cast then update.
@@ -39,6 +54,14 @@ struct MultiSgdArgs {
   bool nesterov = false;
   const void* lr = nullptr;               // device pointer to one value of lr_dtype
   int32_t lr_dtype = PLX_F32;             // PLX_F32 or PLX_F64
+  // Optional device pointer to one f32 (f16's gradient check): no tensor is updated unless it
+  // is finite.
+  const float* check = nullptr;
+  // Optional: the loss scale's update after the step's (the fusion of loss_scale_update into the
+  // optimizer's launch), run by the last block to finish, found with `done` (a BlockCounter the
+  // caller owns; one launch sequence at a time).
+  const LossScaleArgs* scaler = nullptr;
+  unsigned* done = nullptr;
 };
 
 // AdamW (docs/ops.md, adamw_update): f32 param, grad and moments; gradients as for SGD.
@@ -55,6 +78,9 @@ struct MultiAdamwArgs {
   int32_t lr_dtype = PLX_F32;             // PLX_F32 or PLX_F64
   const void* step = nullptr;             // device pointer to one value of step_dtype
   int32_t step_dtype = PLX_F32;           // PLX_F32 or PLX_F64
+  const float* check = nullptr;           // as MultiSgdArgs::check
+  const LossScaleArgs* scaler = nullptr;  // as MultiSgdArgs::scaler (after step is read)
+  unsigned* done = nullptr;
   // The device's error record (CudaBackend::context(device).error_dev): a step below 1 is
   // reported there (kErrAdamStep) and no tensor is updated.
   DeviceErrorRecord* error = nullptr;
@@ -63,5 +89,8 @@ struct MultiAdamwArgs {
 // Enqueue the updates on `stream`; throw BackendError if a launch fails.
 void launch_multi_sgd(const MultiSgdArgs& args, cudaStream_t stream);
 void launch_multi_adamw(const MultiAdamwArgs& args, cudaStream_t stream);
+
+// f16's loss scale alone (loss_scale_update's own kernel).
+void launch_loss_scale_update(const LossScaleArgs& args, cudaStream_t stream);
 
 }  // namespace plexus::cuda

@@ -105,7 +105,8 @@ foreach(t
     "nccl single rank: count 0, send/recv to itself in a group, barriers"
     "nccl refuses overlapping buffers NCCL cannot handle, and stays usable"
     "nccl abort: later operations fail with aborted, destroy still works"
-    "gradient buckets on a cuda communication stream leave a one-rank step unchanged")
+    "gradient buckets on a cuda communication stream leave a one-rank step unchanged"
+    "a 16-bit cuda step all-reduces its gradients between their casts and their readers")
   add_test(NAME "cuda emulator: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             $<TARGET_FILE:plexus_tests> ${t})

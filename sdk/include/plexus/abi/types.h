@@ -21,9 +21,12 @@ extern "C" {
  * plx_plugin's kernel extensions (extension_kernel_count, get_extension_kernel); 1.3 gave
  * max_pool2d the attributes relu_mask and window_index (no layout change: the host gives a node that sets an
  * attribute newer than a plugin's minor to none of that plugin's kernels, which would not read
- * it; docs/sdk.md "Versions"). */
+ * it; docs/sdk.md "Versions"); 1.4 gave sgd_update and adamw_update the optional input `check`
+ * (the update is skipped unless it is finite) and added the op loss_scale_update, again without
+ * a layout change: a node that gives an input newer than a plugin's minor goes to none of its
+ * kernels either. */
 #define PLX_ABI_MAJOR 1
-#define PLX_ABI_MINOR 3
+#define PLX_ABI_MINOR 4
 
 /* Up to this many dimensions in a tensor view. */
 #define PLX_MAX_DIMS 8
