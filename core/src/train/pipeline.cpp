@@ -31,25 +31,29 @@ std::vector<LayerSummary> layer_shapes(const OpRegistry& ops, const ModelSpec& s
   return summary;
 }
 
-// The input of stage `s` for a batch of `rows`: the batch, or layer cuts[s]-1's output.
+// The input of stage `s` for a batch of `rows`: the batch (f32), or layer cuts[s]-1's output in
+// the compute dtype (a 16-bit stage sends its activations, and their gradients come back, in 16
+// bits: the next stage would cast them to that first anyway).
 TensorDesc stage_input(const PipelinePlace& p, const std::vector<LayerSummary>& shapes,
-                       const std::vector<int64_t>& sample, int64_t rows) {
+                       const std::vector<int64_t>& sample, int64_t rows, plx_dtype compute) {
   if (p.stage == 0) {
     Shape xs = {rows};
     xs.insert(xs.end(), sample.begin(), sample.end());
     return {PLX_F32, xs};
   }
-  return {PLX_F32, shapes[static_cast<size_t>(p.cuts[static_cast<size_t>(p.stage)] - 1)].output};
+  return {compute, shapes[static_cast<size_t>(p.cuts[static_cast<size_t>(p.stage)] - 1)].output};
 }
 
-Var add_loss(Graph& g, Var logits, int64_t rows, bool scaled, Var* pred) {
+// The summed cross-entropy of the logits (cast to f32 first under mixed precision) and the
+// predictions.
+Var add_loss(Graph& g, Var logits, int64_t rows, Var* pred) {
   const Var labels = g.input("labels", TensorDesc{PLX_I32, {rows}});
+  if (g.desc(logits).dtype != PLX_F32)
+    logits = g.add1("cast", {logits}, {{"dtype", std::string("f32")}}, "logits.cast");
   Attrs la;
   la.set("reduction", std::string("sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
-  Var loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
-  if (scaled)
-    loss = g.add1("mul", {loss, g.input(kLossScaleInput, TensorDesc{PLX_F32, {}})}, {}, "loss.scale");
+  const Var loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
   *pred = g.add1("argmax", {logits}, aa, "pred");
@@ -132,9 +136,12 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
                              const ModelSpec& spec, const std::vector<int64_t>& sample, int64_t rows,
                              const PipelinePlace& place, const OptimizerOptions* opt,
                              CommGroup& pipe, CommGroup* data, TensorStore& store,
-                             const ExecutableOptions& eo)
+                             const ExecutableOptions& eo, plx_dtype compute,
+                             const LossScaling* scaling, LossScaler* scaler)
     : backend_(backend), device_(device), place_(place), pipe_(pipe), data_(data),
-      training_(opt != nullptr), rows_(rows) {
+      training_(opt != nullptr), rows_(rows), scaler_(opt ? scaler : nullptr) {
+  if (!training_) scaling = nullptr;
+  if (scaling && !scaler_) throw Error("pipeline stage: loss scaling needs the host's scaler");
   sample_ = 1;
   for (int64_t d : sample) sample_ *= d;
   const int m = training_ ? place.micro_batches : 1;
@@ -144,8 +151,15 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
                       "over the data-parallel ranks)");
   micro_rows_ = rows / m;
   const std::vector<LayerSummary> shapes = layer_shapes(ops, spec, sample, micro_rows_);
-  const TensorDesc in_desc = stage_input(place, shapes, sample, micro_rows_);
+  const TensorDesc in_desc = stage_input(place, shapes, sample, micro_rows_, compute);
   const char* in_name = place.first() ? "x" : "act_in";
+  // The model's input: the batch cast to the compute dtype on the first stage (build_step's
+  // "x.cast"); the layers then run in it with f32 masters (build_model).
+  auto model_input = [&](Graph& g) {
+    const Var in = g.input(in_name, in_desc);
+    if (!place.first() || compute == PLX_F32) return in;
+    return g.add1("cast", {in}, {{"dtype", std::string(dtype_name(compute))}}, "x.cast");
+  };
   BuildRange range;
   range.first = place.cuts[static_cast<size_t>(place.stage)];
   range.last = place.cuts[static_cast<size_t>(place.stage + 1)];
@@ -153,10 +167,10 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
   if (!training_) {
     fwd_g_ = std::make_unique<Graph>(ops);
     Graph& g = *fwd_g_;
-    const Var y = build_model(g, spec, g.input(in_name, in_desc), false, nullptr, range);
+    const Var y = build_model(g, spec, model_input(g), false, nullptr, range);
     if (place.last()) {
       Var pred;
-      g.mark_output(add_loss(g, y, micro_rows_, false, &pred), "loss_value");
+      g.mark_output(add_loss(g, y, micro_rows_, &pred), "loss_value");
       g.mark_output(pred, "predictions");
     } else {
       g.mark_output(y, "act_out");
@@ -170,24 +184,31 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
   if (!place.last()) {
     fwd_g_ = std::make_unique<Graph>(ops);
     Graph& g = *fwd_g_;
-    g.mark_output(build_model(g, spec, g.input(in_name, in_desc), true, nullptr, range), "act_out");
+    g.mark_output(build_model(g, spec, model_input(g), true, nullptr, range), "act_out");
   }
   // Backward: the forward again, then reverse mode.
   bwd_g_ = std::make_unique<Graph>(ops);
   Graph& g = *bwd_g_;
   BuildRange rr = range;
   rr.state_prefix = kRecomputePrefix;
-  const Var x = g.input(in_name, in_desc);
+  const Var x = model_input(g);
   const Var y = build_model(g, spec, x, true, nullptr, rr);
   std::vector<Var> params = g.parameters();
   std::vector<Var> wrt = params;
   if (!place.first()) wrt.push_back(x);
   std::vector<Var> grads;
   if (place.last()) {
+    // The summed loss times one over the global batch's real rows (the input loss_scale), and
+    // in f16 times the loss scale S: backward starts from their product (as build_step's), and
+    // the reported loss's mul comes after it.
     Var pred;
-    const Var loss = add_loss(g, y, micro_rows_, true, &pred);
-    grads = plexus::backward(g, loss, wrt);
-    g.mark_output(loss, "loss_value");
+    const Var loss = add_loss(g, y, micro_rows_, &pred);
+    const Var rows_scale = g.input(kLossScaleInput, TensorDesc{PLX_F32, {}});
+    const Var seed = scaling ? g.add1("mul", {rows_scale, loss_scaler_state(g, "scale", *scaling)},
+                                      {}, "loss.seed")
+                             : rows_scale;
+    grads = plexus::backward(g, loss, wrt, seed);
+    g.mark_output(g.add1("mul", {loss, rows_scale}, {}, "loss.scale"), "loss_value");
     g.mark_output(pred, "predictions");
   } else {
     grads = plexus::backward(g, y, wrt, g.input("seed", g.desc(y)));
@@ -213,11 +234,27 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
     ug.push_back(u.input("grad." + pv.name, pv.desc));
     names.push_back(pv.name);
   }
-  add_optimizer(u, up, ug, *opt);
+  // f16: the summed gradients (times S) are unscaled and checked as in build_step; every stage's
+  // check is summed over the pipeline before its updates read it (a hook after the check's
+  // kernel), so the stages skip the same steps and keep one scale.
+  Var check;
+  if (scaling)
+    check = add_scaled_update(u, up, ug, *opt, *scaling, spec.name);
+  else
+    add_optimizer(u, up, ug, *opt);
 
   if (fwd_g_) fwd_ = std::make_unique<Executable>(backend, *fwd_g_, store, eo);
   bwd_ = std::make_unique<Executable>(backend, g, store, eo);
-  upd_ = std::make_unique<Executable>(backend, u, store, eo);
+  ExecutableOptions ueo = eo;
+  if (check.valid()) ueo.exchanged.push_back(check);
+  upd_ = std::make_unique<Executable>(backend, u, store, ueo);
+  if (check.valid()) {
+    report_ = upd_->tensor(kLossScaleReport);
+    const Tensor total = upd_->tensor(check);
+    CommGroup* over = &pipe_;
+    upd_->add_hook(upd_->producer_kernel(check), Executable::HookPoint::After,
+                   [over, total] { over->all_reduce(total, PLX_REDUCE_SUM); });
+  }
   uint64_t ws = 0;
   for (const std::string& name : names) {
     const Tensor mine = bwd_->tensor("grad." + name), sum = upd_->tensor("grad." + name);
@@ -402,6 +439,16 @@ void PipelineStage::launch(const data::Batch& b, double lr, double step) {
       for (const auto& [mine, sum] : grads_) data_->all_reduce(sum, PLX_REDUCE_SUM);
     upd_->run();
     upd_->sync();
+    if (report_.defined()) {
+      // The loss scale it ran with and whether it skipped; the host's scaler from the rest.
+      float r[5];
+      report_.copy_to_host(r);
+      outcome_.loss_scale = r[0];
+      outcome_.skipped = r[1] != 0;
+      scaler_->scale = r[2];
+      scaler_->good = static_cast<int64_t>(r[3]);
+      scaler_->skipped = static_cast<int64_t>(r[4]);
+    }
   }
   outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   have_ = true;

@@ -17,6 +17,11 @@
 //   the stage's data-parallel group, if any).
 // The last stage's loss is the cross-entropy summed over its rows times one over the global
 // batch's real rows, so the sum over micro-batches and ranks is the global batch's mean loss.
+// Under mixed precision (train.precision bf16 or f16) each stage computes in the 16-bit type with
+// f32 masters, as build_step does, and sends its activations and their gradients in it; in f16
+// the last stage's backward starts from the loss scale S, the update unscales and checks the
+// summed gradients, and each stage's check is summed over the pipeline (a hook in the update) so
+// that every stage skips the same steps.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,7 @@
 #include "plexus/executor.hpp"
 #include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
+#include "step_graph.hpp"
 #include "step_pipeline.hpp"
 
 namespace plexus {
@@ -57,10 +63,14 @@ class PipelineStage : public StepRunner {
   // Training when `opt` is set (micro-batches of rows / place.micro_batches rows), evaluation
   // otherwise (one forward over all `rows`). `data` is the stage's data-parallel group (null:
   // none). The store is shared with the other runner of the same stage.
+  // `compute`: train.precision's dtype (the stage's layers run in it with f32 masters, and its
+  // activations and their gradients cross stages in it); `scaling` and `scaler` (training in
+  // f16): the loss scale, moved on each stage's device alike, and the host's copy of it.
   PipelineStage(Backend& backend, int32_t device, const OpRegistry& ops, const ModelSpec& spec,
                 const std::vector<int64_t>& sample, int64_t rows, const PipelinePlace& place,
                 const OptimizerOptions* opt, CommGroup& pipe, CommGroup* data, TensorStore& store,
-                const ExecutableOptions& eo);
+                const ExecutableOptions& eo, plx_dtype compute = PLX_F32,
+                const LossScaling* scaling = nullptr, LossScaler* scaler = nullptr);
   ~PipelineStage() override;
 
   // Runs the whole step before it returns (the stages wait on one another anyway).
@@ -99,6 +109,8 @@ class PipelineStage : public StepRunner {
   Tensor add_ws_;
   std::vector<Tensor> stash_;  // per micro-batch: the received activation (stages after the first)
   int64_t parameters_ = 0;
+  LossScaler* scaler_ = nullptr;
+  Tensor report_;  // f16: loss_scale_update's
   StepOutcome outcome_;
   bool have_ = false;
 };

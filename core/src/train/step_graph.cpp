@@ -91,6 +91,56 @@ OptimizerOptions optimizer_options(const Config& cfg) {
   return opt;
 }
 
+Var loss_scaler_state(Graph& g, const std::string& name, const LossScaling& s) {
+  const std::string full = kLossScalerPrefix + name;
+  if (const Var v = g.find(full); v.valid()) return v;
+  double v = 0;
+  if (name == "scale") v = s.init;
+  if (name == "unscale") v = 1.0 / s.init;
+  if (name == "step") v = 1;
+  return g.state(full, TensorDesc{PLX_F32, {}}, init::constant(v));
+}
+
+Var add_scaled_update(Graph& g, const std::vector<Var>& params, const std::vector<Var>& grads,
+                      const OptimizerOptions& opt, const LossScaling& s, const std::string& model) {
+  // The gradients times 1/S; their sums, added, are finite exactly when every element is (a sum
+  // of finite values overflowing f32 is as good a reason to skip). S, 1/S, the count of finite
+  // steps, the skipped steps and AdamW's step count (the steps that updated) are states the step
+  // moves itself (loss_scale_update), so nothing waits for the host between backward and the
+  // update. Backward's nodes, as backward() marks its own (no forward node reads a scaler state,
+  // so none is taken for a running statistic), then the update's.
+  const Phase before = g.phase();
+  g.set_phase(Phase::Backward);
+  const Var unscale = loss_scaler_state(g, "unscale", s);
+  std::vector<Var> unscaled;
+  Var check;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].valid()) {
+      unscaled.push_back(Var{});
+      continue;
+    }
+    const std::string name = g.value(params[i]).name;  // copied: add() grows the graph
+    const Var gr = g.add1("mul", {grads[i], unscale}, {}, name + ".grad_unscale");
+    unscaled.push_back(gr);
+    const Var sum = g.add1("sum", {gr}, {}, name + ".grad_check");
+    check = check.valid() ? g.add1("add", {check, sum}, {}, "grad_check." + name) : sum;
+  }
+  if (!check.valid()) throw ConfigError("model '" + model + "': no parameter gets a gradient");
+  const Var opt_step = opt.kind == "adamw" ? loss_scaler_state(g, "step", s) : Var{};
+  add_optimizer(g, params, unscaled, opt, check, opt_step);
+  Attrs sa;
+  sa.set("growth_interval", s.window);
+  g.set_phase(Phase::Update);
+  const Var report = g.add1("loss_scale_update",
+                            {check, loss_scaler_state(g, "scale", s), unscale,
+                             loss_scaler_state(g, "good", s), loss_scaler_state(g, "skipped", s),
+                             opt_step},
+                            sa, "loss_scale");
+  g.set_phase(before);
+  g.mark_output(report, kLossScaleReport);
+  return check;
+}
+
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled, plx_dtype compute,
@@ -126,49 +176,15 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   aa.set("axis", static_cast<int64_t>(1));
   m->pred = g.add1("argmax", {logits}, aa, "pred");
   if (training && loss_scaling) {
-    // backward(S * loss), then the gradients times 1/S; their sums, added, are finite exactly
-    // when every element is (a sum of finite values overflowing f32 is as good a reason to skip).
-    // S, 1/S, the count of finite steps, the skipped steps and AdamW's step count (the steps
-    // that updated) are states the step moves itself (loss_scale_update), so nothing waits for
-    // the host between backward and the update.
-    auto scaler_state = [&](const char* name, double v) {
-      return g.state(std::string(kLossScalerPrefix) + name, scalar, init::constant(v));
-    };
-    const Var scale = scaler_state("scale", loss_scaling->init);
-    const Var unscale = scaler_state("unscale", 1.0 / loss_scaling->init);
-    const Var good = scaler_state("good", 0);
-    const Var skipped = scaler_state("skipped", 0);
-    const Var opt_step = opt.kind == "adamw" ? scaler_state("step", 1) : Var{};
-    // Backward's nodes, as backward() marks its own: the seed, the unscale and the check (no
-    // forward node reads a scaler state, so none is taken for a running statistic).
+    // backward(S * loss), then the gradients times 1/S, checked, and the update (add_scaled_update).
     const Phase before = g.phase();
     g.set_phase(Phase::Backward);
+    const Var scale = loss_scaler_state(g, "scale", *loss_scaling);
     bo.seed_grad = loss_scale.valid() ? g.add1("mul", {loss_scale, scale}, {}, "loss.seed") : scale;
     m->params = g.parameters();
     m->grads = backward(g, ce_loss, m->params, bo);
-    std::vector<Var> unscaled;
-    Var check;
-    for (size_t i = 0; i < m->grads.size(); ++i) {
-      if (!m->grads[i].valid()) {
-        unscaled.push_back(Var{});
-        continue;
-      }
-      const std::string name = g.value(m->params[i]).name;  // copied: add() grows the graph
-      const Var gr = g.add1("mul", {m->grads[i], unscale}, {}, name + ".grad_unscale");
-      unscaled.push_back(gr);
-      const Var sum = g.add1("sum", {gr}, {}, name + ".grad_check");
-      check = check.valid() ? g.add1("add", {check, sum}, {}, "grad_check." + name) : sum;
-    }
-    if (!check.valid())
-      throw ConfigError("model '" + spec.name + "': no parameter gets a gradient");
-    add_optimizer(g, m->params, unscaled, opt, check, opt_step);
-    Attrs sa;
-    sa.set("growth_interval", loss_scaling->window);
-    g.set_phase(Phase::Update);
-    const Var report = g.add1("loss_scale_update", {check, scale, unscale, good, skipped, opt_step},
-                              sa, "loss_scale");
+    add_scaled_update(g, m->params, m->grads, opt, *loss_scaling, spec.name);
     g.set_phase(before);
-    g.mark_output(report, kLossScaleReport);
   } else if (training) {
     m->params = g.parameters();
     if (loss_scale.valid()) bo.seed_grad = loss_scale;

@@ -63,6 +63,17 @@ struct StepGraph {
   explicit StepGraph(const OpRegistry& ops) : graph(ops) {}
 };
 
+// f16's loss scaler state `name` (scale, unscale, good, skipped or step: kLossScalerPrefix +
+// name, a 0-d f32 state starting where `s` says) in `g`, made on first use.
+Var loss_scaler_state(Graph& g, const std::string& name, const LossScaling& s);
+
+// f16's update after backward(S * loss) gave `grads` (build_step's, and a pipeline stage's):
+// each gradient times 1/S, their sums added into the check, the updates reading it (skipped
+// unless it is finite) and loss_scale_update, whose report is the output kLossScaleReport.
+// Returns the check. ConfigError naming `model` when no parameter gets a gradient.
+Var add_scaled_update(Graph& g, const std::vector<Var>& params, const std::vector<Var>& grads,
+                      const OptimizerOptions& opt, const LossScaling& s, const std::string& model);
+
 // The training step: forward, loss (mean over rows not ignored), backward, update.
 // The evaluation step: forward in eval mode, summed loss, predictions.
 // Inputs "x" (batch, sample...) f32 and "labels" (batch) i32, plus the optimizer's; outputs

@@ -363,11 +363,6 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   // Mixed precision: the model computes in `compute`, master weights stay f32 (build_step).
   const std::string precision = cfg.get_string("train.precision");
   const plx_dtype compute = compute_dtype(cfg);
-  if (pipelined && compute != PLX_F32)
-    throw ConfigError("train.precision = \"" + precision + "\" is not supported with " +
-                      "parallel.pipeline_stages = " + std::to_string(par.stages) +
-                      " (a pipeline's stages compute in f32: use train.precision = \"f32\" or "
-                      "\"tf32\", or one stage)");
   // f16 scales the loss (dynamic loss scaling, on the device: build_step); `scaler` is the
   // host's copy for the metrics and the checkpoint. Under data parallelism every rank checks the
   // same all-reduced gradients, so the ranks skip the same steps and keep the same scale.
@@ -511,13 +506,13 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
       const auto& z = spec.layers[static_cast<size_t>(place.cuts[static_cast<size_t>(st + 1)] - 1)];
       stages_text += (st ? ", " : "") + ("[" + a.name + (a.name == z.name ? "" : " .. " + z.name) + "]");
     }
-    train_stage = std::make_unique<PipelineStage>(backend, device, rt.ops(), spec, train_set.sample_shape,
-                                                  local_batch, place, &opt, *par.pipe, par.data.get(),
-                                                  store, eo);
+    train_stage = std::make_unique<PipelineStage>(
+        backend, device, rt.ops(), spec, train_set.sample_shape, local_batch, place, &opt, *par.pipe,
+        par.data.get(), store, eo, compute, loss_scaling ? &scaling : nullptr, scaler.get());
     if (do_eval)
       eval_stage = std::make_unique<PipelineStage>(backend, device, rt.ops(), spec, train_set.sample_shape,
                                                    local_batch, place, nullptr, *par.pipe, nullptr,
-                                                   store, eo);
+                                                   store, eo, compute);
     if (par.data)
       for (const std::string& n : forward_states(train_stage->model_graph()))
         running_states.push_back(n.rfind(kRecomputePrefix, 0) == 0 ? n.substr(std::string(kRecomputePrefix).size()) : n);
@@ -874,11 +869,21 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     // step whose loss was not seen.
     auto handle = [&](StepOutcome o) {
       if (par.active()) {  // the global batch's loss and counts
-        std::vector<double> v = {o.loss, static_cast<double>(o.hits), static_cast<double>(o.real)};
+        // With them, f16's loss scale and skip, which every rank must share (its gradients'
+        // check was summed over the ranks that hold them, data-parallel or pipeline stages).
+        std::vector<double> v = {o.loss, static_cast<double>(o.hits), static_cast<double>(o.real),
+                                 o.loss_scale, o.skipped ? 1.0 : 0.0};
         par.sum(v);
         o.loss = v[0];
         o.hits = static_cast<int64_t>(v[1]);
         o.real = static_cast<int64_t>(v[2]);
+        const double n = static_cast<double>(par.size());
+        if (scaler && (v[3] != n * o.loss_scale || v[4] != (o.skipped ? n : 0.0)))
+          throw Error("step " + std::to_string(step + 1) + ": the ranks' loss scales diverged (this rank " +
+                      "ran with " + format_scale(o.loss_scale) + (o.skipped ? " and skipped" : "") +
+                      "; over the " + std::to_string(par.size()) + " ranks the scales sum to " +
+                      format_scale(v[3]) + " and " + std::to_string(static_cast<int64_t>(v[4])) +
+                      " skipped)");
       }
       ++step;
       if (!std::isfinite(o.loss)) {
