@@ -103,7 +103,7 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   scaling.window = cfg.get_int("train.loss_scale_window");
   auto sg = build_step(rt.ops(), spec, p.batch, sample, true, optimizer_options(cfg), false,
                        compute, compute == PLX_F16 ? &scaling : nullptr, recompute_ops(cfg));
-  std::vector<const Graph*> graphs = {&sg->graph};
+  const Graph& graph = sg->graph;
   ExecutableOptions eo;
   eo.device = dev;
   eo.seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
@@ -115,87 +115,59 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   {
     ExecutableOptions probe = eo;
     probe.capture = false;
-    std::vector<std::unique_ptr<Executable>> exes;
-    std::vector<std::unique_ptr<Events>> evs;
-    for (const Graph* g : graphs) {
-      exes.push_back(std::make_unique<Executable>(backend, *g, store, probe));
-      Executable& exe = *exes.back();
-      const int32_t nk = exe.num_kernels();
-      evs.push_back(std::make_unique<Events>(backend, dev, static_cast<size_t>(nk) + 1));
-      const Events* ev = evs.back().get();  // by value: the hooks outlive this iteration
-      const plx_stream st = exe.stream();
-      Backend* b = &backend;
-      if (nk > 0)
-        exe.add_hook(0, Executable::HookPoint::Before, [b, ev, st] { b->record((*ev)[0], st); });
-      for (int32_t k = 0; k < nk; ++k)
-        exe.add_hook(k, Executable::HookPoint::After, [b, ev, st, k] {
-          b->record((*ev)[static_cast<size_t>(k) + 1], st);
-        });
-      feed(exe, *g, spec.classes, lr, eo.seed);
-    }
-    std::vector<std::vector<std::vector<double>>> samples(exes.size());
-    for (size_t e = 0; e < exes.size(); ++e) samples[e].resize(static_cast<size_t>(exes[e]->num_kernels()));
+    Executable exe(backend, graph, store, probe);
+    const int32_t nk = exe.num_kernels();
+    Events ev(backend, dev, static_cast<size_t>(nk) + 1);
+    const plx_stream st = exe.stream();
+    if (nk > 0) exe.add_hook(0, Executable::HookPoint::Before, [&] { backend.record(ev[0], st); });
+    for (int32_t k = 0; k < nk; ++k)
+      exe.add_hook(k, Executable::HookPoint::After,
+                   [&, k] { backend.record(ev[static_cast<size_t>(k) + 1], st); });
+    feed(exe, graph, spec.classes, lr, eo.seed);
+    std::vector<std::vector<double>> samples(static_cast<size_t>(nk));
     std::vector<double> whole;
     for (int r = 0; r < o.warmup + o.steps; ++r) {
-      double total = 0;
-      for (size_t e = 0; e < exes.size(); ++e) {
-        Executable& exe = *exes[e];
-        exe.run();
-        exe.sync();
-        const size_t nk = static_cast<size_t>(exe.num_kernels());
-        if (r < o.warmup || nk == 0) continue;
-        const Events& ev = *evs[e];
-        for (size_t k = 0; k < nk; ++k) samples[e][k].push_back(backend.elapsed_ms(ev[k], ev[k + 1]));
-        total += backend.elapsed_ms(ev[0], ev[nk]);
-      }
-      if (r >= o.warmup) whole.push_back(total);
+      exe.run();
+      exe.sync();
+      if (r < o.warmup || nk == 0) continue;
+      for (size_t k = 0; k < static_cast<size_t>(nk); ++k)
+        samples[k].push_back(backend.elapsed_ms(ev[k], ev[k + 1]));
+      whole.push_back(backend.elapsed_ms(ev[0], ev[static_cast<size_t>(nk)]));
     }
-    for (size_t e = 0; e < exes.size(); ++e) {
-      const std::vector<std::string> names = exes[e]->kernel_names();
-      for (size_t k = 0; k < names.size(); ++k) {
-        StepProfileRow row;
-        row.kernel = names[k];
-        row.op = op_of(row.kernel);
-        row.ms = median(samples[e][k]);
-        p.kernels_ms += row.ms;
-        p.kernels.push_back(std::move(row));
-      }
+    const std::vector<std::string> names = exe.kernel_names();
+    for (size_t k = 0; k < names.size(); ++k) {
+      StepProfileRow row;
+      row.kernel = names[k];
+      row.op = op_of(row.kernel);
+      row.ms = median(samples[k]);
+      p.kernels_ms += row.ms;
+      p.kernels.push_back(std::move(row));
     }
     for (StepProfileRow& row : p.kernels) row.share = p.kernels_ms > 0 ? row.ms / p.kernels_ms : 0;
     p.op_by_op_ms = median(whole);
-    for (const auto& exe : exes) {
-      p.arena_bytes += exe->plan().arena_bytes;
-      p.workspace_bytes += exe->plan().workspace_bytes;
-      p.persistent_bytes += exe->plan().persistent_bytes;
-    }
+    p.arena_bytes = exe.plan().arena_bytes;
+    p.workspace_bytes = exe.plan().workspace_bytes;
+    p.persistent_bytes = exe.plan().persistent_bytes;
   }
 
-  // The trainer's way, timed from outside the step (each graph captured and replayed where the
-  // backend can).
+  // The trainer's way, timed from outside the step (captured and replayed where the backend can).
   {
     eo.capture = cfg.get_bool("train.graph_capture");
-    std::vector<std::unique_ptr<Executable>> exes;
-    for (const Graph* g : graphs) {
-      exes.push_back(std::make_unique<Executable>(backend, *g, store, eo));
-      feed(*exes.back(), *g, spec.classes, lr, eo.seed);
-    }
+    Executable exe(backend, graph, store, eo);
+    feed(exe, graph, spec.classes, lr, eo.seed);
     Events ev(backend, dev, 2);
-    const plx_stream st = exes.front()->stream();
+    const plx_stream st = exe.stream();
     std::vector<double> t;
     for (int r = 0; r < o.warmup + o.steps + 2; ++r) {  // 2 more: the first runs set up capture
-      double total = 0;
-      for (auto& exe : exes) {
-        backend.record(ev[0], st);
-        exe->run();
-        backend.record(ev[1], st);
-        exe->sync();
-        backend.sync_event(ev[1]);
-        total += backend.elapsed_ms(ev[0], ev[1]);
-      }
-      if (r >= o.warmup + 2) t.push_back(total);
+      backend.record(ev[0], st);
+      exe.run();
+      backend.record(ev[1], st);
+      exe.sync();
+      backend.sync_event(ev[1]);
+      if (r >= o.warmup + 2) t.push_back(backend.elapsed_ms(ev[0], ev[1]));
     }
     p.step_ms = median(t);
-    p.captured = std::all_of(exes.begin(), exes.end(), [](const auto& e) { return e->replaying(); });
+    p.captured = exe.replaying();
   }
   return p;
 }
