@@ -443,11 +443,7 @@ void PipelineStage::launch(const data::Batch& b, double lr, double step) {
       // The loss scale it ran with and whether it skipped; the host's scaler from the rest.
       float r[5];
       report_.copy_to_host(r);
-      outcome_.loss_scale = r[0];
-      outcome_.skipped = r[1] != 0;
-      scaler_->scale = r[2];
-      scaler_->good = static_cast<int64_t>(r[3]);
-      scaler_->skipped = static_cast<int64_t>(r[4]);
+      take_loss_scale_report(r, outcome_, *scaler_);
     }
   }
   outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -64,6 +64,14 @@ void write_loss_scaler(TensorStore& store, const LossScaler& s, int64_t steps_do
   put("step", static_cast<double>(steps_done - s.skipped + 1));
 }
 
+void take_loss_scale_report(const float* r, StepOutcome& o, LossScaler& s) {
+  o.loss_scale = r[0];
+  o.skipped = r[1] != 0;
+  s.scale = r[2];
+  s.good = static_cast<int64_t>(r[3]);
+  s.skipped = static_cast<int64_t>(r[4]);
+}
+
 StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, const OpRegistry& ops,
                            const ResidentData* resident, LossScaler* scaler)
     : backend_(backend), device_(device), exe_(exe), resident_(resident), scaler_(scaler) {
@@ -266,11 +274,7 @@ StepOutcome StepPipeline::collect() {
     // Steps are collected in launch order, so the host's copy follows the device's states.
     float r[kReport];
     std::memcpy(r, s.out + report_at_, sizeof r);
-    o.loss_scale = r[0];
-    o.skipped = r[1] != 0;
-    scaler_->scale = r[2];
-    scaler_->good = static_cast<int64_t>(r[3]);
-    scaler_->skipped = static_cast<int64_t>(r[4]);
+    take_loss_scale_report(r, o, *scaler_);
   }
   const auto* pred = reinterpret_cast<const int64_t*>(s.out + 2 * sizeof(float));
   for (size_t i = 0; i < s.labels.size(); ++i)

@@ -78,6 +78,10 @@ struct StepOutcome {
   bool skipped = false;   // its gradients were not finite: no update (loss scaling only)
 };
 
+// A step's kLossScaleReport (5 values) into its outcome (the scale it ran with, skipped) and the
+// host's scaler (the scale, the finite steps in a row and the skipped steps after it).
+void take_loss_scale_report(const float* r, StepOutcome& o, LossScaler& s);
+
 // A training step's 0-d f32 input that scales its summed loss under data parallelism: one over
 // the rows holding samples in the whole global batch (every rank's slice), written per step.
 inline constexpr const char* kLossScaleInput = "loss_scale";
