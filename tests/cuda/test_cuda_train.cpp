@@ -527,6 +527,7 @@ void check_cast_fusion(Backend& gpu) {
 // non-finite in both, so both skip the update (every tensor as it was) and halve the scale.
 void check_unscale_fusion(Backend& gpu) {
   LossScaling scaling;
+  scaling.window = 2;
   FusedAndPlain p(gpu, PLX_F16, &scaling, 19);
   Executable& a = p.a;
   Executable& b = p.b;
@@ -590,6 +591,32 @@ void check_unscale_fusion(Backend& gpu) {
         CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
       }
     }
+  }
+  // Then the scale moves by itself, the fused step captured and replayed (`a` captures from its
+  // second run): back to 1024 (one skipped step so far), it doubles after every 2 finite steps.
+  LossScaler s;
+  s.scale = 1024;
+  s.skipped = 1;
+  write_loss_scaler(p.store_a, s, steps);
+  write_loss_scaler(p.store_b, s, steps);
+  const std::vector<std::vector<double>> want = {
+      {1024, 0, 1024, 1, 1}, {1024, 0, 2048, 0, 1}, {2048, 0, 2048, 1, 1}, {2048, 0, 4096, 0, 1}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("replayed step " << i);
+    const Batch d = make_batch(FusedAndPlain::kBatch, 610 + i);
+    for (Executable* e : {&a, &b}) {
+      e->tensor("x").copy_from_host(d.x.data());
+      e->tensor("labels").copy_from_host(d.labels.data());
+      e->run();
+      e->sync();
+    }
+    CHECK(a.tensor(kLossScaleReport).to_doubles() == want[i]);
+    CHECK(b.tensor(kLossScaleReport).to_doubles() == want[i]);
+  }
+  CHECK(a.replaying());
+  for (const auto& [name, t] : p.store_b.all()) {
+    INFO("after the replayed steps: " << name);
+    CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
   }
 }
 
