@@ -108,7 +108,8 @@ if has kernels; then
     done
   done
   # Where each goal's step spends its time (issue 7: the gap, kernel by kernel).
-  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'convnet 1024 bf16' 'convnet 128 tf32'; do
+  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'simplecnn 128 f16' 'convnet 1024 bf16' \
+                          'convnet 128 tf32'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile"
     stamp "plexus bench step: $tag"
