@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -430,7 +432,7 @@ TEST_CASE("a 16-bit cuda step all-reduces its gradients between their casts and 
                            compute == PLX_F16 ? &scaling : nullptr);
       std::vector<std::string> names;
       for (Var p : sg->params) names.push_back(sg->graph.value(p).name);
-      auto train = [&](CommGroup* g, std::string* kernels) {
+      auto train = [&](CommGroup* g, std::string* kernels, std::string* buckets) {
         TensorStore store;
         ExecutableOptions eo;
         eo.seed = 5;
@@ -442,6 +444,7 @@ TEST_CASE("a 16-bit cuda step all-reduces its gradients between their casts and 
           GradSyncOptions o;
           o.bucket_bytes = 4096;  // several buckets
           sync = std::make_unique<GradientSync>(*g, exe, sg->grads, names, o);
+          *buckets = sync->describe();
         }
         for (const auto& k : exe.kernel_names()) *kernels += k + "\n";
         fill(exe.tensor("lr"), {0.01});
@@ -458,11 +461,24 @@ TEST_CASE("a 16-bit cuda step all-reduces its gradients between their casts and 
         for (const auto& [name, t] : store.all()) out[name] = t.to_doubles();
         return out;
       };
-      std::string plain_kernels, synced_kernels;
-      const auto plain = train(nullptr, &plain_kernels);
-      const auto synced = train(group.get(), &synced_kernels);
-      INFO("kernels:\n" << synced_kernels);
+      std::string plain_kernels, synced_kernels, buckets;
+      const auto plain = train(nullptr, &plain_kernels, nullptr);
+      const auto synced = train(group.get(), &synced_kernels, &buckets);
+      INFO("kernels:\n" << synced_kernels << "buckets:\n" << buckets);
       CHECK(plain_kernels == synced_kernels);
+      // The gradients' casts run each at its place, so the buckets start during backward: not
+      // all after one kernel (a multi-tensor cast gathering them at the end).
+      std::istringstream lines(synced_kernels);
+      for (std::string k; std::getline(lines, k);) {
+        INFO(k);
+        CHECK_FALSE((k.find("multi_tensor_cast") != std::string::npos &&
+                     k.find(".cast.grad") != std::string::npos));
+      }
+      std::set<std::string> afters;
+      for (size_t at = buckets.find("after kernel "); at != std::string::npos;
+           at = buckets.find("after kernel ", at + 1))
+        afters.insert(buckets.substr(at, buckets.find(',', at) - at));
+      CHECK(afters.size() > 1);
       // The updates (and f16's unscale) are still one kernel each, without the casts.
       CHECK_THAT(synced_kernels, PLX_CONTAINS("fused kernel 'multi_tensor_sgd'"));
       if (compute == PLX_F16) CHECK_THAT(synced_kernels, PLX_CONTAINS("fused kernel 'multi_tensor_unscale_check'"));

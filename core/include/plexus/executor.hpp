@@ -91,7 +91,8 @@ struct ExecutableOptions {
   uint64_t seed = 0;    // for parameters and states this executable creates
   // Values something outside the graph works on between the kernel that writes them and the
   // first that reads them (data parallelism all-reduces the gradients there, GradientSync): no
-  // fused kernel may both write and read one of them, and each is written to memory.
+  // fused kernel may both write and read one of them or hold one back past other nodes, and each
+  // is written to memory.
   std::vector<Var> exchanged;
 };
 

@@ -170,12 +170,21 @@ struct ClaimHost {
       return "the backend declined these nodes as one kernel in an earlier round";
     auto in_group = [&](int32_t n) { return std::binary_search(nodes.begin(), nodes.end(), n); };
     for (Var v : exchanged) {
-      if (!in_group(graph.value(v).producer)) continue;
+      // The kernel that writes it: a view's source's producer.
+      const int32_t p = graph.value(Var{root[static_cast<size_t>(v.id)]}).producer;
+      if (!in_group(p)) continue;
       for (const int32_t m : nodes)
         for (Var in : all[static_cast<size_t>(m)].inputs)
           if (in.valid() && root[static_cast<size_t>(in.id)] == root[static_cast<size_t>(v.id)])
             return "node '" + all[static_cast<size_t>(m)].name + "' reads '" + graph.value(v).name +
                    "', which the group writes and which is exchanged in between (data parallelism)";
+      // The group writes v at its last node: other nodes between would hold its exchange back
+      // (16-bit gradients' casts gathered into one launch at the end of backward would start
+      // every all-reduce after it).
+      for (int32_t k = p + 1; k < nodes.back(); ++k)
+        if (!in_group(k) && all[static_cast<size_t>(k)].schema)
+          return "node '" + all[static_cast<size_t>(k)].name + "', between them, would hold back '" +
+                 graph.value(v).name + "', which is exchanged as soon as it is written (data parallelism)";
     }
     auto r = [&](Var v) { return root[static_cast<size_t>(v.id)]; };
     auto mutates = [](const GraphNode& node, size_t k) {

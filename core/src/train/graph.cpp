@@ -562,15 +562,50 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
   };
   Recomputing recomputing(g, [&](Var v) { return fetch(fetch, v); });
 
-  for (size_t n = forward_nodes; n-- > 0;) {
+  // A parameter's cast to the compute dtype (mixed precision: build_model makes them all before
+  // the first layer) has its gradient emitted as soon as every reader of the cast has given its
+  // share, not at the end of backward where its place in the forward would put it: the f32
+  // gradient is then ready layer by layer, so data parallelism's buckets start during backward.
+  std::vector<int32_t> cast_readers(forward_nodes, -1);  // per param cast: readers left
+  std::vector<char> emitted(forward_nodes, 0);
+  for (size_t n = 0; n < forward_nodes; ++n) {
+    const GraphNode& node = g.nodes()[n];
+    if (!node.schema || node.schema->name != "cast" || node.inputs.size() != 1 ||
+        !node.inputs[0].valid() || g.value(node.inputs[0]).kind != ValueKind::Parameter ||
+        !dep[static_cast<size_t>(node.inputs[0].id)])
+      continue;
+    int32_t r = 0;
+    for (size_t m = n + 1; m < forward_nodes; ++m)
+      for (Var in : g.nodes()[m].inputs) r += in.valid() && in.id == node.outputs[0].id;
+    bool kept = false;  // an output of the graph: its gradient is not complete early
+    for (const auto& [name, v] : g.outputs()) kept = kept || v.id == node.outputs[0].id;
+    if (r > 0 && !kept) cast_readers[n] = r;
+  }
+  std::vector<int32_t> cast_of_value(nvalues, -1);  // a param cast's output -> the cast node
+  for (size_t n = 0; n < forward_nodes; ++n)
+    if (cast_readers[n] > 0) cast_of_value[static_cast<size_t>(g.nodes()[n].outputs[0].id)] = static_cast<int32_t>(n);
+
+  auto process = [&](auto& self, size_t n) -> void {
     const GraphNode node = g.nodes()[n];  // a copy: appending nodes moves the vector
+    emitted[n] = 1;
+    // Each parameter cast this node reads has one reader fewer to wait for.
+    std::vector<size_t> ready;
+    for (Var in : node.inputs) {
+      if (!in.valid() || static_cast<size_t>(in.id) >= cast_of_value.size()) continue;
+      const int32_t c = cast_of_value[static_cast<size_t>(in.id)];
+      if (c >= 0 && --cast_readers[static_cast<size_t>(c)] == 0) ready.push_back(static_cast<size_t>(c));
+    }
+    const auto emit_ready = [&] {
+      for (size_t c : ready)
+        if (!emitted[c]) self(self, c);
+    };
     std::vector<Var> gouts;
     bool any_out = false;
     for (Var o : node.outputs) {
       gouts.push_back(grad_of(o));
       any_out = any_out || gouts.back().valid();
     }
-    if (!any_out) continue;
+    if (!any_out) return emit_ready();
     std::vector<bool> needs(node.inputs.size(), false);
     bool any_in = false;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
@@ -580,11 +615,11 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
       needs[i] = true;
       any_in = true;
     }
-    if (!any_in) continue;
+    if (!any_in) return emit_ready();
     g.set_scope(node.name + ".grad");
     if (!node.schema) {  // a reshape view: the gradient is the view back
       accumulate(node.inputs[0], g.reshape(gouts[0], g.desc(node.inputs[0]).shape));
-      continue;
+      return emit_ready();
     }
     if (!node.schema->grad) {
       std::string which;
@@ -614,7 +649,10 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
                       " but its gradient is " + desc_string(got));
       accumulate(targets[i], gi);
     }
-  }
+    emit_ready();
+  };
+  for (size_t n = forward_nodes; n-- > 0;)
+    if (!emitted[n]) process(process, n);
   g.set_phase(old_phase);
   g.set_scope(old_scope);
 
