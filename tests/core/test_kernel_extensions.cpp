@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "plexus/error.hpp"
 #include "plexus/executor.hpp"
@@ -290,3 +291,33 @@ TEST_CASE("a node setting an attribute newer than a plugin's ABI goes to none of
                           "the node's attribute 'relu_mask' = 1 (ABI 1.3); rebuild it against this SDK";
   CHECK(named);
 }
+
+TEST_CASE("an update given a check goes to no kernel of a plugin from before ABI 1.4",
+          "[cpu][loader][extensions][abi]") {
+  RuntimeOptions o = with("abi12");
+  o.kernels = KernelSide::Library;  // the extension (flagged library) first
+  Runtime rt(o);
+  Backend& cpu_b = rt.backend("cpu");
+  const Tensor lr = f32(cpu_b, {0.5}, {});
+  auto param = [&] { return f32(cpu_b, {1, 2, 3, 4}, {4}); };
+  const Tensor grad = f32(cpu_b, {2, 2, 2, 2}, {4});
+  // No check: the old kernel takes the node (momentum 0, so the rule is the same).
+  Tensor p = param();
+  call(cpu_b, "sgd_update", {p, grad, Tensor(), lr});
+  CHECK(p.to_doubles() == std::vector<double>{0, 1, 2, 3});
+  // A check that is not finite: the old kernel would update anyway; the cpu's own skips.
+  Tensor q = param();
+  const Tensor inf = f32(cpu_b, {std::numeric_limits<float>::infinity()}, {});
+  call(cpu_b, "sgd_update", {q, grad, Tensor(), lr, inf});
+  CHECK(q.to_doubles() == std::vector<double>{1, 2, 3, 4});
+  const OpSchema& sgd = rt.ops().get("sgd_update");
+  std::vector<plx_tensor> ins = {q.view(), grad.view(), Tensor().view(), lr.view(), inf.view()};
+  const KernelResolution r = resolve_kernel(cpu_b, sgd, ins, {}, sgd.complete_attrs({}), 0, false);
+  REQUIRE(r.kernel);
+  bool named = false;
+  for (const std::string& d : r.declines)
+    named = named || d == "ext-sgd-abi12: plugin 'abi12' was built against plugin ABI 1.2, before "
+                          "the node's input 'check' (ABI 1.4); rebuild it against this SDK";
+  CHECK(named);
+}
+
