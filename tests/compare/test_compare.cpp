@@ -291,6 +291,15 @@ TEST_CASE("compare runs a training step and training curves on two backends", "[
   REQUIRE(hl);
   CHECK_THAT(hl->what, PLX_CONTAINS("bf16"));
   CHECK(hl->tolerance == default_nmse(PLX_BF16, true));
+
+  // f16: the step with its loss scale, as training runs it; the scaler's states are rows.
+  cfg.set("train.precision=\"f16\"");
+  cfg.set("train.loss_scale_init=1024");
+  const CompareReport f = run_compare(runtime(), cfg, o);
+  CHECK(f.ok());
+  const CompareRow* scale = find_row(f, "loss_scaler.scale (state)", "step");
+  REQUIRE(scale);
+  CHECK(scale->status == CompareRow::Status::Pass);
 }
 
 TEST_CASE("plexus compare writes its outputs and exits 1 when a row fails", "[cpu][compare][cli]") {

@@ -615,14 +615,19 @@ class Runner {
       if (!loader.next(bt)) throw ConfigError("train.batch_size: the data set has no full batch");
     }
     const OptimizerOptions opt = optimizer_options(cfg_);
-    // train.precision: the step computes as training would, f16 without its loss scaling (the
-    // scale only guards against underflow; both backends run the same unscaled step).
+    // train.precision: the step computes as training would, f16 with its loss scale on the
+    // device from train.loss_scale_init (the gradients compared are backward's, times S; the
+    // scaler's states are compared with the others).
     const plx_dtype compute = compute_dtype(cfg_);
     if (cfg_.get_string("train.precision") == "tf32") {
       enable_tf32(a_);
       enable_tf32(b_);
     }
-    auto sg = build_step(rt_.ops(), spec, batch, sets.train.sample_shape, true, opt, false, compute);
+    LossScaling scaling;
+    scaling.init = cfg_.get_float("train.loss_scale_init");
+    scaling.window = cfg_.get_int("train.loss_scale_window");
+    auto sg = build_step(rt_.ops(), spec, batch, sets.train.sample_shape, true, opt, false, compute,
+                         compute == PLX_F16 ? &scaling : nullptr);
     Graph& g = sg->graph;
     std::vector<std::string> pnames;
     for (size_t i = 0; i < sg->params.size(); ++i) {
