@@ -211,3 +211,48 @@ TEST_CASE("the conv + max-pool test network trains on the cpu", "[cpu][compare]"
     }
   }
 }
+
+// A linear layer's ReLU backward with its bias gradient (the sum over rows) fused on CUDA
+// (ops/pool.cu, relu_column_sum_kernel): dx is the CPU's bit for bit (dy where y > 0, else 0),
+// db its column sums to rounding. The shapes cover one element, columns that are not a multiple
+// of the 32-column tile, several row splits (the emulator's 4 SMs give 4 for 45 columns and 300
+// rows) and no rows at all.
+TEST_CASE("relu_backward with its sum over rows fused on cuda matches the cpu", "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(gpu);
+  struct C {
+    int64_t rows, cols;
+    plx_dtype d;
+  };
+  for (const C& c : {C{1, 1, PLX_F32}, C{7, 33, PLX_F32}, C{300, 45, PLX_F32}, C{1024, 256, PLX_F32},
+                     C{300, 45, PLX_BF16}, C{129, 70, PLX_F16}, C{0, 5, PLX_F32}}) {
+    DYNAMIC_SECTION(c.rows << " x " << c.cols << " " << dtype_name(c.d)) {
+      Graph g(runtime().ops());
+      const Var dy = g.input("dy", {c.d, {c.rows, c.cols}}), y = g.input("y", {c.d, {c.rows, c.cols}});
+      const Var dx = g.add1("relu_backward", {dy, y}, {}, "relu.grad");
+      Attrs sa;
+      sa.set("axes", Ints{0});
+      g.mark_output(g.add1("sum", {dx}, sa, "bias.grad"), "db");
+      g.mark_output(dx, "dx");
+      ExecutableOptions eo;
+      TensorStore sa_store, sb_store;
+      Executable a(gpu, g, sa_store, eo), b(cpu(), g, sb_store, eo);
+      std::string names;
+      for (const auto& k : a.kernel_names()) names += k + "\n";
+      INFO(names);
+      if (c.rows > 0) CHECK_THAT(names, PLX_CONTAINS("fused kernel 'relu_backward+sum'"));
+      const int64_t n = c.rows * c.cols;
+      const std::vector<double> vdy = random_doubles(static_cast<size_t>(n), 5, -2, 2);
+      std::vector<double> vy = random_doubles(static_cast<size_t>(n), 6, -1, 1);
+      for (size_t i = 0; i < vy.size(); i += 7) vy[i] = 0;  // y = 0 passes no gradient
+      for (Executable* e : {&a, &b}) {
+        fill(e->tensor("dy"), vdy);
+        fill(e->tensor("y"), vy);
+        e->run();
+        e->sync();
+      }
+      CHECK(compare_tensors(a.tensor("dx"), b.tensor("dx"), Tolerance{0, 0, 0, true}) == "");
+      const double nmse = c.d == PLX_F32 ? 1e-10 : 1e-4;
+      CHECK(compare_tensors(a.tensor("db"), b.tensor("db"), Tolerance{INFINITY, 0, nmse, false}) == "");
+    }
+  }
+}

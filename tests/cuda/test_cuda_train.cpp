@@ -401,14 +401,14 @@ void check_fusion(Backend& gpu, bool bitwise) {
   }());
   // One conv2d+relu, two conv2d+relu+max_pool2d, one linear+relu, the head (the last linear,
   // the loss and its backward; on CUDA also the linear's dx and db, which the CPU leaves to
-  // BLAS and its sum), on CUDA the first conv's relu_backward with its bias sum, two
-  // max_pool2d_backward+conv2d_backward (the pool's backward,
+  // BLAS and its sum), on CUDA the first conv's and the first linear's relu_backward with its
+  // bias sum, two max_pool2d_backward+conv2d_backward (the pool's backward,
   // the conv's data and weight gradients and its bias sum), one update for all ten parameters.
   // (The ReLUs' masks before the pools travel in the pools' indices, relu_mask: no
   // relu_backward to fuse.)
   const bool cuda = gpu.name() == "cuda";
-  CHECK(a.plan().fused_kernels == (cuda ? 9 : 8));
-  const int64_t head = cuda ? 5 : 3, relu_sum = cuda ? 2 : 0;
+  CHECK(a.plan().fused_kernels == (cuda ? 10 : 8));
+  const int64_t head = cuda ? 5 : 3, relu_sum = cuda ? 2 * 2 : 0;
   CHECK(a.plan().fused_nodes == 2 + 2 * 3 + 2 + head + relu_sum + 2 * 4 + 10);
   // The first conv's and the first linear's pre-activations, the pooled layers' conv and ReLU
   // outputs, the logits and log_probs, the two unpooled gradients.

@@ -97,15 +97,16 @@ void linear_grad(GradContext& g) {
   // backend fuse them with what made dy (sdk::find_linear_cross_entropy).
   const bool flat = x_shape.size() == 2;
   const Var dy2 = flat ? dy : e.reshape(dy, {rows, w_shape[0]});  // (R, out)
+  // db first, then dx and dw: db right after what made dy (a ReLU's backward, which the CUDA
+  // plugin runs with the sum in one pass), and no node between db and dx reads dy (the CUDA
+  // plugin's classifier head computes both with dy; dw, a GEMM over the rows, stays out).
+  if (g.needs_grad(2) && g.input(2).valid())
+    g.set_grad(2, flat ? g.call("sum", {dy}, {{"axes", Ints{0}}, {"keepdims", int64_t{0}}})
+                       : g.sum_to(dy, {w_shape[0]}));
   if (g.needs_grad(0)) {
     const Var dx2 = g.call("matmul", {dy2, w});  // (R, in)
     g.set_grad(0, flat ? dx2 : e.reshape(dx2, x_shape));
   }
-  // db before dw, so that no node between dx and db reads dy (the CUDA plugin's classifier head
-  // computes dx and db with dy; dw, a GEMM over the rows, stays out).
-  if (g.needs_grad(2) && g.input(2).valid())
-    g.set_grad(2, flat ? g.call("sum", {dy}, {{"axes", Ints{0}}, {"keepdims", int64_t{0}}})
-                       : g.sum_to(dy, {w_shape[0]}));
   if (g.needs_grad(1)) {
     const Var x2 = flat ? x : e.reshape(x, {rows, w_shape[1]});           // (R, in)
     g.set_grad(1, g.call("matmul", {dy2, x2}, {{"trans_a", int64_t{1}}}));  // (out, in)

@@ -79,6 +79,17 @@ int32_t scaler_after(const sdk::GraphView& g, const std::vector<int32_t>& grp, i
   return -1;
 }
 
+// A sum of a 2-d value over its rows (axes {0}, no keepdims): a linear layer's bias gradient.
+bool row_sum(const sdk::GraphView& g, int32_t n) {
+  const plx_graph_node& s = g.node(n);
+  if (s.num_inputs != 1 || s.num_outputs != 1 || !g.valid(s.inputs[0]) || g.value(s.inputs[0]).ndim != 2)
+    return false;
+  const plx_attr* keep = g.find_attr(n, "keepdims");
+  if (keep && (keep->type != PLX_ATTR_INT || keep->i != 0)) return false;
+  const plx_attr* axes = g.find_attr(n, "axes");
+  return axes && axes->type == PLX_ATTR_INTS && axes->count == 1 && (axes->ints[0] == 0 || axes->ints[0] == -2);
+}
+
 // The first node of `op` in the view, -1 if none.
 int32_t first_of(const sdk::GraphView& g, std::string_view op) {
   for (int32_t n = 0; n < g.num_nodes(); ++n)
@@ -563,13 +574,14 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
   // A ReLU's backward with the bias gradient's sum of what it writes (a conv layer without a
-  // pool): one pass over the gradient instead of two (ops/pool.cu).
+  // pool, or a linear layer: the sum over rows of a 2-d gradient): one pass over the gradient
+  // instead of two (ops/pool.cu).
   for (int32_t n = 0; n < g.num_nodes(); ++n) {
     if (!g.is(n, "relu_backward") || g.node(n).num_outputs != 1) continue;
     const int32_t v = g.node(n).outputs[0];
-    if (!g.valid(v) || g.value(v).ndim != 4) continue;
+    if (!g.valid(v) || (g.value(v).ndim != 4 && g.value(v).ndim != 2)) continue;
     for (int32_t r : g.readers(v))
-      if (g.is(r, "sum") && sdk::detail::bias_grad_sum(g, r)) {
+      if (g.is(r, "sum") && (g.value(v).ndim == 4 ? sdk::detail::bias_grad_sum(g, r) : row_sum(g, r))) {
         const int32_t pair[2] = {n, r};
         claim(user, pair, 2, "relu_backward+sum");
         break;

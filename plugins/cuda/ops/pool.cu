@@ -294,6 +294,55 @@ struct ReluGrad {
   }
 };
 
+// relu_backward then the sum over rows (a linear layer's bias gradient) of a (rows, cols)
+// gradient: dx where y > 0 else 0, and db its column sums. Blocks of 32 columns x 8 row lanes
+// (reads and writes coalesced along the columns) over (column tiles, row splits); each writes
+// its columns' partial sums, and the last block to finish adds the splits in order for every
+// column (deterministic) and resets the counter.
+constexpr int kColTile = 32, kRowLanes = kBlock / kColTile;
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    relu_column_sum_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                           int64_t rows, int64_t cols, float* part, T* __restrict__ db,
+                           unsigned* done) {
+  __shared__ float lanes[kRowLanes][kColTile + 1];
+  const int tx = static_cast<int>(threadIdx.x) % kColTile, lane = static_cast<int>(threadIdx.x) / kColTile;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  const int64_t splits = gridDim.y, sp = blockIdx.y;
+  const int64_t r0 = rows * sp / splits, r1 = rows * (sp + 1) / splits;
+  float acc = 0.0f;
+  if (col < cols)
+    for (int64_t r = r0 + lane; r < r1; r += kRowLanes) {
+      const int64_t i = r * cols + col;
+      const T v = from_accum<T>(to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f);
+      dx[i] = v;
+      acc += to_accum<T>(v);
+    }
+  lanes[lane][tx] = acc;
+  __syncthreads();
+  if (lane == 0 && col < cols) {
+    float t = 0.0f;
+    for (int k = 0; k < kRowLanes; ++k) t += lanes[k][tx];
+    part[sp * cols + col] = t;
+  }
+  if (!last_block_arrives(done, gridDim.x * gridDim.y)) return;
+  const volatile float* vp = part;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float t = 0.0f;
+    for (int64_t k = 0; k < splits; ++k) t += vp[k * cols + c];
+    db[c] = from_accum<T>(t);
+  }
+  if (threadIdx.x == 0) *done = 0;
+}
+
+// relu_column_sum_kernel's row splits: about two blocks per SM over the column tiles, each split
+// at least kRowLanes rows (and at most 65535 splits).
+unsigned column_sum_splits(int sms, int64_t rows, int64_t cols) {
+  const int64_t tiles = std::max<int64_t>((cols + kColTile - 1) / kColTile, 1);
+  return static_cast<unsigned>(std::clamp<int64_t>((int64_t{2} * std::max(sms, 1) + tiles - 1) / tiles, 1,
+                                                   std::clamp<int64_t>(rows / kRowLanes, 1, 65535)));
+}
+
 // The grid of channel_sum_kernel: about two blocks per SM over all channels, each with at least
 // one image (and at most 65535 splits, the grid's y limit).
 unsigned channel_sum_splits(int sms, int64_t channels, int64_t images) {
@@ -527,15 +576,16 @@ class ReluBackwardSumKernel final : public Kernel {
     PLX_DECLINE_UNLESS(dy_ >= 0 && y_ >= 0 && dx_ >= 0 && db_ >= 0,
                        "relu_backward+sum: an input or output is not at the boundary");
     const plx_tensor& x = g.value(relu.outputs[0]);
-    PLX_DECLINE_UNLESS(x.ndim == 4 && sdk::is_contiguous(x) &&
+    PLX_DECLINE_UNLESS((x.ndim == 4 || x.ndim == 2) && sdk::is_contiguous(x) &&
                            sdk::is_contiguous(g.value(relu.inputs[0])) &&
                            sdk::is_contiguous(g.value(relu.inputs[1])),
-                       "relu_backward+sum: NCHW contiguous tensors");
+                       "relu_backward+sum: NCHW or (rows, cols) contiguous tensors");
     images_ = x.shape[0];
     channels_ = x.shape[1];
-    hw_ = x.shape[2] * x.shape[3];
+    rows_ = x.ndim == 2;  // a linear layer's: the sum over rows
+    hw_ = rows_ ? 1 : x.shape[2] * x.shape[3];
     PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "relu_backward+sum: too many channels");
-    splits_ = channel_sum_splits(sms, channels_, images_);
+    splits_ = rows_ ? column_sum_splits(sms, images_, channels_) : channel_sum_splits(sms, channels_, images_);
   }
 
   uint64_t workspace_bytes() const override {
@@ -546,6 +596,18 @@ class ReluBackwardSumKernel final : public Kernel {
     use_device(device_);
     if (channels_ == 0) return;
     const cudaStream_t s = native(c.stream);
+    if (rows_) {
+      if (images_ == 0) {  // no row: the sums are 0
+        PLX_CUDA_CHECK(cudaMemsetAsync(c.out(db_).data, 0, static_cast<size_t>(channels_) * sizeof(T), s));
+        return;
+      }
+      const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
+      relu_column_sum_kernel<T><<<grid, kBlock, 0, s>>>(
+          ptr<T>(c.in(dy_)), ptr<T>(c.in(y_)), ptr<T>(c.out(dx_)), images_, channels_,
+          static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
+      PLX_CUDA_LAUNCH_CHECK();
+      return;
+    }
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
     const T* dy = ptr<T>(c.in(dy_));
     const T* y = ptr<T>(c.in(y_));
@@ -566,7 +628,8 @@ class ReluBackwardSumKernel final : public Kernel {
  private:
   int32_t device_;
   int32_t dy_ = -1, y_ = -1, dx_ = -1, db_ = -1;
-  int64_t images_ = 0, channels_ = 0, hw_ = 0;
+  int64_t images_ = 0, channels_ = 0, hw_ = 0;  // (rows, cols, 1) for a 2-d gradient
+  bool rows_ = false;
   unsigned splits_ = 1;
   BlockCounter done_;
 };

@@ -94,6 +94,7 @@ foreach(t
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
+    "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
     "every node of a cuda convnet training step matches the cpu op on its inputs"
@@ -118,7 +119,8 @@ endforeach()
 foreach(t
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
-    "conv + max-pool fused on cuda matches the cpu")
+    "conv + max-pool fused on cuda matches the cpu"
+    "relu_backward with its sum over rows fused on cuda matches the cpu")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             PLEXUS_EMU_SCHEDULE=ahead $<TARGET_FILE:plexus_tests> ${t})
@@ -147,7 +149,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
   foreach(t
       "cuda ops match the cpu reference"
       "the classifier head fused on cuda matches the cpu"
-      "conv + max-pool fused on cuda matches the cpu")
+      "conv + max-pool fused on cuda matches the cpu"
+      "relu_backward with its sum over rows fused on cuda matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"
       COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
               LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0
