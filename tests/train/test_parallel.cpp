@@ -114,6 +114,25 @@ Params train_slice(Backend& be, int64_t first, int64_t rows, int steps, CommGrou
 
 Communicator& threads_comm() { return runtime().communicator("threads"); }
 
+// The CUDA backend with a device and the NCCL communicator, or why a [cuda][comm] test cannot run.
+struct CudaNccl {
+  Backend* gpu = nullptr;
+  Communicator* nccl = nullptr;
+  const char* missing = nullptr;
+};
+CudaNccl cuda_nccl() {
+  CudaNccl r;
+  r.gpu = runtime().find_backend("cuda");
+  if (!r.gpu || r.gpu->device_count() == 0) {
+    r.missing = "no CUDA device";
+    return r;
+  }
+  for (Communicator* c : runtime().communicators())
+    if (c->name() == "nccl") r.nccl = c;
+  if (!r.nccl) r.missing = "the NCCL communicator plugin is not loaded";
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("launch_info reads OpenMPI, PMI and Slurm environments", "[cpu][parallel]") {
@@ -382,12 +401,10 @@ TEST_CASE("gradient buckets on a cuda communication stream leave a one-rank step
   // The stream path of GradientSync (events, a communication stream, a captured step) on one
   // GPU: an all-reduce over one rank changes nothing, so 4 steps must give the same bits as
   // without it, with the step captured and replayed after its second run.
-  Backend* gpu = runtime().find_backend("cuda");
-  if (!gpu || gpu->device_count() == 0) PLX_SKIP("no CUDA device");
-  Communicator* nccl = nullptr;
-  for (Communicator* c : runtime().communicators())
-    if (c->name() == "nccl") nccl = c;
-  if (!nccl) PLX_SKIP("the NCCL communicator plugin is not loaded");
+  const CudaNccl cn = cuda_nccl();
+  if (cn.missing) PLX_SKIP(cn.missing);
+  Backend* gpu = cn.gpu;
+  Communicator* nccl = cn.nccl;
   const Params plain = train_slice(*gpu, 0, kBatch, 4, nullptr, {});
   auto g = nccl->join(*gpu, 0, 0, 1, nccl->unique_id(), 20000);
   GradSyncOptions o;
@@ -412,12 +429,10 @@ TEST_CASE("a 16-bit cuda step all-reduces its gradients between their casts and 
   // (ExecutableOptions::exchanged, as the trainer sets them) the core refuses those groups, the
   // plugin claims the same kernels without the casts, and 3 steps over a one-rank group give the
   // same bits as without it.
-  Backend* gpu = runtime().find_backend("cuda");
-  if (!gpu || gpu->device_count() == 0) PLX_SKIP("no CUDA device");
-  Communicator* nccl = nullptr;
-  for (Communicator* c : runtime().communicators())
-    if (c->name() == "nccl") nccl = c;
-  if (!nccl) PLX_SKIP("the NCCL communicator plugin is not loaded");
+  const CudaNccl cn = cuda_nccl();
+  if (cn.missing) PLX_SKIP(cn.missing);
+  Backend* gpu = cn.gpu;
+  Communicator* nccl = cn.nccl;
   auto group = nccl->join(*gpu, 0, 0, 1, nccl->unique_id(), 20000);
   const ModelSpec spec = builtin_model("convnet");
   const int64_t rows = 8;
