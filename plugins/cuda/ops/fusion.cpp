@@ -598,8 +598,19 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
     claim(user, chain.data(), static_cast<int32_t>(chain.size()), name.c_str());
   }
-  for (const auto& run : cast_runs(g, taken))
-    claim(user, run.data(), static_cast<int32_t>(run.size()), "multi_tensor_cast");
+  // A run the core refuses (under data parallelism it would hold a gradient back from its
+  // all-reduce) is tried again as its parts of casts next to each other in graph order (a
+  // layer's weight and bias gradients).
+  for (const auto& run : cast_runs(g, taken)) {
+    if (claim(user, run.data(), static_cast<int32_t>(run.size()), "multi_tensor_cast") == PLX_OK) continue;
+    for (size_t i = 0; i < run.size();) {
+      size_t j = i + 1;
+      while (j < run.size() && run[j] == run[j - 1] + 1) ++j;
+      if (j - i >= 2 && j - i < run.size())
+        claim(user, run.data() + i, static_cast<int32_t>(j - i), "multi_tensor_cast");
+      i = j;
+    }
+  }
 }
 
 void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* inputs,
