@@ -566,24 +566,21 @@ std::vector<Var> backward_impl(Graph& g, Var loss, const std::vector<Var>& wrt, 
   // the first layer) has its gradient emitted as soon as every reader of the cast has given its
   // share, not at the end of backward where its place in the forward would put it: the f32
   // gradient is then ready layer by layer, so data parallelism's buckets start during backward.
-  std::vector<int32_t> cast_readers(forward_nodes, -1);  // per param cast: readers left
+  std::vector<int32_t> cast_readers(forward_nodes, 0);  // per param cast: readers left
+  std::vector<int32_t> cast_of_value(nvalues, -1);      // a param cast's output -> the cast node
   std::vector<char> emitted(forward_nodes, 0);
   for (size_t n = 0; n < forward_nodes; ++n) {
     const GraphNode& node = g.nodes()[n];
-    if (!node.schema || node.schema->name != "cast" || node.inputs.size() != 1 ||
-        !node.inputs[0].valid() || g.value(node.inputs[0]).kind != ValueKind::Parameter ||
-        !dep[static_cast<size_t>(node.inputs[0].id)])
-      continue;
-    int32_t r = 0;
-    for (size_t m = n + 1; m < forward_nodes; ++m)
-      for (Var in : g.nodes()[m].inputs) r += in.valid() && in.id == node.outputs[0].id;
-    bool kept = false;  // an output of the graph: its gradient is not complete early
-    for (const auto& [name, v] : g.outputs()) kept = kept || v.id == node.outputs[0].id;
-    if (r > 0 && !kept) cast_readers[n] = r;
+    for (Var in : node.inputs)  // count the readers of the casts found so far (they come first)
+      if (in.valid() && cast_of_value[static_cast<size_t>(in.id)] >= 0)
+        ++cast_readers[static_cast<size_t>(cast_of_value[static_cast<size_t>(in.id)])];
+    if (node.schema && node.schema->name == "cast" && node.inputs.size() == 1 &&
+        node.inputs[0].valid() && g.value(node.inputs[0]).kind == ValueKind::Parameter &&
+        dep[static_cast<size_t>(node.inputs[0].id)])
+      cast_of_value[static_cast<size_t>(node.outputs[0].id)] = static_cast<int32_t>(n);
   }
-  std::vector<int32_t> cast_of_value(nvalues, -1);  // a param cast's output -> the cast node
-  for (size_t n = 0; n < forward_nodes; ++n)
-    if (cast_readers[n] > 0) cast_of_value[static_cast<size_t>(g.nodes()[n].outputs[0].id)] = static_cast<int32_t>(n);
+  // A graph output's gradient is not complete early: such a cast waits for its place.
+  for (const auto& [name, v] : g.outputs()) cast_of_value[static_cast<size_t>(v.id)] = -1;
 
   auto process = [&](auto& self, size_t n) -> void {
     const GraphNode node = g.nodes()[n];  // a copy: appending nodes moves the vector
