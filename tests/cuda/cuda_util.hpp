@@ -97,9 +97,9 @@ inline std::string why_not_runnable(bool* load_failed) {
   if (!plx_why_.empty()) PLX_SKIP(plx_why_.c_str());                          \
   ::plexus::Backend& var = *::plexus::test::cuda::backend()
 
-// PLX_REQUIRE_CUDA, and skips on the CUDA emulator too: for tests of the Tensor Core kernels,
-// which are PTX the emulator cannot run (they have emulations of their own, *_emulate.py).
+// PLX_REQUIRE_CUDA, and skips on the CUDA emulator too: for tests of the Hopper GEMM, whose wgmma
+// and TMA the emulator does not model (it has an emulation of its own, wgmma_gemm_emulate.py).
 #define PLX_REQUIRE_CUDA_HARDWARE(var)                                                   \
   PLX_REQUIRE_CUDA(var);                                                                 \
   if (::plexus::test::cuda::emulated(var))                                               \
-    PLX_SKIP("the CUDA emulator cannot run Tensor Core (PTX) kernels; they run on a GPU")
+    PLX_SKIP("the CUDA emulator does not model wgmma and TMA; the Hopper GEMM runs on a GPU")

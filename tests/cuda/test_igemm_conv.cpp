@@ -188,7 +188,7 @@ void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
 }  // namespace
 
 TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]") {
-  PLX_REQUIRE_CUDA_HARDWARE(gpu);
+  PLX_REQUIRE_CUDA(gpu);
   uint64_t seed = 20261123;
   int ran_fwd = 0, ran_bd = 0, ran_bw = 0;
   for (plx_dtype d : {PLX_F16, PLX_BF16}) {
@@ -237,7 +237,7 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
 // The same candidate twice on the same inputs gives the same bits (the flags say deterministic:
 // no atomics, and the weight gradient's split-K slices are summed in a fixed order).
 TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
-  PLX_REQUIRE_CUDA_HARDWARE(gpu);
+  PLX_REQUIRE_CUDA(gpu);
   const Geo g = {{4, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}};
   const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
   const Shape y_shape = out_shape(g);
@@ -266,7 +266,7 @@ TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
 
 // What the kernels do not handle they decline, with the reason, and cuDNN takes the node.
 TEST_CASE("cuda igemm convolution candidates decline what they do not handle", "[cuda]") {
-  PLX_REQUIRE_CUDA_HARDWARE(gpu);
+  PLX_REQUIRE_CUDA(gpu);
   const plx_dtype d = PLX_BF16;
   const OpSchema& s = runtime().ops().get("conv2d");
   struct Decline {

@@ -131,14 +131,6 @@ struct MmaArgs {
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
 using namespace ptx;
 
-// f32 -> TF32, rounded to nearest (ties away), as cuBLAS rounds its TF32 inputs; the MMA alone
-// would just drop the low 13 bits.
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
 // ---- epilogue ----
 // The CPU's constants, rounded to f32 as its functors round them (as ops/elementwise.cu).
 constexpr float kGeluSqrt2OverPi = static_cast<float>(0.7978845608028654);

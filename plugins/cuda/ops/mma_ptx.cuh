@@ -1,6 +1,8 @@
 // PTX wrappers shared by our Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cu), sm_80 and
 // later: shared-memory addresses, cp.async copies and their groups, ldmatrix fragment loads, and
-// the mma.sync tiles (PTX ISA, "Warp-level matrix instructions").
+// the mma.sync tiles (PTX ISA, "Warp-level matrix instructions"). The CUDA emulator
+// (tests/cuda/emu) compiles the kernels with its own versions of these, plx_emu_ptx.hpp: keep the
+// two sets of signatures alike.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,14 @@ namespace plexus::cuda::ptx {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// f32 -> TF32, rounded to nearest (ties away), as cuBLAS rounds its TF32 inputs; the MMA alone
+// would just drop the low 13 bits.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
 }
 
 // 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0: nothing is read).

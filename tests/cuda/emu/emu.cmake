@@ -2,8 +2,11 @@
 set(PLEXUS_EMU_PLUGIN_DIR ${PROJECT_BINARY_DIR}/emu-plugins)
 set(emu_dir ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu)
 set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
-# The CUDA plugin's kernel files that need neither cuBLAS, cuDNN nor Tensor Core instructions.
-set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool)
+# The CUDA plugin's kernel files that need neither cuBLAS nor cuDNN: all but the Hopper GEMM
+# (wgmma and TMA, which the emulator does not model; tests/cuda/wgmma_gemm_emulate.py does).
+# The mma.sync kernels run on the emulator's PTX (include/plx_emu_ptx.hpp).
+set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
+    mma_gemm igemm_conv)
 set(emu_sources)
 set(emu_kernel_sources)
 foreach(f ${emu_kernel_files})
@@ -88,10 +91,14 @@ add_dependencies(plexus_tests plexus_cuda_emu_selftest)
 add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
   COMMAND plexus_cuda_emu_selftest)
 
-# The CUDA tests that need no Tensor Core kernel, against the emulated plugin. (Run one by one:
-# a skipped test would turn a whole-suite run into a skip.)
+# The CUDA tests, against the emulated plugin, all but the Hopper GEMM's. (Run one by one: a
+# skipped test would turn a whole-suite run into a skip.)
 foreach(t
     "cuda ops match the cpu reference"
+    "every cuda tensor core gemm candidate matches the cpu"
+    "cuda igemm convolution candidates match the cpu reference"
+    "cuda igemm convolution candidates are deterministic"
+    "cuda igemm convolution candidates decline what they do not handle"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
@@ -114,16 +121,30 @@ foreach(t
   set_tests_properties("cuda emulator: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
 
+# The op suite again on the plugin's own kernels first (the test runtime's backend.kernels): the
+# mma.sync GEMMs take the f16 and bf16 matmul and linear cases they accept, the implicit-GEMM
+# convolutions those convolutions, instead of the stand-ins for cuBLASLt and cuDNN.
+add_test(NAME "cuda emulator, native kernels: cuda ops match the cpu reference"
+  COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+          PLEXUS_TEST_KERNELS=native $<TARGET_FILE:plexus_tests> "cuda ops match the cpu reference")
+set_tests_properties("cuda emulator, native kernels: cuda ops match the cpu reference" PROPERTIES
+  SKIP_RETURN_CODE 77 TIMEOUT 900)
+
 # The kernels again with each warp running as far ahead as CUDA allows (PLEXUS_EMU_SCHEDULE):
-# a result that changes is a race on memory another warp writes without a barrier between.
+# a result that changes is a race on memory another warp writes without a barrier between. There
+# cp.async lands when it is issued (PLEXUS_EMU_CP_ASYNC=early), so a copy into a pipeline stage
+# that a warp behind still reads changes what it reads; in the runs above it lands at its wait,
+# so a stage read before its wait reads old bytes.
 foreach(t
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
-    "relu_backward with its sum over rows fused on cuda matches the cpu")
+    "relu_backward with its sum over rows fused on cuda matches the cpu"
+    "every cuda tensor core gemm candidate matches the cpu"
+    "cuda igemm convolution candidates match the cpu reference")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            PLEXUS_EMU_SCHEDULE=ahead $<TARGET_FILE:plexus_tests> ${t})
+            PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early $<TARGET_FILE:plexus_tests> ${t})
   set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
@@ -150,7 +171,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "cuda ops match the cpu reference"
       "the classifier head fused on cuda matches the cpu"
       "conv + max-pool fused on cuda matches the cpu"
-      "relu_backward with its sum over rows fused on cuda matches the cpu")
+      "relu_backward with its sum over rows fused on cuda matches the cpu"
+      "every cuda tensor core gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"
       COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
               LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0

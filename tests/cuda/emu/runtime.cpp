@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <new>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "plexus/sdk/dtype.hpp"
 
 // Under AddressSanitizer (the emulator's memcheck build, emu.cmake) every switch between stacks
 // is announced, and a fiber's stack is unpoisoned before it is used again.
@@ -68,6 +72,7 @@ namespace {
 
 constexpr size_t kStack = size_t{256} << 10;  // per CUDA thread; the pages are touched on use
 constexpr int kMaxThreads = 1024;
+constexpr size_t kSlot = 32;  // bytes a lane offers at a warp meeting (an mma's A and B fragments)
 
 // Thrown out of a launch when a block cannot go on (a deadlock, a trap, an error in a thread).
 struct LaunchFault : std::runtime_error {
@@ -103,10 +108,22 @@ struct Block {
   // Warps: arrival masks, generations, and two banks of 32 value slots each.
   struct Warp {
     unsigned arrived = 0, mask = 0, gen = 0;
-    alignas(16) unsigned char slot[2][kWarp][16];
+    alignas(16) unsigned char slot[2][kWarp][kSlot];
   };
   std::vector<Warp> warps;
   std::vector<unsigned char> smem;  // dynamic shared memory
+  // cp.async per thread: the copies issued since the last commit, and the committed groups not
+  // yet waited for, oldest first (each copy's source bytes are read when it is issued).
+  struct AsyncCopy {
+    unsigned char* dst;
+    unsigned char data[16];
+    int bytes;
+  };
+  struct Async {
+    std::vector<AsyncCopy> open;
+    std::deque<std::vector<AsyncCopy>> groups;
+  };
+  std::vector<Async> async;
 
   Block() {
     void* p = mmap(nullptr, kStack * kMaxThreads, PROT_READ | PROT_WRITE,
@@ -237,6 +254,8 @@ void run_block(Block& b, const char* name, int nthreads) {
   b.arrived = 0;
   b.acc = 0;
   for (auto& w : b.warps) w.arrived = 0, w.mask = 0;
+  b.async.resize(static_cast<size_t>(nthreads));
+  for (auto& a : b.async) a.open.clear(), a.groups.clear();
   for (int t = 0; t < nthreads; ++t) {
     Fiber& f = b.fibers[t];
     f.done = false;
@@ -375,6 +394,183 @@ void shfl(unsigned mask, const void* mine, void* out, size_t bytes, int src) {
 }
 
 void* dynamic_smem() { return g_block->smem.data(); }
+
+// ---- PTX (plx_emu_ptx.hpp) ----
+
+namespace {
+
+// The lanes a warp-wide (.sync.aligned) instruction needs: all 32, every one of them live.
+unsigned whole_warp(const char* what) {
+  const int w = g_thread->linear / kWarp;
+  const int nthreads = static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
+  if (nthreads - w * kWarp < kWarp)
+    trap((std::string(what) + ": the warp has fewer than 32 threads (the block size is not a "
+                              "multiple of 32), but the instruction needs all of them").c_str());
+  return ~0u;
+}
+
+// The bytes at shared address `addr` (an offset into the launch's dynamic shared memory).
+unsigned char* shared_at(uint32_t addr, size_t bytes, size_t align, const char* what) {
+  Block& b = *g_block;
+  if (addr % align != 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: shared address %u is not %zu-byte aligned", what, addr, align);
+    trap(buf);
+  }
+  if (static_cast<size_t>(addr) + bytes > b.smem.size()) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "%s: shared address %u + %zu bytes is past the launch's %zu bytes of dynamic "
+                  "shared memory", what, addr, bytes, b.smem.size());
+    trap(buf);
+  }
+  return b.smem.data() + addr;
+}
+
+// When a cp.async's bytes land in shared memory (PLEXUS_EMU_CP_ASYNC): "late" (the default) at
+// the cp.async.wait_group that retires its group, so that a read of the stage before the wait
+// sees the old bytes; "early" when it is issued, so that a copy into a stage other warps still
+// read changes what they read.
+bool cp_async_early() {
+  static const bool early = [] {
+    const char* e = std::getenv("PLEXUS_EMU_CP_ASYNC");
+    const std::string v = e ? e : "";
+    if (!v.empty() && v != "late" && v != "early")
+      std::fprintf(stderr, "cuda emulator: PLEXUS_EMU_CP_ASYNC=%s: expected late or early; "
+                           "running late\n", v.c_str());
+    return v == "early";
+  }();
+  return early;
+}
+
+void land(const std::vector<Block::AsyncCopy>& copies) {
+  for (const Block::AsyncCopy& c : copies) std::memcpy(c.dst, c.data, static_cast<size_t>(c.bytes));
+}
+
+}  // namespace
+
+uint32_t shared_address(const void* p) {
+  Block& b = *g_block;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (b.smem.empty() || c < b.smem.data() || c > b.smem.data() + b.smem.size())
+    trap("__cvta_generic_to_shared: the emulator maps only the launch's dynamic shared memory "
+         "(extern __shared__) to shared addresses");
+  return static_cast<uint32_t>(c - b.smem.data());
+}
+
+void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
+  if (bytes != 4 && bytes != 8 && bytes != 16) trap("cp.async: the copy size must be 4, 8 or 16");
+  if (src_bytes < 0 || src_bytes > bytes) trap("cp.async: src-size past the copy size");
+  if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
+    trap("cp.async: the global source is not aligned to the copy size");
+  Block::AsyncCopy c{shared_at(dst, static_cast<size_t>(bytes), static_cast<size_t>(bytes), "cp.async"),
+                     {}, bytes};
+  std::memset(c.data, 0, sizeof c.data);
+  if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
+  if (cp_async_early()) land({c});
+  else g_block->async[static_cast<size_t>(g_thread->linear)].open.push_back(c);
+}
+
+void cp_async_commit() {
+  Block::Async& a = g_block->async[static_cast<size_t>(g_thread->linear)];
+  a.groups.push_back(std::move(a.open));  // an empty group counts, as in PTX
+  a.open.clear();
+}
+
+void cp_async_wait(int pending) {
+  Block::Async& a = g_block->async[static_cast<size_t>(g_thread->linear)];
+  while (static_cast<int>(a.groups.size()) > pending) {
+    land(a.groups.front());
+    a.groups.pop_front();
+  }
+}
+
+void ldmatrix(uint32_t* r, int count, uint32_t addr, bool trans) {
+  Block& b = *g_block;
+  const unsigned mask = whole_warp("ldmatrix");
+  const int bank = warp_meet(b, mask, &addr, sizeof addr, "ldmatrix");
+  const auto& slot = b.warps[g_thread->linear / kWarp].slot[bank];
+  auto row_addr = [&](int lane) {
+    uint32_t a;
+    std::memcpy(&a, slot[lane], sizeof a);
+    return a;
+  };
+  // Matrix i's rows are addressed by lanes 8i .. 8i+7; this lane gets row lane / 4, elements
+  // 2 (lane % 4) and + 1 of it, or with .trans, element lane / 4 of rows 2 (lane % 4) and + 1.
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  for (int i = 0; i < count; ++i) {
+    uint16_t lo, hi;
+    if (!trans) {
+      const unsigned char* row = shared_at(row_addr(8 * i + g), 16, 16, "ldmatrix");
+      std::memcpy(&lo, row + 4 * t, 2);
+      std::memcpy(&hi, row + 4 * t + 2, 2);
+    } else {
+      std::memcpy(&lo, shared_at(row_addr(8 * i + 2 * t), 16, 16, "ldmatrix") + 2 * g, 2);
+      std::memcpy(&hi, shared_at(row_addr(8 * i + 2 * t + 1), 16, 16, "ldmatrix") + 2 * g, 2);
+    }
+    r[i] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+  }
+}
+
+void mma(float* c, const uint32_t* a, const uint32_t* bf, MmaKind kind) {
+  Block& b = *g_block;
+  const unsigned mask = whole_warp("mma.sync");
+  uint32_t mine[6] = {a[0], a[1], a[2], a[3], bf[0], bf[1]};
+  const int bank = warp_meet(b, mask, mine, sizeof mine, "mma.sync");
+  const auto& slot = b.warps[g_thread->linear / kWarp].slot[bank];
+  auto reg = [&](int lane, int j) {
+    uint32_t v;
+    std::memcpy(&v, slot[lane] + 4 * j, sizeof v);
+    return v;
+  };
+  auto half_value = [&](uint32_t v, int half) -> double {
+    const auto bits = static_cast<uint16_t>(half ? v >> 16 : v & 0xffffu);
+    if (kind == MmaKind::kBF16) return plexus::bf16_bits_to_f32(bits);
+    return plexus::f16_bits_to_f32(bits);
+  };
+  auto tf32_value = [](uint32_t v) -> double {
+    v &= ~0x1fffu;  // the MMA reads 19 bits of each f32 (sign, exponent, 10 of the mantissa)
+    float f;
+    std::memcpy(&f, &v, sizeof f);
+    return f;
+  };
+  // Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 / m16n8k8"): lane (g, t) = (lane / 4,
+  // lane % 4) holds D rows g and g + 8, columns 2t and 2t + 1, as c0, c1 (row g), c2, c3.
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  const int K = kind == MmaKind::kTF32 ? 8 : 16;
+  double A[2][16], B[16][2];
+  for (int h = 0; h < 2; ++h) {
+    const int row = g + 8 * h;
+    for (int k = 0; k < K; ++k) {
+      if (kind == MmaKind::kTF32) {
+        // a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4].
+        A[h][k] = tf32_value(reg((row % 8) * 4 + k % 4, (row / 8) + 2 * (k / 4)));
+      } else {
+        // Register j of lane (g', t'): A[g' + 8 (j % 2)][2t' + 8 (j / 2) + {0, 1}].
+        A[h][k] = half_value(reg((row % 8) * 4 + (k % 8) / 2, (row / 8) + 2 * (k / 8)), k % 2);
+      }
+    }
+  }
+  for (int e = 0; e < 2; ++e) {
+    const int col = 2 * t + e;
+    for (int k = 0; k < K; ++k) {
+      if (kind == MmaKind::kTF32) {
+        // b0 = B[t'][g'], b1 = B[t' + 4][g'] (registers 4 and 5 of the meeting).
+        B[k][e] = tf32_value(reg(col * 4 + k % 4, 4 + k / 4));
+      } else {
+        // Register j of lane (g', t'): B[2t' + 8j + {0, 1}][g'].
+        B[k][e] = half_value(reg(col * 4 + (k % 8) / 2, 4 + k / 8), k % 2);
+      }
+    }
+  }
+  // The products are exact in double; the sum is rounded once, to f32, with c.
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 2; ++e) {
+      double s = c[2 * h + e];
+      for (int k = 0; k < K; ++k) s += A[h][k] * B[k][e];
+      c[2 * h + e] = static_cast<float>(s);
+    }
+}
 
 void trap(const char* what) { throw std::runtime_error(what); }
 

@@ -1,7 +1,6 @@
-// What the emulated CUDA plugin has instead of the parts built on cuBLASLt, cuDNN and the Tensor
-// Cores (ops/gemm.cpp, ops/conv.cpp, ops/mma_gemm.cu, ops/igemm_conv.cu), which it does not build:
-// plain emulated kernels for matmul, linear and the three convolutions (one thread per output,
-// sums in f32), registered as the library kernels. They let whole training steps, the fusions
+// What the emulated CUDA plugin has instead of the parts built on cuBLASLt and cuDNN (ops/gemm.cpp,
+// ops/conv.cpp), which it does not build: plain emulated kernels for matmul, linear and the three
+// convolutions (one thread per output, sums in f32), registered as the library kernels. They let whole training steps, the fusions
 // that contain these ops and graph capture run on the emulator; they are not what the GPU runs,
 // and the op suite does not count them (tests/cuda/test_cuda_ops.cpp skips their ops there).
 #include <vector>
@@ -9,6 +8,7 @@
 #include "common.hpp"
 #include "device.cuh"
 #include "ops/gemm_problem.hpp"
+#include "ops/igemm_conv.hpp"
 #include "plexus/sdk/fusion.hpp"
 #include "plexus/sdk/op_params.hpp"
 
@@ -253,8 +253,9 @@ void register_gemm(KernelRegistry& r) {
   add_dtype<f16>(r);
   add_dtype<bf16>(r);
 }
-void register_mma_gemm(KernelRegistry&) {}
-void register_conv(KernelRegistry&) {}
+// The plugin's own implicit-GEMM convolutions (ops/igemm_conv.cu, emulated) after the
+// stand-ins, as the plugin registers them after cuDNN's.
+void register_conv(KernelRegistry& r) { register_igemm_conv(r); }
 
 // cuBLASLt's RELU_BIAS epilogue: here the linear stand-in and the plugin's ReLU in place, as
 // the chain the plugin builds for other layer + activation pairs.

@@ -5,14 +5,18 @@
 # on the device, the step captured and replayed, the fused kernels, a checkpoint read back from
 # the device) and holds their losses and final checkpoints to each other; then the same in bf16
 # and in f16 with loss scaling on the emulator alone, which must train (finite, falling losses)
-# and, for f16, start at a loss scale of 65536.
+# and, for f16, start at a loss scale of 65536. Those runs take the library side (the emulator's
+# stand-ins for cuBLASLt and cuDNN): the tuner would time every candidate on the CPU, minutes for
+# nothing. A last run takes the native side, the plugin's own Tensor Core kernels (mma.sync
+# GEMMs, implicit-GEMM convolutions) on the emulator's PTX, and is held to the CPU as well.
 set -euo pipefail
 plexus=$1 compare=$2 emu=$3 work=$4
 rm -rf "$work"
 mkdir -p "$work"
 common=(--set train.max_steps=6 --set train.eval=false --set data.limit=768
         --set logging.progress=\"plain\" --set train.seed=3)
-emu_args=(--set backend.name=\"cuda\" --set "plugins.paths=[\"$emu\"]")
+emu_args=(--set backend.name=\"cuda\" --set "plugins.paths=[\"$emu\"]"
+          --set backend.kernels=\"library\")
 echo "== cpu, f32"
 "$plexus" train configs/simplecnn.toml --set backend.name=\"cpu\" "${common[@]}" \
   --set output.dir=\"$work/cpu\"
@@ -53,4 +57,13 @@ echo "== emulated cuda, bf16 adamw"
   --set output.dir=\"$work/cuda-bf16-adamw\"
 echo "== compare"
 "$compare" "$work/cpu-bf16" "$work/cuda-bf16-adamw" --rtol 2e-2 --atol 1e-3
+echo "== emulated cuda, bf16 adamw, native kernels"
+"$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" "${bf16[@]}" \
+  --set backend.kernels=\"native\" --set output.dir=\"$work/cuda-bf16-native\"
+for k in mma_sync_ igemm_mma_; do
+  grep -q "on $k" "$work/cuda-bf16-native/manifest.json" ||
+    { echo "no op ran on a $k kernel (manifest.json's kernels)"; exit 1; }
+done
+echo "== compare"
+"$compare" "$work/cpu-bf16" "$work/cuda-bf16-native" --rtol 2e-2 --atol 1e-3
 echo "trains on the emulator as on the cpu"

@@ -3,8 +3,10 @@
 
 Two constructs are not C++: a launch, `kernel<targs><<<grid, block, smem, stream>>>(args);`,
 becomes `::plx_emu::launch("kernel<targs>", &kernel<targs>, ::plx_emu::Config(grid, block,
-smem, stream), args);`, and a dynamic shared-memory array, `extern __shared__ T name[];`, becomes
-a pointer to the launch's dynamic shared memory. Everything else (keywords, built-in indices,
+smem, stream), args);`, and a dynamic shared-memory array, `extern __shared__ T name[];` (on a
+line of its own), becomes a pointer to the launch's dynamic shared memory (a local variable in
+a function, a macro at namespace scope). The one header of inline PTX, ops/mma_ptx.cuh, is
+replaced by the emulator's plx_emu_ptx.hpp. Everything else (keywords, built-in indices,
 intrinsics) is defined by the emulator's headers. Line numbers are kept, so compiler errors
 point at the original file.
 
@@ -80,16 +82,32 @@ def rewrite_launches(s):
 
 
 SHARED = re.compile(
-    r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:]+(?:\s+[\w:]+)*)\s+"
-    r"(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s*\[\s*\]\s*;")
+    r"^([ \t]*)extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:]+(?:\s+[\w:]+)*)\s+"
+    r"(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s*\[\s*\]\s*;", re.M)
+
+
+def shared_declaration(m):
+    """In a function (an indented line), a local pointer to the launch's dynamic shared memory. At
+    namespace scope (column 0, as the plugin's style puts it) a pointer would be initialised once,
+    before any launch, so there it is a macro (an identical redefinition is allowed)."""
+    indent, type_, name = m.group(1), m.group(2), m.group(3)
+    pointer = f"static_cast<{type_}*>(::plx_emu::dynamic_smem())"
+    if indent:
+        return f"{indent}{type_}* {name} = {pointer};"
+    return f"#define {name} ({pointer})"
+
+
+# Headers of inline PTX, and the emulator's versions of them (include/).
+EMULATED_HEADERS = {"ops/mma_ptx.cuh": "plx_emu_ptx.hpp"}
 
 
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     s = open(src).read()
     s = rewrite_launches(s)
-    s = SHARED.sub(lambda m: f"{m.group(1)}* {m.group(2)} = "
-                   f"static_cast<{m.group(1)}*>(::plx_emu::dynamic_smem());", s)
+    s = SHARED.sub(shared_declaration, s)
+    for header, emulated in EMULATED_HEADERS.items():
+        s = s.replace(f'#include "{header}"', f'#include "{emulated}"')
     with open(dst, "w") as f:
         f.write(f'#line 1 "{src}"\n' + s)
 

@@ -23,3 +23,11 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short v) {
   h.__x = v;
   return h;
 }
+
+// Two bf16 as one 4-byte-aligned store.
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {__nv_bfloat16(a), __nv_bfloat16(b)};
+}

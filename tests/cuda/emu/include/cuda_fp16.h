@@ -26,3 +26,9 @@ inline __half __ushort_as_half(unsigned short v) {
   return h;
 }
 inline bool __hisnan(__half h) { return (h.__x & 0x7fffu) > 0x7c00u; }
+
+// Two halves as one 4-byte-aligned store.
+struct alignas(4) __half2 {
+  __half x, y;
+};
+inline __half2 __floats2half2_rn(float a, float b) { return {__half(a), __half(b)}; }

@@ -73,6 +73,12 @@ enum cudaFuncAttribute {
 #define cudaHostAllocMapped 0x02
 #define cudaMemAttachGlobal 0x01
 
+// The vector types the kernels store through.
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
@@ -180,6 +186,13 @@ void launch(const char* name, void (*kernel)(P...), const Config& c, A&&... a) {
   auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(static_cast<std::decay_t<P>>(a)...);
   submit_launch(name, reinterpret_cast<const void*>(kernel), c,
                 [kernel, args] { std::apply(kernel, *args); });
+}
+
+// A launch through a variable that holds the kernel (`kernel_<<<...>>>(args)`): translate.py
+// takes its address as for a kernel's name.
+template <class... P, class... A>
+void launch(const char* name, void (*const* kernel)(P...), const Config& c, A&&... a) {
+  launch(name, *kernel, c, std::forward<A>(a)...);
 }
 
 // Runs `work` on stream `s` now, or records it when the stream is being captured (library

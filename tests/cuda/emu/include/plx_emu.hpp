@@ -61,6 +61,18 @@ void sync_warp(unsigned mask);
 void shfl(unsigned mask, const void* mine, void* out, size_t bytes, int src);
 // The launch's dynamic shared memory (extern __shared__).
 void* dynamic_smem();
+// PTX the Tensor Core kernels use (plx_emu_ptx.hpp wraps these as ops/mma_ptx.cuh does):
+// a shared address is an offset into the launch's dynamic shared memory; cp.async copies `bytes`
+// (the first `src_bytes` from `src`, zeros after) and lands them as PLEXUS_EMU_CP_ASYNC says;
+// ldmatrix loads `count` 8x8 matrices of 16-bit elements; mma multiplies one m16n8k16 (16-bit)
+// or m16n8k8 (TF32) tile into the f32 accumulators `c`. The last three are warp-wide.
+uint32_t shared_address(const void* p);
+void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);
+void ldmatrix(uint32_t* r, int count, uint32_t addr, bool trans);
+enum class MmaKind { kF16, kBF16, kTF32 };
+void mma(float* c, const uint32_t* a, const uint32_t* b, MmaKind kind);
 [[noreturn]] void trap(const char* what);
 
 inline int lane_id() { return g_thread->linear & (kWarp - 1); }
@@ -81,6 +93,7 @@ inline int __syncthreads_and(int v) {
       ::plx_emu::g_block_dim.x * ::plx_emu::g_block_dim.y * ::plx_emu::g_block_dim.z);
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::plx_emu::sync_warp(mask); }
+inline size_t __cvta_generic_to_shared(const void* p) { return ::plx_emu::shared_address(p); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 inline void __threadfence_system() {}

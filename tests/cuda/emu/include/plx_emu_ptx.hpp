@@ -1,0 +1,50 @@
+// The CUDA emulator's ops/mma_ptx.cuh: the same wrappers (signatures alike, namespace alike), on
+// the emulator's PTX (plx_emu.hpp) instead of inline assembly. translate.py includes this in
+// place of ops/mma_ptx.cuh, so the Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cu) run
+// on the CPU as they are written: cp.async and its groups, ldmatrix's row addresses and what each
+// lane gets, and the mma fragments, modelled from the PTX ISA independently of the kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "device.cuh"
+
+namespace plexus::cuda::ptx {
+
+inline uint32_t smem_addr(const void* p) { return ::plx_emu::shared_address(p); }
+
+// cvt.rna.tf32.f32: to nearest, ties away from zero, 10 mantissa bits kept (Inf and NaN as they
+// are; a carry out of the largest finite values gives Inf).
+inline uint32_t to_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & ~0x1fffu;
+}
+
+inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+  ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
+}
+inline void cp_async_commit() { ::plx_emu::cp_async_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  ::plx_emu::cp_async_wait(N);
+}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { ::plx_emu::ldmatrix(r, 4, addr, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  ::plx_emu::ldmatrix(r, 4, addr, true);
+}
+
+template <class T>
+inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "mma_16816: bf16 or f16");
+  ::plx_emu::mma(c, a, b, std::is_same_v<T, bf16> ? ::plx_emu::MmaKind::kBF16 : ::plx_emu::MmaKind::kF16);
+}
+inline void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  ::plx_emu::mma(c, a, b, ::plx_emu::MmaKind::kTF32);
+}
+
+}  // namespace plexus::cuda::ptx
