@@ -35,17 +35,10 @@ inline std::string unavailable_reason(Backend& b) {
   return r ? r : "";
 }
 
-// Whether the backend is the CUDA emulator (tests/cuda/emu): the CUDA plugin's own kernels run on
-// the CPU, without cuBLAS, cuDNN or Tensor Core kernels, whose ops it therefore lacks.
+// Whether the backend is the CUDA emulator (tests/cuda/emu): the CUDA plugin's kernels run on the
+// CPU, with cuBLASLt and cuDNN emulated and without the Hopper GEMM.
 inline bool emulated(Backend& b) {
   return b.device_count() > 0 && b.device(0).name.find("CUDA emulator") != std::string::npos;
-}
-// The ops the emulator lacks: those the plugin runs on cuBLASLt, cuDNN or the Tensor Cores.
-inline bool needs_library(const std::string& op_and_dtype) {
-  for (const char* op : {"matmul (", "linear (", "conv2d (", "conv2d_backward_data (",
-                         "conv2d_backward_weight ("})
-    if (op_and_dtype.rfind(op, 0) == 0) return true;
-  return false;
 }
 
 // Allows TF32 for f32 GEMMs and convolutions created from now on ("cuda.set_tf32"); false if the

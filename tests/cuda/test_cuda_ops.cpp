@@ -44,17 +44,6 @@ TEST_CASE("cuda ops match the cpu reference", "[cuda]") {
   const Options o = options_from_env();
   const Report r = run_cases("cuda", all_cases(), o);
   INFO("seed " << o.seed << "\n" << r.summary());
-  if (cuda::emulated(gpu)) {
-    // The emulated plugin has every op except those on cuBLASLt and cuDNN.
-    for (const std::string& m : r.missing) {
-      INFO(m);
-      CHECK(cuda::needs_library(m));
-    }
-    CHECK(r.failed == 0);
-    CHECK(r.cases > 0);
-    WARN("CUDA emulator: " << r.summary().substr(0, r.summary().find('\n')) << "\n" << r.coverage());
-    return;
-  }
   CHECK(r.missing.empty());
   CHECK(r.failed == 0);
   CHECK(r.cases > 0);

@@ -2,18 +2,16 @@
 set(PLEXUS_EMU_PLUGIN_DIR ${PROJECT_BINARY_DIR}/emu-plugins)
 set(emu_dir ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu)
 set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
-# The CUDA plugin's kernel files that need neither cuBLAS nor cuDNN: all but the Hopper GEMM
-# (wgmma and TMA, which the emulator does not model; tests/cuda/wgmma_gemm_emulate.py does).
-# The mma.sync kernels run on the emulator's PTX (include/plx_emu_ptx.hpp).
+# The CUDA plugin's kernel files: all but the Hopper GEMM (wgmma and TMA, which the emulator does
+# not model; tests/cuda/wgmma_gemm_emulate.py does). The mma.sync kernels run on the emulator's
+# PTX (include/plx_emu_ptx.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    mma_gemm igemm_conv)
+    gemm_bias mma_gemm igemm_conv)
 set(emu_sources)
 set(emu_kernel_sources)
 foreach(f ${emu_kernel_files})
   list(APPEND emu_kernel_sources ${cuda_dir}/ops/${f}.cu)
 endforeach()
-# The emulator's stand-ins for the cuBLASLt/cuDNN ops are kernels with launches too.
-list(APPEND emu_kernel_sources ${emu_dir}/standins.cpp)
 foreach(src ${emu_kernel_sources})
   get_filename_component(f ${src} NAME_WE)
   set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${f}.cpp)
@@ -27,10 +25,11 @@ endforeach()
 # `dir` beside links to the CPU and MPI plugins, compiled with the extra `flags` (the memcheck
 # build's AddressSanitizer).
 function(plexus_emu_variant suffix dir flags)
-  # The emulated runtime (and NCCL) is one shared library, as libcudart is: the emulated CUDA
-  # and NCCL plugins share its streams, captures and allocations.
+  # The emulated runtime (with NCCL, cuBLASLt and cuDNN) is one shared library, as libcudart
+  # is: the emulated CUDA and NCCL plugins share its streams, captures and allocations.
   set(rt plexus_cuda_emu_runtime${suffix})
-  add_library(${rt} SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp)
+  add_library(${rt} SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp
+    ${emu_dir}/cublaslt_emu.cpp ${emu_dir}/cudnn_emu.cpp)
   target_include_directories(${rt} BEFORE PUBLIC ${emu_dir}/include)
   target_link_libraries(${rt} PUBLIC Plexus::sdk)
   # No contraction into fused multiply-adds: the kernels' __fadd_rn/__fmul_rn mean what they say.
@@ -40,7 +39,8 @@ function(plexus_emu_variant suffix dir flags)
 
   set(plugin plexus_plugin_cuda_emu${suffix})
   add_library(${plugin} MODULE ${emu_sources}
-    ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp)
+    ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp
+    ${cuda_dir}/ops/gemm.cpp ${cuda_dir}/ops/conv.cpp ${cuda_dir}/ops/conv_algo_cache.cpp)
   # The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
   target_include_directories(${plugin} BEFORE PRIVATE ${emu_dir}/include)
   target_include_directories(${plugin} PRIVATE ${cuda_dir})

@@ -656,6 +656,16 @@ void run_or_record(cudaStream_t s, std::function<void()> work) {
   else work();
 }
 
+// PLEXUS_EMU_TRACE=file: one line per kernel as it runs (name, grid, block) and per library call
+// (its name), to count what a step launches.
+FILE* trace_file() {
+  static FILE* trace = [] {
+    const char* f = std::getenv("PLEXUS_EMU_TRACE");
+    return f && *f ? std::fopen(f, "w") : nullptr;
+  }();
+  return trace;
+}
+
 }  // namespace
 
 void submit_launch(const char* name, const void* fn, const Config& c, std::function<void()> thread) {
@@ -680,16 +690,11 @@ void submit_launch(const char* name, const void* fn, const Config& c, std::funct
     fail(cudaErrorInvalidValue);
     return;
   }
-  // PLEXUS_EMU_TRACE=file: one line per kernel as it runs (name, grid, block), to count what a
-  // step launches.
-  static FILE* trace = [] {
-    const char* f = std::getenv("PLEXUS_EMU_TRACE");
-    return f && *f ? std::fopen(f, "w") : nullptr;
-  }();
+  FILE* trace = trace_file();
   const Config cfg = c;
   const std::string kernel = name;
   if (trace) {
-    run_or_record(c.stream, [cfg, kernel] {
+    run_or_record(c.stream, [trace, cfg, kernel] {
       std::fprintf(trace, "%s grid (%u,%u,%u) block (%u,%u,%u)\n", kernel.c_str(), cfg.grid.x,
                    cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
       std::fflush(trace);
@@ -709,6 +714,25 @@ cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char*)
   std::lock_guard<std::mutex> lock(g_mu);
   run_or_record(s, std::move(work));
   return cudaSuccess;
+}
+
+void submit_library_call(cudaStream_t s, std::function<void()> work, const char* name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const std::string call = name;
+  if (FILE* trace = trace_file()) {
+    run_or_record(s, [trace, call] {
+      std::fprintf(trace, "%s (library)\n", call.c_str());
+      std::fflush(trace);
+    });
+  }
+  run_or_record(s, [call, work = std::move(work)] {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cuda emulator: %s: %s\n", call.c_str(), e.what());
+      g_last = cudaErrorLaunchFailure;
+    }
+  });
 }
 
 }  // namespace plx_emu
@@ -756,6 +780,12 @@ cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (!version) return fail(cudaErrorInvalidValue);
+  *version = 13000;  // the toolkit the plugin is built with here
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device != 0) return fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};

@@ -104,6 +104,7 @@ cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
+cudaError_t cudaRuntimeGetVersion(int* version);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags = cudaMemAttachGlobal);
@@ -198,5 +199,8 @@ void launch(const char* name, void (*const* kernel)(P...), const Config& c, A&&.
 // Runs `work` on stream `s` now, or records it when the stream is being captured (library
 // calls such as cub's sort go through here).
 cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* what);
+// A library call (the emulated cuBLASLt and cuDNN) on stream `s`: traced as a launch, run now or
+// recorded; an exception it throws when it runs fails it as a kernel fault would.
+void submit_library_call(cudaStream_t s, std::function<void()> work, const char* name);
 
 }  // namespace plx_emu
