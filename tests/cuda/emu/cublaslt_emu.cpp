@@ -12,7 +12,7 @@
 #include <string>
 
 #include "cublasLt.h"
-#include "plexus/sdk/dtype.hpp"
+#include "plx_emu_numeric.hpp"
 
 struct cublasLtContext {
   int live = 1;
@@ -57,23 +57,10 @@ size_t type_size(int32_t t) {
   }
 }
 
-float load(const void* base, int64_t i, int32_t t) {
-  if (t == CUDA_R_32F) return static_cast<const float*>(base)[i];
-  const uint16_t b = static_cast<const uint16_t*>(base)[i];
-  return t == CUDA_R_16F ? plexus::f16_bits_to_f32(b) : plexus::bf16_bits_to_f32(b);
-}
-void store(void* base, int64_t i, int32_t t, float v) {
-  if (t == CUDA_R_32F) static_cast<float*>(base)[i] = v;
-  else if (t == CUDA_R_16F) static_cast<uint16_t*>(base)[i] = plexus::f32_to_f16_bits(v);
-  else static_cast<uint16_t*>(base)[i] = plexus::f32_to_bf16_bits(v);
-}
-// TF32: 10 mantissa bits, to nearest with ties away from zero.
-float tf32(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
+plx_emu::Elem elem(int32_t t) {
+  return t == CUDA_R_32F ? plx_emu::Elem::kF32
+         : t == CUDA_R_16F ? plx_emu::Elem::kF16
+                           : plx_emu::Elem::kBF16;
 }
 
 cublasStatus_t invalid(const std::string& why) {
@@ -333,6 +320,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const cublasLtMatmulDescOpaque_t o = *op;
   const cublasLtMatrixLayoutOpaque_t la = *a, lb = *b, lc = *c, ld = *d;
   const bool tf = o.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  const plx_emu::Elem ta = elem(la.type), td = elem(ld.type);  // A and B alike, C and D alike
   ::plx_emu::submit_library_call(stream, [=] {
     if (ws_need > 0) std::memset(workspace, 0xA5, ws_need);  // the algorithm's scratch
     for (int32_t z = 0; z < p.batch; ++z) {
@@ -345,16 +333,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                                                        : static_cast<int64_t>(kk + i * la.ld);
             const int64_t ib = o.transb == CUBLAS_OP_N ? static_cast<int64_t>(kk + j * lb.ld)
                                                        : static_cast<int64_t>(j + kk * lb.ld);
-            float x = load(A, oa + ia, la.type), y = load(B, ob + ib, lb.type);
-            if (tf) x = tf32(x), y = tf32(y);
+            float x = plx_emu::load_elem(A, oa + ia, ta), y = plx_emu::load_elem(B, ob + ib, ta);
+            if (tf) x = plx_emu::tf32_round(x), y = plx_emu::tf32_round(y);
             s += x * y;
           }
           float v = al * s;
           // beta = 0: C is not read (it may hold anything, NaN included).
-          if (be != 0.0f) v += be * load(C, oc + static_cast<int64_t>(i + j * lc.ld), lc.type);
-          if (bias) v += load(o.bias, static_cast<int64_t>(i), ld.type);
+          if (be != 0.0f) v += be * plx_emu::load_elem(C, oc + static_cast<int64_t>(i + j * lc.ld), td);
+          if (bias) v += plx_emu::load_elem(o.bias, static_cast<int64_t>(i), td);
           if (has_relu(o.epilogue)) v = v > 0.0f ? v : 0.0f;  // NaN gives 0
-          store(D, od + static_cast<int64_t>(i + j * ld.ld), ld.type, v);
+          plx_emu::store_elem(D, od + static_cast<int64_t>(i + j * ld.ld), td, v);
         }
     }
   }, "cublasLtMatmul");

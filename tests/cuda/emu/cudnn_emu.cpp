@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cudnn.h"
-#include "plexus/sdk/dtype.hpp"
+#include "plx_emu_numeric.hpp"
 
 struct cudnnContext {
   cudaStream_t stream = nullptr;
@@ -53,22 +53,10 @@ cudnnStatus_t fail(cudnnStatus_t s, const std::string& why) {
 size_t type_size(cudnnDataType_t t) {
   return t == CUDNN_DATA_FLOAT ? 4 : (t == CUDNN_DATA_HALF || t == CUDNN_DATA_BFLOAT16) ? 2 : 0;
 }
-float load(const void* base, int64_t i, cudnnDataType_t t) {
-  if (t == CUDNN_DATA_FLOAT) return static_cast<const float*>(base)[i];
-  const uint16_t b = static_cast<const uint16_t*>(base)[i];
-  return t == CUDNN_DATA_HALF ? plexus::f16_bits_to_f32(b) : plexus::bf16_bits_to_f32(b);
-}
-void store(void* base, int64_t i, cudnnDataType_t t, float v) {
-  if (t == CUDNN_DATA_FLOAT) static_cast<float*>(base)[i] = v;
-  else if (t == CUDNN_DATA_HALF) static_cast<uint16_t*>(base)[i] = plexus::f32_to_f16_bits(v);
-  else static_cast<uint16_t*>(base)[i] = plexus::f32_to_bf16_bits(v);
-}
-float tf32(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
+plx_emu::Elem elem(cudnnDataType_t t) {
+  return t == CUDNN_DATA_FLOAT ? plx_emu::Elem::kF32
+         : t == CUDNN_DATA_HALF ? plx_emu::Elem::kF16
+                                : plx_emu::Elem::kBF16;
 }
 
 cudnnStatus_t set4(Dims4* d, cudnnTensorFormat_t format, cudnnDataType_t type, int a, int b, int c,
@@ -171,7 +159,7 @@ int algo_count(Dir dir) {
 // `reverse`: the sums run in the other order (the non-deterministic algorithms).
 void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* xp, const void* wp,
               const void* yp, void* out, bool reverse) {
-  const cudnnDataType_t t = g.x.type;
+  const plx_emu::Elem t = elem(g.x.type);
   const int N = g.x.d[0], C = g.x.d[1], H = g.x.d[2], W = g.x.d[3];
   const int K = g.w.d[0], Cg = g.w.d[1], R = g.w.d[2], S = g.w.d[3];
   const int OH = g.y.d[2], OW = g.y.d[3], G = g.conv.groups, Kg = K / G;
@@ -186,11 +174,14 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
   auto yi = [&](int n, int k, int h, int w) {
     return n * g.y.s[0] + k * g.y.s[1] + h * g.y.s[2] + w * g.y.s[3];
   };
-  auto in = [&](const void* p, int64_t i) { return g.tf32 ? tf32(load(p, i, t)) : load(p, i, t); };
+  auto in = [&](const void* p, int64_t i) {
+    const float v = plx_emu::load_elem(p, i, t);
+    return g.tf32 ? plx_emu::tf32_round(v) : v;
+  };
   auto finish = [&](int64_t i, float s) {
     float v = alpha * s;
-    if (beta != 0.0f) v += beta * load(out, i, t);
-    store(out, i, t, v);
+    if (beta != 0.0f) v += beta * plx_emu::load_elem(out, i, t);
+    plx_emu::store_elem(out, i, t, v);
   };
   // The terms of one output, in order or reversed.
   std::vector<float> terms;

@@ -6,23 +6,16 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "device.cuh"
+#include "plx_emu_numeric.hpp"
 
 namespace plexus::cuda::ptx {
 
 inline uint32_t smem_addr(const void* p) { return ::plx_emu::shared_address(p); }
 
-// cvt.rna.tf32.f32: to nearest, ties away from zero, 10 mantissa bits kept (Inf and NaN as they
-// are; a carry out of the largest finite values gives Inf).
-inline uint32_t to_tf32(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7f800000u) == 0x7f800000u) return u;
-  return (u + 0x1000u) & ~0x1fffu;
-}
+inline uint32_t to_tf32(float x) { return ::plx_emu::tf32_bits(x); }
 
 inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
