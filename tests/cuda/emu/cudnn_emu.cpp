@@ -183,14 +183,17 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
     if (beta != 0.0f) v += beta * plx_emu::load_elem(out, i, t);
     plx_emu::store_elem(out, i, t, v);
   };
-  // The terms of one output, in order or reversed.
+  // The terms of one output: summed as they come, or kept and summed last first (reversed).
+  float acc = 0.0f;
   std::vector<float> terms;
+  auto add = [&](float v) {
+    if (reverse) terms.push_back(v);
+    else acc += v;
+  };
   auto sum = [&]() {
-    float s = 0.0f;
-    if (reverse)
-      for (size_t i = terms.size(); i-- > 0;) s += terms[i];
-    else
-      for (float v : terms) s += v;
+    float s = acc;
+    for (size_t i = terms.size(); i-- > 0;) s += terms[i];
+    acc = 0.0f;
     terms.clear();
     return s;
   };
@@ -207,7 +210,7 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
                 for (int s = 0; s < S; ++s) {
                   const int iw = ow * g.conv.v - g.conv.pw + s * g.conv.dw;
                   if (iw < 0 || iw >= W) continue;
-                  terms.push_back(in(xp, xi(n, c0 + c, ih, iw)) * in(wp, wi(k, c, r, s)));
+                  add(in(xp, xi(n, c0 + c, ih, iw)) * in(wp, wi(k, c, r, s)));
                 }
               }
             finish(yi(n, k, oh, ow), sum());
@@ -225,8 +228,7 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
                 for (int s = 0; s < S; ++s) {
                   const int tw = iw + g.conv.pw - s * g.conv.dw;
                   if (tw < 0 || tw % g.conv.v != 0 || tw / g.conv.v >= OW) continue;
-                  terms.push_back(in(yp, yi(n, k, th / g.conv.u, tw / g.conv.v)) *
-                                  in(wp, wi(k, c, r, s)));
+                  add(in(yp, yi(n, k, th / g.conv.u, tw / g.conv.v)) * in(wp, wi(k, c, r, s)));
                 }
               }
             finish(xi(n, ci, ih, iw), sum());
@@ -244,7 +246,7 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
                 for (int ow = 0; ow < OW; ++ow) {
                   const int iw = ow * g.conv.v - g.conv.pw + s * g.conv.dw;
                   if (iw < 0 || iw >= W) continue;
-                  terms.push_back(in(yp, yi(n, k, oh, ow)) * in(xp, xi(n, ci, ih, iw)));
+                  add(in(yp, yi(n, k, oh, ow)) * in(xp, xi(n, ci, ih, iw)));
                 }
               }
             finish(wi(k, c, r, s), sum());

@@ -464,8 +464,7 @@ void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
     trap("cp.async: the global source is not aligned to the copy size");
   Block::AsyncCopy c{shared_at(dst, static_cast<size_t>(bytes), static_cast<size_t>(bytes), "cp.async"),
-                     {}, bytes};
-  std::memset(c.data, 0, sizeof c.data);
+                     {}, bytes};  // data zeroed: the zero fill past src_bytes
   if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   if (cp_async_early()) land({c});
   else g_block->async[static_cast<size_t>(g_thread->linear)].open.push_back(c);
