@@ -69,6 +69,7 @@
 #include "ops/gemm_problem.hpp"
 #include "ops/linear_relu_slots.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/wgmma_ptx.cuh"
 #include "ops/wgmma_gemm.hpp"
 
 namespace plexus::cuda {
@@ -126,48 +127,8 @@ struct WgArgs {
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
 };
 
-// ---- PTX wrappers (sm_90a) ----
-using ptx::smem_addr;
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// The producer's arrival: one arrival plus `bytes` the TMA will complete.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
-// phase "before" it (parity 1) counts as completed: the producer's first wait on each empty
-// barrier, with parity 1, returns at once.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// A 3-D box of the tensor map at (c0 inner, c1 outer, c2 batch) into shared memory at dst; the
-// bytes are counted on mbarrier bar.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int32_t c0,
-                                            int32_t c1, int32_t c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
+// ---- PTX (ops/wgmma_ptx.cuh) ----
+using namespace ptx;
 
 // A wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor
 // Format"): start address, leading and stride byte offsets, all >> 4; bits 49-51 (base offset)
@@ -178,106 +139,11 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses of the accumulators across the asynchronous wgmma
-// (it sees them as plain registers): each is "rewritten" by an empty volatile asm.
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (64 x N f32, this thread's fragment) += A (64 x 16) · B (16 x N), both from shared memory.
-// TA: A is M-major (else K-major); TB: B is N-major (else K-major). scale-d = 1 always: the
-// accumulators start at zero.
-// (Generated: every accumulator register is an in/out operand of the one instruction.)
-#define PLX_WGMMA_N128(TY)                                                                         \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %66, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"             \
-      "}, %64, %65, p, 1, 1, %67, %68;\n"                                                          \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63])                                                                                \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N256(TY)                                                                         \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %130, 0;\n"                                                                  \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "     \
-      "%111, "                                                                                     \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
-      "%127"                                                                                       \
-      "}, %128, %129, p, 1, 1, %131, %132;\n"                                                      \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])         \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-
-template <class T, int BN, bool TA, bool TB>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
-  constexpr int kTA = TA ? 1 : 0, kTB = TB ? 1 : 0;
-  if constexpr (BN == 128) {
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N128("bf16");
-    else
-      PLX_WGMMA_N128("f16");
-  } else {
-    static_assert(BN == 256, "wgmma tiles: n128, n256");
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N256("bf16");
-    else
-      PLX_WGMMA_N256("f16");
+// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
+// phase "before" it (parity 1) counts as completed: the producer's first wait on each empty
+// barrier, with parity 1, returns at once.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
   }
 }
 
@@ -362,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp (2 warp groups x 4)
     }
     // The inits visible to the other threads and to the TMA unit (the async proxy).
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_mbarrier_init();
+    fence_proxy_async();
   }
   __syncthreads();  // the last block-wide barrier: the producer's idle threads exit below
 
@@ -386,12 +252,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // The producer: 40 registers are plenty for one thread's address arithmetic; the rest go to
     // the consumers' accumulators (128 x (168 - 40) = 256 x (232 - 168)).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    setmaxnreg_dec<40>();
     if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_a))
-                   : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_b))
-                   : "memory");
+      prefetch_tensormap(&tma_a);
+      prefetch_tensormap(&tma_b);
       const int32_t za = z * p.za, zb = z * p.zb;
       const int32_t mc = static_cast<int32_t>(m0), nc = static_cast<int32_t>(n0);
       int s = 0;
@@ -427,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // A consumer warp group: rows m0 + 64 cw .. + 63, all BN columns.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  setmaxnreg_inc<232>();
   const int cw = wg - 1;
   const int lane = tid & 31;
   const int warp = (tid >> 5) & 3;  // warp within the warp group
@@ -452,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                              : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
       const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
                               : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
-      wgmma_tile<T, BN, !AK, !BKM>(acc, da, db);
+      wgmma_m64k16<T, BN, !AK, !BKM>(acc, da, db);
     }
     wgmma_commit();
     fence_acc(acc);
@@ -474,8 +338,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // row: coalesced), and the activation's code exists once instead of once per register.
   // The ring is free once both consumer warp groups are past their last wgmma (the other group
   // may still read the last stages) and every TMA has landed (each was waited for).
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");                // the 256 consumer threads
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads before our writes
+  named_barrier_sync<1, 256>();  // the 256 consumer threads
+  fence_proxy_async();           // wgmma reads before our writes
   float* park = reinterpret_cast<float*>(wgmma_smem + (base - raw)) + cw * 64 * C::kLdPark;
 
   // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
