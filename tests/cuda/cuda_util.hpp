@@ -36,7 +36,7 @@ inline std::string unavailable_reason(Backend& b) {
 }
 
 // Whether the backend is the CUDA emulator (tests/cuda/emu): the CUDA plugin's kernels run on the
-// CPU, with cuBLASLt and cuDNN emulated and without the Hopper GEMM.
+// CPU, with cuBLASLt, cuDNN and the Hopper GEMM's PTX emulated.
 inline bool emulated(Backend& b) {
   return b.device_count() > 0 && b.device(0).name.find("CUDA emulator") != std::string::npos;
 }
@@ -90,9 +90,3 @@ inline std::string why_not_runnable(bool* load_failed) {
   if (!plx_why_.empty()) PLX_SKIP(plx_why_.c_str());                          \
   ::plexus::Backend& var = *::plexus::test::cuda::backend()
 
-// PLX_REQUIRE_CUDA, and skips on the CUDA emulator too: for tests of the Hopper GEMM, whose wgmma
-// and TMA the emulator does not model (it has an emulation of its own, wgmma_gemm_emulate.py).
-#define PLX_REQUIRE_CUDA_HARDWARE(var)                                                   \
-  PLX_REQUIRE_CUDA(var);                                                                 \
-  if (::plexus::test::cuda::emulated(var))                                               \
-    PLX_SKIP("the CUDA emulator does not model wgmma and TMA; the Hopper GEMM runs on a GPU")

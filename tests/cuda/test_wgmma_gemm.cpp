@@ -13,8 +13,11 @@
 // multiples, batch dims that broadcast partially) are checked to be declined with a reason.
 //
 // Skipped without a GPU, on a GPU that is not compute capability 9.0 (the candidates decline it:
-// sm_90a code runs nowhere else) and when the plugin was built without sm_90 (no candidates).
+// sm_90a code runs nowhere else) and when the plugin was built without sm_90 (no candidates). On
+// the CUDA emulator (an H100 to the plugin) the kernels run on its model of wgmma, TMA and the
+// mbarriers (tests/cuda/emu/include/plx_emu_wgmma.hpp), with the large shapes made smaller.
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,8 @@
 #include "plexus/attrs.hpp"
 #include "plexus/backend.hpp"
 #include "plexus/dispatch.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/plugin.hpp"
 #include "plexus/runtime.hpp"
@@ -34,7 +39,9 @@ using namespace plexus::test::gemm_candidate;
 
 namespace {
 
-std::vector<GemmCase> wg_cases() {
+// `emulated`: the CUDA emulator runs every wgmma on the CPU, so the large shapes are smaller
+// there (still more K tiles than either tile's stages, so the rings wrap).
+std::vector<GemmCase> wg_cases(bool emulated) {
   std::vector<GemmCase> v;
   auto lin = [&](Shape x, int64_t out, bool bias) {
     return add_linear(v, std::move(x), out, bias);
@@ -42,21 +49,24 @@ std::vector<GemmCase> wg_cases() {
   auto mm = [&](Shape a, Shape b, int64_t ta, int64_t tb, double alpha = 1) {
     return add_matmul(v, std::move(a), std::move(b), ta, tb, alpha);
   };
-  // Square 1024, every layout: 16 K tiles, more than either tile's stages (the ring wraps).
-  mm({1024, 1024}, {1024, 1024}, 0, 0);
-  mm({1024, 1024}, {1024, 1024}, 1, 0);
-  mm({1024, 1024}, {1024, 1024}, 0, 1);
-  mm({1024, 1024}, {1024, 1024}, 1, 1);
-  // Ragged squares: 1000 is no multiple of 64, 128 or 256 (K = 1000 keeps rows 16-byte multiples).
-  mm({1000, 1000}, {1000, 1000}, 0, 0);
-  mm({1000, 1000}, {1000, 1000}, 1, 1);
-  lin({1000, 1000}, 1000, true);
+  // Square 1024 (the emulator: 256 x 640 x 256), every layout: 16 (10) K tiles, more than either
+  // tile's stages (the ring wraps).
+  const int64_t sq = emulated ? 256 : 1024, sk = emulated ? 640 : 1024;
+  mm({sq, sk}, {sk, sq}, 0, 0);
+  mm({sk, sq}, {sk, sq}, 1, 0);
+  mm({sq, sk}, {sq, sk}, 0, 1);
+  mm({sk, sq}, {sq, sk}, 1, 1);
+  // Ragged squares: 1000 (328) is no multiple of 64, 128 or 256 (and keeps rows 16-byte multiples).
+  const int64_t rg = emulated ? 328 : 1000;
+  mm({rg, rg}, {rg, rg}, 0, 0);
+  mm({rg, rg}, {rg, rg}, 1, 1);
+  lin({rg, rg}, rg, true);
   // Our models' layers (convnet / mlp at batch 128 and 1024): skinny, long K.
   lin({128, 784}, 128, true);
   lin({128, 784}, 256, true);
-  lin({1024, 3136}, 256, true);
+  lin({emulated ? 128 : 1024, 3136}, 256, true);
   lin({128, 256}, 10, true);
-  lin({1024, 784}, 512, false);
+  lin({emulated ? 128 : 1024, 784}, 512, false);
   // Ragged everything: M, N and K past tile multiples, N = 10 and 300 (odd pairs at the edge).
   lin({130, 200}, 300, true);
   lin({100, 72}, 10, true);
@@ -68,6 +78,9 @@ std::vector<GemmCase> wg_cases() {
   lin({100, 72}, 10, true)->in_offset = 1;
   lin({130, 200}, 300, true)->out_offset = 1;
   lin({45, 64}, 48, true)->out_offset = 1;
+  // x 8 elements (16 bytes) in: the TMA path with a global address 16-byte aligned, as the driver
+  // API asks, but not 128-byte aligned (the programming guide's swizzle table lists 128).
+  lin({100, 72}, 40, true)->in_offset = 8;
   // Declined: K = 0 (nothing for the Tensor Cores), rows of 10 elements (not 16-byte multiples).
   lin({64, 0}, 8, true)->decline = true;
   lin({4, 10}, 3, true)->decline = true;
@@ -119,8 +132,8 @@ bool is_device_decline(const std::string& reason) {
 }  // namespace
 
 TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
-  PLX_REQUIRE_CUDA_HARDWARE(gpu);
-  const std::vector<GemmCase> cases = wg_cases();
+  PLX_REQUIRE_CUDA(gpu);
+  const std::vector<GemmCase> cases = wg_cases(cuda::emulated(gpu));
   {
     // Built without sm_90 in the architectures: no candidates at all.
     const OpSchema& s = gpu.runtime().ops().get("matmul");
@@ -173,4 +186,90 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
     }
   }
   WARN(runs << " candidate runs, " << declines << " expected declines");
+}
+
+// A linear -> relu group whose linear node the host gave to a wgmma candidate (the tuner's
+// choice, here pinned through the tuning cache) runs as that kernel with the ReLU in its
+// epilogue (ops/fusion.cpp, make_wgmma_linear_relu), writing the relu's output directly; it
+// matches the same graph on the CPU.
+TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu in its epilogue",
+          "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  {
+    const OpSchema& s = probe.runtime().ops().get("linear");
+    bool any = false;
+    for (const plx_kernel* k : probe.kernels(s.id, PLX_BF16)) any = any || is_wgmma(k);
+    if (!any) PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
+  }
+  const DeviceInfo dev = probe.device(0);
+  TempDir dir("wgmma-fusion");
+  const int64_t rows = 130, in = 264, out = 72;  // ragged: two M tiles, one partial N tile
+  auto build = [&](Graph& g) {
+    const Var x = g.input("x", {PLX_BF16, {rows, in}});
+    const Var w = g.parameter("fc.weight", {PLX_BF16, {out, in}}, init::uniform(-0.2, 0.2));
+    const Var b = g.parameter("fc.bias", {PLX_BF16, {out}}, init::uniform(-0.5, 0.5));
+    g.mark_output(g.add1("relu", {g.add1("linear", {x, w, b}, {}, "fc")}, {}, "fc.relu"), "y");
+  };
+  const std::vector<double> xs = random_doubles(static_cast<size_t>(rows * in), 7, -1, 1);
+  auto run = [&](Backend& b, TensorStore& store, const TensorStore* params,
+                 std::vector<std::string>* names, Executable::KernelReport* fc) {
+    Graph g(b.runtime().ops());
+    build(g);
+    ExecutableOptions eo;
+    eo.seed = 3;
+    Executable exe(b, g, store, eo);
+    if (params)
+      for (const auto& [name, t] : params->all()) fill(store.get(name), t.to_doubles());
+    fill(exe.tensor("x"), xs);
+    exe.run();
+    exe.sync();
+    if (names) *names = exe.kernel_names();
+    if (fc)
+      for (const Executable::KernelReport& r : exe.kernel_choices())
+        if (r.node == "fc") *fc = r;
+    return exe.tensor("y").to_doubles();
+  };
+  auto options = [&](const std::string& cache) {
+    RuntimeOptions o;
+    o.plugins.paths = {plugin_dir()};
+    o.plugins.use_env = false;
+    o.plugins.use_default_dir = false;
+    o.kernels = KernelSide::Auto;
+    o.tune_cache = cache;
+    return o;
+  };
+  // The linear node's tuning key, from a run that tunes it.
+  std::string key;
+  {
+    Runtime rt(options(dir / "tuned.tsv"));
+    TensorStore store;
+    Executable::KernelReport fc;
+    (void)run(rt.backend("cuda"), store, nullptr, nullptr, &fc);
+    key = fc.choice.key;
+  }
+  REQUIRE_FALSE(key.empty());
+  for (const std::string tile : {"wgmma_128x128x64", "wgmma_128x256x64"}) {
+    INFO(tile);
+    const std::string cache = dir / (tile + ".tsv");
+    std::ofstream(cache) << key << "\t" << tile << "\t1\n";
+    Runtime rt(options(cache));
+    Backend& gpu = rt.backend("cuda");
+    TensorStore store, cpu_store;
+    std::vector<std::string> names;
+    Executable::KernelReport fc;
+    const std::vector<double> want = run(rt.backend("cpu"), cpu_store, nullptr, nullptr, nullptr);
+    const std::vector<double> got = run(gpu, store, &cpu_store, &names, &fc);
+    // A GPU that is not compute capability 9.0 declines the candidate (the tuner keeps another).
+    if (!cuda::emulated(gpu) && dev.arch_major * 10 + dev.arch_minor != 90 && fc.impl != tile)
+      PLX_SKIP("this GPU is not compute capability 9.0: the wgmma candidates decline it");
+    CHECK(fc.impl == tile);
+    bool fused = false;
+    for (const std::string& n : names)
+      fused = fused || n.find("linear+relu:" + tile + "-epilogue") != std::string::npos;
+    INFO("kernels: " << names.size() << ", first: " << (names.empty() ? "" : names.front()));
+    CHECK(fused);
+    CHECK(names.size() == 1);
+    // One rounding of the f32 sum to bf16 on each side, in different orders: a few bf16 ulps.
+    CHECK_ALLCLOSE(got, want, (Tol{2e-2, 2e-2}));
+  }
 }

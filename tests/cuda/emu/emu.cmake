@@ -2,11 +2,11 @@
 set(PLEXUS_EMU_PLUGIN_DIR ${PROJECT_BINARY_DIR}/emu-plugins)
 set(emu_dir ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu)
 set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
-# The CUDA plugin's kernel files: all but the Hopper GEMM (wgmma and TMA, which the emulator does
-# not model; tests/cuda/wgmma_gemm_emulate.py does). The mma.sync kernels run on the emulator's
-# PTX (include/plx_emu_ptx.hpp).
+# The CUDA plugin's kernel files, all of them: the mma.sync kernels run on the emulator's PTX
+# (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
+# (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv)
+    gemm_bias mma_gemm igemm_conv wgmma_gemm)
 set(emu_sources)
 set(emu_kernel_sources)
 foreach(f ${emu_kernel_files})
@@ -29,7 +29,7 @@ function(plexus_emu_variant suffix dir flags)
   # is: the emulated CUDA and NCCL plugins share its streams, captures and allocations.
   set(rt plexus_cuda_emu_runtime${suffix})
   add_library(${rt} SHARED ${emu_dir}/runtime.cpp ${emu_dir}/nccl_emu.cpp
-    ${emu_dir}/cublaslt_emu.cpp ${emu_dir}/cudnn_emu.cpp)
+    ${emu_dir}/cublaslt_emu.cpp ${emu_dir}/cudnn_emu.cpp ${emu_dir}/tensormap_emu.cpp)
   target_include_directories(${rt} BEFORE PUBLIC ${emu_dir}/include)
   target_link_libraries(${rt} PUBLIC Plexus::sdk)
   # No contraction into fused multiply-adds: the kernels' __fadd_rn/__fmul_rn mean what they say.
@@ -45,7 +45,9 @@ function(plexus_emu_variant suffix dir flags)
   target_include_directories(${plugin} BEFORE PRIVATE ${emu_dir}/include)
   target_include_directories(${plugin} PRIVATE ${cuda_dir})
   target_link_libraries(${plugin} PRIVATE ${rt})
-  target_compile_definitions(${plugin} PRIVATE PLEXUS_CUDA_EMU=1)
+  # The emulated device is an H100 (compute capability 9.0): the wgmma candidates are built and
+  # registered, as in a plugin built for sm_90.
+  target_compile_definitions(${plugin} PRIVATE PLEXUS_CUDA_EMU=1 PLEXUS_CUDA_WGMMA=1)
   set_target_properties(${plugin} PROPERTIES
     PREFIX "lib"
     OUTPUT_NAME "plexus-cuda"
@@ -91,11 +93,13 @@ add_dependencies(plexus_tests plexus_cuda_emu_selftest)
 add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
   COMMAND plexus_cuda_emu_selftest)
 
-# The CUDA tests, against the emulated plugin, all but the Hopper GEMM's. (Run one by one: a
-# skipped test would turn a whole-suite run into a skip.)
+# The CUDA tests, against the emulated plugin. (Run one by one: a skipped test would turn a
+# whole-suite run into a skip.)
 foreach(t
     "cuda ops match the cpu reference"
     "every cuda tensor core gemm candidate matches the cpu"
+    "every cuda wgmma gemm candidate matches the cpu"
+    "a linear -> relu group given to a wgmma candidate runs with the relu in its epilogue"
     "cuda igemm convolution candidates match the cpu reference"
     "cuda igemm convolution candidates are deterministic"
     "cuda igemm convolution candidates decline what they do not handle"
@@ -132,15 +136,17 @@ set_tests_properties("cuda emulator, native kernels: cuda ops match the cpu refe
 
 # The kernels again with each warp running as far ahead as CUDA allows (PLEXUS_EMU_SCHEDULE):
 # a result that changes is a race on memory another warp writes without a barrier between. There
-# cp.async lands when it is issued (PLEXUS_EMU_CP_ASYNC=early), so a copy into a pipeline stage
-# that a warp behind still reads changes what it reads; in the runs above it lands at its wait,
-# so a stage read before its wait reads old bytes.
+# cp.async and TMA copies land when they are issued (PLEXUS_EMU_CP_ASYNC=early), so a copy into a
+# pipeline stage that a warp behind (or a wgmma not yet retired) still reads changes what it
+# reads; in the runs above they land at their wait, so a stage read before its wait reads old
+# bytes.
 foreach(t
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "every cuda tensor core gemm candidate matches the cpu"
+    "every cuda wgmma gemm candidate matches the cpu"
     "cuda igemm convolution candidates match the cpu reference")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
@@ -172,7 +178,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "the classifier head fused on cuda matches the cpu"
       "conv + max-pool fused on cuda matches the cpu"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
-      "every cuda tensor core gemm candidate matches the cpu")
+      "every cuda tensor core gemm candidate matches the cpu"
+      "every cuda wgmma gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"
       COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
               LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0

@@ -20,6 +20,7 @@
 
 #include "cuda_runtime.h"
 #include "plexus/sdk/dtype.hpp"
+#include "plx_emu_tensormap.hpp"
 
 // Under AddressSanitizer (the emulator's memcheck build, emu.cmake) every switch between stacks
 // is announced, and a fiber's stack is unpoisoned before it is used again.
@@ -73,6 +74,9 @@ namespace {
 constexpr size_t kStack = size_t{256} << 10;  // per CUDA thread; the pages are touched on use
 constexpr int kMaxThreads = 1024;
 constexpr size_t kSlot = 32;  // bytes a lane offers at a warp meeting (an mma's A and B fragments)
+// The shared address of the launch's dynamic shared memory: aligned to 16 bytes and no more, so
+// that a kernel needing more (the 1024-byte swizzle atoms of TMA and wgmma) must realign it.
+constexpr uint32_t kSharedBase = 16;
 
 // Thrown out of a launch when a block cannot go on (a deadlock, a trap, an error in a thread).
 struct LaunchFault : std::runtime_error {
@@ -124,6 +128,43 @@ struct Block {
     std::deque<std::vector<AsyncCopy>> groups;
   };
   std::vector<Async> async;
+  // mbarriers by shared address. Their 8 bytes of shared memory hold a copy of the state, so that
+  // an ordinary store over a live barrier is caught at its next use.
+  struct Mbar {
+    uint32_t count = 0, pending = 0, phase = 0;
+    int32_t tx = 0;
+  };
+  std::unordered_map<uint32_t, Mbar> mbars;
+  // TMA copies issued and not landed yet: the bytes they will write, where, and their barrier.
+  struct Bulk {
+    uint32_t dst, bar;
+    std::vector<unsigned char> image;
+  };
+  std::deque<Bulk> bulk;
+  // Named barriers 1..15 (bar.sync id, count); 0 is __syncthreads.
+  struct Named {
+    int arrived = 0, count = 0;
+    unsigned gen = 0;
+  };
+  Named named[16];
+  // wgmma per thread: the operations issued since the last commit, the committed groups not yet
+  // retired, whether a wgmma.fence came since the thread last touched its accumulators, and how
+  // many it issued; per warp group, each operation's operands (the same for all 128 threads).
+  struct WgOp {
+    float* d;
+    int n;
+    uint64_t da, db;
+    bool ta, tb;
+    MmaKind kind;
+  };
+  struct Wgmma {
+    std::vector<WgOp> open;
+    std::deque<std::vector<WgOp>> groups;
+    bool fenced = false;
+    size_t issued = 0;
+  };
+  std::vector<Wgmma> wgmma;
+  std::vector<std::vector<WgOp>> wg_ops;
 
   Block() {
     void* p = mmap(nullptr, kStack * kMaxThreads, PROT_READ | PROT_WRITE,
@@ -256,6 +297,11 @@ void run_block(Block& b, const char* name, int nthreads) {
   for (auto& w : b.warps) w.arrived = 0, w.mask = 0;
   b.async.resize(static_cast<size_t>(nthreads));
   for (auto& a : b.async) a.open.clear(), a.groups.clear();
+  b.mbars.clear();
+  b.bulk.clear();
+  for (auto& n : b.named) n = Block::Named{};
+  b.wgmma.assign(static_cast<size_t>(nthreads), Block::Wgmma{});
+  b.wg_ops.assign(static_cast<size_t>((nthreads + 127) / 128), {});
   for (int t = 0; t < nthreads; ++t) {
     Fiber& f = b.fibers[t];
     f.done = false;
@@ -312,6 +358,14 @@ void run_block(Block& b, const char* name, int nthreads) {
                         ": a barrier that some threads of the block never reach");
   }
   g_thread = nullptr;
+  if (!b.bulk.empty()) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  ", block (%u,%u,%u): %zu TMA copies still in flight when the block exited (no "
+                  "thread waited on the mbarrier at shared address %u)",
+                  g_block_idx.x, g_block_idx.y, g_block_idx.z, b.bulk.size(), b.bulk.front().bar);
+    throw LaunchFault(name + std::string(buf));
+  }
 }
 
 }  // namespace
@@ -412,19 +466,25 @@ unsigned whole_warp(const char* what) {
 // The bytes at shared address `addr` (an offset into the launch's dynamic shared memory).
 unsigned char* shared_at(uint32_t addr, size_t bytes, size_t align, const char* what) {
   Block& b = *g_block;
+  if (addr < kSharedBase) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: shared address %u is below the dynamic shared memory (%u)",
+                  what, addr, kSharedBase);
+    trap(buf);
+  }
   if (addr % align != 0) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%s: shared address %u is not %zu-byte aligned", what, addr, align);
     trap(buf);
   }
-  if (static_cast<size_t>(addr) + bytes > b.smem.size()) {
+  if (static_cast<size_t>(addr - kSharedBase) + bytes > b.smem.size()) {
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "%s: shared address %u + %zu bytes is past the launch's %zu bytes of dynamic "
-                  "shared memory", what, addr, bytes, b.smem.size());
+                  "shared memory (from %u)", what, addr, bytes, b.smem.size(), kSharedBase);
     trap(buf);
   }
-  return b.smem.data() + addr;
+  return b.smem.data() + (addr - kSharedBase);
 }
 
 // When a cp.async's bytes land in shared memory (PLEXUS_EMU_CP_ASYNC): "late" (the default) at
@@ -455,7 +515,7 @@ uint32_t shared_address(const void* p) {
   if (b.smem.empty() || c < b.smem.data() || c > b.smem.data() + b.smem.size())
     trap("__cvta_generic_to_shared: the emulator maps only the launch's dynamic shared memory "
          "(extern __shared__) to shared addresses");
-  return static_cast<uint32_t>(c - b.smem.data());
+  return static_cast<uint32_t>(c - b.smem.data()) + kSharedBase;
 }
 
 void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
@@ -571,7 +631,450 @@ void mma(float* c, const uint32_t* a, const uint32_t* bf, MmaKind kind) {
     }
 }
 
-void trap(const char* what) { throw std::runtime_error(what); }
+// ---- Hopper PTX (plx_emu_wgmma.hpp) ----
+
+namespace {
+
+// mbarrier ranges (PTX ISA, "Contents of the mbarrier object"): counts and tx-count within 2^20
+// - 1.
+constexpr int64_t kMbarMax = (int64_t{1} << 20) - 1;
+
+// The 8 bytes a barrier's state is mirrored in (the real encoding is opaque).
+uint64_t mbar_word(const Block::Mbar& m) {
+  return uint64_t{m.count} | uint64_t{m.pending} << 20 |
+         (static_cast<uint64_t>(static_cast<uint32_t>(m.tx)) & 0x1FFFFF) << 40 |
+         uint64_t{m.phase & 1} << 61 | uint64_t{1} << 63;
+}
+
+void mbar_store(uint32_t bar, const Block::Mbar& m) {
+  const uint64_t w = mbar_word(m);
+  std::memcpy(shared_at(bar, 8, 8, "mbarrier"), &w, sizeof w);
+}
+
+Block::Mbar& mbar(Block& b, uint32_t bar, const char* what) {
+  const unsigned char* p = shared_at(bar, 8, 8, what);
+  const auto it = b.mbars.find(bar);
+  char buf[200];
+  if (it == b.mbars.end()) {
+    std::snprintf(buf, sizeof buf, "%s: no mbarrier at shared address %u (mbarrier.init first)",
+                  what, bar);
+    trap(buf);
+  }
+  uint64_t w;
+  std::memcpy(&w, p, sizeof w);
+  if (w != mbar_word(it->second)) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: the mbarrier at shared address %u was overwritten by an ordinary store",
+                  what, bar);
+    trap(buf);
+  }
+  return it->second;
+}
+
+// A phase completes when no arrival and no transaction byte is pending: the barrier moves to the
+// next phase and expects its count of arrivals again.
+void mbar_settle(Block& b, uint32_t bar, Block::Mbar& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase ^= 1;
+    m.pending = m.count;
+    b.progress = true;
+  }
+  mbar_store(bar, m);
+}
+
+void mbar_tx(Block& b, uint32_t bar, int64_t delta, const char* what) {
+  Block::Mbar& m = mbar(b, bar, what);
+  const int64_t tx = int64_t{m.tx} + delta;
+  if (tx > kMbarMax || tx < -kMbarMax) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "%s: the tx-count of the mbarrier at shared address %u leaves "
+                  "its range (+-(2^20 - 1)): %lld",
+                  what, bar, static_cast<long long>(tx));
+    trap(buf);
+  }
+  m.tx = static_cast<int32_t>(tx);
+  mbar_settle(b, bar, m);
+}
+
+void land_bulk(Block& b, const Block::Bulk& c) {
+  std::memcpy(shared_at(c.dst, c.image.size(), 1, "cp.async.bulk.tensor"), c.image.data(),
+              c.image.size());
+  b.progress = true;
+  mbar_tx(b, c.bar, -static_cast<int64_t>(c.image.size()), "cp.async.bulk.tensor (complete_tx)");
+}
+
+// Lands the TMA copies still in flight that complete on `bar`, oldest first; false if none.
+bool land_bulk_on(Block& b, uint32_t bar) {
+  bool any = false;
+  for (auto it = b.bulk.begin(); it != b.bulk.end();) {
+    if (it->bar != bar) {
+      ++it;
+      continue;
+    }
+    const Block::Bulk c = std::move(*it);
+    it = b.bulk.erase(it);
+    land_bulk(b, c);
+    any = true;
+  }
+  return any;
+}
+
+int block_threads() {
+  return static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
+}
+
+// The first thread of the calling thread's warp group (4 warps, 128 threads), which must be whole.
+int warpgroup_base(const char* what) {
+  const int base = g_thread->linear / 128 * 128;
+  if (base + 128 > block_threads())
+    trap((std::string(what) + ": the warp group has fewer than 128 threads (the block size is "
+                              "not a multiple of 128), but the instruction needs all of them")
+             .c_str());
+  return base;
+}
+
+// One 16-bit element of a wgmma operand in shared memory: row `mn` (of M or N) and column `k` of
+// the matrix descriptor `desc` (PTX ISA, "Matrix Descriptor Format" and the canonical layouts of
+// "Shared Memory Matrix Layout"), K-major or MN-major. Only the 128-byte swizzle is modelled:
+//   K-major:  rows of 128 bytes (64 of K) in atoms of 8 rows, SBO bytes from one 8-row group of
+//             M/N to the next; LBO unused.
+//   MN-major: 64 of M/N per 128-byte row, rows along K in atoms of 8, LBO bytes from one 64-wide
+//             group of M/N to the next, SBO bytes from one 8-row group of K to the next.
+// The swizzle exchanges the 16-byte chunks of each 128-byte row by the row's place in its
+// 1024-byte pattern: address bits 4-6 ^= bits 7-9.
+struct Desc {
+  uint32_t start, lbo, sbo;
+  bool mn_major;
+};
+
+Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
+  char buf[240];
+  // Bits 14-15, 30-31, 46-48 and 52-61 are not fields.
+  constexpr uint64_t kReserved =
+      (uint64_t{3} << 14) | (uint64_t{3} << 30) | (uint64_t{7} << 46) | (uint64_t{0x3FF} << 52);
+  if (desc & kReserved) {
+    std::snprintf(buf, sizeof buf,
+                  "wgmma.mma_async: the %s descriptor 0x%016llx sets bits that are "
+                  "no field",
+                  which, static_cast<unsigned long long>(desc));
+    trap(buf);
+  }
+  const unsigned layout = static_cast<unsigned>(desc >> 62);
+  if (layout != 1) {
+    std::snprintf(buf, sizeof buf,
+                  "wgmma.mma_async: the %s descriptor's layout type %u is not "
+                  "modelled (only 1, the 128-byte swizzle)",
+                  which, layout);
+    trap(buf);
+  }
+  Desc d{static_cast<uint32_t>(desc & 0x3FFF) << 4,
+         static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4,
+         static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4, mn_major};
+  // The base offset is the pattern's phase at the start address ((start >> 7) & 7); it is 0 when
+  // the layout starts on a 1024-byte boundary.
+  const unsigned base = static_cast<unsigned>((desc >> 49) & 7);
+  if (base != ((d.start >> 7) & 7)) {
+    std::snprintf(buf, sizeof buf,
+                  "wgmma.mma_async: the %s descriptor's base offset %u disagrees "
+                  "with its start address %u (the swizzle pattern's row there is %u)",
+                  which, base, d.start, (d.start >> 7) & 7);
+    trap(buf);
+  }
+  if (!mn_major && d.start % 128 + 32 > 128) {
+    std::snprintf(buf, sizeof buf,
+                  "wgmma.mma_async: the K-major %s operand starts at shared address "
+                  "%u, so its 16 K (32 bytes) cross a 128-byte swizzle row",
+                  which, d.start);
+    trap(buf);
+  }
+  if (mn_major && d.start % 128 != 0) {
+    std::snprintf(buf, sizeof buf,
+                  "wgmma.mma_async: the MN-major %s operand starts at shared "
+                  "address %u, inside a 128-byte swizzle row",
+                  which, d.start);
+    trap(buf);
+  }
+  if (d.sbo == 0 || (mn_major && d.lbo == 0)) {
+    std::snprintf(buf, sizeof buf, "wgmma.mma_async: the %s descriptor's %s byte offset is 0",
+                  which, d.sbo == 0 ? "stride" : "leading");
+    trap(buf);
+  }
+  return d;
+}
+
+uint16_t desc_element(const Desc& d, int mn, int k) {
+  const uint32_t logical =
+      d.mn_major
+          ? d.start + static_cast<uint32_t>(mn % 64) * 2 + static_cast<uint32_t>(mn / 64) * d.lbo +
+                static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(k / 8) * d.sbo
+          : d.start + static_cast<uint32_t>(mn % 8) * 128 + static_cast<uint32_t>(mn / 8) * d.sbo +
+                static_cast<uint32_t>(k) * 2;
+  const uint32_t physical = logical ^ (((logical >> 7) & 7) << 4);
+  uint16_t v;
+  std::memcpy(&v, shared_at(physical, 2, 2, "wgmma.mma_async (operand)"), sizeof v);
+  return v;
+}
+
+// This thread's part of one wgmma.m64nNk16: D (64 x N, f32) += A (64 x 16) · B (16 x N). The
+// accumulator fragment (PTX ISA, "Register Fragments: wgmma .m64nNk16", D): warp w of the warp
+// group holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + 2 h + e] is row
+// 16 w + g + 8 h, column 8 i + 2 (lane % 4) + e. Products exact, the sum rounded once to f32.
+void wgmma_evaluate(const Block::WgOp& op) {
+  const Desc a = decode_desc(op.da, op.ta, "A"), bd = decode_desc(op.db, op.tb, "B");
+  const int wt = g_thread->linear % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, q = lane % 4;
+  auto value = [&](uint16_t bits) -> double {
+    return op.kind == MmaKind::kBF16 ? plexus::bf16_bits_to_f32(bits)
+                                     : plexus::f16_bits_to_f32(bits);
+  };
+  double A[2][16];
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 16; ++k) A[h][k] = value(desc_element(a, 16 * warp + g + 8 * h, k));
+  double B[16][2];
+  for (int i = 0; i < op.n / 8; ++i) {
+    for (int e = 0; e < 2; ++e)
+      for (int k = 0; k < 16; ++k) B[k][e] = value(desc_element(bd, 8 * i + 2 * q + e, k));
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e) {
+        float& d = op.d[4 * i + 2 * h + e];
+        double s = d;
+        for (int k = 0; k < 16; ++k) s += A[h][k] * B[k][e];
+        d = static_cast<float>(s);
+      }
+  }
+}
+
+}  // namespace
+
+void mbarrier_init(uint32_t bar, uint32_t count) {
+  Block& b = *g_block;
+  (void)shared_at(bar, 8, 8, "mbarrier.init");
+  if (count == 0 || count > kMbarMax) trap("mbarrier.init: the count must be 1 to 2^20 - 1");
+  Block::Mbar& m = b.mbars[bar];
+  m = Block::Mbar{count, count, 0, 0};
+  mbar_store(bar, m);
+  b.progress = true;
+}
+
+void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes) {
+  Block& b = *g_block;
+  const char* what = expect_tx_bytes ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+  if (expect_tx_bytes) mbar_tx(b, bar, expect_tx_bytes, what);  // the expect-tx comes first
+  Block::Mbar& m = mbar(b, bar, what);
+  if (m.pending == 0)  // every arrival is in and the phase waits for its transaction bytes
+    trap("mbarrier.arrive: more arrivals than the phase expects (it waits for its tx bytes)");
+  --m.pending;
+  mbar_settle(b, bar, m);
+  b.progress = true;
+}
+
+bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
+  Block& b = *g_block;
+  for (;;) {
+    const Block::Mbar& m = mbar(b, bar, "mbarrier.try_wait.parity");
+    // True for the phase before the current one (the other parity); the current is incomplete.
+    if ((m.phase & 1) != (parity & 1)) {
+      b.progress = true;
+      return true;
+    }
+    if (land_bulk_on(b, bar)) continue;  // "late" TMA: the copies it waits for land now
+    park(b, "mbarrier.try_wait");
+  }
+}
+
+void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar) {
+  Block& b = *g_block;
+  const char* what = "cp.async.bulk.tensor";
+  const TensorMap& t = tensor_map(map, what);
+  char buf[240];
+  if (rank != t.rank) {
+    std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
+    trap(buf);
+  }
+  if (t.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
+    trap("cp.async.bulk.tensor: interleaved layouts are not modelled");
+  if (t.oob_nan) trap("cp.async.bulk.tensor: the NaN out-of-bounds fill is not modelled");
+  const bool swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
+  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz)
+    trap("cp.async.bulk.tensor: swizzles other than none and 128B are not modelled");
+  // Elements per dimension: the box, every elem_strides-th along dimensions 1.. (dimension 0 has
+  // no traversal stride without interleave).
+  int64_t n[5] = {1, 1, 1, 1, 1};
+  int64_t elems = 1;
+  for (int i = 0; i < rank; ++i) {
+    n[i] = i == 0 ? t.box[0] : (t.box[i] + t.elem_strides[i] - 1) / t.elem_strides[i];
+    elems *= n[i];
+  }
+  const size_t row = static_cast<size_t>(n[0]) * t.elem_bytes;
+  const size_t bytes = static_cast<size_t>(elems) * t.elem_bytes;
+  if (swz && row != 128) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: a 128B-swizzled box with %zu-byte rows is not modelled "
+                  "(only rows of exactly 128 bytes)",
+                  what, row);
+    trap(buf);
+  }
+  // The destination must be 128-byte aligned (CUDA programming guide, TMA).
+  (void)shared_at(dst, bytes, 128, what);
+  (void)mbar(b, bar, what);
+  Block::Bulk c{dst, bar, std::vector<unsigned char>(bytes)};
+  int64_t j[5] = {0, 0, 0, 0, 0};
+  for (int64_t e = 0; e < elems; ++e) {
+    int64_t rest = e;
+    bool in = true;
+    uint64_t src = t.address;
+    for (int i = 0; i < rank; ++i) {
+      j[i] = rest % n[i];
+      rest /= n[i];
+      const int64_t g = int64_t{coords[i]} + j[i] * (i == 0 ? 1 : t.elem_strides[i]);
+      if (g < 0 || g >= static_cast<int64_t>(t.dims[i]))
+        in = false;
+      else
+        src += static_cast<uint64_t>(g) * t.strides[i];
+    }
+    uint32_t off = static_cast<uint32_t>(e) * t.elem_bytes;  // box order, dimension 0 fastest
+    if (swz) {
+      const uint32_t a = dst + off;
+      off = (a ^ (((a >> 7) & 7) << 4)) - dst;
+    }
+    if (in) std::memcpy(c.image.data() + off, reinterpret_cast<const void*>(src), t.elem_bytes);
+    // else: zeros (the zero out-of-bounds fill)
+  }
+  b.progress = true;
+  if (cp_async_early())
+    land_bulk(b, c);
+  else
+    b.bulk.push_back(std::move(c));
+}
+
+void tensormap_prefetch(const void* map) {
+  (void)tensor_map(map, "prefetch.tensormap");
+}
+
+void named_barrier(int id, int count) {
+  Block& b = *g_block;
+  char buf[200];
+  if (id < 1 || id > 15) {
+    std::snprintf(buf, sizeof buf,
+                  "bar.sync %d, %d: barrier ids are 0 to 15, and 0 with a count is "
+                  "not modelled",
+                  id, count);
+    trap(buf);
+  }
+  if (count <= 0 || count % kWarp != 0 || count > block_threads()) {
+    std::snprintf(buf, sizeof buf,
+                  "bar.sync %d, %d: the count must be a multiple of 32, at most the "
+                  "block's %d threads",
+                  id, count, block_threads());
+    trap(buf);
+  }
+  Block::Named& nb = b.named[id];
+  if (nb.arrived == 0)
+    nb.count = count;
+  else if (nb.count != count) {
+    std::snprintf(buf, sizeof buf, "bar.sync %d: threads disagree on the count (%d, %d)", id,
+                  nb.count, count);
+    trap(buf);
+  }
+  const unsigned my_gen = nb.gen;
+  ++nb.arrived;
+  b.progress = true;
+  if (nb.arrived == nb.count) {
+    nb.arrived = 0;
+    ++nb.gen;
+  } else {
+    do {
+      park(b, "bar.sync (named)");
+    } while (nb.gen == my_gen);
+    b.progress = true;
+  }
+}
+
+void setmaxnreg(int regs) {
+  (void)warpgroup_base("setmaxnreg");
+  if (regs < 24 || regs > 256 || regs % 8 != 0)
+    trap("setmaxnreg: the register count must be a multiple of 8 from 24 to 256");
+}
+
+void wgmma_fence() {
+  (void)warpgroup_base("wgmma.fence");
+  g_block->wgmma[static_cast<size_t>(g_thread->linear)].fenced = true;
+}
+
+void wgmma(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool trans_a, bool trans_b,
+           MmaKind kind) {
+  Block& b = *g_block;
+  const int base = warpgroup_base("wgmma.mma_async");
+  Block::Wgmma& w = b.wgmma[static_cast<size_t>(g_thread->linear)];
+  if (!w.fenced)
+    trap(
+        "wgmma.mma_async without a wgmma.fence since the thread started or last waited for its "
+        "wgmmas (and may have touched their registers)");
+  if (n < 8 || n > 256 || n % 8 != 0 || kind == MmaKind::kTF32)
+    trap("wgmma.mma_async: m64nNk16 needs N a multiple of 8 up to 256 and f16 or bf16 inputs");
+  (void)decode_desc(desc_a, trans_a, "A");  // an error at the issue, not only at the wait
+  (void)decode_desc(desc_b, trans_b, "B");
+  const Block::WgOp op{d, n, desc_a, desc_b, trans_a, trans_b, kind};
+  // .aligned: every thread of the warp group issues the same operations.
+  std::vector<Block::WgOp>& ops = b.wg_ops[static_cast<size_t>(base / 128)];
+  if (w.issued < ops.size()) {
+    const Block::WgOp& o = ops[w.issued];
+    if (o.n != n || o.da != desc_a || o.db != desc_b || o.ta != trans_a || o.tb != trans_b ||
+        o.kind != kind)
+      trap(
+          "wgmma.mma_async: threads of one warp group issue different operations (shape, "
+          "descriptors or layouts differ)");
+  } else {
+    ops.push_back(op);
+  }
+  w.open.push_back(op);
+  ++w.issued;
+  b.progress = true;
+}
+
+void wgmma_commit() {
+  (void)warpgroup_base("wgmma.commit_group");
+  Block::Wgmma& w = g_block->wgmma[static_cast<size_t>(g_thread->linear)];
+  w.groups.push_back(std::move(w.open));  // an empty group counts, as in PTX
+  w.open.clear();
+}
+
+void wgmma_wait(int pending) {
+  Block& b = *g_block;
+  const int base = warpgroup_base("wgmma.wait_group");
+  if (pending < 0 || pending > 7) trap("wgmma.wait_group: N must be 0 to 7");
+  Block::Wgmma& w = b.wgmma[static_cast<size_t>(g_thread->linear)];
+  while (static_cast<int>(w.groups.size()) > pending) {
+    // The group's operations run once the whole warp group has issued them: this thread's
+    // operations up to the end of the oldest group.
+    size_t later = w.open.size();
+    for (size_t i = 1; i < w.groups.size(); ++i) later += w.groups[i].size();
+    const size_t upto = w.issued - later;
+    for (;;) {
+      bool all = true;
+      for (int t = base; t < base + 128; ++t) {
+        if (b.wgmma[static_cast<size_t>(t)].issued >= upto) continue;
+        if (b.fibers[static_cast<size_t>(t)].done)
+          trap(
+              "wgmma.wait_group: a thread of the warp group exited without issuing its part of a "
+              "wgmma this thread waits for");
+        all = false;
+      }
+      if (all) break;
+      park(b, "wgmma.wait_group");
+    }
+    // Evaluated now, from shared memory as it is now: a stage refilled before the wait that
+    // retires its wgmma changes the result.
+    for (const Block::WgOp& op : w.groups.front()) wgmma_evaluate(op);
+    w.groups.pop_front();
+    b.progress = true;
+  }
+  w.fenced = false;  // the thread may touch its accumulators now
+}
+
+void trap(const char* what) {
+  throw std::runtime_error(what);
+}
 
 // ---- the runtime ----
 
@@ -782,6 +1285,23 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaRuntimeGetVersion(int* version) {
   if (!version) return fail(cudaErrorInvalidValue);
   *version = 13000;  // the toolkit the plugin is built with here
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                             unsigned long long, cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn) return fail(cudaErrorInvalidValue);
+  *fn = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  if (std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0) {
+    if (version >= 12000) {
+      *fn = reinterpret_cast<void*>(&cuTensorMapEncodeTiled);
+      r = cudaDriverEntryPointSuccess;
+    } else {
+      r = cudaDriverEntryPointVersionNotSufficent;
+    }
+  }
+  if (status) *status = r;
   return cudaSuccess;
 }
 

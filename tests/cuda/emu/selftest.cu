@@ -1,8 +1,10 @@
 // The CUDA emulator's own checks (tests/cuda/emu/README.md): that its threads, barriers, warp
 // shuffles, launch checks, stream capture and the Tensor Core kernels' PTX (cp.async, ldmatrix,
-// mma.sync, checked here against the PTX ISA's own formulas, "element i of lane l is at row ...,
-// column ...") behave as CUDA specifies, so that a kernel passing on the emulator has passed
-// something. Built by tests/cuda/emu/emu.cmake, run by ctest.
+// mma.sync; the Hopper GEMM's TMA, mbarriers, named barriers and wgmma), checked here against
+// the PTX ISA's and the CUDA programming guide's own formulas ("element i of lane l is at row
+// ..., column ...", "chunk x of row y lands at x ^ (y % 8)"), behave as CUDA specifies, so that a
+// kernel passing on the emulator has passed something. Built by tests/cuda/emu/emu.cmake, run by ctest.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -179,6 +181,142 @@ __global__ void cp_async_out_of_range_kernel(const uint32_t* src) {
   ::plx_emu::cp_async(::plx_emu::shared_address(buf) + 64, src, 16, 16);
 }
 
+// ---- Hopper PTX ----
+
+// The 128-byte swizzle (CUDA programming guide, "TMA swizzle"; PTX ISA, "Swizzling modes"): the
+// 16-byte chunk x of the 128-byte row at shared address `row_addr` is stored at chunk
+// x ^ ((row_addr / 128) % 8). Returns the shared address of byte `byte` (< 128) of that row.
+__host__ __device__ uint32_t swizzled(uint32_t row_addr, uint32_t byte) {
+  return row_addr + ((((byte / 16) ^ ((row_addr / 128) % 8)) * 16) | (byte % 16));
+}
+
+// Thread 0 loads one box of a tensor map with TMA at `c`, counted on an mbarrier, and copies the
+// shared memory (from `dst_off` past the first 1024-byte boundary) out before the wait (`before`)
+// and after it (`after`); `phases` gets the barrier's parity checks along the way.
+__global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int c0, int c1, int c2,
+                           uint32_t dst_off, uint32_t bytes, uint16_t* before, uint16_t* after,
+                           int* phases) {
+  extern __shared__ unsigned char tma_smem[];
+  if (threadIdx.x != 0) return;
+  const uint32_t raw = ::plx_emu::shared_address(tma_smem);
+  const uint32_t base = (raw + 1023) / 1024 * 1024;
+  const uint32_t bar = base, dst = base + 1024 + dst_off;
+  ::plx_emu::mbarrier_init(bar, 1);
+  phases[0] = ::plx_emu::mbarrier_try_wait(bar, 1);  // the phase before the first: complete
+  ::plx_emu::mbarrier_arrive(bar, bytes);
+  const int32_t c[3] = {c0, c1, c2};
+  ::plx_emu::tma_load(dst, &map, c, 3, bar);
+  const unsigned char* d = tma_smem + (dst - raw);
+  std::memcpy(before, d, bytes);
+  phases[1] = ::plx_emu::mbarrier_try_wait(bar, 0);  // lands the copy, completes phase 0
+  std::memcpy(after, d, bytes);
+  phases[2] = ::plx_emu::mbarrier_try_wait(bar, 0);  // phase 0 stays complete in phase 1
+}
+
+// mbarrier phases between two warps: warp 1 arrives twice (phases 0 and 1), warp 0 waits for each.
+__global__ void mbarrier_phase_kernel(int* order) {
+  extern __shared__ unsigned char bar_smem[];
+  const uint32_t bar = ::plx_emu::shared_address(bar_smem);
+  if (threadIdx.x == 0) ::plx_emu::mbarrier_init(bar, 32);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    ::plx_emu::mbarrier_try_wait(bar, 0);
+    if (threadIdx.x == 0) order[0] = order[2] + 1;  // after warp 1's first arrivals
+    ::plx_emu::mbarrier_try_wait(bar, 1);
+    if (threadIdx.x == 0) order[1] = order[3] + 1;
+  } else {
+    if (threadIdx.x == 32) order[2] = 10;
+    ::plx_emu::mbarrier_arrive(bar, 0);
+    __syncwarp();  // all 32 arrivals of phase 0 before any of phase 1
+    if (threadIdx.x == 32) order[3] = 20;
+    __syncwarp();
+    ::plx_emu::mbarrier_arrive(bar, 0);
+  }
+}
+
+// Waits for a phase nobody completes (a deadlock), or arrives on a barrier a plain store
+// overwrote.
+__global__ void mbarrier_fault_kernel(int overwrite) {
+  extern __shared__ uint64_t bar_words[];
+  if (threadIdx.x != 0) return;
+  const uint32_t bar = ::plx_emu::shared_address(bar_words);
+  ::plx_emu::mbarrier_init(bar, 2);
+  if (overwrite) {
+    bar_words[0] = 0;
+    ::plx_emu::mbarrier_arrive(bar, 0);
+  } else {
+    ::plx_emu::mbarrier_arrive(bar, 0);
+    ::plx_emu::mbarrier_try_wait(bar, 0);
+  }
+}
+
+// Warps 1 and 2 meet at named barrier 1 (64 threads) and read each other's value; warp 0 exits.
+__global__ void named_barrier_kernel(int* out) {
+  __shared__ int v[96];
+  if (threadIdx.x < 32) return;
+  v[threadIdx.x] = static_cast<int>(threadIdx.x) * 3;
+  ::plx_emu::named_barrier(1, 64);
+  out[threadIdx.x - 32] = v[threadIdx.x < 64 ? threadIdx.x + 32 : threadIdx.x - 32];
+}
+
+// wgmma descriptor (PTX ISA, "Matrix Descriptor Format"): start, LBO, SBO (each >> 4, 14 bits),
+// base offset 0, layout type 1 (128-byte swizzle) in bits 62-63.
+uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
+  return uint64_t{(start & 0x3FFFF) >> 4} | uint64_t{(lbo & 0x3FFFF) >> 4} << 16 |
+         uint64_t{(sbo & 0x3FFFF) >> 4} << 32 | uint64_t{1} << 62;
+}
+
+// One warp group: D (64 x 128, f32, starting at 0.5) += A (64 x 16) · B (16 x 128), bf16 values
+// a[m][k], b[k][n] laid out in shared memory by the ISA's canonical 128B-swizzled layouts:
+//   K-major (a_kmajor / b_kmajor): rows of M or N 128 bytes long (64 of K), the wgmma's 16 K at
+//     bytes 32..63 of each row (a start 32 bytes into the atom), atoms of 8 rows 1024 bytes apart
+//     (SBO);
+//   MN-major: rows of K 128 bytes long (64 of M or N), 8 rows per 1024-byte atom, the next 8
+//     K rows an SBO of 1024 further, the next 64 of M or N an LBO of 2048 further.
+// Each thread writes D by the accumulator fragment (warp w, lane l): d[4i + 2h + e] is row
+// 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e.
+__global__ void wgmma_kernel(const uint16_t* a, const uint16_t* b, float* d, int a_kmajor,
+                             int b_kmajor) {
+  extern __shared__ unsigned char wg_smem[];
+  const uint32_t raw = ::plx_emu::shared_address(wg_smem);
+  const uint32_t base = (raw + 1023) / 1024 * 1024;
+  const uint32_t sa = base, sb = base + 16384;
+  auto put = [&](uint32_t addr, uint16_t v) { std::memcpy(wg_smem + (addr - raw), &v, 2); };
+  if (threadIdx.x == 0) {
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k) {
+        const uint16_t v = a[m * 16 + k];
+        if (a_kmajor)
+          put(swizzled(sa + (m / 8) * 1024 + (m % 8) * 128, 32 + 2 * k), v);
+        else
+          put(swizzled(sa + (k / 8) * 1024 + (k % 8) * 128, 2 * m), v);
+      }
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < 128; ++n) {
+        const uint16_t v = b[k * 128 + n];
+        if (b_kmajor)
+          put(swizzled(sb + (n / 8) * 1024 + (n % 8) * 128, 32 + 2 * k), v);
+        else
+          put(swizzled(sb + (n / 64) * 2048 + (k / 8) * 1024 + (k % 8) * 128, 2 * (n % 64)), v);
+      }
+  }
+  __syncthreads();
+  const uint64_t da = a_kmajor ? wg_desc(sa + 32, 16, 1024) : wg_desc(sa, 2048, 1024);
+  const uint64_t db = b_kmajor ? wg_desc(sb + 32, 16, 1024) : wg_desc(sb, 2048, 1024);
+  float acc[64];
+  for (float& x : acc) x = 0.5f;
+  ::plx_emu::wgmma_fence();
+  ::plx_emu::wgmma(acc, 128, da, db, !a_kmajor, !b_kmajor, ::plx_emu::MmaKind::kBF16);
+  ::plx_emu::wgmma_commit();
+  const float untouched = acc[0];  // before the wait: still the old value
+  ::plx_emu::wgmma_wait(0);
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  for (int i = 0; i < 16; ++i)
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e)
+        d[(16 * w + l / 4 + 8 * h) * 128 + 8 * i + 2 * (l % 4) + e] = acc[4 * i + 2 * h + e];
+  if (untouched != 0.5f) d[0] = -1.f;
+}
 }  // namespace
 
 int main() {
@@ -359,6 +497,109 @@ int main() {
     cp_async_out_of_range_kernel<<<1, 32, 64>>>(src);
     EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
     cudaFree(src), cudaFree(seen);
+  }
+  {
+    // TMA: a (64, 16, 1) box of a (100, 30, 2) bf16 tensor (rows padded to 208 bytes) at
+    // (64, 20, 1), partly past the tensor's edges, into shared memory 128 bytes past a 1024-byte
+    // boundary (the swizzle pattern starts at row 1 there). Late (the default), the bytes land
+    // at the wait; the box's rows follow the 128-byte swizzle, out-of-bounds elements are zero,
+    // and the barrier completes with the whole box's bytes counted.
+    const int X = 100, Y = 30, Z = 2;
+    uint16_t* g = device_array<uint16_t>(104 * Y * Z);
+    for (int z = 0; z < Z; ++z)
+      for (int y = 0; y < Y; ++y)
+        for (int x = 0; x < 104; ++x)
+          g[(z * Y + y) * 104 + x] = static_cast<uint16_t>(1 + x + 100 * y + 3000 * z);
+    CUtensorMap map;
+    const cuuint64_t dims[3] = {X, Y, Z}, strides[2] = {208, 208 * Y};
+    const cuuint32_t box[3] = {64, 16, 1}, es[3] = {1, 1, 1};
+    auto encode = [&](const cuuint64_t* st, const cuuint32_t* bx, CUtensorMapSwizzle sw) {
+      return cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, g, dims, st, bx, es,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    };
+    std::fprintf(stderr,
+                 "selftest: the next three tensor maps must be refused (a stride of 200 "
+                 "bytes, a 256-byte inner box with the 128B swizzle, a batch stride "
+                 "inside a matrix):\n");
+    const cuuint64_t bad_stride[2] = {200, 200 * Y}, bad_batch[2] = {208, 208 * 8};
+    const cuuint32_t wide[3] = {128, 16, 1};
+    EXPECT(encode(bad_stride, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(encode(strides, wide, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(encode(bad_batch, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(encode(strides, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_SUCCESS);
+    const uint32_t bytes = 64 * 16 * 2;
+    uint16_t* before = device_array<uint16_t>(bytes / 2);
+    uint16_t* after = device_array<uint16_t>(bytes / 2);
+    int* phases = device_array<int>(3);
+    tma_kernel<<<1, 32, 8192>>>(map, 64, 20, 1, 128, bytes, before, after, phases);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    for (int i = 0; i < 3; ++i) EXPECT(phases[i] == 1);
+    int unlanded = 0, bad = 0;
+    for (uint32_t i = 0; i < bytes / 2; ++i) unlanded += before[i] == 0xFFFF;
+    const uint32_t dst = 1024 * 1000 + 128;  // any address with the same place in the pattern
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 64; ++c) {
+        const int x = 64 + c, y = 20 + r;
+        const uint16_t want = x < X && y < Y ? static_cast<uint16_t>(1 + x + 100 * y + 3000) : 0;
+        bad += after[(swizzled(dst + 128 * r, 2 * c) - dst) / 2] != want;
+      }
+    EXPECT(unlanded == static_cast<int>(bytes / 2));
+    EXPECT(bad == 0);
+    cudaFree(g), cudaFree(before), cudaFree(after), cudaFree(phases);
+  }
+  {
+    // mbarrier phases: warp 0 waits for each of warp 1's two rounds of arrivals.
+    int* order = device_array<int>(4);
+    mbarrier_phase_kernel<<<1, 64, 16>>>(order);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    EXPECT(order[0] == 11);
+    EXPECT(order[1] == 21);
+    std::fprintf(stderr,
+                 "selftest: the next two launches must fail (a phase nobody completes, an "
+                 "mbarrier overwritten by a plain store):\n");
+    mbarrier_fault_kernel<<<1, 32, 16>>>(0);
+    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    mbarrier_fault_kernel<<<1, 32, 16>>>(1);
+    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    // A named barrier for two of three warps, the third exited.
+    int* out = device_array<int>(64);
+    named_barrier_kernel<<<1, 96>>>(out);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    for (int t = 32; t < 96; ++t) EXPECT(out[t - 32] == (t < 64 ? t + 32 : t - 32) * 3);
+    cudaFree(order), cudaFree(out);
+  }
+  {
+    // wgmma m64n128k16 (bf16) in every operand layout against a direct product: small integers,
+    // exact in bf16 and f32.
+    uint16_t* a = device_array<uint16_t>(64 * 16);
+    uint16_t* b = device_array<uint16_t>(16 * 128);
+    float* d = device_array<float>(64 * 128);
+    std::vector<float> av(64 * 16), bv(16 * 128);
+    for (int i = 0; i < 64 * 16; ++i) {
+      av[i] = static_cast<float>(((i / 16) * 7 + (i % 16) * 3) % 9 - 4);
+      a[i] = __bfloat16_as_ushort(__nv_bfloat16(av[i]));
+    }
+    for (int i = 0; i < 16 * 128; ++i) {
+      bv[i] = static_cast<float>(((i / 128) * 5 + (i % 128) * 11) % 7 - 3);
+      b[i] = __bfloat16_as_ushort(__nv_bfloat16(bv[i]));
+    }
+    EXPECT(cudaFuncSetAttribute(wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 40000) ==
+           cudaSuccess);
+    for (int layout = 0; layout < 4; ++layout) {
+      wgmma_kernel<<<1, 128, 40000>>>(a, b, d, layout & 1, layout >> 1);
+      EXPECT(cudaGetLastError() == cudaSuccess);
+      int bad = 0;
+      for (int m = 0; m < 64; ++m)
+        for (int n = 0; n < 128; ++n) {
+          float want = 0.5f;
+          for (int k = 0; k < 16; ++k) want += av[m * 16 + k] * bv[k * 128 + n];
+          bad += d[m * 128 + n] != want;
+        }
+      EXPECT(bad == 0);
+    }
+    cudaFree(a), cudaFree(b), cudaFree(d);
   }
   if (g_failures) {
     std::fprintf(stderr, "cuda emulator selftest: %d checks failed\n", g_failures);

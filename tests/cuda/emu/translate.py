@@ -5,8 +5,8 @@ Two constructs are not C++: a launch, `kernel<targs><<<grid, block, smem, stream
 becomes `::plx_emu::launch("kernel<targs>", &kernel<targs>, ::plx_emu::Config(grid, block,
 smem, stream), args);`, and a dynamic shared-memory array, `extern __shared__ T name[];` (on a
 line of its own), becomes a pointer to the launch's dynamic shared memory (a local variable in
-a function, a macro at namespace scope). The one header of inline PTX, ops/mma_ptx.cuh, is
-replaced by the emulator's plx_emu_ptx.hpp. Everything else (keywords, built-in indices,
+a function, a macro at namespace scope). The headers of inline PTX, ops/mma_ptx.cuh and
+ops/wgmma_ptx.cuh, are replaced by the emulator's plx_emu_ptx.hpp and plx_emu_wgmma.hpp. Everything else (keywords, built-in indices,
 intrinsics) is defined by the emulator's headers. Line numbers are kept, so compiler errors
 point at the original file.
 
@@ -98,7 +98,10 @@ def shared_declaration(m):
 
 
 # Headers of inline PTX, and the emulator's versions of them (include/).
-EMULATED_HEADERS = {"ops/mma_ptx.cuh": "plx_emu_ptx.hpp"}
+EMULATED_HEADERS = {
+    "ops/mma_ptx.cuh": "plx_emu_ptx.hpp",
+    "ops/wgmma_ptx.cuh": "plx_emu_wgmma.hpp",
+}
 
 
 def main():

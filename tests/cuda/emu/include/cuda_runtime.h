@@ -72,6 +72,13 @@ enum cudaFuncAttribute {
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
 #define cudaMemAttachGlobal 0x01
+// cudaGetDriverEntryPointByVersion: the flags and what the lookup found.
+#define cudaEnableDefault 0x0ull
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
 
 // The vector types the kernels store through.
 struct alignas(8) float2 {
@@ -105,6 +112,10 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
 cudaError_t cudaRuntimeGetVersion(int* version);
+// The emulated driver's entry points: cuTensorMapEncodeTiled (cuda.h), from version 12000.
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status = nullptr);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags = cudaMemAttachGlobal);

@@ -28,6 +28,7 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+#define __grid_constant__
 
 struct uint3 {
   unsigned x, y, z;
@@ -73,6 +74,24 @@ void cp_async_wait(int pending);
 void ldmatrix(uint32_t* r, int count, uint32_t addr, bool trans);
 enum class MmaKind { kF16, kBF16, kTF32 };
 void mma(float* c, const uint32_t* a, const uint32_t* b, MmaKind kind);
+// The Hopper PTX of our wgmma GEMM (plx_emu_wgmma.hpp wraps these as ops/wgmma_ptx.cuh does):
+// mbarriers (init, arrive with an optional expect-tx, try_wait.parity, which suspends the thread
+// until the phase completes); the TMA tensor copy (cp.async.bulk.tensor: a box of a tensor map
+// into shared memory, counted on an mbarrier, landing as PLEXUS_EMU_CP_ASYNC says); named
+// barriers (bar.sync id, count); setmaxnreg's operand checks; and wgmma.mma_async on shared-memory
+// descriptors with its fence, commit and wait (evaluated at the wait that retires its group).
+void mbarrier_init(uint32_t bar, uint32_t count);
+void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes);
+bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
+void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar);
+void tensormap_prefetch(const void* map);
+void named_barrier(int id, int count);
+void setmaxnreg(int regs);
+void wgmma_fence();
+void wgmma(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool trans_a, bool trans_b,
+           MmaKind kind);
+void wgmma_commit();
+void wgmma_wait(int pending);
 [[noreturn]] void trap(const char* what);
 
 inline int lane_id() { return g_thread->linear & (kWarp - 1); }

@@ -1,0 +1,76 @@
+// The CUDA emulator's ops/wgmma_ptx.cuh: the same wrappers (signatures alike, namespace alike), on
+// the emulator's Hopper PTX (plx_emu.hpp) instead of inline assembly. translate.py includes this
+// in place of ops/wgmma_ptx.cuh, so the Hopper GEMM (ops/wgmma_gemm.cu) runs on the CPU as it is
+// written: its mbarrier pipeline, TMA boxes with the 128-byte swizzle, wgmma descriptors and
+// accumulator fragments, modelled from the PTX ISA and the driver API independently of the kernel.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "device.cuh"
+
+namespace plexus::cuda::ptx {
+
+inline void mbar_init(uint32_t bar, uint32_t count) {
+  ::plx_emu::mbarrier_init(bar, count);
+}
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  ::plx_emu::mbarrier_arrive(bar, bytes);
+}
+inline void mbar_arrive(uint32_t bar) {
+  ::plx_emu::mbarrier_arrive(bar, 0);
+}
+inline bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  return ::plx_emu::mbarrier_try_wait(bar, parity);
+}
+// One memory for every proxy and every thread: the fences order nothing further here.
+inline void fence_mbarrier_init() {}
+inline void fence_proxy_async() {}
+
+inline void tma_load_3d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                        uint32_t bar) {
+  const int32_t c[3] = {c0, c1, c2};
+  ::plx_emu::tma_load(dst, map, c, 3, bar);
+}
+inline void prefetch_tensormap(const CUtensorMap* map) {
+  ::plx_emu::tensormap_prefetch(map);
+}
+
+template <int R>
+inline void setmaxnreg_dec() {
+  ::plx_emu::setmaxnreg(R);
+}
+template <int R>
+inline void setmaxnreg_inc() {
+  ::plx_emu::setmaxnreg(R);
+}
+template <int Id, int Count>
+inline void named_barrier_sync() {
+  ::plx_emu::named_barrier(Id, Count);
+}
+
+inline void wgmma_fence() {
+  ::plx_emu::wgmma_fence();
+}
+inline void wgmma_commit() {
+  ::plx_emu::wgmma_commit();
+}
+template <int N>
+inline void wgmma_wait() {
+  ::plx_emu::wgmma_wait(N);
+}
+// The accumulators are written only at the wait that retires their wgmma (see runtime.cpp).
+template <int R>
+inline void fence_acc(float (&)[R]) {}
+
+template <class T, int N, bool TA, bool TB>
+inline void wgmma_m64k16(float (&d)[N / 2], uint64_t da, uint64_t db) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "wgmma: bf16 or f16");
+  ::plx_emu::wgmma(d, N, da, db, TA, TB,
+                   std::is_same_v<T, bf16> ? ::plx_emu::MmaKind::kBF16 : ::plx_emu::MmaKind::kF16);
+}
+
+}  // namespace plexus::cuda::ptx
