@@ -200,6 +200,12 @@ std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, con
 // max_pool2d with a ReLU on y as it is written (ops/pool.cu): sdk::PoolReluMaker for the
 // chunked conv + ReLU + pool (ops/conv_pool.cpp). Null for a dtype it has no kernel for.
 std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags);
+// max_pool2d adding the conv's per-channel bias (its input 1) to each window's maximum, then the
+// ReLU where `relu`, as y is written (ops/pool.cu): sdk::PoolBiasReluMaker for the chunked conv
+// + [ReLU +] pool, whose conv then runs without its bias (no fill of y with the bias first).
+// f32 only (null otherwise: the 16-bit groups keep the bias in the conv).
+std::unique_ptr<Kernel> make_max_pool_bias_relu(const plx_node_info& pool, bool relu,
+                                                uint32_t& flags);
 // max_pool2d_backward whose second output is its dx summed per channel (the conv's bias
 // gradient), in one launch (ops/pool.cu): sdk::PoolBiasMaker for the chunked conv + pool
 // backward. `sms`: the device's multiprocessors, which size the grid.

@@ -1,8 +1,9 @@
 // The conv + max-pool fusions on CUDA: the SDK's chunked kernels (sdk/fusion_chunked.hpp, which
 // says how they work and why) running this plugin's own conv, relu, pool and sum kernels a chunk
-// of images at a time (the pool with the ReLU folded in where the ReLU runs after it, and the
-// pool's backward with the bias gradient's sum), fuse_chunk_bytes of pre-pool tensor per chunk (32 MiB by default), with
-// the per-chunk weight and bias gradients added up by launch_chunk_accumulate (ops/conv_pool.cu).
+// of images at a time, fuse_chunk_bytes of pre-pool tensor per chunk (32 MiB by default). The
+// pool takes in the conv's bias and the ReLU (where the ReLU runs after it), so the conv writes
+// no bias first; the pool's backward sums the bias gradient; the per-chunk weight and bias
+// gradients are added up by launch_chunk_accumulate (ops/conv_pool.cu).
 #include "ops/conv_pool.hpp"
 
 #include "plexus/sdk/fusion_chunked.hpp"
@@ -13,7 +14,7 @@ std::unique_ptr<Kernel> make_conv_max_pool(CudaBackend& backend, const sdk::Grap
                                            const sdk::Boundary& b, plx_dtype& dtype,
                                            uint32_t& flags, std::string& name) {
   return sdk::make_chunked_conv_max_pool(backend, g, b, backend.options().fuse_chunk_bytes, dtype,
-                                         flags, name, make_max_pool_relu);
+                                         flags, name, make_max_pool_relu, make_max_pool_bias_relu);
 }
 
 std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const sdk::GraphView& g,

@@ -161,7 +161,7 @@ struct PoolIndex<uint8_t> {
 template <class T, class I, class Ix>
 __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
                                 Ix* __restrict__ idx, PoolGeom g, I total, bool relu_mask,
-                                bool relu_out) {
+                                bool relu_out, const T* __restrict__ bias, I channels) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
@@ -188,10 +188,12 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
         if (at < 0 || beats(v, best)) best = v, at = j, tap = a * kw + b;
       }
     }
-    y[i] = from_accum<T>(relu_out && !(best > 0.0f) ? 0.0f : best);
-    // relu_mask: no index where y is not > 0, the mask relu_backward(dy, y) would apply (best
-    // is a loaded T, so it is y exactly).
-    idx[i] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(best > 0.0f)));
+    // The fused conv + pool: the conv's bias (constant over the window) added to the maximum.
+    if (bias) best += to_accum<T>(bias[plane % channels]);
+    const T out = from_accum<T>(relu_out && !(best > 0.0f) ? 0.0f : best);
+    y[i] = out;
+    // relu_mask: no index where y is not > 0, the mask relu_backward(dy, y) would apply.
+    idx[i] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(to_accum<T>(out) > 0.0f)));
   }
 }
 
@@ -416,11 +418,15 @@ bool fits_i32(int64_t n) {
 template <class T>
 class MaxPool2dKernel final : public Kernel {
  public:
-  explicit MaxPool2dKernel(const NodeInfo& node, bool relu_out = false)
+  // relu_out: y = relu(max); bias: input 1 holds a per-channel bias added to the maximum first
+  // (the fused conv + [ReLU +] pool, whose conv then runs without it).
+  explicit MaxPool2dKernel(const NodeInfo& node, bool relu_out = false, bool bias = false)
       : device_(node.device()),
         g_(make_geom(node.input(0).shape, node.output(0).shape, node, true)),
         relu_mask_(node.attr_int_or("relu_mask", 0) != 0),
         relu_out_(relu_out),
+        bias_(bias),
+        channels_(node.input(0).shape[1]),
         u8_(node.output(1).dtype == PLX_U8) {
     // The schema limits planes to what i32 indices can name; the kernel relies on it.
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
@@ -441,22 +447,25 @@ class MaxPool2dKernel final : public Kernel {
     use_device(device_);
     const T* x = ptr<T>(c.in(0));  // (N·C, H, W)
     T* y = ptr<T>(c.out(0));       // (N·C, OH, OW)
+    const T* bias = bias_ ? ptr<T>(c.in(1)) : nullptr;  // (C)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
-      max_pool_kernel<T, int32_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, static_cast<int32_t>(total),
-                                              relu_mask_, relu_out_);
+      max_pool_kernel<T, int32_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
+          x, y, idx, g_, static_cast<int32_t>(total), relu_mask_, relu_out_, bias,
+          static_cast<int32_t>(channels_));
     else
-      max_pool_kernel<T, int64_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_, relu_out_);
+      max_pool_kernel<T, int64_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
+          x, y, idx, g_, total, relu_mask_, relu_out_, bias, channels_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
   PoolGeom g_;
   bool relu_mask_;
-  bool relu_out_;  // y = relu(max): the fused conv + ReLU + pool
-  bool u8_;        // window_index: u8 taps
+  bool relu_out_;      // y = relu(max): the fused conv + ReLU + pool
+  bool bias_;          // y = max + bias[channel] (before the ReLU): the fused conv + pool
+  int64_t channels_;   // C, for the bias
+  bool u8_;            // window_index: u8 taps
 };
 
 template <class T>
@@ -749,6 +758,20 @@ std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& 
     case PLX_BF16: return std::make_unique<MaxPool2dKernel<bf16>>(node, true);
     default: return nullptr;
   }
+}
+
+std::unique_ptr<Kernel> make_max_pool_bias_relu(const plx_node_info& pool, bool relu,
+                                                uint32_t& flags) {
+  const NodeInfo node(&pool);
+  flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  // f32 only: there the convolution's f32 sum plus the bias rounds once either way, so the
+  // result is the unfused one's. In f16 and bf16 the pre-pool values would be rounded before the
+  // bias is added instead of after, which moves the maximum among values that round alike
+  // (frequent in bf16) away from where the unfused nodes, and the CPU reference, find it.
+  if (node.num_inputs() < 1 || node.num_outputs() < 2 || node.input(0).ndim != 4 ||
+      node.input(0).dtype != PLX_F32)
+    return nullptr;
+  return std::make_unique<MaxPool2dKernel<float>>(node, relu, true);
 }
 
 std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,

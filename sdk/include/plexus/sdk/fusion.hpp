@@ -195,6 +195,14 @@ class OwnedNodeInfo {
       step *= t.shape[i];
     }
   }
+  // Input k absent, as an optional input nobody gave (dtype PLX_DTYPE_NONE): a conv2d run
+  // without its bias, which a fused kernel applies elsewhere.
+  void drop_input(int32_t k) {
+    PLX_REQUIRE(k >= 0 && k < static_cast<int32_t>(inputs_.size()), "%s: no input %d to drop",
+                info_.op, k);
+    inputs_[static_cast<size_t>(k)] = plx_tensor{};
+    inputs_[static_cast<size_t>(k)].dtype = PLX_DTYPE_NONE;
+  }
   const plx_node_info& get() const { return info_; }
   const std::vector<plx_tensor>& inputs() const { return inputs_; }
   const std::vector<plx_tensor>& outputs() const { return outputs_; }

@@ -8,7 +8,8 @@
 //  - forward, per chunk: conv2d (with its bias) into scratch, the ReLU there in place, then
 //    max_pool2d from scratch into the chunk's slice of y and of the indices (with relu_mask the
 //    ReLU runs after the pool instead, on y's slice, or inside the pool's kernel where the
-//    backend gives one: PoolReluMaker);
+//    backend gives one: PoolReluMaker; and the conv's bias too, added to each window's maximum,
+//    where the backend gives a kernel for that: PoolBiasReluMaker);
 //  - backward, per chunk: max_pool2d_backward (dy's and the indices' slices) into scratch, then
 //    conv2d_backward_data into dx's slice, conv2d_backward_weight and the bias gradient's sum into
 //    per-chunk partials that the backend's accumulate function adds up over the chunks (the sum
@@ -74,6 +75,16 @@ using ChunkKernelMaker =
     std::function<std::unique_ptr<Kernel>(const plx_node_info& node, uint32_t& flags)>;
 using PoolReluMaker = ChunkKernelMaker;
 using PoolBiasMaker = ChunkKernelMaker;
+// And for the forward of a conv2d with a bias -> [relu ->] max_pool2d (with relu_mask where there
+// is a ReLU): a kernel for `node` (max_pool2d: x in, y and the indices out) with a second input,
+// the conv's bias (C values, in x's dtype), added in f32 to each window's maximum, then the ReLU
+// where `relu`, then one rounding to y's dtype; with relu_mask no index where that y is not > 0.
+// The conv then runs without its bias, so the pre-pool chunk is written once (a backend whose
+// conv writes the bias before the convolution adds onto it saves that pass and its launch). The
+// bias is constant over a window, so the maximum is at the same place (up to rounding: in 16-bit
+// types the pre-pool values are rounded before the bias is added instead of after).
+using PoolBiasReluMaker = std::function<std::unique_ptr<Kernel>(const plx_node_info& node,
+                                                                bool relu, uint32_t& flags)>;
 
 namespace detail::chunked {
 
@@ -125,15 +136,16 @@ struct Member {
     return true;
   }
   // `like`: an elementwise node (input 0 -> output 0) made for tensors shaped as `like`, with
-  // `rows` images, instead of its own.
+  // `rows` images, instead of its own. `absent`: an optional input left out (-1: none).
   void make(Backend& backend, const GraphView& g, int32_t n, int64_t rows,
             std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
-            bool patch_input_shape, const plx_tensor* like = nullptr) {
+            bool patch_input_shape, const plx_tensor* like = nullptr, int32_t absent = -1) {
     OwnedNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape ? "input_shape" : "");
     if (like) {
       info.reshape(false, 0, *like, rows);
       info.reshape(true, 0, *like, rows);
     }
+    if (absent >= 0) info.drop_input(absent);
     kernel = std::make_unique<NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
     in = info.inputs();
     out = info.outputs();
@@ -186,7 +198,8 @@ class ChunkedConvMaxPool final : public Kernel {
 
  public:
   ChunkedConvMaxPool(Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes,
-                     const PoolReluMaker& pool_relu = {})
+                     const PoolReluMaker& pool_relu = {},
+                     const PoolBiasReluMaker& pool_bias_relu = {})
       : s_(conv_max_pool_slots(g, b)) {
     const plx_graph_node& conv = g.node(s_.conv);
     const plx_graph_node& pool = g.node(s_.pool);
@@ -225,16 +238,30 @@ class ChunkedConvMaxPool final : public Kernel {
       relu_after_pool_ = s_.relu >= 0 && NodeInfo(&pool_info.get()).attr_int_or("relu_mask", 0) == 1;
     }
 
+    // The conv's bias can move into the pool's kernel (PoolBiasReluMaker) where nothing reads
+    // the biased pre-pool values but the pool: no ReLU between them, or one that runs after it.
+    const bool fold_bias = s_.bias >= 0 && pool_bias_relu && (s_.relu < 0 || relu_after_pool_);
+    const bool relu = s_.relu >= 0;
+    const ChunkKernelMaker bias_relu = [&](const plx_node_info& node, uint32_t& f) {
+      return pool_bias_relu(node, relu, f);
+    };
     const int64_t rem = n_ % rows_;
     for (int64_t rows : {rows_, rem}) {
       if (rows == 0) continue;
       Pass& p = passes_.emplace_back();
       p.rows = rows;
-      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false);
-      // The pool with the ReLU folded in, where the backend has one (PoolReluMaker).
-      p.pool_relu = relu_after_pool_ && pool_relu &&
-                    p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1}, false);
-      if (!p.pool_relu) p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+      p.bias_in_pool =
+          fold_bias && p.pool.make_own(bias_relu, g, s_.pool, rows, {0}, {0, 1}, false);
+      if (p.bias_in_pool) {
+        p.pool.in.push_back(g.value(conv.inputs[2]));  // the bias, the kernel's second input
+        p.pool_relu = relu;
+      } else {
+        // The pool with the ReLU folded in, where the backend has one (PoolReluMaker).
+        p.pool_relu = relu_after_pool_ && pool_relu &&
+                      p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1}, false);
+        if (!p.pool_relu) p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+      }
+      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false, nullptr, p.bias_in_pool ? 2 : -1);
       if (s_.relu >= 0 && !p.pool_relu) {
         p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, relu_after_pool_ ? &y : nullptr);
         PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
@@ -272,7 +299,7 @@ class ChunkedConvMaxPool final : public Kernel {
       p.conv.in[0].data =
           detail::chunked::at_bytes(x.data, img * static_cast<uint64_t>(x_img_) * es_);
       p.conv.in[1].data = c.in(s_.w).data;
-      if (s_.bias >= 0) p.conv.in[2].data = c.in(s_.bias).data;
+      if (s_.bias >= 0 && !p.bias_in_pool) p.conv.in[2].data = c.in(s_.bias).data;
       p.conv.out[0].data = pre;
       p.conv.run(mws, member_ws_, c.stream);
       if (p.relu.present() && !relu_after_pool_) {
@@ -285,6 +312,7 @@ class ChunkedConvMaxPool final : public Kernel {
       p.pool.out[0].data = y_chunk;
       p.pool.out[1].data =
           detail::chunked::at_bytes(idx.data, img * static_cast<uint64_t>(y_img_) * idx_es_);
+      if (p.bias_in_pool) p.pool.in[1].data = c.in(s_.bias).data;
       p.pool.run(mws, member_ws_, c.stream);
       if (p.relu.present() && relu_after_pool_) {
         p.relu.in[0].data = y_chunk;
@@ -298,7 +326,8 @@ class ChunkedConvMaxPool final : public Kernel {
   struct Pass {
     int64_t rows = 0;
     Member conv, relu, pool;
-    bool pool_relu = false;  // `pool` applies the ReLU too (no `relu`)
+    bool pool_relu = false;     // `pool` applies the ReLU too (no `relu`)
+    bool bias_in_pool = false;  // `pool` adds the conv's bias (the conv runs without it)
   };
 
   ConvMaxPoolSlots s_;
@@ -522,12 +551,12 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
 // The fused kernel of a {conv2d, [relu,] max_pool2d} group with its dtype, flags and name
 // ("conv2d+relu+max_pool2d" or "conv2d+max_pool2d"), for create_fused(). Declines (Unsupported)
 // what it cannot run.
-inline std::unique_ptr<Kernel> make_chunked_conv_max_pool(Backend& backend, const GraphView& g,
-                                                          const Boundary& b, uint64_t chunk_bytes,
-                                                          plx_dtype& dtype, uint32_t& flags,
-                                                          std::string& name,
-                                                          const PoolReluMaker& pool_relu = {}) {
-  auto k = std::make_unique<ChunkedConvMaxPool>(backend, g, b, chunk_bytes, pool_relu);
+inline std::unique_ptr<Kernel> make_chunked_conv_max_pool(
+    Backend& backend, const GraphView& g, const Boundary& b, uint64_t chunk_bytes,
+    plx_dtype& dtype, uint32_t& flags, std::string& name, const PoolReluMaker& pool_relu = {},
+    const PoolBiasReluMaker& pool_bias_relu = {}) {
+  auto k = std::make_unique<ChunkedConvMaxPool>(backend, g, b, chunk_bytes, pool_relu,
+                                                pool_bias_relu);
   dtype = k->slots().dtype;
   flags = k->flags();
   name = k->slots().relu >= 0 ? "conv2d+relu+max_pool2d" : "conv2d+max_pool2d";
