@@ -300,8 +300,12 @@ void run_block(Block& b, const char* name, int nthreads) {
   b.mbars.clear();
   b.bulk.clear();
   for (auto& n : b.named) n = Block::Named{};
-  b.wgmma.assign(static_cast<size_t>(nthreads), Block::Wgmma{});
-  b.wg_ops.assign(static_cast<size_t>((nthreads + 127) / 128), {});
+  // (Kept between blocks and cleared where used: most kernels issue no wgmma.)
+  if (b.wgmma.size() < static_cast<size_t>(nthreads)) b.wgmma.resize(static_cast<size_t>(nthreads));
+  for (auto& w : b.wgmma)
+    if (w.issued || w.fenced || !w.open.empty() || !w.groups.empty()) w = Block::Wgmma{};
+  b.wg_ops.resize(static_cast<size_t>((nthreads + 127) / 128));
+  for (auto& ops : b.wg_ops) ops.clear();
   for (int t = 0; t < nthreads; ++t) {
     Fiber& f = b.fibers[t];
     f.done = false;
