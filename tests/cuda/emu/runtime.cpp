@@ -639,8 +639,8 @@ void mma(float* c, const uint32_t* a, const uint32_t* bf, MmaKind kind) {
 
 namespace {
 
-// mbarrier ranges (PTX ISA, "Contents of the mbarrier object"): counts and tx-count within 2^20
-// - 1.
+// mbarrier ranges (PTX ISA, "Contents of the mbarrier object"): the counts, and the tx-count's
+// magnitude, at most 2^20 - 1.
 constexpr int64_t kMbarMax = (int64_t{1} << 20) - 1;
 
 // The 8 bytes a barrier's state is mirrored in (the real encoding is opaque).
