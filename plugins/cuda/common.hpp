@@ -92,6 +92,9 @@ struct CudaOptions {
   // Most bytes of the pre-pool tensor (or its gradient) one chunk of a fused conv + max-pool
   // group holds in scratch (ops/conv_pool.cpp); at least one image is always taken.
   uint64_t fuse_chunk_bytes = uint64_t{32} << 20;
+  // An f32 conv + [ReLU +] max-pool group adds the conv's bias in the pool kernel, so the conv
+  // runs without it (false: the conv adds it, for timing the two against each other).
+  bool pool_bias = true;
 };
 
 // The count of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):

@@ -109,12 +109,16 @@ if has kernels; then
   done
   # Where each goal's step spends its time (issue 7: the gap, kernel by kernel).
   for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'simplecnn 128 f16' 'convnet 1024 bf16' \
-                          'convnet 128 tf32'; do
+                          'convnet 128 tf32' 'simplecnn 128 f32 conv-bias'; do
     set -- $model_batch_prec
-    tag="$1-b$2-$3-profile"
+    tag="$1-b$2-$3-profile${4:+-$4}"
+    # "conv-bias": the conv's bias added by the convolution, not the pool (pool_bias, the
+    # seventeenth session's fusion), to time the two.
+    extra=()
+    [[ ${4:-} == conv-bias ]] && extra=(--set plugins.options.cuda.pool_bias=false)
     stamp "plexus bench step: $tag"
     timeout 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
-      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 \
+      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \
       --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
     head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"

@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
     double worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < la.size(); ++i) {
-      const double d = std::abs(la[i] - lb[i]) / (atol + rtol * std::abs(lb[i]));
+      const double diff = std::abs(la[i] - lb[i]);  // 0 is 0 of any tolerance, even of 0
+      const double d = diff == 0 ? 0 : diff / (atol + rtol * std::abs(lb[i]));
       if (!close(la[i], lb[i], rtol, atol)) ok = false;
       if (d > worst || std::isnan(d)) worst = d, at = i;
     }
@@ -137,7 +138,8 @@ int main(int argc, char** argv) {
       size_t ti = 0;
       for (size_t i = 0; i < n; ++i) {
         const double x = as_double(ta, i), y = as_double(*tb, i);
-        const double d = std::abs(x - y) / (atol + rtol * std::abs(y));
+        const double diff = std::abs(x - y);
+        const double d = diff == 0 ? 0 : diff / (atol + rtol * std::abs(y));
         if (!close(x, y, rtol, atol)) ok = false;
         if (d > tw) tw = d, ti = i;
       }

@@ -13,8 +13,10 @@ namespace plexus::cuda {
 std::unique_ptr<Kernel> make_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
                                            const sdk::Boundary& b, plx_dtype& dtype,
                                            uint32_t& flags, std::string& name) {
-  return sdk::make_chunked_conv_max_pool(backend, g, b, backend.options().fuse_chunk_bytes, dtype,
-                                         flags, name, make_max_pool_relu, make_max_pool_bias_relu);
+  return sdk::make_chunked_conv_max_pool(
+      backend, g, b, backend.options().fuse_chunk_bytes, dtype, flags, name, make_max_pool_relu,
+      backend.options().pool_bias ? sdk::PoolBiasReluMaker(make_max_pool_bias_relu)
+                                  : sdk::PoolBiasReluMaker());
 }
 
 std::unique_ptr<Kernel> make_max_pool_conv_backward(CudaBackend& backend, const sdk::GraphView& g,

@@ -27,6 +27,14 @@ grep -q "on cuda:0" "$work/cuda.log" || { echo "the run was not on cuda:0"; exit
 echo "== compare"
 # Sums in another order (the CPU's Winograd convolutions against the emulator's direct loops).
 "$compare" "$work/cpu" "$work/cuda" --rtol 1e-3 --atol 1e-5
+# The conv's bias added in the pool kernel (pool_bias, on by default) against the bias added by
+# the convolution: in f32 the same bits, losses and checkpoints alike.
+echo "== emulated cuda, f32, the bias in the convolution"
+"$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+  --set plugins.options.cuda.tf32=false --set plugins.options.cuda.pool_bias=false \
+  --set output.dir=\"$work/cuda-conv-bias\"
+echo "== compare, exactly"
+"$compare" "$work/cuda" "$work/cuda-conv-bias" --rtol 0 --atol 0
 for p in bf16 f16; do
   echo "== emulated cuda, $p"
   "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
