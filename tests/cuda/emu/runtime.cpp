@@ -78,6 +78,14 @@ constexpr size_t kSlot = 32;  // bytes a lane offers at a warp meeting (an mma's
 // that a kernel needing more (the 1024-byte swizzle atoms of TMA and wgmma) must realign it.
 constexpr uint32_t kSharedBase = 16;
 
+int block_threads() { return static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z); }
+
+// A wgmma operand's shared-memory matrix descriptor, decoded (decode_desc, "Hopper PTX" below).
+struct Desc {
+  uint32_t start, lbo, sbo;
+  bool mn_major;
+};
+
 // Thrown out of a launch when a block cannot go on (a deadlock, a trap, an error in a thread).
 struct LaunchFault : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -153,8 +161,8 @@ struct Block {
   struct WgOp {
     float* d;
     int n;
-    uint64_t da, db;
-    bool ta, tb;
+    uint64_t da, db;  // as issued (every thread of the warp group issues the same)
+    Desc a, b;        // decoded once, at the issue
     MmaKind kind;
   };
   struct Wgmma {
@@ -407,8 +415,7 @@ namespace {
 int warp_meet(Block& b, unsigned mask, const void* mine, size_t bytes, const char* what) {
   const int lane = lane_id(), w = g_thread->linear / kWarp;
   Block::Warp& warp = b.warps[w];
-  const int nthreads = static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
-  const int lanes_here = std::min(kWarp, nthreads - w * kWarp);
+  const int lanes_here = std::min(kWarp, block_threads() - w * kWarp);
   const unsigned exists = lanes_here == kWarp ? ~0u : (1u << lanes_here) - 1u;
   if (!(mask & (1u << lane))) trap((std::string(what) + " called by a lane outside its mask").c_str());
   if (mask & ~exists) trap((std::string(what) + ": the mask names lanes the block does not have").c_str());
@@ -460,8 +467,7 @@ namespace {
 // The lanes a warp-wide (.sync.aligned) instruction needs: all 32, every one of them live.
 unsigned whole_warp(const char* what) {
   const int w = g_thread->linear / kWarp;
-  const int nthreads = static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
-  if (nthreads - w * kWarp < kWarp)
+  if (block_threads() - w * kWarp < kWarp)
     trap((std::string(what) + ": the warp has fewer than 32 threads (the block size is not a "
                               "multiple of 32), but the instruction needs all of them").c_str());
   return ~0u;
@@ -686,8 +692,8 @@ void mbar_settle(Block& b, uint32_t bar, Block::Mbar& m) {
   mbar_store(bar, m);
 }
 
-void mbar_tx(Block& b, uint32_t bar, int64_t delta, const char* what) {
-  Block::Mbar& m = mbar(b, bar, what);
+// Adds `delta` to the tx-count of barrier m (at `bar`), range-checked; the caller settles it.
+void add_tx(Block::Mbar& m, uint32_t bar, int64_t delta, const char* what) {
   const int64_t tx = int64_t{m.tx} + delta;
   if (tx > kMbarMax || tx < -kMbarMax) {
     char buf[200];
@@ -698,14 +704,16 @@ void mbar_tx(Block& b, uint32_t bar, int64_t delta, const char* what) {
     trap(buf);
   }
   m.tx = static_cast<int32_t>(tx);
-  mbar_settle(b, bar, m);
 }
 
 void land_bulk(Block& b, const Block::Bulk& c) {
   std::memcpy(shared_at(c.dst, c.image.size(), 1, "cp.async.bulk.tensor"), c.image.data(),
               c.image.size());
   b.progress = true;
-  mbar_tx(b, c.bar, -static_cast<int64_t>(c.image.size()), "cp.async.bulk.tensor (complete_tx)");
+  const char* what = "cp.async.bulk.tensor (complete_tx)";
+  Block::Mbar& m = mbar(b, c.bar, what);
+  add_tx(m, c.bar, -static_cast<int64_t>(c.image.size()), what);
+  mbar_settle(b, c.bar, m);
 }
 
 // Lands the TMA copies still in flight that complete on `bar`, oldest first; false if none.
@@ -722,10 +730,6 @@ bool land_bulk_on(Block& b, uint32_t bar) {
     any = true;
   }
   return any;
-}
-
-int block_threads() {
-  return static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z);
 }
 
 // The first thread of the calling thread's warp group (4 warps, 128 threads), which must be whole.
@@ -747,10 +751,6 @@ int warpgroup_base(const char* what) {
 //             group of M/N to the next, SBO bytes from one 8-row group of K to the next.
 // The swizzle exchanges the 16-byte chunks of each 128-byte row by the row's place in its
 // 1024-byte pattern: address bits 4-6 ^= bits 7-9.
-struct Desc {
-  uint32_t start, lbo, sbo;
-  bool mn_major;
-};
 
 Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
   char buf[240];
@@ -825,7 +825,7 @@ uint16_t desc_element(const Desc& d, int mn, int k) {
 // group holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + 2 h + e] is row
 // 16 w + g + 8 h, column 8 i + 2 (lane % 4) + e. Products exact, the sum rounded once to f32.
 void wgmma_evaluate(const Block::WgOp& op) {
-  const Desc a = decode_desc(op.da, op.ta, "A"), bd = decode_desc(op.db, op.tb, "B");
+  const Desc &a = op.a, &bd = op.b;
   const int wt = g_thread->linear % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, q = lane % 4;
   auto value = [&](uint16_t bits) -> double {
     return op.kind == MmaKind::kBF16 ? plexus::bf16_bits_to_f32(bits)
@@ -863,8 +863,8 @@ void mbarrier_init(uint32_t bar, uint32_t count) {
 void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes) {
   Block& b = *g_block;
   const char* what = expect_tx_bytes ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
-  if (expect_tx_bytes) mbar_tx(b, bar, expect_tx_bytes, what);  // the expect-tx comes first
   Block::Mbar& m = mbar(b, bar, what);
+  add_tx(m, bar, expect_tx_bytes, what);  // the expect-tx comes before the arrival
   if (m.pending == 0)  // every arrival is in and the phase waits for its transaction bytes
     trap("mbarrier.arrive: more arrivals than the phase expects (it waits for its tx bytes)");
   --m.pending;
@@ -1016,18 +1016,17 @@ void wgmma(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool trans_a, bool
         "wgmmas (and may have touched their registers)");
   if (n < 8 || n > 256 || n % 8 != 0 || kind == MmaKind::kTF32)
     trap("wgmma.mma_async: m64nNk16 needs N a multiple of 8 up to 256 and f16 or bf16 inputs");
-  (void)decode_desc(desc_a, trans_a, "A");  // an error at the issue, not only at the wait
-  (void)decode_desc(desc_b, trans_b, "B");
-  const Block::WgOp op{d, n, desc_a, desc_b, trans_a, trans_b, kind};
+  // Decoded (and any error reported) at the issue.
+  const Block::WgOp op{d, n, desc_a, desc_b, decode_desc(desc_a, trans_a, "A"),
+                       decode_desc(desc_b, trans_b, "B"), kind};
   // .aligned: every thread of the warp group issues the same operations.
   std::vector<Block::WgOp>& ops = b.wg_ops[static_cast<size_t>(base / 128)];
   if (w.issued < ops.size()) {
     const Block::WgOp& o = ops[w.issued];
-    if (o.n != n || o.da != desc_a || o.db != desc_b || o.ta != trans_a || o.tb != trans_b ||
-        o.kind != kind)
-      trap(
-          "wgmma.mma_async: threads of one warp group issue different operations (shape, "
-          "descriptors or layouts differ)");
+    if (o.n != n || o.da != desc_a || o.db != desc_b || o.a.mn_major != trans_a ||
+        o.b.mn_major != trans_b || o.kind != kind)
+      trap("wgmma.mma_async: threads of one warp group issue different operations (shape, "
+           "descriptors or layouts differ)");
   } else {
     ops.push_back(op);
   }
