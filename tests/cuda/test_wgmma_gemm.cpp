@@ -124,6 +124,14 @@ bool is_wgmma(const plx_kernel* k) {
   return k->impl && std::string(k->impl).rfind("wgmma_", 0) == 0;
 }
 
+// Whether `op` has wgmma candidates in bf16 (none when the plugin was built without sm_90).
+bool has_wgmma(Backend& b, const char* op) {
+  const OpSchema& s = b.runtime().ops().get(op);
+  for (const plx_kernel* k : b.kernels(s.id, PLX_BF16))
+    if (is_wgmma(k)) return true;
+  return false;
+}
+
 // The reason the candidates give on a device that is not compute capability 9.0.
 bool is_device_decline(const std::string& reason) {
   return reason.find("compute capability 9.0") != std::string::npos;
@@ -136,11 +144,10 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
   const std::vector<GemmCase> cases = wg_cases(cuda::emulated(gpu));
   {
     // Built without sm_90 in the architectures: no candidates at all.
-    const OpSchema& s = gpu.runtime().ops().get("matmul");
-    bool any = false;
-    for (const plx_kernel* k : gpu.kernels(s.id, PLX_BF16)) any = any || is_wgmma(k);
-    if (!any) PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
+    if (!has_wgmma(gpu, "matmul"))
+      PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
     // No f32 (TF32) wgmma candidates exist.
+    const OpSchema& s = gpu.runtime().ops().get("matmul");
     for (const plx_kernel* k : gpu.kernels(s.id, PLX_F32)) CHECK_FALSE(is_wgmma(k));
   }
   int64_t runs = 0, declines = 0;
@@ -195,12 +202,8 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
 TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu in its epilogue",
           "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
-  {
-    const OpSchema& s = probe.runtime().ops().get("linear");
-    bool any = false;
-    for (const plx_kernel* k : probe.kernels(s.id, PLX_BF16)) any = any || is_wgmma(k);
-    if (!any) PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
-  }
+  if (!has_wgmma(probe, "linear"))
+    PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
   const DeviceInfo dev = probe.device(0);
   TempDir dir("wgmma-fusion");
   const int64_t rows = 130, in = 264, out = 72;  // ragged: two M tiles, one partial N tile
@@ -230,10 +233,7 @@ TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu 
     return exe.tensor("y").to_doubles();
   };
   auto options = [&](const std::string& cache) {
-    RuntimeOptions o;
-    o.plugins.paths = {plugin_dir()};
-    o.plugins.use_env = false;
-    o.plugins.use_default_dir = false;
+    RuntimeOptions o = plugin_dir_options();
     o.kernels = KernelSide::Auto;
     o.tune_cache = cache;
     return o;

@@ -25,12 +25,17 @@ std::string plugin_dir() {
 }
 std::string source_dir() { return PLEXUS_SOURCE_DIR; }
 
+RuntimeOptions plugin_dir_options() {
+  RuntimeOptions o;
+  o.plugins.paths = {plugin_dir()};
+  o.plugins.use_env = false;
+  o.plugins.use_default_dir = false;
+  return o;
+}
+
 Runtime& runtime() {
   static std::unique_ptr<Runtime> rt = [] {
-    RuntimeOptions o;
-    o.plugins.paths = {plugin_dir()};
-    o.plugins.use_env = false;
-    o.plugins.use_default_dir = false;
+    RuntimeOptions o = plugin_dir_options();
     // No timing: the tuner would choose each node's kernel by this machine's load, and the many
     // tests that hold two runs equal bit for bit (fused and unfused, resumed and uninterrupted)
     // need both on the same kernels. tests/core/test_tune.cpp tests the tuner.

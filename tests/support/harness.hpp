@@ -24,6 +24,9 @@ namespace plexus::test {
 
 // A runtime that loads the plugins of the build tree only (not the environment's).
 Runtime& runtime();
+// The options runtime() starts from: the plugins of plugin_dir() only. A test that needs a
+// runtime of its own (another kernel side, a tuning cache) changes these.
+RuntimeOptions plugin_dir_options();
 Backend& cpu();
 // Where fixture plugins and files are built.
 std::string fixture_dir();
