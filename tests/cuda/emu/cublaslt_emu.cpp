@@ -148,6 +148,11 @@ const char* cublasGetStatusString(cublasStatus_t s) {
   return s == CUBLAS_STATUS_SUCCESS ? "success" : "see the emulator's message on stderr";
 }
 
+// An attribute case that copies the caller's value into `field` (take's size check names it).
+#define PLX_EMU_TAKE(attr, field) \
+  case attr:                      \
+    return take(field, buf, size, #attr)
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
   *h = new cublasLtContext();
@@ -174,16 +179,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
                                               const void* buf, size_t size) {
   if (!d) return CUBLAS_STATUS_NOT_INITIALIZED;
   switch (attr) {
-    case CUBLASLT_MATMUL_DESC_TRANSA:
-      return take(d->transa, buf, size, "CUBLASLT_MATMUL_DESC_TRANSA");
-    case CUBLASLT_MATMUL_DESC_TRANSB:
-      return take(d->transb, buf, size, "CUBLASLT_MATMUL_DESC_TRANSB");
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      return take(d->epilogue, buf, size, "CUBLASLT_MATMUL_DESC_EPILOGUE");
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-      return take(d->bias, buf, size, "CUBLASLT_MATMUL_DESC_BIAS_POINTER");
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
-      return take(d->bias_type, buf, size, "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE");
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_DESC_TRANSA, d->transa);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_DESC_TRANSB, d->transb);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_DESC_EPILOGUE, d->epilogue);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_DESC_BIAS_POINTER, d->bias);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, d->bias_type);
   }
   return invalid("matmul descriptor attribute " + std::to_string(attr) + " is not emulated");
 }
@@ -213,8 +213,7 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
       if (s == CUBLAS_STATUS_SUCCESS && l->batch < 1) return invalid("a batch count below 1");
       return s;
     }
-    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
-      return take(l->stride, buf, size, "CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET");
+    PLX_EMU_TAKE(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, l->stride);
   }
   return invalid("layout attribute " + std::to_string(attr) + " is not emulated");
 }
@@ -233,16 +232,11 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     const void* buf, size_t size) {
   if (!p) return CUBLAS_STATUS_NOT_INITIALIZED;
   switch (attr) {
-    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
-      return take(p->max_workspace, buf, size, "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
-      return take(p->align[0], buf, size, "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
-      return take(p->align[1], buf, size, "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
-      return take(p->align[2], buf, size, "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES");
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
-      return take(p->align[3], buf, size, "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES");
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, p->max_workspace);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p->align[0]);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p->align[1]);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p->align[2]);
+    PLX_EMU_TAKE(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p->align[3]);
   }
   return invalid("preference attribute " + std::to_string(attr) + " is not emulated");
 }

@@ -380,14 +380,26 @@ void cudnnGetLastErrorString(char* buf, size_t n) {
   std::snprintf(buf, n, "%s", g_last_error.c_str());
   g_last_error.clear();
 }
-cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
-  if (!h) return CUDNN_STATUS_BAD_PARAM;
-  *h = new cudnnContext();
+namespace {
+// The handle and the descriptors: created empty, set by their own calls.
+template <class T>
+cudnnStatus_t new_object(T** p) {
+  if (!p) return CUDNN_STATUS_BAD_PARAM;
+  *p = new T();
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
-  delete h;
+template <class T>
+cudnnStatus_t delete_object(T* p) {
+  delete p;
   return CUDNN_STATUS_SUCCESS;
+}
+}  // namespace
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t* h) {
+  return new_object(h);
+}
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h) {
+  return delete_object(h);
 }
 cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
   if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
@@ -396,26 +408,20 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
 }
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) {
-  if (!d) return CUDNN_STATUS_BAD_PARAM;
-  *d = new cudnnTensorStruct();
-  return CUDNN_STATUS_SUCCESS;
+  return new_object(d);
 }
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
+  return delete_object(d);
 }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
   return set4(d, format, type, n, c, h, w, "cudnnSetTensor4dDescriptor");
 }
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
-  if (!d) return CUDNN_STATUS_BAD_PARAM;
-  *d = new cudnnFilterStruct();
-  return CUDNN_STATUS_SUCCESS;
+  return new_object(d);
 }
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
+  return delete_object(d);
 }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
@@ -423,13 +429,10 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
   return set4(d, format, type, k, c, h, w, "cudnnSetFilter4dDescriptor");
 }
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) {
-  if (!d) return CUDNN_STATUS_BAD_PARAM;
-  *d = new cudnnConvolutionStruct();
-  return CUDNN_STATUS_SUCCESS;
+  return new_object(d);
 }
 cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
+  return delete_object(d);
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w,
                                               int u, int v, int dilation_h, int dilation_w,
