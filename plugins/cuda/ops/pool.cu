@@ -748,30 +748,33 @@ std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, con
       sdk::format("relu_backward+max_pool2d_backward: no %s kernel", plexus::dtype_name(dtype)));
 }
 
-std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags) {
+// The max-pool kernel of a fused conv + pool group (ReLU and bias as MaxPool2dKernel says); null
+// where the node is not a 4-D pool with its indices, or for another dtype.
+std::unique_ptr<Kernel> make_fused_max_pool(const plx_node_info& pool, bool relu, bool bias,
+                                            uint32_t& flags) {
   const NodeInfo node(&pool);
   flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  if (node.num_inputs() < 1 || node.num_outputs() < 2) return nullptr;
+  if (node.num_inputs() < 1 || node.num_outputs() < 2 || node.input(0).ndim != 4) return nullptr;
   switch (node.input(0).dtype) {
-    case PLX_F32: return std::make_unique<MaxPool2dKernel<float>>(node, true);
-    case PLX_F16: return std::make_unique<MaxPool2dKernel<f16>>(node, true);
-    case PLX_BF16: return std::make_unique<MaxPool2dKernel<bf16>>(node, true);
+    case PLX_F32: return std::make_unique<MaxPool2dKernel<float>>(node, relu, bias);
+    case PLX_F16: return std::make_unique<MaxPool2dKernel<f16>>(node, relu, bias);
+    case PLX_BF16: return std::make_unique<MaxPool2dKernel<bf16>>(node, relu, bias);
     default: return nullptr;
   }
 }
 
+std::unique_ptr<Kernel> make_max_pool_relu(const plx_node_info& pool, uint32_t& flags) {
+  return make_fused_max_pool(pool, true, false, flags);
+}
+
 std::unique_ptr<Kernel> make_max_pool_bias_relu(const plx_node_info& pool, bool relu,
                                                 uint32_t& flags) {
-  const NodeInfo node(&pool);
-  flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
   // f32 only: there the convolution's f32 sum plus the bias rounds once either way, so the
   // result is the unfused one's. In f16 and bf16 the pre-pool values would be rounded before the
   // bias is added instead of after, which moves the maximum among values that round alike
   // (frequent in bf16) away from where the unfused nodes, and the CPU reference, find it.
-  if (node.num_inputs() < 1 || node.num_outputs() < 2 || node.input(0).ndim != 4 ||
-      node.input(0).dtype != PLX_F32)
-    return nullptr;
-  return std::make_unique<MaxPool2dKernel<float>>(node, relu, true);
+  if (pool.num_inputs < 1 || pool.inputs[0].dtype != PLX_F32) return nullptr;
+  return make_fused_max_pool(pool, relu, true, flags);
 }
 
 std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,
