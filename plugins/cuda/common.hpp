@@ -95,6 +95,9 @@ struct CudaOptions {
   // An f32 conv + [ReLU +] max-pool group adds the conv's bias in the pool kernel, so the conv
   // runs without it (false: the conv adds it, for timing the two against each other).
   bool pool_bias = true;
+  // A conv2d's bias (and a ReLU after it) in cudnnConvolutionBiasActivationForward where cuDNN
+  // takes it (false: the bias written first and the ReLU's own kernel, to time the two).
+  bool conv_bias_activation = true;
 };
 
 // The count of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
@@ -225,6 +228,10 @@ void register_conv(KernelRegistry& r);         // conv2d and its backward ops (c
 // The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.
 std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
                                          const sdk::Boundary& b, uint32_t& flags);
+// The fused conv2d (with a bias) -> relu as one cuDNN call (ops/conv.cpp); declines
+// (sdk::Unsupported) where cuDNN does not take it. Deterministic and capturable.
+std::unique_ptr<Kernel> make_conv_bias_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                            const sdk::Boundary& b);
 
 // The registering backend, for kernels whose constructor takes (const NodeInfo&, CudaBackend&).
 // Registration functions add such kernels with r.add<K, CudaBackend>(...).

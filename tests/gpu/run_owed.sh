@@ -109,13 +109,18 @@ if has kernels; then
   done
   # Where each goal's step spends its time (issue 7: the gap, kernel by kernel).
   for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'simplecnn 128 f16' 'convnet 1024 bf16' \
-                          'convnet 128 tf32' 'simplecnn 128 f32 conv-bias'; do
+                          'convnet 128 tf32' 'simplecnn 128 f32 conv-bias' \
+                          'convnet 1024 bf16 no-bias-act' 'convnet 128 tf32 no-bias-act' \
+                          'convnet 1024 f16' 'convnet 1024 f16 no-bias-act'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile${4:+-$4}"
     # "conv-bias": the conv's bias added by the convolution, not the pool (pool_bias, the
-    # seventeenth session's fusion), to time the two.
+    # seventeenth session's fusion), to time the two. "no-bias-act": the conv's bias written
+    # first and conv -> relu as a chain instead of cuDNN's fused call (conv_bias_activation, the
+    # eighteenth session's).
     extra=()
     [[ ${4:-} == conv-bias ]] && extra=(--set plugins.options.cuda.pool_bias=false)
+    [[ ${4:-} == no-bias-act ]] && extra=(--set plugins.options.cuda.conv_bias_activation=false)
     stamp "plexus bench step: $tag"
     timeout 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
       --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \

@@ -25,8 +25,14 @@
 // full f32 (CUDNN_FMA_MATH) unless the plugin's tf32 option was on when the kernel was created
 // (CUDNN_DEFAULT_MATH, which lets Ampere and later use TF32). The compute type is always f32.
 //
-// The bias is written into y first and the convolution adds onto it (beta = 1), so each output
-// element is rounded once, as on the CPU.
+// The bias: where the chosen forward algorithm is IMPLICIT_PRECOMP_GEMM, the one cuDNN documents
+// for cudnnConvolutionBiasActivationForward with the identity activation, one fused call adds it
+// (y = conv(x, w) + b in f32, rounded once); otherwise the bias is written into y first and the
+// convolution adds onto it (beta = 1): one rounding per element either way, as on the CPU.
+// conv2d -> relu with a bias (make_conv_bias_relu, for fusion) is one fused call with the RELU
+// activation, whatever the algorithm. cuDNN may refuse the fused call for a data type or layout
+// (its table lists no bfloat16), so each kernel tries it once on scratch buffers when it is
+// created, and keeps the unfused way (or declines the pair) when cuDNN says no.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -40,6 +46,7 @@
 #include "ops/conv_algo_cache.hpp"
 #include "ops/gemm_bias.hpp"
 #include "ops/igemm_conv.hpp"
+#include "ops/relu_pair_slots.hpp"
 
 namespace plexus::cuda {
 
@@ -66,6 +73,13 @@ struct FilterDesc {
   FilterDesc(const FilterDesc&) = delete;
   FilterDesc& operator=(const FilterDesc&) = delete;
   ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+};
+struct ActivationDesc {
+  cudnnActivationDescriptor_t d = nullptr;
+  ActivationDesc() { PLX_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d)); }
+  ActivationDesc(const ActivationDesc&) = delete;
+  ActivationDesc& operator=(const ActivationDesc&) = delete;
+  ~ActivationDesc() { cudnnDestroyActivationDescriptor(d); }
 };
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
@@ -98,6 +112,18 @@ struct ScratchStream {
   ScratchStream(const ScratchStream&) = delete;
   ScratchStream& operator=(const ScratchStream&) = delete;
   ~ScratchStream() { cudaStreamDestroy(s); }
+};
+// Binds a cuDNN handle to a scratch stream for a scope and back to the default stream after,
+// however the scope ends: the handle must not keep a stream that is about to be destroyed (every
+// call sets its own stream anyway).
+struct HandleOnStream {
+  cudnnHandle_t h;
+  HandleOnStream(cudnnHandle_t handle, cudaStream_t s) : h(handle) {
+    PLX_CUDNN_CHECK(cudnnSetStream(h, s));
+  }
+  HandleOnStream(const HandleOnStream&) = delete;
+  HandleOnStream& operator=(const HandleOnStream&) = delete;
+  ~HandleOnStream() { cudnnSetStream(h, nullptr); }
 };
 
 cudnnDataType_t dnn_type(plx_dtype d) {
@@ -137,6 +163,11 @@ struct Descs {
   TensorDesc x, y;
   FilterDesc w;
   ConvDesc conv;
+};
+// The fused call's extra descriptors: the bias as (1, O, 1, 1) in y's data type, the activation.
+struct FusedDescs {
+  TensorDesc bias;
+  ActivationDesc act;
 };
 // Device pointers for the three tensors of a call, by role.
 struct Ptrs {
@@ -320,8 +351,12 @@ class ConvKernel final : public Kernel {
   using A = Api<D>;
 
  public:
-  ConvKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+  // `relu` (forward only): the kernel of a fused conv2d -> relu, writing relu(conv(x, w) + b) in
+  // one cuDNN call; declines where cuDNN does not take that call (or there is no bias).
+  ConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false)
+      : device_(node.device()), relu_(relu) {
     const char* op = op_name(D);
+    PLX_REQUIRE(D == Dir::Fwd || !relu, "%s: only the forward convolution takes a ReLU", op);
     // The tensors by role: x (N, C, H, W), w (O, C/groups, KH, KW), y (N, O, OH, OW).
     const plx_tensor* x = nullptr;
     const plx_tensor* w = nullptr;
@@ -386,10 +421,13 @@ class ConvKernel final : public Kernel {
                          "%s: the bias must be contiguous", op);
     }
 
+    PLX_DECLINE_UNLESS(!relu_ || has_bias_,
+                       "conv2d+relu: cuDNN's fused call needs a bias; the pair runs as a chain");
     // Nothing to compute: an empty output, or an empty sum (y = bias or 0).
     if (out_elems_ == 0) return;
     x_elems_ = numel(*x), w_elems_ = numel(*w), y_elems_ = numel(*y);
     trivial_ = x_elems_ == 0 || w_elems_ == 0 || y_elems_ == 0;
+    PLX_DECLINE_UNLESS(!(relu_ && trivial_), "conv2d+relu: an empty sum; the pair runs as a chain");
     if (trivial_) return;
 
     // cuDNN's legacy API takes int sizes and indexes tensors with 32-bit offsets.
@@ -488,12 +526,29 @@ class ConvKernel final : public Kernel {
                          "%llu bytes",
                          op, static_cast<unsigned long long>(limit));
     }
+    // The bias (and the ReLU) in the convolution's own call, where cuDNN documents that for the
+    // algorithm and takes it for these descriptors.
+    std::string why = "the algorithm is not implicit_precomp_gemm";
+    if constexpr (D == Dir::Fwd) {
+      if (!opt.conv_bias_activation)
+        why = "the plugin's conv_bias_activation option is off";
+      else if (has_bias_ && (relu_ || algo_ == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM))
+        fused_ = try_fused(dt, why);
+      PLX_DECLINE_UNLESS(!relu_ || fused_,
+                         "conv2d+relu: cuDNN's fused convolution, bias and ReLU refused (%s); the "
+                         "pair runs as a chain",
+                         why.c_str());
+    }
     PLX_LOG(PLX_LOG_DEBUG, kLog,
             "%s %s (x %s, w %s, y %s): %s algorithm %s (%d, %sdeterministic), workspace %llu "
-            "bytes",
+            "bytes%s%s",
             op, plexus::dtype_name(dtype_), layout_name(x_nhwc_), layout_name(w_nhwc_),
             layout_name(y_nhwc_), how, A::name(algo_), algo_, A::deterministic(algo_) ? "" : "non-",
-            static_cast<unsigned long long>(workspace_));
+            static_cast<unsigned long long>(workspace_),
+            !has_bias_ ? ""
+            : fused_   ? (relu_ ? "; bias and relu fused" : "; bias fused")
+                       : "; bias written first: ",
+            has_bias_ && !fused_ ? why.c_str() : "");
   }
 
   uint64_t workspace_bytes() const override { return workspace_; }
@@ -510,6 +565,14 @@ class ConvKernel final : public Kernel {
     else
       p = {c.in(1).data, c.out(0).data, c.in(0).data};
     void* out = D == Dir::Fwd ? p.y : (D == Dir::BwdData ? p.x : p.w);
+    if (fused_) {
+      const float one = 1.0f, zero = 0.0f;
+      std::lock_guard<std::mutex> lock(ctx_->mu);
+      PLX_CUDNN_CHECK(cudnnSetStream(ctx_->dnn, stream));
+      PLX_CUDNN_CHECK(run_fused(ctx_->dnn, p, c.in(2).data, workspace_ ? c.workspace : nullptr,
+                                workspace_ ? c.workspace_bytes : 0, &one, &zero));
+      return;
+    }
     const bool bias = D == Dir::Fwd && has_bias_;
     if (bias) {
       // y = b, then the convolution adds onto it (beta = 1): one rounding per element.
@@ -542,6 +605,51 @@ class ConvKernel final : public Kernel {
                                    static_cast<uint64_t>(cudnnGetVersion()), runtime);
   }
 
+  // y = act(alpha1 * conv(x, w) + alpha2 * z + bias) with z = y (alpha2 = 0: cuDNN's callers'
+  // common use; y is not read then).
+  cudnnStatus_t run_fused(cudnnHandle_t h, const Ptrs& p, const void* bias, void* ws,
+                          size_t ws_bytes, const float* alpha1, const float* alpha2) {
+    return cudnnConvolutionBiasActivationForward(h, alpha1, d_->x.d, p.x, d_->w.d, p.w, d_->conv.d,
+                                                 static_cast<cudnnConvolutionFwdAlgo_t>(algo_), ws,
+                                                 ws_bytes, alpha2, d_->y.d, p.y, f_->bias.d, bias,
+                                                 f_->act.d, d_->y.d, p.y);
+  }
+
+  // Sets up the fused call (f_) and tries it once on scratch buffers: true where cuDNN runs it,
+  // else false with cuDNN's reason (or the missing memory) in `why`.
+  bool try_fused(cudnnDataType_t dt, std::string& why) {
+    f_ = std::make_unique<FusedDescs>();
+    PLX_CUDNN_CHECK(cudnnSetTensor4dDescriptor(f_->bias.d, CUDNN_TENSOR_NCHW, dt, 1,
+                                               static_cast<int>(O_), 1, 1));
+    PLX_CUDNN_CHECK(cudnnSetActivationDescriptor(
+        f_->act.d, relu_ ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+        CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    const size_t bytes[4] = {
+        static_cast<size_t>(x_elems_) * elem_, static_cast<size_t>(w_elems_) * elem_,
+        static_cast<size_t>(y_elems_) * elem_, static_cast<size_t>(O_) * elem_};
+    ScratchBuffer buf[4], bws;  // x, w, y, bias
+    bool ok = bws.allocate(workspace_);
+    for (int i = 0; i < 4; ++i) ok = ok && buf[i].allocate(bytes[i]);
+    if (!ok) {
+      why = "no device memory to try it";
+      f_.reset();
+      return false;
+    }
+    ScratchStream stream;
+    std::lock_guard<std::mutex> lock(ctx_->mu);
+    const HandleOnStream bound(ctx_->dnn, stream.s);
+    // Defined inputs (y is only written).
+    for (int i : {0, 1, 3}) PLX_CUDA_CHECK(cudaMemsetAsync(buf[i].p, 0, bytes[i], stream.s));
+    const float one = 1.0f, zero = 0.0f;
+    const cudnnStatus_t st = run_fused(ctx_->dnn, Ptrs{buf[0].p, buf[1].p, buf[2].p}, buf[3].p,
+                                       workspace_ ? bws.p : nullptr, workspace_, &one, &zero);
+    PLX_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    why = cudnnGetErrorString(st);
+    f_.reset();
+    return false;
+  }
+
   // Times every algorithm whose workspace fits `limit` on scratch buffers of this node's shapes
   // and returns the best (nullopt when the memory for the measurement is not there: the caller
   // then asks the heuristic). Called with ctx_->mu held.
@@ -569,13 +677,7 @@ class ConvKernel final : public Kernel {
     // Less workspace than asked for only leaves out the algorithms that need more.
     while (ws_bytes > 0 && !bws.allocate(ws_bytes)) ws_bytes /= 2;
     ScratchStream stream;
-    PLX_CUDNN_CHECK(cudnnSetStream(h, stream.s));
-    // The handle must not keep the scratch stream once it is destroyed; back to the default
-    // stream, however this returns (every call sets its own stream anyway).
-    struct Unbind {
-      cudnnHandle_t h;
-      ~Unbind() { cudnnSetStream(h, nullptr); }
-    } unbind{h};
+    const HandleOnStream bound(h, stream.s);
     // Defined inputs: garbage could hold NaNs or denormals and time differently.
     PLX_CUDA_CHECK(cudaMemsetAsync(bx.p, 0, bytes[0], stream.s));
     PLX_CUDA_CHECK(cudaMemsetAsync(bw.p, 0, bytes[1], stream.s));
@@ -595,16 +697,41 @@ class ConvKernel final : public Kernel {
   plx_dtype dtype_ = PLX_F32;
   size_t elem_ = 4;
   bool has_bias_ = false;
+  bool relu_ = false;   // a fused conv2d -> relu
+  bool fused_ = false;  // the bias (and relu_) in cudnnConvolutionBiasActivationForward
   bool trivial_ = false;
   bool x_nhwc_ = false, w_nhwc_ = false, y_nhwc_ = false;
   int64_t out_elems_ = 0, N_ = 0, O_ = 0, OHW_ = 0;
   int64_t x_elems_ = 0, w_elems_ = 0, y_elems_ = 0;
   std::unique_ptr<Descs> d_;  // only for a node with something to compute
+  std::unique_ptr<FusedDescs> f_;  // only where fused_
   int algo_ = 0;
   uint64_t workspace_ = 0;
 };
 
+// The fused conv2d -> relu: one cudnnConvolutionBiasActivationForward call writing relu's
+// output; the pre-activation is never stored.
+class ConvBiasRelu final : public Kernel {
+ public:
+  ConvBiasRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
+      : slots_(g, b, "conv2d") {
+    const sdk::OwnedNodeInfo ci(g, 0);
+    conv_ = std::make_unique<ConvKernel<Dir::Fwd>>(NodeInfo(&ci.get()), backend, /*relu=*/true);
+  }
+  uint64_t workspace_bytes() const override { return conv_->workspace_bytes(); }
+  void compute(const KernelCall& c) override { conv_->compute(slots_.layer_call(c)); }
+
+ private:
+  ReluPairSlots slots_;
+  std::unique_ptr<ConvKernel<Dir::Fwd>> conv_;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_conv_bias_relu(CudaBackend& backend, const sdk::GraphView& g,
+                                            const sdk::Boundary& b) {
+  return std::make_unique<ConvBiasRelu>(backend, g, b);
+}
 
 void register_conv(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED;

@@ -10,6 +10,8 @@
 //    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
 //    own GEMM): then a chain, as below, except for our Hopper GEMM (ops/wgmma_gemm.cu), whose
 //    epilogue applies the ReLU itself;
+//  - conv2d with a bias -> relu: one cudnnConvolutionBiasActivationForward call (ops/conv.cpp)
+//    where the host chose cuDNN for the conv and cuDNN takes the call; else a chain, as below;
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm,
 //    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
 //    activation's output and the activation runs there in place (sdk::EpilogueChain), so the
@@ -709,6 +711,23 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     fused_.give("linear+relu:cublaslt-epilogue", dtype, flags, std::move(k), kernel, state,
                 workspace_bytes);
     return;
+  }
+  // conv2d (with a bias) -> relu where the host chose cuDNN for the conv (or nothing): one
+  // cudnnConvolutionBiasActivationForward call. Where cuDNN refuses it, the chain below.
+  if (g.num_nodes() == 2 && g.is(0, "conv2d") && g.is(1, "relu") &&
+      options().conv_bias_activation && (!hinted || std::string_view(hinted->impl) == "cudnn")) {
+    std::unique_ptr<Kernel> k;
+    try {
+      k = make_conv_bias_relu(*this, g, b);
+    } catch (const sdk::Unsupported& e) {
+      PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s", e.what());
+    }
+    if (k) {
+      fused_.give("conv2d+relu:cudnn-bias-activation", dtype,
+                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
+                  workspace_bytes);
+      return;
+    }
   }
 #ifdef PLEXUS_CUDA_WGMMA
   // The host gave the linear node to our Hopper GEMM: its epilogue applies the ReLU (one kernel,

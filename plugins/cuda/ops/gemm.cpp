@@ -28,7 +28,7 @@
 
 #include "common.hpp"
 #include "ops/gemm_bias.hpp"
-#include "ops/linear_relu_slots.hpp"
+#include "ops/relu_pair_slots.hpp"
 
 namespace plexus::cuda {
 
@@ -429,7 +429,7 @@ class LinearKernel final : public Kernel {
 class LinearRelu final : public Kernel {
  public:
   LinearRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
-      : slots_(g, b) {
+      : slots_(g, b, "linear") {
     const sdk::OwnedNodeInfo li(g, 0), ri(g, 1);
     linear_ = std::make_unique<LinearKernel>(NodeInfo(&li.get()), backend, /*relu=*/true);
     relu_ = std::make_unique<sdk::NodeKernel>(backend, ri.get());
@@ -443,12 +443,12 @@ class LinearRelu final : public Kernel {
   }
 
   void compute(const KernelCall& c) override {
-    if (!linear_->run(slots_.linear_call(c)))
+    if (!linear_->run(slots_.layer_call(c)))
       relu_->compute(slots_.output(), slots_.output(), c.workspace, c.workspace_bytes, c.stream);
   }
 
  private:
-  LinearReluSlots slots_;
+  ReluPairSlots slots_;
   std::unique_ptr<LinearKernel> linear_;
   std::unique_ptr<sdk::NodeKernel> relu_;
   uint32_t flags_ = 0;

@@ -67,10 +67,10 @@
 
 #include "device.cuh"
 #include "ops/gemm_problem.hpp"
-#include "ops/linear_relu_slots.hpp"
 #include "ops/mma_ptx.cuh"
-#include "ops/wgmma_ptx.cuh"
+#include "ops/relu_pair_slots.hpp"
 #include "ops/wgmma_gemm.hpp"
+#include "ops/wgmma_ptx.cuh"
 
 namespace plexus::cuda {
 
@@ -663,15 +663,15 @@ class WgLinearReluGroup final : public Kernel {
  public:
   WgLinearReluGroup(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b,
                     const std::string& tile)
-      : slots_(g, b) {
+      : slots_(g, b, "linear") {
     const sdk::OwnedNodeInfo li(g, 0);
     linear_ = make_wgmma_linear(NodeInfo(&li.get()), backend, tile, MmaAct::Relu);
   }
 
-  void compute(const KernelCall& c) override { linear_->compute(slots_.linear_call(c)); }
+  void compute(const KernelCall& c) override { linear_->compute(slots_.layer_call(c)); }
 
  private:
-  LinearReluSlots slots_;
+  ReluPairSlots slots_;
   std::unique_ptr<Kernel> linear_;
 };
 

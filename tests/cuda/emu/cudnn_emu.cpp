@@ -6,6 +6,15 @@
 // bits differ from the others') while the rest are refused, and the convolution is computed on
 // the host in f32 with one rounding to the output type; f32 data with any math type but
 // CUDNN_FMA_MATH has its inputs rounded to TF32, as cuDNN may on Tensor Cores.
+//
+// cudnnConvolutionBiasActivationForward follows the cuDNN 7.5 developer guide's contract (the
+// newest text found; the v9 header keeps the function and its formula, y = act(alpha1 * conv(x)
+// + alpha2 * z + bias)): RELU or IDENTITY only, the latter only with IMPLICIT_PRECOMP_GEMM;
+// CUDNN_NOT_PROPAGATE_NAN only; zDesc equal to yDesc; a (1, K, 1, 1) bias with unit channel stride
+// in the type the data-type table gives (FLOAT for FLOAT, HALF for HALF; the table has no
+// bfloat16 row, so bfloat16 is refused). z is read only when alpha2 is not 0 (the guide is silent;
+// the plugin passes alpha2 = 0 and z = y). A NaN before the ReLU becomes 0, as the name
+// NOT_PROPAGATE_NAN says and the CPU plugin's relu does; the hardware's choice is owed to the GPU.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +38,12 @@ struct Dims4 {
 };
 struct cudnnTensorStruct : Dims4 {};
 struct cudnnFilterStruct : Dims4 {};
+struct cudnnActivationStruct {
+  bool set = false;
+  cudnnActivationMode_t mode = CUDNN_ACTIVATION_RELU;
+  cudnnNanPropagation_t nan = CUDNN_NOT_PROPAGATE_NAN;
+  double coef = 0.0;
+};
 struct cudnnConvolutionStruct {
   bool set = false;
   int ph = 0, pw = 0, u = 1, v = 1, dh = 1, dw = 1;
@@ -155,10 +170,20 @@ int algo_count(Dir dir) {
   return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
 }
 
-// The convolution itself: out = alpha * result + beta * out (out not read when beta = 0).
-// `reverse`: the sums run in the other order (the non-deterministic algorithms).
+// The fused call's epilogue (forward only): out = act(alpha * result + alpha2 * z + bias[k]).
+struct Epilogue {
+  bool on = false;
+  bool relu = false;
+  float alpha2 = 0.0f;
+  const void* z = nullptr;
+  const void* bias = nullptr;
+};
+
+// The convolution itself: out = alpha * result + beta * out (out not read when beta = 0), or the
+// fused call's epilogue. `reverse`: the sums run in the other order (the non-deterministic
+// algorithms).
 void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* xp, const void* wp,
-              const void* yp, void* out, bool reverse) {
+              const void* yp, void* out, bool reverse, const Epilogue& ep = {}) {
   const plx_emu::Elem t = elem(g.x.type);
   const int N = g.x.d[0], C = g.x.d[1], H = g.x.d[2], W = g.x.d[3];
   const int K = g.w.d[0], Cg = g.w.d[1], R = g.w.d[2], S = g.w.d[3];
@@ -178,9 +203,15 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
     const float v = plx_emu::load_elem(p, i, t);
     return g.tf32 ? plx_emu::tf32_round(v) : v;
   };
-  auto finish = [&](int64_t i, float s) {
+  auto finish = [&](int64_t i, float s, int k = 0) {
     float v = alpha * s;
-    if (beta != 0.0f) v += beta * plx_emu::load_elem(out, i, t);
+    if (ep.on) {
+      if (ep.alpha2 != 0.0f) v += ep.alpha2 * plx_emu::load_elem(ep.z, i, t);
+      v += plx_emu::load_elem(ep.bias, k, t);
+      if (ep.relu) v = v > 0.0f ? v : 0.0f;  // NaN gives 0
+    } else if (beta != 0.0f) {
+      v += beta * plx_emu::load_elem(out, i, t);
+    }
     plx_emu::store_elem(out, i, t, v);
   };
   // The terms of one output: summed as they come, or kept and summed last first (reversed).
@@ -213,7 +244,7 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
                   add(in(xp, xi(n, c0 + c, ih, iw)) * in(wp, wi(k, c, r, s)));
                 }
               }
-            finish(yi(n, k, oh, ow), sum());
+            finish(yi(n, k, oh, ow), sum(), k);
           }
   } else if (dir == Dir::BwdData) {
     for (int n = 0; n < N; ++n)
@@ -262,8 +293,8 @@ const char* dir_name(Dir d) {
 
 // Runs (or records) one convolution with `algo` on the handle's stream.
 cudnnStatus_t run(cudnnHandle_t h, Dir dir, const Geometry& g, int algo, void* ws, size_t ws_bytes,
-                  const void* alpha, const void* beta, const void* x, const void* w,
-                  const void* y, void* out) {
+                  const void* alpha, const void* beta, const void* x, const void* w, const void* y,
+                  void* out, const Epilogue& ep = {}) {
   if (!h) return fail(CUDNN_STATUS_NOT_INITIALIZED, "a null handle");
   const int64_t need = algo >= 0 && algo < algo_count(dir) ? workspace_of(dir, algo, g) : -1;
   if (need < 0)
@@ -278,10 +309,13 @@ cudnnStatus_t run(cudnnHandle_t h, Dir dir, const Geometry& g, int algo, void* w
     return fail(CUDNN_STATUS_BAD_PARAM, std::string(dir_name(dir)) + ": a null pointer");
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const bool rev = !deterministic(dir, algo);
-  ::plx_emu::submit_library_call(h->stream, [=] {
-    if (need > 0) std::memset(ws, 0xA5, static_cast<size_t>(need));
-    convolve(dir, g, a, b, x, w, y, out, rev);
-  }, dir_name(dir));
+  ::plx_emu::submit_library_call(
+      h->stream,
+      [=] {
+        if (need > 0) std::memset(ws, 0xA5, static_cast<size_t>(need));
+        convolve(dir, g, a, b, x, w, y, out, rev, ep);
+      },
+      ep.on ? "cudnnConvolutionBiasActivationForward" : dir_name(dir));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -452,6 +486,24 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
   d->mode = mode, d->compute = compute;
   return CUDNN_STATUS_SUCCESS;
 }
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* d) {
+  return new_object(d);
+}
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
+  return delete_object(d);
+}
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d,
+                                           cudnnActivationMode_t mode,
+                                           cudnnNanPropagation_t relu_nan, double coef) {
+  if (!d) return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetActivationDescriptor: null descriptor");
+  if (mode < CUDNN_ACTIVATION_SIGMOID || mode > CUDNN_ACTIVATION_SWISH ||
+      (relu_nan != CUDNN_NOT_PROPAGATE_NAN && relu_nan != CUDNN_PROPAGATE_NAN))
+    return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetActivationDescriptor: mode " +
+                                            std::to_string(mode) + " or NaN option " +
+                                            std::to_string(relu_nan) + " is not an enumerant");
+  d->set = true, d->mode = mode, d->nan = relu_nan, d->coef = coef;
+  return CUDNN_STATUS_SUCCESS;
+}
 cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int groups) {
   if (!d || groups < 1) return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetConvolutionGroupCount");
   d->groups = groups;
@@ -597,4 +649,52 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
                                              cudnnFilterDescriptor_t dwd, void* dw) {
   PLX_GEOMETRY(xd, dwd, conv, dyd);
   return run(h, Dir::BwdFilter, g, algo, ws, ws_bytes, alpha, beta, x, dw, dy, dw);
+}
+cudnnStatus_t cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t h, const void* alpha1, cudnnTensorDescriptor_t xd, const void* x,
+    cudnnFilterDescriptor_t wd, const void* w, cudnnConvolutionDescriptor_t conv,
+    cudnnConvolutionFwdAlgo_t algo, void* ws, size_t ws_bytes, const void* alpha2,
+    cudnnTensorDescriptor_t zd, const void* z, cudnnTensorDescriptor_t biasd, const void* bias,
+    cudnnActivationDescriptor_t act, cudnnTensorDescriptor_t yd, void* y) {
+  const std::string f = "cudnnConvolutionBiasActivationForward: ";
+  PLX_GEOMETRY(xd, wd, conv, yd);
+  if (!zd || !z || !biasd || !bias || !act || !alpha2)
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                f + "zDesc, z, biasDesc, bias, activationDesc or alpha2 is null");
+  if (!act->set || !zd->set || !biasd->set)
+    return fail(CUDNN_STATUS_BAD_PARAM, f + "a descriptor was never set");
+  if (act->mode != CUDNN_ACTIVATION_RELU && act->mode != CUDNN_ACTIVATION_IDENTITY)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, f + "activation mode " + std::to_string(act->mode) +
+                                                " is neither RELU nor IDENTITY");
+  if (act->nan != CUDNN_NOT_PROPAGATE_NAN)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                f + "the activation's NaN option is not CUDNN_NOT_PROPAGATE_NAN");
+  if (act->mode == CUDNN_ACTIVATION_IDENTITY &&
+      algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+    return fail(
+        CUDNN_STATUS_NOT_SUPPORTED,
+        f + "IDENTITY takes only IMPLICIT_PRECOMP_GEMM, not algorithm " + std::to_string(algo));
+  bool same = zd->type == yd->type && zd->format == yd->format;
+  for (int i = 0; i < 4; ++i) same = same && zd->d[i] == yd->d[i] && zd->s[i] == yd->s[i];
+  if (!same) return fail(CUDNN_STATUS_BAD_PARAM, f + "zDesc and yDesc do not match");
+  if (biasd->d[1] != wd->d[0])
+    return fail(CUDNN_STATUS_BAD_PARAM, f + "the bias has " + std::to_string(biasd->d[1]) +
+                                            " channels, the filter " + std::to_string(wd->d[0]));
+  if (biasd->d[0] != 1 || biasd->d[2] != 1 || biasd->d[3] != 1)
+    return fail(CUDNN_STATUS_BAD_PARAM, f + "the bias is not (1, K, 1, 1)");
+  if (biasd->s[1] != 1)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, f + "the bias's channel stride is not 1");
+  if (yd->type == CUDNN_DATA_BFLOAT16)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, f + "no bfloat16 configuration in the data-type table");
+  if (biasd->type != yd->type)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                f + "the bias's data type is not y's, as the table asks");
+  Epilogue ep;
+  ep.on = true;
+  ep.relu = act->mode == CUDNN_ACTIVATION_RELU;
+  ep.alpha2 = *static_cast<const float*>(alpha2);
+  ep.z = z;
+  ep.bias = bias;
+  const float zero = 0.0f;
+  return run(h, Dir::Fwd, g, algo, ws, ws_bytes, alpha1, &zero, x, w, y, y, ep);
 }

@@ -105,6 +105,7 @@ foreach(t
     "cuda igemm convolution candidates decline what they do not handle"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
+    "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
@@ -177,6 +178,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "cuda ops match the cpu reference"
       "the classifier head fused on cuda matches the cpu"
       "conv + max-pool fused on cuda matches the cpu"
+      "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
       "every cuda tensor core gemm candidate matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")

@@ -3,6 +3,7 @@
 // convolution descriptors with padding, stride, dilation and groups, the three convolutions with
 // alpha and beta (y is not read when beta = 0), a few algorithms per direction that differ in
 // workspace and determinism (the others are refused), the heuristic and the measuring Find*Ex,
+// the fused convolution, bias and activation (RELU or IDENTITY) with its activation descriptor,
 // and calls enqueued on the handle's stream.
 #pragma once
 
@@ -33,6 +34,16 @@ typedef enum {
   CUDNN_FMA_MATH = 3,
 } cudnnMathType_t;
 typedef enum { CUDNN_NON_DETERMINISTIC = 0, CUDNN_DETERMINISTIC = 1 } cudnnDeterminism_t;
+typedef enum { CUDNN_NOT_PROPAGATE_NAN = 0, CUDNN_PROPAGATE_NAN = 1 } cudnnNanPropagation_t;
+typedef enum {
+  CUDNN_ACTIVATION_SIGMOID = 0,
+  CUDNN_ACTIVATION_RELU = 1,
+  CUDNN_ACTIVATION_TANH = 2,
+  CUDNN_ACTIVATION_CLIPPED_RELU = 3,
+  CUDNN_ACTIVATION_ELU = 4,
+  CUDNN_ACTIVATION_IDENTITY = 5,
+  CUDNN_ACTIVATION_SWISH = 6,
+} cudnnActivationMode_t;
 
 typedef enum {
   CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM = 0,
@@ -84,7 +95,9 @@ struct cudnnContext;
 struct cudnnTensorStruct;
 struct cudnnFilterStruct;
 struct cudnnConvolutionStruct;
+struct cudnnActivationStruct;
 typedef cudnnContext* cudnnHandle_t;
+typedef cudnnActivationStruct* cudnnActivationDescriptor_t;
 typedef cudnnTensorStruct* cudnnTensorDescriptor_t;
 typedef cudnnFilterStruct* cudnnFilterDescriptor_t;
 typedef cudnnConvolutionStruct* cudnnConvolutionDescriptor_t;
@@ -110,6 +123,11 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
                                               int u, int v, int dilation_h, int dilation_w,
                                               cudnnConvolutionMode_t mode,
                                               cudnnDataType_t compute);
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* d);
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d);
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d,
+                                           cudnnActivationMode_t mode,
+                                           cudnnNanPropagation_t relu_nan, double coef);
 cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int groups);
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t m);
 cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(cudnnConvolutionDescriptor_t conv,
@@ -182,3 +200,10 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void* alpha,
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* ws,
                                              size_t ws_bytes, const void* beta,
                                              cudnnFilterDescriptor_t dwd, void* dw);
+// y = act(alpha1 * conv(x, w) + alpha2 * z + bias).
+cudnnStatus_t cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t h, const void* alpha1, cudnnTensorDescriptor_t xd, const void* x,
+    cudnnFilterDescriptor_t wd, const void* w, cudnnConvolutionDescriptor_t conv,
+    cudnnConvolutionFwdAlgo_t algo, void* ws, size_t ws_bytes, const void* alpha2,
+    cudnnTensorDescriptor_t zd, const void* z, cudnnTensorDescriptor_t biasd, const void* bias,
+    cudnnActivationDescriptor_t act, cudnnTensorDescriptor_t yd, void* y);
