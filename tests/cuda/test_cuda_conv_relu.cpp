@@ -8,7 +8,10 @@
 // x (6, 3, 9, 9) -> conv 3x3, stride 1, padding 1, 5 channels [+ bias] -> relu, and a second
 // output from a conv without the relu. The inputs straddle zero, so about half of the outputs
 // are cut by the ReLU.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "cuda/cuda_util.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
+#include "plexus/runtime.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -93,4 +97,103 @@ TEST_CASE("conv2d -> relu fused on cuda is one cudnn call where cudnn takes it",
       CHECK(compare_tensors(got.relu, want.relu, tolerance_for(d, 27, false)) == "");
       CHECK(compare_tensors(got.plain, want.plain, tolerance_for(d, 27, false)) == "");
     }
+}
+
+// A linear -> relu or conv2d -> relu pair whose layer the host gave to one of our own kernels
+// (the tuner's choice, pinned here through the tuning cache) runs as that kernel with the ReLU in
+// its epilogue (ops/fusion.cpp, make_own_relu_pair): one kernel writing relu's output, against
+// the same graph on the CPU. One input is NaN: the ReLU gives 0 there, as the relu op does on
+// every backend (a NaN would poison the comparison). The Hopper GEMM's pair has its own test
+// (test_wgmma_gemm.cpp).
+TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in its epilogue",
+          "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  if (probe.device(0).arch_major < 8)
+    PLX_SKIP("mma.sync with bf16 needs compute capability 8.0 or later");
+  TempDir dir("own-relu-epilogue");
+  struct Layer {
+    const char* op;
+    std::vector<std::string> tiles;
+  };
+  const Layer layers[] = {
+      {"linear", {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"}},
+      {"conv2d",
+       {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32",
+        "igemm_mma_128x32x32"}}};
+  for (const Layer& layer : layers) {
+    const bool conv = std::string(layer.op) == "conv2d";
+    INFO(layer.op);
+    // Ragged: the linear 70 x 64 -> 40, the conv (6, 16, 9, 9) -> 24 channels, 3x3, padding 1.
+    const Shape xs = conv ? Shape{6, 16, 9, 9} : Shape{70, 64};
+    const Shape ws = conv ? Shape{24, 16, 3, 3} : Shape{40, 64};
+    const int64_t outs = ws[0];
+    std::vector<double> x = random_doubles(static_cast<size_t>(shape_numel(xs)), 21, -1, 1);
+    x[5] = std::nan("");
+    auto build = [&](Graph& g) {
+      const Var xv = g.input("x", {PLX_BF16, xs});
+      const Var w = g.parameter("l.weight", {PLX_BF16, ws}, init::uniform(-0.3, 0.3));
+      const Var b = g.parameter("l.bias", {PLX_BF16, {outs}}, init::uniform(-0.5, 0.5));
+      const Attrs attrs = conv ? Attrs{{"stride", Ints{1, 1}},
+                                       {"padding", Ints{1, 1}},
+                                       {"dilation", Ints{1, 1}},
+                                       {"groups", int64_t{1}}}
+                               : Attrs{};
+      g.mark_output(g.add1("relu", {g.add1(layer.op, {xv, w, b}, attrs, "l")}, {}, "l.relu"), "y");
+    };
+    auto run = [&](Backend& b, TensorStore& store, const TensorStore* params,
+                   std::vector<std::string>* names, Executable::KernelReport* rep) {
+      Graph g(b.runtime().ops());
+      build(g);
+      ExecutableOptions eo;
+      eo.seed = 5;
+      Executable exe(b, g, store, eo);
+      if (params)
+        for (const auto& [name, t] : params->all()) fill(store.get(name), t.to_doubles());
+      fill(exe.tensor("x"), x);
+      exe.run();
+      exe.sync();
+      if (names) *names = exe.kernel_names();
+      if (rep)
+        for (const Executable::KernelReport& r : exe.kernel_choices())
+          if (r.node == "l") *rep = r;
+      return exe.tensor("y").to_doubles();
+    };
+    auto options = [&](const std::string& cache) {
+      RuntimeOptions o = plugin_dir_options();
+      o.kernels = KernelSide::Auto;
+      o.tune_cache = cache;
+      return o;
+    };
+    // The layer's tuning key, from a run that tunes it.
+    std::string key;
+    {
+      Runtime rt(options(dir / (std::string(layer.op) + "-tuned.tsv")));
+      TensorStore store;
+      Executable::KernelReport rep;
+      (void)run(rt.backend("cuda"), store, nullptr, nullptr, &rep);
+      key = rep.choice.key;
+    }
+    REQUIRE_FALSE(key.empty());
+    for (const std::string& tile : layer.tiles) {
+      INFO(tile);
+      const std::string cache = dir / (tile + ".tsv");
+      std::ofstream(cache) << key << "\t" << tile << "\t1\n";
+      Runtime rt(options(cache));
+      TensorStore store, cpu_store;
+      std::vector<std::string> names;
+      Executable::KernelReport rep;
+      const std::vector<double> want = run(rt.backend("cpu"), cpu_store, nullptr, nullptr, nullptr);
+      const std::vector<double> got = run(rt.backend("cuda"), store, &cpu_store, &names, &rep);
+      CHECK(rep.impl == tile);
+      INFO("kernels: " << names.size() << ", first: " << (names.empty() ? "" : names.front()));
+      int fused = 0;
+      for (const std::string& n : names)
+        fused += n.find(std::string(layer.op) + "+relu:" + tile + "-epilogue") != std::string::npos;
+      CHECK(fused == 1);
+      CHECK(names.size() == 1);
+      CHECK(std::count(got.begin(), got.end(), 0.0) > 0);  // the ReLU cut something
+      // One rounding of the f32 sum to bf16 on each side, in different orders.
+      CHECK_ALLCLOSE(got, want, (Tol{2e-2, 2e-2}));
+    }
+  }
 }

@@ -709,28 +709,15 @@ class ConvKernel final : public Kernel {
   uint64_t workspace_ = 0;
 };
 
-// The fused conv2d -> relu: one cudnnConvolutionBiasActivationForward call writing relu's
-// output; the pre-activation is never stored.
-class ConvBiasRelu final : public Kernel {
- public:
-  ConvBiasRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
-      : slots_(g, b, "conv2d") {
-    const sdk::OwnedNodeInfo ci(g, 0);
-    conv_ = std::make_unique<ConvKernel<Dir::Fwd>>(NodeInfo(&ci.get()), backend, /*relu=*/true);
-  }
-  uint64_t workspace_bytes() const override { return conv_->workspace_bytes(); }
-  void compute(const KernelCall& c) override { conv_->compute(slots_.layer_call(c)); }
-
- private:
-  ReluPairSlots slots_;
-  std::unique_ptr<ConvKernel<Dir::Fwd>> conv_;
-};
-
 }  // namespace
 
 std::unique_ptr<Kernel> make_conv_bias_relu(CudaBackend& backend, const sdk::GraphView& g,
                                             const sdk::Boundary& b) {
-  return std::make_unique<ConvBiasRelu>(backend, g, b);
+  ReluPairSlots slots(g, b, "conv2d");
+  const sdk::OwnedNodeInfo ci(g, 0);
+  // The fused conv2d -> relu: one cudnnConvolutionBiasActivationForward call.
+  auto conv = std::make_unique<ConvKernel<Dir::Fwd>>(NodeInfo(&ci.get()), backend, /*relu=*/true);
+  return std::make_unique<ReluPairKernel>(std::move(slots), std::move(conv));
 }
 
 void register_conv(KernelRegistry& r) {

@@ -7,9 +7,10 @@
 //    parameter; under mixed precision with the casts of the 16-bit gradients to f32, which the
 //    kernel then reads widened itself;
 //  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
-//    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint: our
-//    own GEMM): then a chain, as below, except for our Hopper GEMM (ops/wgmma_gemm.cu), whose
-//    epilogue applies the ReLU itself;
+//    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint): our
+//    own GEMMs (ops/mma_gemm.cu, ops/wgmma_gemm.cu) then apply the ReLU in their epilogues, as
+//    our implicit-GEMM convolution (ops/igemm_conv.cu) does for a conv2d -> relu whose conv the
+//    host gave it; where such a kernel declines, a chain, as below;
 //  - conv2d with a bias -> relu: one cudnnConvolutionBiasActivationForward call (ops/conv.cpp)
 //    where the host chose cuDNN for the conv and cuDNN takes the call; else a chain, as below;
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm,
@@ -42,10 +43,13 @@
 
 #include "common.hpp"
 #include "ops/conv_pool.hpp"
+#include "ops/igemm_conv.hpp"
 #include "ops/linear_ce.hpp"
+#include "ops/mma_gemm.hpp"
 #include "ops/multi_cast.hpp"
 #include "ops/multi_unscale.hpp"
 #include "ops/optim_fused.hpp"
+#include "ops/relu_pair_slots.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
 #endif
@@ -521,6 +525,34 @@ std::vector<std::vector<int32_t>> cast_runs(const sdk::GraphView& g, const std::
   return runs;
 }
 
+// A layer -> relu pair (linear or conv2d) on the host's choice for the layer, `impl`, when that is
+// one of our own kernels with a ReLU epilogue: the pair as one such kernel; null where `impl` is
+// another kernel or declines (the debug log says why).
+std::unique_ptr<Kernel> make_own_relu_pair(CudaBackend& backend, const sdk::GraphView& g,
+                                           const sdk::Boundary& b, const std::string& impl) {
+  const bool linear = g.is(0, "linear");
+  try {
+    ReluPairSlots slots(g, b, linear ? "linear" : "conv2d");
+    const sdk::OwnedNodeInfo info(g, 0);
+    const NodeInfo node(&info.get());
+    std::unique_ptr<Kernel> layer;
+    if (linear && impl.starts_with("mma_sync_"))
+      layer = make_mma_linear(node, backend, impl, MmaAct::Relu);
+#ifdef PLEXUS_CUDA_WGMMA
+    else if (linear && impl.starts_with("wgmma_"))
+      layer = make_wgmma_linear(node, backend, impl, MmaAct::Relu);
+#endif
+    else if (!linear && impl.starts_with("igemm_mma_"))
+      layer = make_igemm_conv(node, backend, impl, /*relu=*/true);
+    if (!layer) return nullptr;
+    return std::make_unique<ReluPairKernel>(std::move(slots), std::move(layer));
+  } catch (const sdk::Unsupported& e) {
+    PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s+relu on %s: %s", g.node(0).op, impl.c_str(),
+            e.what());
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim_fn, void* user) {
@@ -729,25 +761,17 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
       return;
     }
   }
-#ifdef PLEXUS_CUDA_WGMMA
-  // The host gave the linear node to our Hopper GEMM: its epilogue applies the ReLU (one kernel,
-  // no pre-activation). Where it declines the group, the chain below.
-  if (g.num_nodes() == 2 && g.is(0, "linear") && g.is(1, "relu") && hinted &&
-      std::string_view(hinted->impl).starts_with("wgmma_")) {
-    std::unique_ptr<Kernel> k;
-    try {
-      k = make_wgmma_linear_relu(*this, g, b, hinted->impl);
-    } catch (const sdk::Unsupported&) {
-      k = nullptr;
-    }
-    if (k) {
-      fused_.give(std::string("linear+relu:") + hinted->impl + "-epilogue", dtype,
+  // The host gave the layer of a linear -> relu or conv2d -> relu pair to one of our own kernels
+  // (mma_sync_*, wgmma_* or igemm_mma_*): that kernel with the ReLU in its epilogue, one launch
+  // and no pre-activation. Where it declines the group, the chain below.
+  if (g.num_nodes() == 2 && g.is(1, "relu") && hinted && (g.is(0, "linear") || g.is(0, "conv2d"))) {
+    if (auto k = make_own_relu_pair(*this, g, b, hinted->impl)) {
+      fused_.give(std::string(g.node(0).op) + "+relu:" + hinted->impl + "-epilogue", dtype,
                   PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
                   workspace_bytes);
       return;
     }
   }
-#endif
   auto chain = std::make_unique<sdk::EpilogueChain>(*this, g, b);
   const uint32_t flags = chain->flags();
   fused_.give(name, dtype, flags, std::move(chain), kernel, state, workspace_bytes);

@@ -39,9 +39,10 @@
 // the barrier after computing it), then computes tile kt. Shared rows are padded by 16 bytes
 // (BK + 8 elements), which makes ldmatrix's eight 16-byte row reads hit 32 distinct banks.
 //
-// Epilogue: the f32 accumulator, plus the bias (in f32), optionally through a ReLU (a template
-// option, for a future conv2d+relu fusion), is rounded once to the output dtype. No atomics and
-// a fixed summation order: deterministic. Nothing is allocated and nothing synchronised:
+// Epilogue: the f32 accumulator, plus the bias (in f32), optionally through a ReLU (a kernel
+// argument: a fused conv2d -> relu whose conv the host gave to this kernel, make_igemm_conv; the
+// relu op's formula and NaN rule, x > 0 ? x : 0), is rounded once to the output dtype. No atomics
+// and a fixed summation order: deterministic. Nothing is allocated and nothing synchronised:
 // capturable.
 #include <algorithm>
 #include <climits>
@@ -104,6 +105,7 @@ struct IgemmArgs {
   int64_t OHW;    // OH·OW
   int64_t y_n, y_c, y_p;
   bool pair;      // y_c == 1, O even and y 4-byte aligned: store two channels at once
+  bool relu;      // the epilogue applies a ReLU (forward only)
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -121,7 +123,7 @@ __device__ __forceinline__ void store_pair(T* p, float a, float b) {
 //
 // Grid: x over M tiles, y over O tiles. Block: TL::THREADS threads; warp (wm, wn) =
 // (warp % WARPS_M, warp / WARPS_M) owns rows wm·WM.. and columns wn·WN.. of the block tile.
-template <class T, class TL, bool RELU>
+template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const As = reinterpret_cast<T*>(smem_raw);       // [STAGES][BM][LDS]
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           v[e] = acc[i][j][h * 2 + e] + bias[j][e];
-          if constexpr (RELU) v[e] = v[e] < 0.f ? 0.f : v[e];  // NaN stays NaN
+          if (a.relu) v[e] = v[e] > 0.f ? v[e] : 0.f;  // NaN gives 0, as the relu op
         }
         if (a.pair) {
           store_pair<T>(row + o, v[0], v[1]);  // o even and O even: o + 1 < O
@@ -576,8 +578,11 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
 template <class T, class TL, Dir D>
 class IgemmConvKernel final : public Kernel {
  public:
-  IgemmConvKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
+  // `relu` (forward only): the kernel of a fused conv2d -> relu, writing relu(conv(x, w) + b).
+  IgemmConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false)
+      : device_(node.device()) {
     const char* op = D == Dir::Fwd ? "conv2d" : "conv2d_backward_data";
+    PLX_REQUIRE(D == Dir::Fwd || !relu, "%s: only the forward convolution takes a ReLU", op);
     // Tensors by their forward roles: x (N, C, H, W), w (O, C, KH, KW), y (N, O, OH, OW).
     const plx_tensor* x;
     const plx_tensor* y;
@@ -672,7 +677,7 @@ class IgemmConvKernel final : public Kernel {
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, TL::SMEM);
     // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false>,
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM));
 
     a_ = IgemmArgs<T>{};
@@ -684,6 +689,7 @@ class IgemmConvKernel final : public Kernel {
     a_.K = static_cast<int>(K);
     a_.M = M;
     a_.OHW = Ho * Wo;
+    a_.relu = relu;
     const int64_t od[4] = {g.N, Co, Ho, Wo};
     int64_t os[4];
     canonical_strides(od, out_nhwc, os);
@@ -735,7 +741,7 @@ class IgemmConvKernel final : public Kernel {
     a.pair = a.y_c == 1 && a.O % 2 == 0 && (addr(a.y) & 3u) == 0;
     const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
-    igemm_conv_kernel<T, TL, false><<<grid, TL::THREADS, TL::SMEM, s>>>(a);
+    igemm_conv_kernel<T, TL><<<grid, TL::THREADS, TL::SMEM, s>>>(a);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -928,7 +934,35 @@ void add_dtype(KernelRegistry& r) {
   add_tile<T, Tile128x32>(r, d);
 }
 
+template <class T>
+std::unique_ptr<Kernel> make_fwd(const NodeInfo& node, CudaBackend& backend,
+                                 const std::string& tile, bool relu) {
+  if (tile == Tile128x128::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x128, Dir::Fwd>>(node, backend, relu);
+  if (tile == Tile128x64::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x64, Dir::Fwd>>(node, backend, relu);
+  if (tile == Tile64x64::name())
+    return std::make_unique<IgemmConvKernel<T, Tile64x64, Dir::Fwd>>(node, backend, relu);
+  if (tile == Tile128x32::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x32, Dir::Fwd>>(node, backend, relu);
+  throw sdk::Unsupported(sdk::format("conv2d: no igemm tile named '%s'", tile.c_str()));
+}
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
+                                        const std::string& tile, bool relu) {
+  switch (static_cast<plx_dtype>(node.input(0).dtype)) {
+    case PLX_F16:
+      return make_fwd<f16>(node, backend, tile, relu);
+    case PLX_BF16:
+      return make_fwd<bf16>(node, backend, tile, relu);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format("conv2d: the igemm kernels take f16 or bf16, not %s",
+                                     dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
+}
 
 void register_igemm_conv(KernelRegistry& r) {
   add_dtype<f16>(r);

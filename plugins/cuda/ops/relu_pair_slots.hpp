@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -64,6 +66,21 @@ class ReluPairSlots {
   std::vector<int32_t> in_;  // the layer's inputs among the fused inputs (-1: absent bias)
   int32_t out_ = 0;
   std::vector<plx_tensor> args_, y_;  // per call
+};
+
+// A layer -> relu pair run as one kernel of the layer's that applies the ReLU itself (our own
+// GEMMs' and convolution's epilogues, cuDNN's fused call), writing relu's output: the
+// pre-activation is never stored.
+class ReluPairKernel final : public Kernel {
+ public:
+  ReluPairKernel(ReluPairSlots slots, std::unique_ptr<Kernel> layer)
+      : slots_(std::move(slots)), layer_(std::move(layer)) {}
+  uint64_t workspace_bytes() const override { return layer_->workspace_bytes(); }
+  void compute(const KernelCall& c) override { layer_->compute(slots_.layer_call(c)); }
+
+ private:
+  ReluPairSlots slots_;
+  std::unique_ptr<Kernel> layer_;
 };
 
 }  // namespace plexus::cuda

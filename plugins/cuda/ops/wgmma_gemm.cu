@@ -68,7 +68,6 @@
 #include "device.cuh"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
-#include "ops/relu_pair_slots.hpp"
 #include "ops/wgmma_gemm.hpp"
 #include "ops/wgmma_ptx.cuh"
 
@@ -656,25 +655,6 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
-// A fused linear -> relu group whose linear node the host gave to a wgmma candidate: that
-// candidate's kernel with the ReLU in its epilogue, writing the relu's output directly (the
-// pre-activation is never stored).
-class WgLinearReluGroup final : public Kernel {
- public:
-  WgLinearReluGroup(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b,
-                    const std::string& tile)
-      : slots_(g, b, "linear") {
-    const sdk::OwnedNodeInfo li(g, 0);
-    linear_ = make_wgmma_linear(NodeInfo(&li.get()), backend, tile, MmaAct::Relu);
-  }
-
-  void compute(const KernelCall& c) override { linear_->compute(slots_.layer_call(c)); }
-
- private:
-  ReluPairSlots slots_;
-  std::unique_ptr<Kernel> linear_;
-};
-
 template <class T, class TL>
 void add_tile(KernelRegistry& r, uint32_t flags) {
   constexpr plx_dtype d = dtype_v<T>;
@@ -700,11 +680,6 @@ std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& bac
   }
   throw sdk::Unsupported(sdk::format("linear: the wgmma kernels take f16 or bf16, not %s",
                                      dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
-}
-
-std::unique_ptr<Kernel> make_wgmma_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
-                                               const sdk::Boundary& b, const std::string& tile) {
-  return std::make_unique<WgLinearReluGroup>(backend, g, b, tile);
 }
 
 void register_wgmma_gemm(KernelRegistry& r) {

@@ -25,10 +25,4 @@ std::vector<std::string> wgmma_tile_names();
 std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
                                           const std::string& tile, MmaAct act);
 
-// A fused linear -> relu group (sdk::find_epilogue_chains) whose linear node the host gave to
-// the wgmma candidate `tile`: one kernel, the ReLU in the GEMM's epilogue. Throws Unsupported
-// where that candidate declines the linear node or the group is not such a pair.
-std::unique_ptr<Kernel> make_wgmma_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
-                                               const sdk::Boundary& b, const std::string& tile);
-
 }  // namespace plexus::cuda
