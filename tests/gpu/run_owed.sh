@@ -5,18 +5,35 @@
 # (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
-#   PHASES="build tests sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
-#   (benchmarks)
+#   PHASES="build tests goals sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
+#   (benchmarks)   LIMIT=570 (seconds this call may take; see run_for)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-PHASES=${PHASES:-"build tests sanitize compare kernels train tta torch"}
+PHASES=${PHASES:-"build tests goals sanitize compare kernels train tta torch"}
 EPOCHS=${EPOCHS:-3}
 DATA=$PWD/.deps/fashion-mnist
 B=build-gpu
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+# The device tool stops a call at 600 s and keeps only what $OUT holds then. Every command below
+# runs through run_for MAX: a time limit of MAX seconds or what is left of LIMIT (seconds from
+# this call's start), whichever is less; with under 20 s left it is skipped, and summary.txt says
+# so, so that the next call can run just that part (PHASES). A command cut short leaves its log.
+START=$(date +%s)
+LIMIT=${LIMIT:-570}
+run_for() {
+  local max=$1
+  shift
+  local left=$((LIMIT - ($(date +%s) - START)))
+  ((left < max)) && max=$left
+  if ((max < 20)); then
+    echo "SKIPPED, out of time in this call: $*" | cut -c1-200 | tee -a "$OUT/summary.txt"
+    return 125
+  fi
+  timeout "$max" "$@"
+}
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 
@@ -32,23 +49,23 @@ fi
 
 if has tests; then
   stamp ctest
-  ctest --test-dir $B -j8 --output-on-failure > "$OUT/ctest.log" 2>&1
+  run_for 600 ctest --test-dir $B -j8 --output-on-failure > "$OUT/ctest.log" 2>&1
   tail -25 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
   stamp "cuda tests, verbose"
-  $B/bin/plexus_tests "[cuda]" -s > "$OUT/cuda-tests-verbose.log" 2>&1
-  $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests.log" 2>&1
+  run_for 600 $B/bin/plexus_tests "[cuda]" -s > "$OUT/cuda-tests-verbose.log" 2>&1
+  run_for 600 $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests.log" 2>&1
   tail -40 "$OUT/cuda-tests.log" | tee -a "$OUT/summary.txt"
   stamp "cuda tests on our own kernels first (PLEXUS_TEST_KERNELS=native)"
-  PLEXUS_TEST_KERNELS=native $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests-native.log" 2>&1
+  run_for 600 env PLEXUS_TEST_KERNELS=native $B/bin/plexus_tests "[cuda]" > "$OUT/cuda-tests-native.log" 2>&1
   tail -40 "$OUT/cuda-tests-native.log" | tee -a "$OUT/summary.txt"
   stamp "nccl conformance (one GPU, id bootstrapped over mpi)"
   if command -v mpirun > /dev/null; then
-    timeout 300 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus_comm_conformance \
+    run_for 300 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus_comm_conformance \
       --comm nccl --backend cuda --bootstrap mpi > "$OUT/nccl-conformance.log" 2>&1
     echo "exit $?" >> "$OUT/nccl-conformance.log"
     tail -25 "$OUT/nccl-conformance.log" | tee -a "$OUT/summary.txt"
     stamp "plexus bench comm over nccl (one GPU: one rank, so busbw is 0; time and overhead count)"
-    timeout 500 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus bench comm \
+    run_for 500 mpirun --allow-run-as-root --oversubscribe -np 1 $B/bin/plexus bench comm \
       --backend cuda --json "$OUT/bench-comm-nccl.json" > "$OUT/bench-comm-nccl.log" 2>&1
     echo "exit $?" >> "$OUT/bench-comm-nccl.log"
     grep -E '^#|exit' "$OUT/bench-comm-nccl.log" | tail -8 | tee -a "$OUT/summary.txt"
@@ -57,10 +74,46 @@ if has tests; then
   fi
 fi
 
+if has goals; then
+  # Issue 7's three goals, ours and PyTorch's bar in this one call (a ratio means something only
+  # within one call on one machine): simplecnn at batch 128 against PyTorch's CUDA-graphed step
+  # (torch_graphs.py), convnet at batch 1024 in bf16 against torch.compile (torch_anchor.py
+  # --variants compile), and the time to 91% with convnet by the short recipe against PyTorch
+  # eager and CUDA-graphed with the same recipe (torch_graphs_tta.py --recipe short).
+  goal_train() {  # tag, then --set arguments
+    local tag=$1
+    shift
+    stamp "goal: plexus train $tag"
+    run_for 200 $B/bin/plexus train "$@" --set backend.name=cuda --set data.path=\"$DATA\" \
+      --set logging.progress=plain --set output.dir=\"$OUT/runs/goal-$tag\" > "$OUT/goal-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    grep -E 'img/s|target test accuracy' "$OUT/goal-$tag.log" | tail -4 | tee -a "$OUT/summary.txt"
+  }
+  goal_train simplecnn-b128 configs/simplecnn.toml --set train.epochs=3 --set train.batch_size=128 \
+    --set train.eval=false
+  goal_train convnet-b1024-bf16 configs/convnet.toml --set train.epochs=3 --set train.batch_size=1024 \
+    --set train.precision=\"bf16\" --set train.eval=false
+  goal_train convnet-tta-short configs/convnet.toml --set train.epochs=2 --set train.batch_size=128 \
+    --set train.lr=0.1 --set train.momentum=0.9 --set train.schedule=\"cosine\" \
+    --set train.warmup_epochs=0.2 --set train.weight_decay=0 --set train.precision=\"tf32\" \
+    --set train.target_accuracy=0.91 --set data.resident=\"on\"
+  stamp "goal bars: torch_graphs (CUDA-graphed steps)"
+  run_for 240 python3 .deps/bench/torch_graphs.py "$DATA" > "$OUT/goal-torch-graphs.log" 2>&1
+  grep train_graphed "$OUT/goal-torch-graphs.log" | tee -a "$OUT/summary.txt"
+  stamp "goal bars: torch.compile convnet b1024 bf16"
+  run_for 240 python3 .deps/bench/torch_anchor.py "$DATA" cuda --epochs 3 --batch 1024 \
+    --models convnet --variants compile > "$OUT/goal-torch-compile.log" 2>&1
+  tail -4 "$OUT/goal-torch-compile.log" | tee -a "$OUT/summary.txt"
+  stamp "goal bars: torch_graphs_tta --recipe short"
+  run_for 200 python3 tests/gpu/torch_graphs_tta.py "$DATA" --models convnet --recipe short \
+    > "$OUT/goal-torch-tta-short.log" 2>&1
+  tail -4 "$OUT/goal-torch-tta-short.log" | tee -a "$OUT/summary.txt"
+fi
+
 if has sanitize; then
   for tool in memcheck racecheck; do
     stamp "compute-sanitizer $tool"
-    timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 $B/bin/plexus_tests "[cuda]" \
+    run_for 400 compute-sanitizer --tool $tool --error-exitcode 9 $B/bin/plexus_tests "[cuda]" \
       > "$OUT/sanitizer-$tool.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard' "$OUT/sanitizer-$tool.log" | head -20 | tee -a "$OUT/summary.txt"
@@ -71,7 +124,7 @@ if has compare; then
   # cuda against the cpu: every op of the built-in suite (forward and backward), a convnet step
   # and 200 training steps; the table, JSON, CSV and chart come back.
   stamp "plexus compare cpu vs cuda"
-  timeout 500 $B/bin/plexus compare configs/convnet.toml --b cuda --steps 200 \
+  run_for 500 $B/bin/plexus compare configs/convnet.toml --b cuda --steps 200 \
     --set plugins.options.cuda.tf32=false \
     --set data.path=\"$DATA\" --json "$OUT/compare.json" --csv "$OUT/compare.csv" \
     --plot "$OUT/compare.png" > "$OUT/compare.log" 2>&1
@@ -85,14 +138,14 @@ if has kernels; then
   # side forced and with the tuner (its choices in the manifest's kernel_choice).
   for dtype in bf16 f16; do
     stamp "plexus bench kernels: GEMMs in $dtype"
-    timeout 400 $B/bin/plexus bench kernels --backend cuda --no-step --dtype $dtype \
+    run_for 400 $B/bin/plexus bench kernels --backend cuda --no-step --dtype $dtype \
       --gemm 1024,2048,4096,8192,128x10x800,128x256x6272,1024x256x6272,1024x10x256 \
       --json "$OUT/bench-kernels-gemm-$dtype.json" > "$OUT/bench-kernels-gemm-$dtype.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
     grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-$dtype.log" | tee -a "$OUT/summary.txt"
   done
   stamp "plexus bench kernels: GEMMs in tf32"
-  timeout 300 $B/bin/plexus bench kernels --backend cuda --no-step --dtype f32 \
+  run_for 300 $B/bin/plexus bench kernels --backend cuda --no-step --dtype f32 \
     --set train.precision=\"tf32\" --gemm 1024,4096,8192 \
     > "$OUT/bench-kernels-gemm-tf32.log" 2>&1
   grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-tf32.log" | tee -a "$OUT/summary.txt"
@@ -100,7 +153,7 @@ if has kernels; then
     for batch in 128 1024; do
       tag="$model-b$batch-bf16"
       stamp "plexus bench kernels: the $tag training step"
-      timeout 300 $B/bin/plexus bench kernels configs/$model.toml --backend cuda \
+      run_for 300 $B/bin/plexus bench kernels configs/$model.toml --backend cuda \
         --set train.batch_size=$batch --set train.precision=\"bf16\" --set data.path=\"$DATA\" \
         --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
       echo "exit $?" | tee -a "$OUT/summary.txt"
@@ -122,7 +175,7 @@ if has kernels; then
     [[ ${4:-} == conv-bias ]] && extra=(--set plugins.options.cuda.pool_bias=false)
     [[ ${4:-} == no-bias-act ]] && extra=(--set plugins.options.cuda.conv_bias_activation=false)
     stamp "plexus bench step: $tag"
-    timeout 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
+    run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
       --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \
       --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
@@ -131,7 +184,7 @@ if has kernels; then
   for side in library native auto; do
     tag="convnet-b1024-bf16-kernels-$side"
     stamp "plexus train $tag"
-    $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.epochs=$EPOCHS \
+    run_for 600 $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.epochs=$EPOCHS \
       --set train.batch_size=1024 --set train.precision=\"bf16\" --set backend.kernels=\"$side\" \
       --set backend.tune_cache=\"$OUT/kernels.tsv\" --set data.path=\"$DATA\" \
       --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1
@@ -147,7 +200,7 @@ if has train; then
       for capture in true false; do
         tag="$model-b$batch-capture-$capture"
         stamp "plexus train $tag"
-        $B/bin/plexus train configs/$model.toml --set backend.name=cuda \
+        run_for 600 $B/bin/plexus train configs/$model.toml --set backend.name=cuda \
           --set train.epochs=$EPOCHS --set train.batch_size=$batch \
           --set train.graph_capture=$capture --set data.path=\"$DATA\" \
           --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" \
@@ -168,7 +221,7 @@ if has train; then
       stamp "plexus train $tag"
       # The shipped configs turn the plugin's TF32 on: off here, so f32 is f32 and only
       # train.precision = "tf32" turns it on.
-      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set plugins.options.cuda.tf32=false \
+      run_for 600 $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set plugins.options.cuda.tf32=false \
         --set train.epochs=$EPOCHS --set train.precision=\"$precision\" --set data.path=\"$DATA\" \
         --set logging.progress=plain --set output.dir=\"$OUT/runs/$tag\" \
         > "$OUT/train-$tag.log" 2>&1
@@ -179,7 +232,7 @@ if has train; then
     done
   done
   stamp "plexus_tests [precision]"
-  $B/bin/plexus_tests "[precision]" > "$OUT/tests-precision.log" 2>&1
+  run_for 600 $B/bin/plexus_tests "[precision]" > "$OUT/tests-precision.log" 2>&1
   tail -3 "$OUT/tests-precision.log" | tee -a "$OUT/summary.txt"
 fi
 
@@ -193,13 +246,13 @@ if has train; then
     for precision in f32 bf16; do
       tag="$model-b1024-$precision-memory-$( [ "$rec" = '[]' ] && echo plain || echo recompute )"
       stamp "plexus train $tag"
-      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.batch_size=1024 \
+      run_for 600 $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.batch_size=1024 \
         --set train.max_steps=3 --set train.eval=false --set train.precision=\"$precision\" \
         --set "train.recompute=$rec" --set data.path=\"$DATA\" --set logging.progress=plain \
         --set output.dir=\"$OUT/runs/$tag\" > "$OUT/train-$tag.log" 2>&1
       echo "exit $?" | tee -a "$OUT/summary.txt"
       grep '^memory' "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
-      python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['memory_plan']; print({k: v for k, v in p.items() if k != 'peak_live'}); [print('   ', x['bytes'] >> 20, 'MiB', x['value']) for x in p['peak_live'][:6]]" \
+      run_for 600 python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['memory_plan']; print({k: v for k, v in p.items() if k != 'peak_live'}); [print('   ', x['bytes'] >> 20, 'MiB', x['value']) for x in p['peak_live'][:6]]" \
         "$OUT/runs/$tag/manifest.json" 2>&1 | tee -a "$OUT/summary.txt"
     done
   done
@@ -217,7 +270,7 @@ if has tta; then
       batch=${batch_lr% *} lr=${batch_lr#* }
       tag="$model-tta-b$batch"
       stamp "plexus train $tag"
-      $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.epochs=15 \
+      run_for 600 $B/bin/plexus train configs/$model.toml --set backend.name=cuda --set train.epochs=15 \
         --set train.batch_size=$batch --set train.lr=$lr --set train.momentum=0.9 \
         --set train.schedule=\"constant\" --set train.weight_decay=0 --set train.precision=\"tf32\" \
         --set train.target_accuracy=$target --set data.resident=\"on\" --set data.path=\"$DATA\" \
@@ -232,7 +285,7 @@ if has tta; then
   # CUDA-graphed, with the same recipe (torch_graphs_tta.py --recipe short).
   tag="convnet-tta-short"
   stamp "plexus train $tag"
-  $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.epochs=2 \
+  run_for 600 $B/bin/plexus train configs/convnet.toml --set backend.name=cuda --set train.epochs=2 \
     --set train.batch_size=128 --set train.lr=0.1 --set train.momentum=0.9 \
     --set train.schedule=\"cosine\" --set train.warmup_epochs=0.2 --set train.weight_decay=0 \
     --set train.precision=\"tf32\" --set train.target_accuracy=0.91 --set data.resident=\"on\" \
@@ -241,27 +294,27 @@ if has tta; then
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -h 'target test accuracy' "$OUT/train-$tag.log" | tee -a "$OUT/summary.txt"
   stamp torch_graphs_tta_short
-  python3 tests/gpu/torch_graphs_tta.py "$DATA" --models convnet --recipe short \
+  run_for 600 python3 tests/gpu/torch_graphs_tta.py "$DATA" --models convnet --recipe short \
     > "$OUT/torch-graphs-tta-short.log" 2>&1
   tail -4 "$OUT/torch-graphs-tta-short.log" | tee -a "$OUT/summary.txt"
   stamp torch_mem_tta
-  python3 .deps/bench/torch_mem_tta.py "$DATA" > "$OUT/torch-mem-tta.log" 2>&1
+  run_for 600 python3 .deps/bench/torch_mem_tta.py "$DATA" > "$OUT/torch-mem-tta.log" 2>&1
   tail -20 "$OUT/torch-mem-tta.log" | tee -a "$OUT/summary.txt"
   # PyTorch's CUDA-graphed step to the same targets (the issue's second bar).
   stamp torch_graphs_tta
-  python3 tests/gpu/torch_graphs_tta.py "$DATA" > "$OUT/torch-graphs-tta.log" 2>&1
+  run_for 600 python3 tests/gpu/torch_graphs_tta.py "$DATA" > "$OUT/torch-graphs-tta.log" 2>&1
   tail -8 "$OUT/torch-graphs-tta.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has torch; then
   for batch in 128 1024; do
     stamp "torch_anchor batch $batch"
-    python3 .deps/bench/torch_anchor.py "$DATA" cuda --epochs $EPOCHS --batch $batch \
+    run_for 600 python3 .deps/bench/torch_anchor.py "$DATA" cuda --epochs $EPOCHS --batch $batch \
       --variants fp32,tf32,bf16 > "$OUT/torch-anchor-b$batch.log" 2>&1
     tail -8 "$OUT/torch-anchor-b$batch.log" | tee -a "$OUT/summary.txt"
   done
   stamp torch_graphs
-  python3 .deps/bench/torch_graphs.py "$DATA" > "$OUT/torch-graphs.log" 2>&1
+  run_for 600 python3 .deps/bench/torch_graphs.py "$DATA" > "$OUT/torch-graphs.log" 2>&1
   tail -20 "$OUT/torch-graphs.log" | tee -a "$OUT/summary.txt"
 fi
 stamp done
