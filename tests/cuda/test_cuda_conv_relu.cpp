@@ -11,12 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cuda/compare.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/pinned_kernel.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/runtime.hpp"
@@ -110,7 +110,6 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
   PLX_REQUIRE_CUDA(probe);
   if (probe.device(0).arch_major < 8)
     PLX_SKIP("mma.sync with bf16 needs compute capability 8.0 or later");
-  TempDir dir("own-relu-epilogue");
   struct Layer {
     const char* op;
     std::vector<std::string> tiles;
@@ -140,60 +139,22 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
                                : Attrs{};
       g.mark_output(g.add1("relu", {g.add1(layer.op, {xv, w, b}, attrs, "l")}, {}, "l.relu"), "y");
     };
-    auto run = [&](Backend& b, TensorStore& store, const TensorStore* params,
-                   std::vector<std::string>* names, Executable::KernelReport* rep) {
-      Graph g(b.runtime().ops());
-      build(g);
-      ExecutableOptions eo;
-      eo.seed = 5;
-      Executable exe(b, g, store, eo);
-      if (params)
-        for (const auto& [name, t] : params->all()) fill(store.get(name), t.to_doubles());
-      fill(exe.tensor("x"), x);
-      exe.run();
-      exe.sync();
-      if (names) *names = exe.kernel_names();
-      if (rep)
-        for (const Executable::KernelReport& r : exe.kernel_choices())
-          if (r.node == "l") *rep = r;
-      return exe.tensor("y").to_doubles();
-    };
-    auto options = [&](const std::string& cache) {
-      RuntimeOptions o = plugin_dir_options();
-      o.kernels = KernelSide::Auto;
-      o.tune_cache = cache;
-      return o;
-    };
-    // The layer's tuning key, from a run that tunes it.
-    std::string key;
-    {
-      Runtime rt(options(dir / (std::string(layer.op) + "-tuned.tsv")));
-      TensorStore store;
-      Executable::KernelReport rep;
-      (void)run(rt.backend("cuda"), store, nullptr, nullptr, &rep);
-      key = rep.choice.key;
-    }
-    REQUIRE_FALSE(key.empty());
+    PinnedKernelRun pinned(std::string("own-relu-") + layer.op, build, "l", x, 5);
+    REQUIRE_FALSE(pinned.key().empty());
     for (const std::string& tile : layer.tiles) {
       INFO(tile);
-      const std::string cache = dir / (tile + ".tsv");
-      std::ofstream(cache) << key << "\t" << tile << "\t1\n";
-      Runtime rt(options(cache));
-      TensorStore store, cpu_store;
-      std::vector<std::string> names;
-      Executable::KernelReport rep;
-      const std::vector<double> want = run(rt.backend("cpu"), cpu_store, nullptr, nullptr, nullptr);
-      const std::vector<double> got = run(rt.backend("cuda"), store, &cpu_store, &names, &rep);
-      CHECK(rep.impl == tile);
-      INFO("kernels: " << names.size() << ", first: " << (names.empty() ? "" : names.front()));
+      const PinnedKernelRun::Result r = pinned.run(tile);
+      CHECK(r.report.impl == tile);
+      INFO("kernels: " << r.kernels.size()
+                       << ", first: " << (r.kernels.empty() ? "" : r.kernels.front()));
       int fused = 0;
-      for (const std::string& n : names)
+      for (const std::string& n : r.kernels)
         fused += n.find(std::string(layer.op) + "+relu:" + tile + "-epilogue") != std::string::npos;
       CHECK(fused == 1);
-      CHECK(names.size() == 1);
-      CHECK(std::count(got.begin(), got.end(), 0.0) > 0);  // the ReLU cut something
+      CHECK(r.kernels.size() == 1);
+      CHECK(std::count(r.got.begin(), r.got.end(), 0.0) > 0);  // the ReLU cut something
       // One rounding of the f32 sum to bf16 on each side, in different orders.
-      CHECK_ALLCLOSE(got, want, (Tol{2e-2, 2e-2}));
+      CHECK_ALLCLOSE(r.got, r.want, (Tol{2e-2, 2e-2}));
     }
   }
 }

@@ -24,6 +24,7 @@
 #include "cuda/compare.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/gemm_candidate.hpp"
+#include "cuda/pinned_kernel.hpp"
 #include "plexus/attrs.hpp"
 #include "plexus/backend.hpp"
 #include "plexus/dispatch.hpp"
@@ -205,7 +206,6 @@ TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu 
   if (!has_wgmma(probe, "linear"))
     PLX_SKIP("the CUDA plugin was built without sm_90 (no wgmma candidates)");
   const DeviceInfo dev = probe.device(0);
-  TempDir dir("wgmma-fusion");
   const int64_t rows = 130, in = 264, out = 72;  // ragged: two M tiles, one partial N tile
   auto build = [&](Graph& g) {
     const Var x = g.input("x", {PLX_BF16, {rows, in}});
@@ -213,63 +213,25 @@ TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu 
     const Var b = g.parameter("fc.bias", {PLX_BF16, {out}}, init::uniform(-0.5, 0.5));
     g.mark_output(g.add1("relu", {g.add1("linear", {x, w, b}, {}, "fc")}, {}, "fc.relu"), "y");
   };
-  const std::vector<double> xs = random_doubles(static_cast<size_t>(rows * in), 7, -1, 1);
-  auto run = [&](Backend& b, TensorStore& store, const TensorStore* params,
-                 std::vector<std::string>* names, Executable::KernelReport* fc) {
-    Graph g(b.runtime().ops());
-    build(g);
-    ExecutableOptions eo;
-    eo.seed = 3;
-    Executable exe(b, g, store, eo);
-    if (params)
-      for (const auto& [name, t] : params->all()) fill(store.get(name), t.to_doubles());
-    fill(exe.tensor("x"), xs);
-    exe.run();
-    exe.sync();
-    if (names) *names = exe.kernel_names();
-    if (fc)
-      for (const Executable::KernelReport& r : exe.kernel_choices())
-        if (r.node == "fc") *fc = r;
-    return exe.tensor("y").to_doubles();
-  };
-  auto options = [&](const std::string& cache) {
-    RuntimeOptions o = plugin_dir_options();
-    o.kernels = KernelSide::Auto;
-    o.tune_cache = cache;
-    return o;
-  };
-  // The linear node's tuning key, from a run that tunes it.
-  std::string key;
-  {
-    Runtime rt(options(dir / "tuned.tsv"));
-    TensorStore store;
-    Executable::KernelReport fc;
-    (void)run(rt.backend("cuda"), store, nullptr, nullptr, &fc);
-    key = fc.choice.key;
-  }
-  REQUIRE_FALSE(key.empty());
+  PinnedKernelRun pinned("wgmma-fusion", build, "fc",
+                         random_doubles(static_cast<size_t>(rows * in), 7, -1, 1), 3);
+  REQUIRE_FALSE(pinned.key().empty());
   for (const std::string tile : {"wgmma_128x128x64", "wgmma_128x256x64"}) {
     INFO(tile);
-    const std::string cache = dir / (tile + ".tsv");
-    std::ofstream(cache) << key << "\t" << tile << "\t1\n";
-    Runtime rt(options(cache));
-    Backend& gpu = rt.backend("cuda");
-    TensorStore store, cpu_store;
-    std::vector<std::string> names;
-    Executable::KernelReport fc;
-    const std::vector<double> want = run(rt.backend("cpu"), cpu_store, nullptr, nullptr, nullptr);
-    const std::vector<double> got = run(gpu, store, &cpu_store, &names, &fc);
+    const PinnedKernelRun::Result r = pinned.run(tile);
     // A GPU that is not compute capability 9.0 declines the candidate (the tuner keeps another).
-    if (!cuda::emulated(gpu) && dev.arch_major * 10 + dev.arch_minor != 90 && fc.impl != tile)
+    if (!cuda::emulated(probe) && dev.arch_major * 10 + dev.arch_minor != 90 &&
+        r.report.impl != tile)
       PLX_SKIP("this GPU is not compute capability 9.0: the wgmma candidates decline it");
-    CHECK(fc.impl == tile);
+    CHECK(r.report.impl == tile);
     bool fused = false;
-    for (const std::string& n : names)
+    for (const std::string& n : r.kernels)
       fused = fused || n.find("linear+relu:" + tile + "-epilogue") != std::string::npos;
-    INFO("kernels: " << names.size() << ", first: " << (names.empty() ? "" : names.front()));
+    INFO("kernels: " << r.kernels.size()
+                     << ", first: " << (r.kernels.empty() ? "" : r.kernels.front()));
     CHECK(fused);
-    CHECK(names.size() == 1);
+    CHECK(r.kernels.size() == 1);
     // One rounding of the f32 sum to bf16 on each side, in different orders: a few bf16 ulps.
-    CHECK_ALLCLOSE(got, want, (Tol{2e-2, 2e-2}));
+    CHECK_ALLCLOSE(r.got, r.want, (Tol{2e-2, 2e-2}));
   }
 }
