@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Kernel launches per training step on the CUDA emulator: the launch trace (PLEXUS_EMU_TRACE, a
+# cuBLASLt or cuDNN call counted as one) of a 4-step `plexus train` minus that of a 3-step one,
+# so set-up, tuning and the first step's capture cancel out. The library side and cuDNN's
+# heuristic by default (the figures in docs/benchmarks.md); later --set arguments override them.
+#
+#   tests/cuda/emu/launches_per_step.sh MODEL PRECISION [--set key=value ...]
+#   e.g. tests/cuda/emu/launches_per_step.sh convnet bf16 --set train.batch_size=64
+#
+# Run from the checkout after building (build/bin/plexus, build/emu-plugins). Prints
+# "MODEL PRECISION: N launches per step"; with PLEXUS_LAUNCH_LIST=1 also the kernels of one step
+# (the lines whose count grew from 3 steps to 4).
+set -euo pipefail
+model=$1 precision=$2
+shift 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+trace() {  # steps, then the extra --set arguments
+  local n=$1
+  shift
+  PLEXUS_EMU_TRACE="$work/trace-$n.txt" build/bin/plexus train "configs/$model.toml" \
+    --set backend.name=\"cuda\" --set 'plugins.paths=["build/emu-plugins"]' \
+    --set train.max_steps="$n" --set train.eval=false --set data.limit=1280 \
+    --set backend.kernels=\"library\" --set plugins.options.cuda.benchmark=false \
+    --set train.precision=\""$precision"\" --set logging.progress=\"none\" \
+    --set output.dir=\""$work/run-$n"\" "$@" > "$work/log-$n.txt" 2>&1 ||
+    { echo "plexus train failed:" >&2; tail -5 "$work/log-$n.txt" >&2; exit 1; }
+}
+steps=3
+trace $steps "$@"
+trace $((steps + 1)) "$@"
+a=$(wc -l < "$work/trace-$steps.txt")
+b=$(wc -l < "$work/trace-$((steps + 1)).txt")
+echo "$model $precision: $((b - a)) launches per step"
+if [[ ${PLEXUS_LAUNCH_LIST:-0} == 1 ]]; then
+  diff <(sort "$work/trace-$steps.txt" | uniq -c) <(sort "$work/trace-$((steps + 1)).txt" | uniq -c) |
+    sed -n 's/^> *[0-9]* //p'
+fi
