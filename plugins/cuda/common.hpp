@@ -228,10 +228,10 @@ void register_conv(KernelRegistry& r);         // conv2d and its backward ops (c
 // The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.
 std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
                                          const sdk::Boundary& b, uint32_t& flags);
-// The fused conv2d (with a bias) -> relu as one cuDNN call (ops/conv.cpp); declines
-// (sdk::Unsupported) where cuDNN does not take it. Deterministic and capturable.
-std::unique_ptr<Kernel> make_conv_bias_relu(CudaBackend& backend, const sdk::GraphView& g,
-                                            const sdk::Boundary& b);
+// A conv2d node's kernel that applies a ReLU after the bias in the same cuDNN call
+// (cudnnConvolutionBiasActivationForward, ops/conv.cpp), for a fused conv2d -> relu; declines
+// (sdk::Unsupported) where there is no bias or cuDNN does not take the call.
+std::unique_ptr<Kernel> make_cudnn_conv_relu(const NodeInfo& node, CudaBackend& backend);
 
 // The registering backend, for kernels whose constructor takes (const NodeInfo&, CudaBackend&).
 // Registration functions add such kernels with r.add<K, CudaBackend>(...).

@@ -29,7 +29,7 @@
 // for cudnnConvolutionBiasActivationForward with the identity activation, one fused call adds it
 // (y = conv(x, w) + b in f32, rounded once); otherwise the bias is written into y first and the
 // convolution adds onto it (beta = 1): one rounding per element either way, as on the CPU.
-// conv2d -> relu with a bias (make_conv_bias_relu, for fusion) is one fused call with the RELU
+// conv2d -> relu with a bias (make_cudnn_conv_relu, for fusion) is one fused call with the RELU
 // activation, whatever the algorithm. cuDNN may refuse the fused call for a data type or layout
 // (its table lists no bfloat16), so each kernel tries it once on scratch buffers when it is
 // created, and keeps the unfused way (or declines the pair) when cuDNN says no.
@@ -46,7 +46,6 @@
 #include "ops/conv_algo_cache.hpp"
 #include "ops/gemm_bias.hpp"
 #include "ops/igemm_conv.hpp"
-#include "ops/relu_pair_slots.hpp"
 
 namespace plexus::cuda {
 
@@ -60,34 +59,22 @@ enum class Dir { Fwd, BwdData, BwdFilter };
 
 // ---- cuDNN descriptor owners (destruction cannot fail usefully, so errors are dropped) ----
 
-struct TensorDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc() { PLX_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
+struct DnnDesc {
+  H d = nullptr;
+  DnnDesc() { PLX_CUDNN_CHECK(Create(&d)); }
+  DnnDesc(const DnnDesc&) = delete;
+  DnnDesc& operator=(const DnnDesc&) = delete;
+  ~DnnDesc() { Destroy(d); }
 };
-struct FilterDesc {
-  cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc() { PLX_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
-};
-struct ActivationDesc {
-  cudnnActivationDescriptor_t d = nullptr;
-  ActivationDesc() { PLX_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d)); }
-  ActivationDesc(const ActivationDesc&) = delete;
-  ActivationDesc& operator=(const ActivationDesc&) = delete;
-  ~ActivationDesc() { cudnnDestroyActivationDescriptor(d); }
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc() { PLX_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
-};
+using TensorDesc =
+    DnnDesc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    DnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ActivationDesc = DnnDesc<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor,
+                               cudnnDestroyActivationDescriptor>;
+using ConvDesc = DnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                         cudnnDestroyConvolutionDescriptor>;
 
 // Device memory owned for the length of an algorithm search in create().
 struct ScratchBuffer {
@@ -711,13 +698,8 @@ class ConvKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_conv_bias_relu(CudaBackend& backend, const sdk::GraphView& g,
-                                            const sdk::Boundary& b) {
-  ReluPairSlots slots(g, b, "conv2d");
-  const sdk::OwnedNodeInfo ci(g, 0);
-  // The fused conv2d -> relu: one cudnnConvolutionBiasActivationForward call.
-  auto conv = std::make_unique<ConvKernel<Dir::Fwd>>(NodeInfo(&ci.get()), backend, /*relu=*/true);
-  return std::make_unique<ReluPairKernel>(std::move(slots), std::move(conv));
+std::unique_ptr<Kernel> make_cudnn_conv_relu(const NodeInfo& node, CudaBackend& backend) {
+  return std::make_unique<ConvKernel<Dir::Fwd>>(node, backend, /*relu=*/true);
 }
 
 void register_conv(KernelRegistry& r) {

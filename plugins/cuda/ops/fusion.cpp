@@ -525,30 +525,39 @@ std::vector<std::vector<int32_t>> cast_runs(const sdk::GraphView& g, const std::
   return runs;
 }
 
-// A layer -> relu pair (linear or conv2d) on the host's choice for the layer, `impl`, when that is
-// one of our own kernels with a ReLU epilogue: the pair as one such kernel; null where `impl` is
-// another kernel or declines (the debug log says why).
-std::unique_ptr<Kernel> make_own_relu_pair(CudaBackend& backend, const sdk::GraphView& g,
-                                           const sdk::Boundary& b, const std::string& impl) {
+// A linear -> relu or conv2d -> relu pair as one kernel of the layer's that applies the ReLU
+// itself, chosen by the host's choice for the layer (`impl`, "" for none): cuDNN's fused call for
+// a conv given to cuDNN or to nothing (unless conv_bias_activation is off), our own kernels'
+// epilogues for one given to them. Null where no such kernel applies or it declines (the debug
+// log says why); `name` is the fused kernel's.
+std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphView& g,
+                                       const sdk::Boundary& b, const std::string& impl,
+                                       std::string& name) {
   const bool linear = g.is(0, "linear");
   try {
     ReluPairSlots slots(g, b, linear ? "linear" : "conv2d");
     const sdk::OwnedNodeInfo info(g, 0);
     const NodeInfo node(&info.get());
     std::unique_ptr<Kernel> layer;
-    if (linear && impl.starts_with("mma_sync_"))
+    name = std::string(g.node(0).op) + "+relu:" + impl + "-epilogue";
+    if (!linear && (impl.empty() || impl == "cudnn")) {
+      if (!backend.options().conv_bias_activation) return nullptr;
+      layer = make_cudnn_conv_relu(node, backend);
+      name = "conv2d+relu:cudnn-bias-activation";
+    } else if (linear && impl.starts_with("mma_sync_")) {
       layer = make_mma_linear(node, backend, impl, MmaAct::Relu);
 #ifdef PLEXUS_CUDA_WGMMA
-    else if (linear && impl.starts_with("wgmma_"))
+    } else if (linear && impl.starts_with("wgmma_")) {
       layer = make_wgmma_linear(node, backend, impl, MmaAct::Relu);
 #endif
-    else if (!linear && impl.starts_with("igemm_mma_"))
+    } else if (!linear && impl.starts_with("igemm_mma_")) {
       layer = make_igemm_conv(node, backend, impl, /*relu=*/true);
+    }
     if (!layer) return nullptr;
     return std::make_unique<ReluPairKernel>(std::move(slots), std::move(layer));
   } catch (const sdk::Unsupported& e) {
-    PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s+relu on %s: %s", g.node(0).op, impl.c_str(),
-            e.what());
+    PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s+relu on %s: %s", g.node(0).op,
+            impl.empty() ? "the default kernel" : impl.c_str(), e.what());
     return nullptr;
   }
 }
@@ -744,31 +753,14 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
                 workspace_bytes);
     return;
   }
-  // conv2d (with a bias) -> relu where the host chose cuDNN for the conv (or nothing): one
-  // cudnnConvolutionBiasActivationForward call. Where cuDNN refuses it, the chain below.
-  if (g.num_nodes() == 2 && g.is(0, "conv2d") && g.is(1, "relu") &&
-      options().conv_bias_activation && (!hinted || std::string_view(hinted->impl) == "cudnn")) {
-    std::unique_ptr<Kernel> k;
-    try {
-      k = make_conv_bias_relu(*this, g, b);
-    } catch (const sdk::Unsupported& e) {
-      PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s", e.what());
-    }
-    if (k) {
-      fused_.give("conv2d+relu:cudnn-bias-activation", dtype,
-                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                  workspace_bytes);
-      return;
-    }
-  }
-  // The host gave the layer of a linear -> relu or conv2d -> relu pair to one of our own kernels
-  // (mma_sync_*, wgmma_* or igemm_mma_*): that kernel with the ReLU in its epilogue, one launch
-  // and no pre-activation. Where it declines the group, the chain below.
-  if (g.num_nodes() == 2 && g.is(1, "relu") && hinted && (g.is(0, "linear") || g.is(0, "conv2d"))) {
-    if (auto k = make_own_relu_pair(*this, g, b, hinted->impl)) {
-      fused_.give(std::string(g.node(0).op) + "+relu:" + hinted->impl + "-epilogue", dtype,
-                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                  workspace_bytes);
+  // Any other linear -> relu or conv2d -> relu: one kernel applying the ReLU itself where the
+  // host's choice for the layer has one (cuDNN's fused call for a conv; our own GEMMs' and
+  // convolution's epilogues); one launch and no pre-activation. Else the chain below.
+  if (g.num_nodes() == 2 && g.is(1, "relu") && (g.is(0, "linear") || g.is(0, "conv2d"))) {
+    std::string pair_name;
+    if (auto k = make_relu_pair(*this, g, b, hinted ? hinted->impl : "", pair_name)) {
+      fused_.give(pair_name, dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
+                  kernel, state, workspace_bytes);
       return;
     }
   }
