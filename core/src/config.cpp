@@ -126,6 +126,10 @@ const std::vector<ConfigKey>& Config::keys() {
         "Let the backend run groups of nodes as one kernel (a multi-tensor optimizer update, a "
         "layer with its activation, a conv layer with its max pool, the classifier head with "
         "its loss); false runs every node by itself");
+    add("train.channels_last", ConfigType::Bool, "true",
+        "Let the layout planner store 4-D activations channels-last (NHWC) where every kernel "
+        "that writes or reads them takes it (the CUDA plugin's 16-bit convolutions prefer it), "
+        "so no kernel converts them in between; false keeps every activation NCHW");
     auto& prec = add("train.precision", ConfigType::String, "\"f32\"",
                      "Compute precision: f32; tf32 (f32 tensors, TF32 matrix math where the "
                      "backend has it: cuda; the CPU computes f32); bf16 or f16 (the model computes "

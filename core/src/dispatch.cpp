@@ -89,7 +89,7 @@ plx_node_info node_info(const OpSchema& schema, const std::vector<plx_tensor>& i
 KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                                 const std::vector<plx_tensor>& inputs,
                                 const std::vector<plx_tensor>& outputs, const Attrs& attrs,
-                                int32_t device, bool tune) {
+                                int32_t device, bool tune, const KernelFilter& accept) {
   KernelResolution r;
   const int32_t dtype = inputs.empty() ? PLX_F32 : inputs[static_cast<size_t>(schema.type_input)].dtype;
   AttrPack pack(attrs);
@@ -98,7 +98,17 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   // The order to try: the backend's, with the forced side's kernels first.
   KernelTuner& tuner = backend.runtime().tuner();
   const auto registered = backend.kernels(schema.id, dtype);
-  std::vector<const plx_kernel*> order(registered.begin(), registered.end());
+  std::vector<const plx_kernel*> order;
+  for (const plx_kernel* k : registered) {
+    const std::string why = accept ? accept(*k) : std::string();
+    if (why.empty()) {
+      order.push_back(k);
+    } else {
+      spdlog::debug("op '{}' ({}) on '{}': {} not tried: {}", schema.name, dtype_name(dtype),
+                    backend.name(), k->impl ? k->impl : "?", why);
+      r.declines.push_back(std::string(k->impl ? k->impl : "?") + ": " + why);
+    }
+  }
   const KernelSide side = tuner.side();
   if (side != KernelSide::Auto)
     std::stable_partition(order.begin(), order.end(), [&](const plx_kernel* k) {
@@ -326,6 +336,9 @@ std::vector<Tensor> call(Backend& backend, std::string_view op, const std::vecto
     if (s.inputs[i].flags & PLX_ARG_MUTATED)
       throw OpError("op '" + s.name + "': input '" + s.inputs[i].name +
                     "' is written in place and must be contiguous");
+    if (s.name == "copy")  // contiguous() is this op: it would call itself forever
+      throw OpError("op 'copy' on backend '" + backend.name() +
+                    "': no kernel takes a non-contiguous input (PLX_KERNEL_STRIDED)");
     ins[i] = ins[i].contiguous();
   }
 

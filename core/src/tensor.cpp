@@ -189,14 +189,40 @@ Tensor Tensor::to(Backend& dst, int32_t dst_device) const {
 
 void Tensor::copy_to_host(void* dst) const {
   if (!storage_) throw OpError("copy_to_host of an undefined tensor");
-  if (!is_contiguous()) {
-    contiguous().copy_to_host(dst);
-    return;
-  }
   Backend& b = *storage_->backend;
   const plx_stream s = b.stream(storage_->device);
-  b.copy(storage_->device, dst, data(), nbytes(), PLX_COPY_D2H, s);
+  if (is_contiguous()) {
+    b.copy(storage_->device, dst, data(), nbytes(), PLX_COPY_D2H, s);
+    b.sync_stream(s);
+    return;
+  }
+  // A view (permuted, narrowed, channels-last): the memory it spans, gathered in row-major order
+  // on the host, so that any backend can be read (no strided copy kernel needed).
+  const int64_t n = numel();
+  if (n == 0) return;
+  int64_t span = 1;
+  for (int i = 0; i < ndim(); ++i) {
+    if (strides_[static_cast<size_t>(i)] < 0)
+      throw OpError("copy_to_host: negative strides are not supported");
+    span += (shape_[static_cast<size_t>(i)] - 1) * strides_[static_cast<size_t>(i)];
+  }
+  const size_t es = dtype_size(dtype_);
+  std::vector<unsigned char> raw(static_cast<size_t>(span) * es);
+  b.copy(storage_->device, raw.data(), data(), raw.size(), PLX_COPY_D2H, s);
   b.sync_stream(s);
+  auto* out = static_cast<unsigned char*>(dst);
+  std::vector<int64_t> idx(shape_.size(), 0);
+  int64_t off = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    std::memcpy(out + static_cast<size_t>(k) * es, raw.data() + static_cast<size_t>(off) * es, es);
+    for (int d = ndim() - 1; d >= 0; --d) {  // the next index, last dimension fastest
+      const size_t u = static_cast<size_t>(d);
+      off += strides_[u];
+      if (++idx[u] < shape_[u]) break;
+      off -= strides_[u] * shape_[u];
+      idx[u] = 0;
+    }
+  }
 }
 
 void Tensor::copy_from_host(const void* src) {

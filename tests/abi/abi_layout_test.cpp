@@ -274,12 +274,12 @@ TEST_CASE("ABI 1.2 struct sizes are pinned", "[abi]") {
   }
 }
 
-// 1.3 and 1.4 changed no layout (max_pool2d's relu_mask, the updates' check input and
-// loss_scale_update are op contracts: the host gates them by the plugin's minor), so the 1.2
-// pins above hold for them.
-TEST_CASE("ABI 1.4 enumerations keep their values", "[abi]") {
+// 1.3, 1.4 and 1.5 changed no layout (max_pool2d's relu_mask, the updates' check input,
+// loss_scale_update, the layout contract and PLX_KERNEL_DENSE are op and kernel contracts: the
+// host gates them by the plugin's minor), so the 1.2 pins above hold for them.
+TEST_CASE("ABI 1.5 enumerations keep their values", "[abi]") {
   CHECK(PLX_ABI_MAJOR == 1);
-  CHECK(PLX_ABI_MINOR == 4);
+  CHECK(PLX_ABI_MINOR == 5);
   CHECK(PLX_MAX_DIMS == 8);
   CHECK(PLX_OK == 0);
   CHECK(PLX_ERR_INVALID_ARGUMENT == 1);
@@ -320,6 +320,11 @@ TEST_CASE("ABI 1.4 enumerations keep their values", "[abi]") {
   CHECK(std::string(plx_collective_string(4)) == "invalid");
   CHECK(PLX_LOG_TRACE == 0);
   CHECK(PLX_LOG_OFF == 5);
+  CHECK(PLX_KERNEL_LIBRARY == 16);
+  CHECK(PLX_KERNEL_DENSE == 32);
+  CHECK(PLX_LAYOUT_ANY == 0);
+  CHECK(PLX_LAYOUT_NCHW == 1);
+  CHECK(PLX_LAYOUT_NHWC == 2);
 }
 
 TEST_CASE("every status has a name", "[abi]") {

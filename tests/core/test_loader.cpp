@@ -178,7 +178,8 @@ TEST_CASE("plugin options reach init, and unknown options fail it", "[cpu][loade
   CHECK_FALSE(loaded(rt, "testgood"));
   const SkippedPlugin* s = skipped_file(rt, "libplexus-testgood.so");
   REQUIRE(s != nullptr);
-  CHECK_THAT(s->reason, PLX_CONTAINS("unknown option 'colour' (known: factor, claims)"));
+  CHECK_THAT(s->reason,
+             PLX_CONTAINS("unknown option 'colour' (known: factor, claims, conv_nchw_only)"));
 
   RuntimeOptions c = only({plugin_dir()});
   c.plugins.options["cpu"]["threads"] = "many";

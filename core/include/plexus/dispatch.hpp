@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,14 +53,18 @@ struct KernelResolution {
   KernelChoice choice;                     // how it was chosen among several
 };
 
+// Which kernels may run a node, besides their own create(): "" to let `k` try, else why not
+// (the layout planner passes one that admits only kernels taking channels-last tensors).
+using KernelFilter = std::function<std::string(const plx_kernel& k)>;
+
 // Tries the backend's kernels for the node, in the order the runtime's kernel side gives
 // (plexus/tune.hpp). With `tune` (graphs, not eager calls) and the side "auto", every kernel that
 // accepts the node is timed unless the tuning cache knows the problem, and the fastest is kept.
-// Errors other than a decline are thrown.
+// Kernels `accept` turns away count as declines. Errors other than a decline are thrown.
 KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                                 const std::vector<plx_tensor>& inputs,
                                 const std::vector<plx_tensor>& outputs, const Attrs& attrs,
-                                int32_t device, bool tune = false);
+                                int32_t device, bool tune = false, const KernelFilter& accept = {});
 
 // Times every kernel the backend registers for the node, whichever side, on scratch buffers
 // (time_kernel): one entry per kernel in the backend's order, with ms < 0 and the reason in

@@ -66,6 +66,11 @@ struct MemoryPlan {
   int32_t fused_kernels = 0;      // kernels the backend fused from several nodes
   int32_t fused_nodes = 0;        // the nodes they run
   int32_t internal_values = 0;    // values only a fused kernel reads: never allocated
+  // The layout planner's choice: 4-D activations stored channels-last (NHWC strides), their
+  // bytes, and their names ("conv2d_1.out f16(128, 32, 28, 28)").
+  int32_t channels_last_values = 0;
+  uint64_t channels_last_bytes = 0;
+  std::vector<std::string> channels_last;
   std::vector<int64_t> offset;    // per value id: byte offset in the arena, -1 if not in it
   // Where the arena is fullest: the most activation bytes live at once (at a kernel's run, the
   // buffers it reads and writes included), which no packing can go under (arena_bytes >= it),
@@ -88,6 +93,8 @@ struct ExecutableOptions {
   bool capture = true;  // capture and replay the step where the backend can
   bool fuse = true;     // offer the graph to the backend for fusion (get_capability)
   bool tune = true;     // with backend.kernels = "auto": time a node's candidate kernels
+  bool channels_last = true;  // let the layout planner store 4-D activations NHWC where the
+                              // kernels around them take it (false: every one NCHW)
   uint64_t seed = 0;    // for parameters and states this executable creates
   // Values something outside the graph works on between the kernel that writes them and the
   // first that reads them (data parallelism all-reduces the gradients there, GradientSync): no
@@ -157,8 +164,16 @@ class Executable {
   plx_stream stream() const { return stream_; }
 
  private:
-  struct Fused;  // a group of nodes the backend runs as one kernel
+  struct Fused;     // a group of nodes the backend runs as one kernel
+  struct AbiGraph;  // the graph as the ABI's plx_graph_view, with the planned strides
   std::vector<Fused> fuse();
+  // Creates the fused kernel of f (nodes, in and out set): its members' kernels chosen by the
+  // host (among those `accept` admits) as hints, then create_fused. "" with f.kernel and
+  // f.members set, or the backend's reason for declining; throws on other failures.
+  std::string create_group(Fused& f, const AbiGraph& ag, const KernelFilter& accept);
+  // The layout planner: stores 4-D activations channels-last where the kernels that write and
+  // read them take it, creating those kernels again for the new strides (see the .cpp).
+  void plan_layouts();
   void run_nodes();
   void plan_memory();
 
@@ -168,6 +183,7 @@ class Executable {
   ExecutableOptions options_;
   MemoryPlan plan_;
   std::vector<Tensor> tensors_;  // per value id (undefined for none)
+  std::vector<plx_tensor> descs_;  // per value id: the ABI descriptor kernels are created with
   Tensor arena_, workspace_;
   struct Step;  // a node ready to run: kernel and ABI views
   std::vector<Step> steps_;

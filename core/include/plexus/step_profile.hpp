@@ -42,6 +42,7 @@ struct StepProfile {
   // The step's memory plan (summed over f16's two graphs): activations after reuse, the
   // kernels' scratch, and the parameters, optimizer states and inputs.
   uint64_t arena_bytes = 0, workspace_bytes = 0, persistent_bytes = 0;
+  int32_t channels_last_values = 0;     // activations the layout planner stored NHWC
   std::vector<StepProfileRow> kernels;  // run order
 };
 

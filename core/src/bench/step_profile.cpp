@@ -108,6 +108,7 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   eo.device = dev;
   eo.seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
   eo.fuse = cfg.get_bool("train.fusion");
+  eo.channels_last = cfg.get_bool("train.channels_last");
   const double lr = cfg.get_float("train.lr");
   TensorStore store;
 
@@ -148,6 +149,7 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
     p.arena_bytes = exe.plan().arena_bytes;
     p.workspace_bytes = exe.plan().workspace_bytes;
     p.persistent_bytes = exe.plan().persistent_bytes;
+    p.channels_last_values = exe.plan().channels_last_values;
   }
 
   // The trainer's way, timed from outside the step (captured and replayed where the backend can).
@@ -187,7 +189,8 @@ void print_step_profile(std::ostream& out, const StepProfile& p, int top) {
   };
   out << "  memory plan: activations " << mib(p.arena_bytes) << ", kernels' scratch "
       << mib(p.workspace_bytes) << ", parameters, optimizer states and inputs "
-      << mib(p.persistent_bytes) << "\n\n";
+      << mib(p.persistent_bytes) << "; " << p.channels_last_values
+      << " activation(s) channels-last\n\n";
 
   std::vector<size_t> order(p.kernels.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -241,6 +244,7 @@ std::string step_profile_json(const StepProfile& p) {
       .add("arena_bytes", static_cast<int64_t>(p.arena_bytes))
       .add("workspace_bytes", static_cast<int64_t>(p.workspace_bytes))
       .add("persistent_bytes", static_cast<int64_t>(p.persistent_bytes))
+      .add("channels_last_values", static_cast<int64_t>(p.channels_last_values))
       .add("kernels", ks)
       .str();
 }

@@ -655,6 +655,7 @@ class Runner {
         eo.seed = static_cast<uint64_t>(cfg_.get_int("train.seed"));
         eo.capture = cfg_.get_bool("train.graph_capture");
         eo.fuse = cfg_.get_bool("train.fusion");
+        eo.channels_last = cfg_.get_bool("train.channels_last");
         side.exe = std::make_unique<Executable>(be, g, side.store, eo);
       } catch (const std::exception& e) {
         (no_kernel(e.what()) ? side.unsupported : side.error) = e.what();

@@ -16,6 +16,7 @@
 #include "plexus/runtime.hpp"
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/sdk/philox.hpp"
+#include "plexus/sdk/tensor.hpp"
 
 namespace plexus {
 
@@ -95,6 +96,7 @@ struct Executable::Step {
   int32_t node = -1;           // the node it runs; a fused step: its group's last node
   std::vector<int32_t> fused;  // a fused step: every node it runs, in graph order
   std::string label;           // a fused step: for errors
+  std::string fused_name;      // a fused step: the backend's name for the group
   std::unique_ptr<PreparedKernel> kernel;
   KernelChoice choice;  // how the kernel was chosen among the backend's
   std::vector<MemberChoice> members;  // a fused step: its nodes' chosen kernels
@@ -244,42 +246,114 @@ plx_status on_claim(void* user, const int32_t* nodes, int32_t num_nodes, const c
 
 }  // namespace
 
+// The graph as the ABI's view, with each value's descriptor as kernels will see it.
+struct Executable::AbiGraph {
+  std::vector<plx_tensor> values;
+  std::vector<std::vector<int32_t>> ins, outs;
+  std::vector<std::unique_ptr<AttrPack>> packs;
+  std::vector<plx_graph_node> gn;
+  plx_graph_view view{};
+
+  AbiGraph(const Graph& graph, const std::vector<plx_tensor>& descs, int32_t dev) : values(descs) {
+    const auto& nodes = graph.nodes();
+    ins.resize(nodes.size());
+    outs.resize(nodes.size());
+    gn.resize(nodes.size());
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      const GraphNode& node = nodes[n];
+      for (Var v : node.inputs) ins[n].push_back(v.valid() ? v.id : -1);
+      for (Var v : node.outputs) outs[n].push_back(v.id);
+      packs.push_back(std::make_unique<AttrPack>(node.attrs));
+      plx_graph_node& g = gn[n];
+      g.op = node.schema ? node.schema->name.c_str() : "reshape";
+      g.inputs = ins[n].data();
+      g.outputs = outs[n].data();
+      g.attrs = packs.back()->data();
+      g.num_inputs = static_cast<int32_t>(ins[n].size());
+      g.num_outputs = static_cast<int32_t>(outs[n].size());
+      g.num_attrs = packs.back()->size();
+    }
+    view.struct_size = sizeof view;
+    view.device = dev;
+    view.values = values.data();
+    view.nodes = gn.data();
+    view.num_values = static_cast<int32_t>(values.size());
+    view.num_nodes = static_cast<int32_t>(nodes.size());
+  }
+  AbiGraph(const AbiGraph&) = delete;
+  AbiGraph& operator=(const AbiGraph&) = delete;
+};
+
+std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelFilter& accept) {
+  const plx_backend& t = backend_.table();
+  const auto& nodes = graph_.nodes();
+  const int32_t dev = options_.device;
+  std::vector<plx_graph_node> sub;
+  for (int32_t m : f.nodes) sub.push_back(ag.gn[static_cast<size_t>(m)]);
+  // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first), for
+  // the backend to run inside the fused kernel.
+  f.members.clear();
+  for (size_t k = 0; k < f.nodes.size(); ++k) {
+    const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
+    if (!node.schema) continue;
+    std::vector<plx_tensor> nin, nout;
+    for (Var v : node.inputs)
+      nin.push_back(v.valid() ? ag.values[static_cast<size_t>(v.id)] : Tensor().view());
+    for (Var v : node.outputs) nout.push_back(ag.values[static_cast<size_t>(v.id)]);
+    const int32_t dt =
+        nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
+    if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
+    KernelResolution r;
+    try {
+      r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune, accept);
+    } catch (const std::exception& e) {
+      rethrow_for_node(e, node);
+    }
+    if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
+    const plx_kernel* chosen = &r.kernel->kernel();
+    for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
+      if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
+    f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?", is_library_kernel(*chosen),
+                         std::move(r.choice)});
+  }
+  plx_graph_view sv = ag.view;
+  sv.nodes = sub.data();
+  sv.num_nodes = static_cast<int32_t>(sub.size());
+  std::string label = "fused kernel '" + f.name + "' (";
+  for (size_t i = 0; i < f.nodes.size(); ++i)
+    label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
+  label += ")";
+  std::vector<int32_t> in_ids, out_ids;
+  for (Var v : f.in) in_ids.push_back(v.id);
+  for (Var v : f.out) out_ids.push_back(v.id);
+  const plx_kernel* kernel = nullptr;
+  void* state = nullptr;
+  uint64_t ws = 0;
+  const plx_status s =
+      t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()), out_ids.data(),
+                     static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
+  if (s == PLX_ERR_UNSUPPORTED) {
+    const std::string why = backend_.plugin().last_error();
+    spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label, why);
+    return why.empty() ? "declined" : why;
+  }
+  if (s != PLX_OK) backend_.fail(s, "preparing " + label);
+  if (!kernel)
+    throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+  spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(),
+                kernel->impl ? kernel->impl : "?");
+  f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
+  return "";
+}
+
 std::vector<Executable::Fused> Executable::fuse() {
   std::vector<Fused> fused;
   const plx_backend& t = backend_.table();
   if (!options_.fuse || !t.get_capability || !t.create_fused) return fused;
   const auto& nodes = graph_.nodes();
   const size_t nv = static_cast<size_t>(graph_.num_values());
-  const int32_t dev = options_.device;
 
-  // The whole graph as the ABI's view.
-  std::vector<plx_tensor> values(nv);
-  for (size_t i = 0; i < nv; ++i) values[i] = make_desc(graph_.values()[i].desc, dev);
-  std::vector<std::vector<int32_t>> ins(nodes.size()), outs(nodes.size());
-  std::vector<std::unique_ptr<AttrPack>> packs;
-  std::vector<plx_graph_node> gn(nodes.size());
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    const GraphNode& node = nodes[n];
-    for (Var v : node.inputs) ins[n].push_back(v.valid() ? v.id : -1);
-    for (Var v : node.outputs) outs[n].push_back(v.id);
-    packs.push_back(std::make_unique<AttrPack>(node.attrs));
-    plx_graph_node& g = gn[n];
-    g.op = node.schema ? node.schema->name.c_str() : "reshape";
-    g.inputs = ins[n].data();
-    g.outputs = outs[n].data();
-    g.attrs = packs.back()->data();
-    g.num_inputs = static_cast<int32_t>(ins[n].size());
-    g.num_outputs = static_cast<int32_t>(outs[n].size());
-    g.num_attrs = packs.back()->size();
-  }
-  plx_graph_view view{};
-  view.struct_size = sizeof view;
-  view.device = dev;
-  view.values = values.data();
-  view.nodes = gn.data();
-  view.num_values = static_cast<int32_t>(nv);
-  view.num_nodes = static_cast<int32_t>(nodes.size());
-
+  const AbiGraph ag(graph_, descs_, options_.device);
   ClaimHost host{graph_, std::vector<int32_t>(nodes.size(), -1), {}, {}, {}};
   host.plugin_minor = backend_.plugin().abi_minor();
   host.exchanged = options_.exchanged;
@@ -302,7 +376,7 @@ std::vector<Executable::Fused> Executable::fuse() {
   constexpr int kMaxRounds = 8;
   for (int round = 0; round < kMaxRounds; ++round) {
     const size_t first_claim = host.claims.size();
-    backend_.check(t.get_capability(t.ctx, &view, &on_claim, &host), "get_capability");
+    backend_.check(t.get_capability(t.ctx, &ag.view, &on_claim, &host), "get_capability");
     bool declined = false;
     for (size_t c = first_claim; c < host.claims.size(); ++c) {
       Fused f;
@@ -313,80 +387,31 @@ std::vector<Executable::Fused> Executable::fuse() {
       };
       // Boundary: values the group reads from outside (first use first), and values it writes
       // that are read outside, are graph outputs, or are read by nobody (still written).
-      std::vector<int32_t> in_ids, out_ids;
-      std::vector<plx_graph_node> sub;
+      std::vector<int32_t> out_ids;
       for (int32_t m : f.nodes) {
         const GraphNode& node = nodes[static_cast<size_t>(m)];
-        sub.push_back(gn[static_cast<size_t>(m)]);
         for (Var v : node.inputs) {
           if (!v.valid() || member(graph_.value(v).producer)) continue;
-          if (std::find(in_ids.begin(), in_ids.end(), v.id) == in_ids.end()) in_ids.push_back(v.id);
+          if (std::none_of(f.in.begin(), f.in.end(), [&](Var w) { return w.id == v.id; }))
+            f.in.push_back(v);
         }
         for (Var v : node.outputs) {
           const auto& rd = readers[static_cast<size_t>(v.id)];
           if (rd.empty() || is_output[static_cast<size_t>(v.id)] ||
               std::any_of(rd.begin(), rd.end(), [&](int32_t n) { return !member(n); }))
-            out_ids.push_back(v.id);
+            f.out.push_back(v);
         }
       }
-      // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first),
-      // for the backend to run inside the fused kernel.
-      for (size_t k = 0; k < f.nodes.size(); ++k) {
-        const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
-        if (!node.schema) continue;
-        std::vector<plx_tensor> nin, nout;
-        for (Var v : node.inputs)
-          nin.push_back(v.valid() ? values[static_cast<size_t>(v.id)] : Tensor().view());
-        for (Var v : node.outputs) nout.push_back(values[static_cast<size_t>(v.id)]);
-        const int32_t dt =
-            nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
-        if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
-        KernelResolution r;
-        try {
-          r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune);
-        } catch (const std::exception& e) {
-          rethrow_for_node(e, node);
-        }
-        if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
-        const plx_kernel* chosen = &r.kernel->kernel();
-        for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
-          if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
-        f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?",
-                             is_library_kernel(*chosen), std::move(r.choice)});
-      }
-      plx_graph_view sv = view;
-      sv.nodes = sub.data();
-      sv.num_nodes = static_cast<int32_t>(sub.size());
-      std::string label = "fused kernel '" + f.name + "' (";
-      for (size_t i = 0; i < f.nodes.size(); ++i)
-        label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
-      label += ")";
-      const plx_kernel* kernel = nullptr;
-      void* state = nullptr;
-      uint64_t ws = 0;
-      const plx_status s = t.create_fused(
-          t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()), out_ids.data(),
-          static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
-      if (s == PLX_ERR_UNSUPPORTED) {
-        spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label,
-                      backend_.plugin().last_error());
+      if (!create_group(f, ag, {}).empty()) {
         for (int32_t m : f.nodes) host.group[static_cast<size_t>(m)] = -1;
         host.declined.push_back(f.nodes);
         declined = true;
         continue;
       }
-      if (s != PLX_OK) backend_.fail(s, "preparing " + label);
-      if (!kernel)
-        throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
-      spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(),
-                    kernel->impl ? kernel->impl : "?");
-      f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
-      for (int32_t v : in_ids) f.in.push_back(Var{v});
-      for (int32_t v : out_ids) f.out.push_back(Var{v});
       for (int32_t m : f.nodes) {
         pos_[static_cast<size_t>(m)] = f.nodes.back();
         for (Var v : nodes[static_cast<size_t>(m)].outputs)
-          if (std::find(out_ids.begin(), out_ids.end(), v.id) == out_ids.end()) {
+          if (std::none_of(f.out.begin(), f.out.end(), [&](Var w) { return w.id == v.id; })) {
             internal_[static_cast<size_t>(v.id)] = 1;
             ++plan_.internal_values;
           }
@@ -407,6 +432,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
   stream_ = backend_.stream(dev);
   const size_t nv = static_cast<size_t>(graph_.num_values());
   tensors_.resize(nv);
+  for (size_t i = 0; i < nv; ++i) descs_.push_back(make_desc(graph_.values()[i].desc, dev));
 
   // Persistent values: inputs and constants belong to this executable; parameters and states
   // to the store, created and initialised here if this is the first graph to use them.
@@ -462,8 +488,8 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     for (int32_t m : fused[g].nodes) group_of[static_cast<size_t>(m)] = static_cast<int32_t>(g);
   auto descs = [&](Step& st) {
     for (Var in : st.in_vars)
-      st.in.push_back(in.valid() ? make_desc(graph_.value(in).desc, dev) : Tensor().view());
-    for (Var out : st.out_vars) st.out.push_back(make_desc(graph_.value(out).desc, dev));
+      st.in.push_back(in.valid() ? descs_[static_cast<size_t>(in.id)] : Tensor().view());
+    for (Var out : st.out_vars) st.out.push_back(descs_[static_cast<size_t>(out.id)]);
   };
   for (size_t n = 0; n < nodes.size(); ++n) {
     const GraphNode& node = nodes[n];
@@ -479,6 +505,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       st.kernel = std::move(f.kernel);
       st.members = std::move(f.members);
       st.label = "fused kernel '" + f.name + "'";
+      st.fused_name = f.name;
       descs(st);
     } else {
       st.in_vars = node.inputs;
@@ -500,9 +527,11 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       st.kernel = std::move(r.kernel);
       st.choice = std::move(r.choice);
     }
-    plan_.workspace_bytes = std::max(plan_.workspace_bytes, st.kernel->workspace_bytes());
     steps_.push_back(std::move(st));
   }
+  if (options_.channels_last) plan_layouts();
+  for (const Step& st : steps_)
+    plan_.workspace_bytes = std::max(plan_.workspace_bytes, st.kernel->workspace_bytes());
 
   // Where each node runs in the kernel order (hooks and gradient buckets ask by node).
   std::vector<int32_t> step_at(nodes.size(), -1);
@@ -526,8 +555,15 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
       continue;
     }
     const int64_t off = plan_.offset[static_cast<size_t>(root.id)];
-    if (arena_.defined())
+    if (!arena_.defined()) continue;
+    if (sdk::is_contiguous(descs_[i])) {
       tensors_[i] = arena_.alias(v.desc.dtype, v.desc.shape, static_cast<uint64_t>(off));
+    } else {  // channels-last (plan_layouts): NHWC memory seen as (N, C, H, W)
+      const Shape& sh = v.desc.shape;
+      tensors_[i] =
+          arena_.alias(v.desc.dtype, {sh[0], sh[2], sh[3], sh[1]}, static_cast<uint64_t>(off))
+              .permute({0, 3, 1, 2});
+    }
   }
   for (Step& st : steps_) {
     for (size_t k = 0; k < st.in_vars.size(); ++k)
@@ -549,6 +585,251 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
                 plan_.internal_values, format_bytes(plan_.arena_bytes),
                 format_bytes(plan_.unplanned_bytes), format_bytes(plan_.workspace_bytes),
                 format_bytes(plan_.persistent_bytes), plan_.inplace_nodes, can_capture_);
+}
+
+// ---- the layout planner ----
+//
+// A 4-D activation may be stored channels-last (NHWC strides over its NCHW shape) when every
+// kernel that writes or reads it takes that (ABI 1.5, abi/ops.h): kernels that prefer NHWC take
+// either layout for each of their 4-D tensors, and PLX_KERNEL_DENSE kernels (elementwise maps)
+// take any layout their same-shape operands share, so a dense kernel ties those operands
+// together. A group of values tied this way goes NHWC when
+//  - each is a plain activation: no reshape view of it (a view needs row-major memory), not a
+//    graph output (the host reads those), not exchanged (data parallelism), 4-D with more than
+//    one channel and more than one pixel (else the two layouts are the same memory);
+//  - every other kernel touching it prefers NHWC;
+//  - at least one kernel touching it prefers NHWC (nothing to gain otherwise).
+// The conversions are then at the group's edges, inside the NHWC kernels that read or write an
+// NCHW neighbour (igemm's staging, cuDNN's own), and no longer between two NHWC kernels.
+//
+// Kernels were created for NCHW tensors; those that touch a value that changes are created again
+// for the new strides, among the candidates that take them (a tuned choice is timed again under
+// the new key). Where one cannot be (every candidate declines, or a fused group's kernel comes
+// back wanting NCHW), its values are kept NCHW and the plan is made again without them.
+void Executable::plan_layouts() {
+  const size_t nv = static_cast<size_t>(graph_.num_values());
+  const int32_t dev = options_.device;
+  constexpr uint16_t kLayoutMinor = 5;
+  struct Caps {
+    bool nhwc = false, dense = false;
+  };
+  auto caps_of = [&](const plx_kernel& k, bool fused) {
+    const uint16_t minor =
+        fused ? backend_.plugin().abi_minor() : backend_.kernel_plugin(&k).abi_minor();
+    Caps c;
+    if (minor < kLayoutMinor) return c;
+    c.nhwc = k.layout == PLX_LAYOUT_NHWC;
+    c.dense = (k.flags & PLX_KERNEL_DENSE) != 0;
+    return c;
+  };
+
+  // Values that could be NHWC by themselves.
+  std::vector<char> candidate(nv, 0);
+  for (size_t i = 0; i < nv; ++i) {
+    const GraphValue& v = graph_.values()[i];
+    if (v.kind != ValueKind::Activation || v.view_of >= 0 || internal_[i] || v.desc.ndim() != 4)
+      continue;
+    const Shape& sh = v.desc.shape;
+    candidate[i] = sh[0] > 0 && sh[1] > 1 && sh[2] * sh[3] > 1;
+  }
+  for (size_t i = 0; i < nv; ++i)
+    if (graph_.values()[i].view_of >= 0)
+      candidate[static_cast<size_t>(graph_.storage_root(Var{static_cast<int32_t>(i)}).id)] = 0;
+  for (const auto& [name, v] : graph_.outputs())
+    candidate[static_cast<size_t>(graph_.storage_root(v).id)] = 0;
+  for (Var v : options_.exchanged) candidate[static_cast<size_t>(graph_.storage_root(v).id)] = 0;
+
+  std::vector<Caps> caps;
+  for (const Step& st : steps_) caps.push_back(caps_of(st.kernel->kernel(), !st.fused.empty()));
+  auto operands = [](const Step& st) {
+    std::vector<int32_t> ids;
+    for (Var v : st.in_vars)
+      if (v.valid()) ids.push_back(v.id);
+    for (Var v : st.out_vars) ids.push_back(v.id);
+    return ids;
+  };
+
+  std::vector<char> blocked(nv, 0);
+  for (;;) {
+    // Groups tied by dense kernels (union-find), and what the other kernels allow.
+    std::vector<int32_t> parent(nv);
+    std::iota(parent.begin(), parent.end(), 0);
+    std::function<int32_t(int32_t)> find = [&](int32_t x) {
+      while (parent[static_cast<size_t>(x)] != x)
+        x = parent[static_cast<size_t>(x)] =
+            parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+      return x;
+    };
+    std::vector<char> stop = blocked, wanted(nv, 0);
+    for (size_t k = 0; k < steps_.size(); ++k) {
+      const Step& st = steps_[k];
+      const std::vector<int32_t> ids = operands(st);
+      if (caps[k].nhwc) {
+        for (int32_t id : ids) wanted[static_cast<size_t>(id)] = 1;
+      } else if (caps[k].dense && !st.out_vars.empty()) {
+        const Shape& shape = graph_.value(st.out_vars[0]).desc.shape;
+        for (int32_t id : ids) {
+          const TensorDesc& d = graph_.values()[static_cast<size_t>(id)].desc;
+          if (d.shape == shape)
+            parent[static_cast<size_t>(find(id))] = find(st.out_vars[0].id);
+          else if (d.ndim() == 4)
+            stop[static_cast<size_t>(id)] = 1;
+        }
+      } else {
+        for (int32_t id : ids) stop[static_cast<size_t>(id)] = 1;
+      }
+    }
+    std::vector<char> group_ok(nv, 1), group_wanted(nv, 0);
+    for (size_t i = 0; i < nv; ++i) {
+      const size_t r = static_cast<size_t>(find(static_cast<int32_t>(i)));
+      if (!candidate[i] || stop[i]) group_ok[r] = 0;
+      if (wanted[i]) group_wanted[r] = 1;
+    }
+    std::vector<char> nhwc(nv, 0);
+    bool any = false;
+    for (size_t i = 0; i < nv; ++i) {
+      const size_t r = static_cast<size_t>(find(static_cast<int32_t>(i)));
+      nhwc[i] = candidate[i] && group_ok[r] && group_wanted[r];
+      any = any || nhwc[i];
+    }
+    if (!any) return;
+
+    auto set_nhwc = [](plx_tensor& d) {
+      const int64_t C = d.shape[1], H = d.shape[2], W = d.shape[3];
+      d.strides[0] = H * W * C, d.strides[1] = 1, d.strides[2] = W * C, d.strides[3] = C;
+    };
+    for (size_t i = 0; i < nv; ++i) {
+      descs_[i] = make_desc(graph_.values()[i].desc, dev);
+      if (nhwc[i]) set_nhwc(descs_[i]);
+    }
+    // A value inside a fused group is never stored; the group's kernel sees it in the layout of
+    // the group's boundary value of its shape where that is channels-last (a conv's
+    // pre-activation as its ReLU's output), else NCHW.
+    for (const Step& st : steps_) {
+      if (st.fused.empty()) continue;
+      for (int32_t m : st.fused)
+        for (Var o : graph_.nodes()[static_cast<size_t>(m)].outputs) {
+          const size_t i = static_cast<size_t>(o.id);
+          if (!internal_[i] || graph_.values()[i].desc.ndim() != 4) continue;
+          for (int32_t id : operands(st))
+            if (nhwc[static_cast<size_t>(id)] &&
+                graph_.values()[static_cast<size_t>(id)].desc.shape ==
+                    graph_.values()[i].desc.shape) {
+              set_nhwc(descs_[i]);
+              break;
+            }
+        }
+    }
+
+    // Create again every kernel that touches an NHWC value.
+    struct Remade {
+      size_t step;
+      std::unique_ptr<PreparedKernel> kernel;
+      KernelChoice choice;
+      std::vector<MemberChoice> members;
+    };
+    std::vector<Remade> remade;
+    std::unique_ptr<AbiGraph> ag;
+    std::string why;
+    size_t failed = 0;
+    for (size_t k = 0; k < steps_.size() && why.empty(); ++k) {
+      const Step& st = steps_[k];
+      const std::vector<int32_t> ids = operands(st);
+      if (std::none_of(ids.begin(), ids.end(),
+                       [&](int32_t id) { return nhwc[static_cast<size_t>(id)]; }))
+        continue;
+      // A kernel that preferred NHWC is replaced by one that does; a dense one by a dense one or
+      // one that prefers NHWC.
+      const bool was_nhwc = caps[k].nhwc;
+      const KernelFilter accept = [&](const plx_kernel& kn) -> std::string {
+        const Caps c = caps_of(kn, false);
+        if (c.nhwc || (!was_nhwc && c.dense)) return "";
+        return "it does not take channels-last tensors";
+      };
+      Remade r{k, nullptr, {}, {}};
+      if (!st.fused.empty()) {
+        if (!ag) ag = std::make_unique<AbiGraph>(graph_, descs_, dev);
+        Fused f;
+        f.nodes = st.fused;
+        f.name = st.fused_name;
+        f.in = st.in_vars;
+        f.out = st.out_vars;
+        why = create_group(f, *ag, accept);
+        if (why.empty()) {
+          const Caps c = caps_of(f.kernel->kernel(), true);
+          if (!(c.nhwc || (!was_nhwc && c.dense)))
+            why = "its fused kernel " +
+                  std::string(f.kernel->kernel().impl ? f.kernel->kernel().impl : "?") +
+                  " takes NCHW tensors only";
+        }
+        r.kernel = std::move(f.kernel);
+        r.members = std::move(f.members);
+      } else {
+        const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
+        std::vector<plx_tensor> in, out;
+        for (Var v : st.in_vars)
+          in.push_back(v.valid() ? descs_[static_cast<size_t>(v.id)] : Tensor().view());
+        for (Var v : st.out_vars) out.push_back(descs_[static_cast<size_t>(v.id)]);
+        KernelResolution res;
+        try {
+          res = resolve_kernel(backend_, *node.schema, in, out, node.attrs, dev, options_.tune,
+                               accept);
+        } catch (const std::exception& e) {
+          rethrow_for_node(e, node);
+        }
+        if (!res.kernel) {
+          why = "no kernel takes its channels-last tensors";
+          for (const std::string& d : res.declines) why += "; " + d;
+        }
+        r.kernel = std::move(res.kernel);
+        r.choice = std::move(res.choice);
+      }
+      if (why.empty())
+        remade.push_back(std::move(r));
+      else
+        failed = k;
+    }
+    if (why.empty()) {
+      plan_.channels_last.clear();
+      plan_.channels_last_values = 0;
+      plan_.channels_last_bytes = 0;
+      for (size_t i = 0; i < nv; ++i) {
+        if (!nhwc[i]) continue;
+        const GraphValue& v = graph_.values()[i];
+        ++plan_.channels_last_values;
+        plan_.channels_last_bytes += desc_bytes(v.desc);
+        const std::string name = v.name.empty() && v.producer >= 0
+                                     ? graph_.nodes()[static_cast<size_t>(v.producer)].name
+                                     : v.name;
+        plan_.channels_last.push_back(name + " " + desc_string(v.desc));
+      }
+      for (Remade& r : remade) {
+        Step& st = steps_[r.step];
+        st.kernel = std::move(r.kernel);
+        if (st.fused.empty())
+          st.choice = std::move(r.choice);
+        else
+          st.members = std::move(r.members);
+        st.in.clear();
+        st.out.clear();
+        for (Var in : st.in_vars)
+          st.in.push_back(in.valid() ? descs_[static_cast<size_t>(in.id)] : Tensor().view());
+        for (Var out : st.out_vars) st.out.push_back(descs_[static_cast<size_t>(out.id)]);
+      }
+      spdlog::debug(
+          "layout: {} activation(s) channels-last ({}), {} kernel(s) created again for them",
+          plan_.channels_last_values, format_bytes(plan_.channels_last_bytes), remade.size());
+      return;
+    }
+    // Keep the failed kernel's values NCHW and plan again.
+    const Step& st = steps_[failed];
+    const std::string label =
+        st.fused.empty() ? node_label(graph_.nodes()[static_cast<size_t>(st.node)]) : st.label;
+    spdlog::debug("layout: {} cannot run on channels-last tensors ({}); its values stay NCHW",
+                  label, why);
+    for (int32_t id : operands(st)) blocked[static_cast<size_t>(id)] = 1;
+    for (size_t i = 0; i < nv; ++i) descs_[i] = make_desc(graph_.values()[i].desc, dev);
+  }
 }
 
 Executable::~Executable() {
@@ -623,6 +904,14 @@ void Executable::plan_memory() {
       const Var out = node.outputs[0];
       const GraphValue& ov = graph_.value(out);
       if (desc_bytes(ov.desc) != desc_bytes(graph_.value(node.inputs[0]).desc)) continue;
+      // Element i of the output over element i of the input: the same layout.
+      const plx_tensor& di = descs_[static_cast<size_t>(node.inputs[0].id)];
+      const plx_tensor& dout = descs_[static_cast<size_t>(out.id)];
+      const bool same_layout =
+          sdk::is_contiguous(di) && sdk::is_contiguous(dout)
+              ? true
+              : di.ndim == dout.ndim && std::equal(di.strides, di.strides + di.ndim, dout.strides);
+      if (!same_layout) continue;
       const int32_t ob = buf[static_cast<size_t>(out.id)];
       // The output's buffer folds into the input's, which then lives as long as the output.
       B.stop = buffers[static_cast<size_t>(ob)].stop;

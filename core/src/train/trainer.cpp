@@ -78,12 +78,11 @@ std::string value_text(const Config& c, const ConfigKey& k) {
 // steps compute.
 bool must_match_on_resume(const std::string& key) {
   // Keys that change how steps are run, not what they compute.
-  static const std::set<std::string> free = {"train.epochs", "train.max_steps", "train.eval",
-                                             "train.target_accuracy",
-                                             "data.prefetch", "data.resident",
-                                             "train.graph_capture", "train.fusion",
-                                             // master weights are f32 whatever the precision
-                                             "train.precision"};
+  static const std::set<std::string> free = {
+      "train.epochs", "train.max_steps", "train.eval", "train.target_accuracy", "data.prefetch",
+      "data.resident", "train.graph_capture", "train.fusion", "train.channels_last",
+      // master weights are f32 whatever the precision
+      "train.precision"};
   if (free.count(key)) return false;
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key.rfind("train.", 0) == 0;
 }
@@ -426,6 +425,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   eo.seed = seed;
   eo.capture = cfg.get_bool("train.graph_capture");
   eo.fuse = cfg.get_bool("train.fusion");
+  eo.channels_last = cfg.get_bool("train.channels_last");
   // The steps' memory is measured from here: the peak in use above what was in use before.
   backend.sync(device);
   backend.allocator(device).reset_peaks();
@@ -686,7 +686,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     // "Memory"): what to look at before turning train.recompute on.
     if (train_exe) {
       const MemoryPlan& pl = train_exe->plan();
-      JsonArray peak;
+      JsonArray peak, nhwc;
+      for (const std::string& v : pl.channels_last) nhwc.push(v);
       for (size_t i = 0; i < pl.peak_live.size() && i < 12; ++i)
         peak.push(JsonObject()
                       .add("value", pl.peak_live[i].value)
@@ -698,7 +699,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
                                .add("persistent_bytes", static_cast<int64_t>(pl.persistent_bytes))
                                .add("live_peak_bytes", static_cast<int64_t>(pl.live_peak_bytes))
                                .add("peak_node", pl.peak_node)
-                               .add("peak_live", peak));
+                               .add("peak_live", peak)
+                               .add("channels_last", nhwc));
     }
     // What the steps compute in: train.precision, whether TF32 was turned on, the dtypes.
     m.add("precision", JsonObject()

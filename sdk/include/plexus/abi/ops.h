@@ -37,14 +37,33 @@ enum {
                                          the kernel row-major contiguous inputs */
   PLX_KERNEL_DETERMINISTIC = 1u << 2, /* bit-identical results run to run */
   PLX_KERNEL_CAPTURABLE = 1u << 3,    /* safe inside a stream capture (no host sync, no alloc) */
-  PLX_KERNEL_LIBRARY = 1u << 4        /* the work is done by a vendor library (cuBLAS, cuDNN,
+  PLX_KERNEL_LIBRARY = 1u << 4,       /* the work is done by a vendor library (cuBLAS, cuDNN,
                                          OpenBLAS): the "library" side of the config's
                                          `backend.kernels`; clear for the plugin's own code (the
                                          "native" side). Hosts before it ignore the bit, and
                                          plugins that never set it count as native. */
+  PLX_KERNEL_DENSE = 1u << 5          /* (ABI 1.5) the kernel works in memory order, as an
+                                         elementwise map does: when every input and output of
+                                         output 0's shape has the same dense strides (a
+                                         permutation of row-major, no gaps), it computes what it
+                                         computes on contiguous tensors. The layout planner may
+                                         then hand it such tensors all channels-last together;
+                                         operands of other shapes stay as they were. */
 };
 
-/* Memory layouts a kernel prefers for its 4-D activations; the planner converts at the edges. */
+/* Memory layouts a kernel prefers for its 4-D activations (N, C, H, W). A tensor's shape is
+ * always the logical NCHW one; channels-last (NHWC) is a matter of strides: (H*W*C, 1, W*C, C).
+ *
+ * The host's layout planner (ABI 1.5; docs/sdk.md "Layouts") stores a 4-D activation
+ * channels-last when the kernel that writes it and every kernel that reads it take that: kernels
+ * whose layout is PLX_LAYOUT_NHWC, and PLX_KERNEL_DENSE kernels in between. A kernel of a plugin
+ * built for 1.5 or later that says PLX_LAYOUT_NHWC therefore promises to take each of its 4-D
+ * inputs and outputs either NCHW contiguous or channels-last, independently, reading the strides
+ * at create() (and to decline others); every other kernel gets NCHW contiguous tensors (or any
+ * strides with PLX_KERNEL_STRIDED, for inputs). The conversions happen where a channels-last
+ * tensor meets a kernel that wants NCHW: inside the NHWC-preferring kernel that reads or writes
+ * the NCHW side, once per edge, never as extra nodes. A fused kernel says its layout the same
+ * way (create_fused's plx_kernel). */
 typedef enum plx_layout {
   PLX_LAYOUT_ANY = 0,  /* no preference, or not a 4-D op */
   PLX_LAYOUT_NCHW = 1,

@@ -19,14 +19,17 @@ extern "C" {
  * their struct_size; one built against a newer minor is accepted too, and the host only reads
  * the fields its own minor knows. History: 1.1 appended plx_comm.bench_native; 1.2 appended
  * plx_plugin's kernel extensions (extension_kernel_count, get_extension_kernel); 1.3 gave
- * max_pool2d the attributes relu_mask and window_index (no layout change: the host gives a node that sets an
- * attribute newer than a plugin's minor to none of that plugin's kernels, which would not read
- * it; docs/sdk.md "Versions"); 1.4 gave sgd_update and adamw_update the optional input `check`
- * (the update is skipped unless it is finite) and added the op loss_scale_update, again without
- * a layout change: a node that gives an input newer than a plugin's minor goes to none of its
- * kernels either. */
+ * max_pool2d the attributes relu_mask and window_index (no layout change: the host gives a node
+ * that sets an attribute newer than a plugin's minor to none of that plugin's kernels, which would
+ * not read it; docs/sdk.md "Versions"); 1.4 gave sgd_update and adamw_update the optional input
+ * `check` (the update is skipped unless it is finite) and added the op loss_scale_update, again
+ * without a layout change: a node that gives an input newer than a plugin's minor goes to none of
+ * its kernels either; 1.5 gave plx_kernel.layout its contract (a kernel that prefers NHWC takes
+ * each 4-D activation NCHW contiguous or channels-last) and added the flag PLX_KERNEL_DENSE, both
+ * for the host's layout planner, again without a layout change: the host plans channels-last
+ * tensors only around kernels of plugins built for 1.5 or later. */
 #define PLX_ABI_MAJOR 1
-#define PLX_ABI_MINOR 4
+#define PLX_ABI_MINOR 5
 
 /* Up to this many dimensions in a tensor view. */
 #define PLX_MAX_DIMS 8

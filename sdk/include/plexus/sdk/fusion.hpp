@@ -269,25 +269,32 @@ class NodeKernel {
   uint64_t workspace_ = 0;
 };
 
-// plx_kernel tables for a backend's fused kernels, one per (name, dtype, flags), with stable
-// addresses until the backend is destroyed. The state behind each is a sdk::Kernel. Thread-safe.
+// plx_kernel tables for a backend's fused kernels, one per (name, dtype, flags, layout), with
+// stable addresses until the backend is destroyed. The state behind each is a sdk::Kernel.
+// Thread-safe.
 class FusedTables {
  public:
-  // Hands `k` back to the core as create_fused()'s results.
+  // Hands `k` back to the core as create_fused()'s results. `layout` PLX_LAYOUT_NHWC promises
+  // what it promises for any kernel (abi/ops.h): each 4-D value at the group's boundary may come
+  // NCHW contiguous or channels-last, and `k` reads the strides it was created with.
   void give(const std::string& name, plx_dtype dtype, uint32_t flags, std::unique_ptr<Kernel> k,
-            const plx_kernel** kernel, void** state, uint64_t* workspace_bytes) {
+            const plx_kernel** kernel, void** state, uint64_t* workspace_bytes,
+            plx_layout layout = PLX_LAYOUT_ANY) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      *kernel = table(name, dtype, flags);
+      *kernel = table(name, dtype, flags, layout);
     }
     *workspace_bytes = k->workspace_bytes();
     *state = k.release();
   }
 
  private:
-  const plx_kernel* table(const std::string& name, plx_dtype dtype, uint32_t flags) {
+  const plx_kernel* table(const std::string& name, plx_dtype dtype, uint32_t flags,
+                          plx_layout layout) {
     for (const Entry& e : entries_)
-      if (e.name == name && e.table.dtype == dtype && e.table.flags == flags) return &e.table;
+      if (e.name == name && e.table.dtype == dtype && e.table.flags == flags &&
+          e.table.layout == layout)
+        return &e.table;
     Entry& e = entries_.emplace_back();
     e.name = name;
     e.table.struct_size = sizeof(plx_kernel);
@@ -295,7 +302,7 @@ class FusedTables {
     e.table.op = e.name.c_str();
     e.table.impl = e.name.c_str();
     e.table.dtype = dtype;
-    e.table.layout = PLX_LAYOUT_ANY;
+    e.table.layout = layout;
     e.table.create = [](void*, void*, const plx_node_info*, void**, uint64_t*) {
       return detail::set_error(PLX_ERR_UNSUPPORTED, "a fused kernel is made by create_fused");
     };
@@ -894,11 +901,30 @@ class EpilogueChain final : public Kernel {
       if (n > 0)
         PLX_DECLINE_UNLESS(st.kernel->table().flags & PLX_KERNEL_INPLACE,
                            "%s's kernel %s cannot run in place", node.op, st.kernel->table().impl);
+      // Channels-last as a whole where the producer's kernel takes either layout and each
+      // epilogue is a dense map over the running value alone (the host describes the values
+      // inside the group in the layout of the group's output of their shape, abi/ops.h).
+      if (n == 0) {
+        nhwc_ = st.kernel->table().layout == PLX_LAYOUT_NHWC;
+      } else {
+        bool alone = (st.kernel->table().flags & PLX_KERNEL_DENSE) != 0;
+        const plx_tensor& y = g.value(node.outputs[0]);
+        for (int32_t k = 1; k < node.num_inputs && alone; ++k) {
+          if (!g.valid(node.inputs[k])) continue;
+          const plx_tensor& t = g.value(node.inputs[k]);
+          bool same = t.ndim == y.ndim;
+          for (int32_t i = 0; same && i < t.ndim; ++i) same = t.shape[i] == y.shape[i];
+          alone = !same;
+        }
+        nhwc_ = nhwc_ && alone;
+      }
       steps_.push_back(std::move(st));
     }
   }
 
   uint32_t flags() const { return flags_ & ~static_cast<uint32_t>(PLX_KERNEL_INPLACE); }
+  // PLX_LAYOUT_NHWC where the chain as a whole takes each boundary tensor in either layout.
+  plx_layout layout() const { return nhwc_ ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY; }
   uint64_t workspace_bytes() const override { return workspace_; }
 
   void compute(const KernelCall& c) override {
@@ -930,6 +956,7 @@ class EpilogueChain final : public Kernel {
     }
   }
 
+  bool nhwc_ = false;
   std::vector<Step> steps_;
   uint64_t workspace_ = 0;
   uint32_t flags_ = ~0u;

@@ -31,6 +31,73 @@ inline bool is_contiguous(const plx_tensor& t) {
   return true;
 }
 
+// Whether t's elements fill numel(t) consecutive places in some order of its dimensions, with
+// no gaps or overlaps: row-major, channels-last, any permutation (size-1 dimensions are free).
+inline bool is_dense(const plx_tensor& t) {
+  if (numel(t) == 0) return true;
+  int32_t dims[PLX_MAX_DIMS];
+  int32_t n = 0;
+  for (int32_t i = 0; i < t.ndim; ++i)
+    if (t.shape[i] != 1) dims[n++] = i;
+  for (int32_t i = 1; i < n; ++i)  // by stride, smallest first (insertion sort: n <= 8)
+    for (int32_t j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j) {
+      const int32_t x = dims[j];
+      dims[j] = dims[j - 1];
+      dims[j - 1] = x;
+    }
+  int64_t expected = 1;
+  for (int32_t i = 0; i < n; ++i) {
+    if (t.strides[dims[i]] != expected) return false;
+    expected *= t.shape[dims[i]];
+  }
+  return true;
+}
+
+// Whether t is 4-D (N, C, H, W) stored channels-last: strides (H*W*C, 1, W*C, C), size-1
+// dimensions free. A tensor with one channel or one pixel is both this and contiguous.
+inline bool is_channels_last(const plx_tensor& t) {
+  if (t.ndim != 4) return false;
+  if (numel(t) == 0) return true;
+  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
+  const int64_t want[4] = {H * W * C, 1, W * C, C};
+  for (int32_t i = 0; i < 4; ++i)
+    if (t.shape[i] != 1 && t.strides[i] != want[i]) return false;
+  return true;
+}
+
+// Same strides where a dimension has more than one entry (where the other dims do not matter).
+inline bool same_layout(const plx_tensor& a, const plx_tensor& b) {
+  if (a.ndim != b.ndim) return false;
+  if (is_contiguous(a) && is_contiguous(b)) return true;
+  for (int32_t i = 0; i < a.ndim; ++i)
+    if (a.shape[i] != b.shape[i] || (a.shape[i] != 1 && a.strides[i] != b.strides[i])) return false;
+  return true;
+}
+
+// What a PLX_KERNEL_DENSE kernel that works in memory order needs (abi/ops.h): every input and
+// output of output 0's shape is dense and laid out as output 0; others contiguous.
+inline bool dense_alike(const plx_node_info& node) {
+  if (node.num_outputs < 1) return true;
+  const plx_tensor& y = node.outputs[0];
+  auto same_shape = [&](const plx_tensor& t) {
+    if (t.ndim != y.ndim) return false;
+    for (int32_t i = 0; i < t.ndim; ++i)
+      if (t.shape[i] != y.shape[i]) return false;
+    return true;
+  };
+  auto fits = [&](const plx_tensor& t) {
+    if (!present(t)) return true;
+    if (same_shape(t)) return is_dense(t) && same_layout(t, y);
+    return is_contiguous(t);
+  };
+  if (!is_dense(y)) return false;
+  for (int32_t i = 0; i < node.num_inputs; ++i)
+    if (!fits(node.inputs[i])) return false;
+  for (int32_t i = 1; i < node.num_outputs; ++i)
+    if (!fits(node.outputs[i])) return false;
+  return true;
+}
+
 // Typed pointer to the first element; checks the dtype.
 template <class T>
 T* data(const plx_tensor& t) {
