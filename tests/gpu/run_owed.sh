@@ -181,6 +181,20 @@ if has kernels; then
     echo "exit $?" | tee -a "$OUT/summary.txt"
     head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
   done
+  # The layout planner (the nineteenth session's): a chain of convolutions with
+  # train.channels_last on and off, on both kernel sides.
+  for cl_side in 'true library' 'false library' 'true native' 'false native'; do
+    set -- $cl_side
+    tag="convchain-b512-bf16-channels-last-$1-$2"
+    stamp "plexus bench step: $tag"
+    run_for 300 $B/bin/plexus bench step configs/convnet.toml --backend cuda \
+      --set model.file=\"$PWD/tests/gpu/convchain.toml\" --set train.batch_size=512 \
+      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 20 --top 15 \
+      --set train.channels_last=$1 --set backend.kernels=\"$2\" \
+      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+  done
   for side in library native auto; do
     tag="convnet-b1024-bf16-kernels-$side"
     stamp "plexus train $tag"

@@ -705,9 +705,16 @@ std::unique_ptr<Kernel> make_cudnn_conv_relu(const NodeInfo& node, CudaBackend& 
 void register_conv(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
-    r.add<ConvKernel<Dir::Fwd>, CudaBackend>("conv2d", d, "cudnn", f | PLX_KERNEL_LIBRARY | PLX_KERNEL_DETERMINISTIC);
-    r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn", f | PLX_KERNEL_LIBRARY);
-    r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn", f | PLX_KERNEL_LIBRARY);
+    // Either layout for each tensor (the descriptors follow the strides); in 16 bits cuDNN's
+    // Tensor Core kernels work channels-last and transpose NCHW tensors around themselves, so
+    // those prefer NHWC and the layout planner keeps their activations so.
+    const plx_layout l = d == PLX_F32 ? PLX_LAYOUT_ANY : PLX_LAYOUT_NHWC;
+    r.add<ConvKernel<Dir::Fwd>, CudaBackend>("conv2d", d, "cudnn",
+                                             f | PLX_KERNEL_LIBRARY | PLX_KERNEL_DETERMINISTIC, l);
+    r.add<ConvKernel<Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, "cudnn",
+                                                 f | PLX_KERNEL_LIBRARY, l);
+    r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn",
+                                                   f | PLX_KERNEL_LIBRARY, l);
   }
   // The plugin's own Tensor Core kernels come after cuDNN: the first accepting kernel stays
   // cuDNN's until the autotuner (or backend.kernels = "native") chooses otherwise.

@@ -214,7 +214,10 @@ struct GeluBackward {  // saved: x
 template <class T, class F>
 class UnaryKernel final : public Kernel {
  public:
-  UnaryKernel(const NodeInfo& node, CudaBackend&) : device_(node.device()), f_(node) {}
+  UnaryKernel(const NodeInfo& node, CudaBackend&) : device_(node.device()), f_(node) {
+    PLX_DECLINE_UNLESS(sdk::dense_alike(*node.raw()),
+                       "%s: x and y must be dense and laid out alike (memory order)", node.op());
+  }
   void compute(const KernelCall& c) override {
     use_device(device_);
     const T* x = ptr<T>(c.in(0));  // (any shape)
@@ -231,7 +234,12 @@ class UnaryKernel final : public Kernel {
 template <class T, class G>
 class BackwardKernel final : public Kernel {
  public:
-  BackwardKernel(const NodeInfo& node, CudaBackend&) : device_(node.device()), g_(node) {}
+  BackwardKernel(const NodeInfo& node, CudaBackend&) : device_(node.device()), g_(node) {
+    PLX_DECLINE_UNLESS(sdk::dense_alike(*node.raw()),
+                       "%s: dy, the saved tensor and dx must be dense and laid out alike (memory "
+                       "order)",
+                       node.op());
+  }
   void compute(const KernelCall& c) override {
     use_device(device_);
     const T* dy = ptr<T>(c.in(0));  // (any shape)
@@ -425,6 +433,8 @@ class ScaleKernel final : public Kernel {
  public:
   ScaleKernel(const NodeInfo& node, CudaBackend&)
       : device_(node.device()), alpha_(node.attr_float("alpha")), beta_(node.attr_float("beta")) {
+    PLX_DECLINE_UNLESS(sdk::dense_alike(*node.raw()),
+                       "scale: x and y must be dense and laid out alike (memory order)");
     if constexpr (std::is_integral_v<T>) {
       auto whole = [](double v) { return std::trunc(v) == v && std::fabs(v) < 0x1p63; };
       exact_ = whole(alpha_) && whole(beta_);
@@ -516,14 +526,17 @@ void register_elementwise(KernelRegistry& r) {
   // reads input 0 at the same flat index (a broadcast input 0 is smaller than y and cannot
   // share its buffer).
   const uint32_t fi = f | PLX_KERNEL_INPLACE;
-  add_float_kernels<Unary<Relu>::kernel>(r, "relu", "cuda", fi);
-  add_float_kernels<Backward<ReluBackward>::kernel>(r, "relu_backward", "cuda", fi);
-  add_float_kernels<Unary<Gelu>::kernel>(r, "gelu", "cuda", fi);
-  add_float_kernels<Backward<GeluBackward>::kernel>(r, "gelu_backward", "cuda", fi);
-  add_float_kernels<Unary<Sigmoid>::kernel>(r, "sigmoid", "cuda", fi);
-  add_float_kernels<Backward<SigmoidBackward>::kernel>(r, "sigmoid_backward", "cuda", fi);
-  add_float_kernels<Unary<Tanh>::kernel>(r, "tanh", "cuda", fi);
-  add_float_kernels<Backward<TanhBackward>::kernel>(r, "tanh_backward", "cuda", fi);
+  // Maps over same-shape operands work in memory order: any layout they share (the layout
+  // planner's channels-last activations) is theirs too.
+  const uint32_t fd = fi | PLX_KERNEL_DENSE;
+  add_float_kernels<Unary<Relu>::kernel>(r, "relu", "cuda", fd);
+  add_float_kernels<Backward<ReluBackward>::kernel>(r, "relu_backward", "cuda", fd);
+  add_float_kernels<Unary<Gelu>::kernel>(r, "gelu", "cuda", fd);
+  add_float_kernels<Backward<GeluBackward>::kernel>(r, "gelu_backward", "cuda", fd);
+  add_float_kernels<Unary<Sigmoid>::kernel>(r, "sigmoid", "cuda", fd);
+  add_float_kernels<Backward<SigmoidBackward>::kernel>(r, "sigmoid_backward", "cuda", fd);
+  add_float_kernels<Unary<Tanh>::kernel>(r, "tanh", "cuda", fd);
+  add_float_kernels<Backward<TanhBackward>::kernel>(r, "tanh_backward", "cuda", fd);
 
   add_float_kernels<Binary<AddOp>::kernel>(r, "add", "cuda", fi);
   add_int_kernels<Binary<AddOp>::kernel>(r, "add", "cuda", fi);
@@ -533,8 +546,8 @@ void register_elementwise(KernelRegistry& r) {
   add_int_kernels<Binary<MulOp>::kernel>(r, "mul", "cuda", fi);
   add_float_kernels<Binary<DivOp>::kernel>(r, "div", "cuda", fi);
   add_int_kernels<Binary<DivOp>::kernel>(r, "div", "cuda", fi);
-  add_float_kernels<ScaleKernel>(r, "scale", "cuda", fi);
-  add_int_kernels<ScaleKernel>(r, "scale", "cuda", fi);
+  add_float_kernels<ScaleKernel>(r, "scale", "cuda", fd);
+  add_int_kernels<ScaleKernel>(r, "scale", "cuda", fd);
 
   r.add<ExpandKernel<uint32_t>, CudaBackend>("expand", PLX_F32, "cuda", f);
   r.add<ExpandKernel<uint16_t>, CudaBackend>("expand", PLX_F16, "cuda", f);

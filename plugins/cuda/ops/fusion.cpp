@@ -717,8 +717,11 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {
     plx_dtype dt = dtype;
     auto k = make_relu_backward_sum(g, b, context(graph.device).prop.multiProcessorCount, dt);
-    fused_.give("relu_backward+sum", dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
-                std::move(k), kernel, state, workspace_bytes);
+    // dy, y and dx laid out alike in any dense layout: the layout planner may hand it all three
+    // channels-last (abi/ops.h); the sums are then column sums over (N·H·W, C).
+    fused_.give("relu_backward+sum", dt,
+                PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DENSE, std::move(k),
+                kernel, state, workspace_bytes);
     return;
   }
   if (g.is(0, "relu_backward")) {
@@ -759,14 +762,19 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   if (g.num_nodes() == 2 && g.is(1, "relu") && (g.is(0, "linear") || g.is(0, "conv2d"))) {
     std::string pair_name;
     if (auto k = make_relu_pair(*this, g, b, hinted ? hinted->impl : "", pair_name)) {
+      // A conv pair takes x and y in either layout (cuDNN's descriptors, igemm's staging) and,
+      // in 16 bits, prefers channels-last as the conv does (register_conv).
+      const plx_layout layout =
+          g.is(0, "conv2d") && dtype != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
       fused_.give(pair_name, dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
-                  kernel, state, workspace_bytes);
+                  kernel, state, workspace_bytes, layout);
       return;
     }
   }
   auto chain = std::make_unique<sdk::EpilogueChain>(*this, g, b);
   const uint32_t flags = chain->flags();
-  fused_.give(name, dtype, flags, std::move(chain), kernel, state, workspace_bytes);
+  const plx_layout layout = chain->layout();
+  fused_.give(name, dtype, flags, std::move(chain), kernel, state, workspace_bytes, layout);
 }
 
 }  // namespace plexus::cuda

@@ -585,14 +585,24 @@ class ReluBackwardSumKernel final : public Kernel {
     PLX_DECLINE_UNLESS(dy_ >= 0 && y_ >= 0 && dx_ >= 0 && db_ >= 0,
                        "relu_backward+sum: an input or output is not at the boundary");
     const plx_tensor& x = g.value(relu.outputs[0]);
-    PLX_DECLINE_UNLESS((x.ndim == 4 || x.ndim == 2) && sdk::is_contiguous(x) &&
-                           sdk::is_contiguous(g.value(relu.inputs[0])) &&
-                           sdk::is_contiguous(g.value(relu.inputs[1])),
-                       "relu_backward+sum: NCHW or (rows, cols) contiguous tensors");
+    const plx_tensor* all[3] = {&x, &g.value(relu.inputs[0]), &g.value(relu.inputs[1])};
+    bool nchw = x.ndim == 4 || x.ndim == 2, nhwc = x.ndim == 4;
+    for (const plx_tensor* t : all) {
+      nchw = nchw && sdk::is_contiguous(*t);
+      nhwc = nhwc && sdk::is_channels_last(*t);
+    }
+    PLX_DECLINE_UNLESS(nchw || nhwc,
+                       "relu_backward+sum: dy, y and dx all NCHW or all channels-last, or "
+                       "(rows, cols) contiguous");
     images_ = x.shape[0];
     channels_ = x.shape[1];
     rows_ = x.ndim == 2;  // a linear layer's: the sum over rows
     hw_ = rows_ ? 1 : x.shape[2] * x.shape[3];
+    if (!nchw) {  // channels-last: (N·H·W, C) rows, the bias gradient their column sums
+      images_ *= hw_;
+      hw_ = 1;
+      rows_ = true;
+    }
     PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "relu_backward+sum: too many channels");
     splits_ = rows_ ? column_sum_splits(sms, images_, channels_) : channel_sum_splits(sms, channels_, images_);
   }

@@ -1,0 +1,147 @@
+// The layout planner on CUDA (executor.cpp plan_layouts): in a 16-bit training step of three
+// conv -> relu layers the convolutions (cuDNN's and our implicit GEMMs, both preferring NHWC in
+// 16 bits) and the dense maps and fused ReLU backward between them keep the activations and their
+// gradients channels-last, and the step computes what the NCHW step computes, on both kernel
+// sides.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/model.hpp"
+#include "plexus/optimizer.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/tune.hpp"
+#include "support/harness.hpp"
+#include "train/step_graph.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+using namespace plexus::test::cmp;
+
+namespace {
+
+// Eight input channels, so that our own convolutions (channels a multiple of 8) take every
+// layer; the third layer strides, and flattening its output for the classifier is the edge where
+// the activations turn NCHW.
+constexpr const char* kModel = R"(
+name = "convchain"
+input = [8, 10, 10]
+classes = 10
+[[layers]]
+type = "conv2d"
+out = 16
+kernel = 3
+padding = 1
+[[layers]]
+type = "relu"
+[[layers]]
+type = "conv2d"
+out = 16
+kernel = 3
+padding = 1
+[[layers]]
+type = "relu"
+[[layers]]
+type = "conv2d"
+out = 8
+kernel = 3
+stride = 2
+padding = 1
+[[layers]]
+type = "relu"
+[[layers]]
+type = "flatten"
+[[layers]]
+type = "linear"
+out = 10
+)";
+
+struct StepOut {
+  double loss = 0;
+  std::map<std::string, Tensor> params;  // after the step, on the CPU
+  MemoryPlan plan;
+  std::vector<std::string> kernels;
+};
+
+StepOut one_step(KernelSide side, plx_dtype compute, bool channels_last) {
+  RuntimeOptions o = plugin_dir_options();
+  o.kernels = side;
+  Runtime rt(o);
+  Backend& b = rt.backend("cuda");
+  const ModelSpec spec = parse_model(kModel, "test_cuda_layout.cpp");
+  const int64_t n = 4;
+  OptimizerOptions opt;
+  opt.kind = "sgd";
+  opt.momentum = 0;
+  auto sg = build_step(rt.ops(), spec, n, spec.input_shape, true, opt, false, compute);
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.seed = 5;
+  eo.channels_last = channels_last;
+  Executable exe(b, sg->graph, store, eo);
+  fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 8 * 10 * 10), 17, -1.0, 1.0));
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>((i * 3) % 10));
+  exe.tensor("labels").copy_from_host(labels.data());
+  fill(exe.tensor("lr"), {0.1});
+  exe.run();
+  exe.sync();
+  StepOut r;
+  r.loss = exe.tensor("loss_value").to_doubles().at(0);
+  for (const auto& [name, t] : store.all()) r.params[name] = t.to(cpu());
+  r.plan = exe.plan();
+  r.kernels = exe.kernel_names();
+  return r;
+}
+
+std::string listing(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step",
+          "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;  // each side runs in a runtime of its own (backend.kernels)
+  for (KernelSide side : {KernelSide::Library, KernelSide::Native})
+    for (plx_dtype d : {PLX_BF16, PLX_F16}) {
+      INFO(
+          dtype_name(d) << (side == KernelSide::Native ? ", native kernels" : ", library kernels"));
+      const StepOut nchw = one_step(side, d, false);
+      const StepOut nhwc = one_step(side, d, true);
+      INFO("kernels, channels-last:\n"
+           << listing(nhwc.kernels) << "channels-last values:\n"
+           << listing(nhwc.plan.channels_last));
+      CHECK(nchw.plan.channels_last_values == 0);
+      // relu_1 and relu_2 (the third is flattened: NCHW), and the gradients of relu_1's and
+      // relu_2's outputs and of the first and second convs' outputs: every 4-D value between
+      // two kernels that take NHWC, whichever side and whether the conv -> relu pairs fused
+      // into one kernel (f16 on the emulator's cuDNN) or run as a chain (bf16).
+      CHECK(nhwc.plan.channels_last_values == 6);
+      bool relu1 = false, relu2 = false, relu3 = false;
+      for (const std::string& v : nhwc.plan.channels_last) {
+        relu1 = relu1 || v.rfind("relu_1 ", 0) == 0;
+        relu2 = relu2 || v.rfind("relu_2 ", 0) == 0;
+        relu3 = relu3 || v.rfind("relu_3 ", 0) == 0;
+      }
+      CHECK(relu1);
+      CHECK(relu2);
+      CHECK_FALSE(relu3);  // flattened for the classifier: a view needs row-major memory
+      // The same kernels on other strides: the forward sums are the same, so the ReLU masks
+      // agree; the bias gradients sum in another order (columns of (N·H·W, C) instead of
+      // channel planes), a rounding apart in 16 bits, and the weights' updates follow.
+      CHECK(std::abs(nhwc.loss - nchw.loss) <= 1e-6 * std::max(1.0, std::abs(nchw.loss)));
+      for (const auto& [name, t] : nchw.params) {
+        INFO(name);
+        CHECK(compare_tensors(nhwc.params.at(name), t,
+                              tolerance_for(PLX_F32, 4 * 10 * 10 * 16, false)) == "");
+      }
+    }
+}
