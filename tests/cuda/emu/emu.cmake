@@ -182,6 +182,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "conv + max-pool fused on cuda matches the cpu"
       "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
+      "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
       "every cuda tensor core gemm candidate matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"
