@@ -67,12 +67,11 @@ struct StepOut {
   std::vector<std::string> kernels;
 };
 
-StepOut one_step(KernelSide side, plx_dtype compute, bool channels_last) {
+StepOut one_step(const ModelSpec& spec, KernelSide side, plx_dtype compute, bool channels_last) {
   RuntimeOptions o = plugin_dir_options();
   o.kernels = side;
   Runtime rt(o);
   Backend& b = rt.backend("cuda");
-  const ModelSpec spec = parse_model(kModel, "test_cuda_layout.cpp");
   const int64_t n = 4;
   OptimizerOptions opt;
   opt.kind = "sgd";
@@ -83,7 +82,9 @@ StepOut one_step(KernelSide side, plx_dtype compute, bool channels_last) {
   eo.seed = 5;
   eo.channels_last = channels_last;
   Executable exe(b, sg->graph, store, eo);
-  fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * 8 * 10 * 10), 17, -1.0, 1.0));
+  int64_t per = 1;
+  for (int64_t d : spec.input_shape) per *= d;
+  fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * per), 17, -1.0, 1.0));
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>((i * 3) % 10));
   exe.tensor("labels").copy_from_host(labels.data());
@@ -104,44 +105,65 @@ std::string listing(const std::vector<std::string>& lines) {
   return s;
 }
 
+bool planned(const StepOut& r, const std::string& value) {
+  for (const std::string& v : r.plan.channels_last)
+    if (v.rfind(value + " ", 0) == 0) return true;
+  return false;
+}
+
+// One step of `spec` with train.channels_last off and on, in bf16 and f16, on both kernel sides:
+// `values` channels-last each time, among them `nhwc` and none of `nchw`, and the step's loss
+// and updated parameters as the NCHW step's. The same kernels on other strides: the forward sums
+// are the same, so the ReLU masks agree; the bias gradients sum in another order (columns of
+// (N·H·W, C) instead of channel planes), a rounding apart in 16 bits, and the updates follow.
+// `terms`: the longest sum of a weight gradient.
+void check_planned_step(const ModelSpec& spec, int32_t values, const std::vector<std::string>& nhwc,
+                        const std::vector<std::string>& nchw, int64_t terms) {
+  for (KernelSide side : {KernelSide::Library, KernelSide::Native})
+    for (plx_dtype d : {PLX_BF16, PLX_F16}) {
+      INFO(dtype_name(d) << (side == KernelSide::Native ? ", native" : ", library") << " kernels");
+      const StepOut off = one_step(spec, side, d, false);
+      const StepOut on = one_step(spec, side, d, true);
+      INFO("kernels, channels-last:\n"
+           << listing(on.kernels) << "channels-last values:\n"
+           << listing(on.plan.channels_last));
+      CHECK(off.plan.channels_last_values == 0);
+      CHECK(on.plan.channels_last_values == values);
+      for (const std::string& v : nhwc) CHECK(planned(on, v));
+      for (const std::string& v : nchw) CHECK_FALSE(planned(on, v));
+      CHECK(std::abs(on.loss - off.loss) <= 1e-6 * std::max(1.0, std::abs(off.loss)));
+      for (const auto& [name, t] : off.params) {
+        INFO(name);
+        CHECK(compare_tensors(on.params.at(name), t, tolerance_for(PLX_F32, terms, false)) == "");
+      }
+    }
+}
+
 }  // namespace
 
+// relu_1 and relu_2 (the third is flattened for the classifier: a view needs row-major memory),
+// and the gradients of relu_1's and relu_2's outputs and of the first and second convs' outputs:
+// every 4-D value between two kernels that take NHWC, whichever side and whether the conv ->
+// relu pairs fused into one kernel (f16 on the emulator's cuDNN) or run as a chain (bf16).
 TEST_CASE("a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step",
           "[cuda][layout]") {
   PLX_REQUIRE_CUDA(gpu);
   (void)gpu;  // each side runs in a runtime of its own (backend.kernels)
-  for (KernelSide side : {KernelSide::Library, KernelSide::Native})
-    for (plx_dtype d : {PLX_BF16, PLX_F16}) {
-      INFO(
-          dtype_name(d) << (side == KernelSide::Native ? ", native kernels" : ", library kernels"));
-      const StepOut nchw = one_step(side, d, false);
-      const StepOut nhwc = one_step(side, d, true);
-      INFO("kernels, channels-last:\n"
-           << listing(nhwc.kernels) << "channels-last values:\n"
-           << listing(nhwc.plan.channels_last));
-      CHECK(nchw.plan.channels_last_values == 0);
-      // relu_1 and relu_2 (the third is flattened: NCHW), and the gradients of relu_1's and
-      // relu_2's outputs and of the first and second convs' outputs: every 4-D value between
-      // two kernels that take NHWC, whichever side and whether the conv -> relu pairs fused
-      // into one kernel (f16 on the emulator's cuDNN) or run as a chain (bf16).
-      CHECK(nhwc.plan.channels_last_values == 6);
-      bool relu1 = false, relu2 = false, relu3 = false;
-      for (const std::string& v : nhwc.plan.channels_last) {
-        relu1 = relu1 || v.rfind("relu_1 ", 0) == 0;
-        relu2 = relu2 || v.rfind("relu_2 ", 0) == 0;
-        relu3 = relu3 || v.rfind("relu_3 ", 0) == 0;
-      }
-      CHECK(relu1);
-      CHECK(relu2);
-      CHECK_FALSE(relu3);  // flattened for the classifier: a view needs row-major memory
-      // The same kernels on other strides: the forward sums are the same, so the ReLU masks
-      // agree; the bias gradients sum in another order (columns of (N·H·W, C) instead of
-      // channel planes), a rounding apart in 16 bits, and the weights' updates follow.
-      CHECK(std::abs(nhwc.loss - nchw.loss) <= 1e-6 * std::max(1.0, std::abs(nchw.loss)));
-      for (const auto& [name, t] : nchw.params) {
-        INFO(name);
-        CHECK(compare_tensors(nhwc.params.at(name), t,
-                              tolerance_for(PLX_F32, 4 * 10 * 10 * 16, false)) == "");
-      }
-    }
+  check_planned_step(parse_model(kModel, "test_cuda_layout.cpp"), 6, {"relu_1", "relu_2"},
+                     {"relu_3"}, 4 * 10 * 10 * 16);
+}
+
+// convnet: its pools are NCHW only, so the planner stops at each conv + relu + pool group's pool
+// side. Those groups take their conv's side channels-last (sdk/fusion_chunked.hpp) and refuse
+// the pool's when offered it alone, so the first layer's output (4, 32, 28, 28), the largest
+// activation of the step, its gradient and conv2d_2's data gradient (the same tensor before
+// relu_1's backward) still go NHWC.
+TEST_CASE(
+    "a 16-bit cuda convnet step keeps its first activation channels-last and computes the nchw "
+    "step",
+    "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;
+  check_planned_step(builtin_model("convnet"), 3, {"relu_1"}, {"max_pool2d_1:0", "max_pool2d_1:1"},
+                     4 * 28 * 28 * 32);
 }

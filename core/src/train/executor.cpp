@@ -605,7 +605,9 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
 // Kernels were created for NCHW tensors; those that touch a value that changes are created again
 // for the new strides, among the candidates that take them (a tuned choice is timed again under
 // the new key). Where one cannot be (every candidate declines, or a fused group's kernel comes
-// back wanting NCHW), its values are kept NCHW and the plan is made again without them.
+// back wanting NCHW), its channels-last tensors are offered to it one at a time (untimed), those
+// it refuses alone are kept NCHW (all of them where it takes none alone), and the plan is made
+// again without them.
 void Executable::plan_layouts() {
   const size_t nv = static_cast<size_t>(graph_.num_values());
   const int32_t dev = options_.device;
@@ -647,6 +649,149 @@ void Executable::plan_layouts() {
       if (v.valid()) ids.push_back(v.id);
     for (Var v : st.out_vars) ids.push_back(v.id);
     return ids;
+  };
+
+  // The descriptors for a choice of channels-last values. A value inside a fused group is
+  // described in the layout of the group's boundary output of its shape where that is
+  // channels-last (a conv's pre-activation as its ReLU's output), else NCHW.
+  auto describe = [&](const std::vector<char>& nhwc) {
+    auto set_nhwc = [](plx_tensor& d) {
+      const int64_t C = d.shape[1], H = d.shape[2], W = d.shape[3];
+      d.strides[0] = H * W * C, d.strides[1] = 1, d.strides[2] = W * C, d.strides[3] = C;
+    };
+    for (size_t i = 0; i < nv; ++i) {
+      descs_[i] = make_desc(graph_.values()[i].desc, dev);
+      if (nhwc[i]) set_nhwc(descs_[i]);
+    }
+    for (const Step& st : steps_) {
+      if (st.fused.empty()) continue;
+      for (int32_t m : st.fused)
+        for (Var o : graph_.nodes()[static_cast<size_t>(m)].outputs) {
+          const size_t i = static_cast<size_t>(o.id);
+          if (!internal_[i] || graph_.values()[i].desc.ndim() != 4) continue;
+          for (Var b : st.out_vars)
+            if (nhwc[static_cast<size_t>(b.id)] &&
+                graph_.value(b).desc.shape == graph_.values()[i].desc.shape) {
+              set_nhwc(descs_[i]);
+              break;
+            }
+        }
+    }
+  };
+
+  // Step k's kernel created again for the current descriptors: "" and the kernel, or why not.
+  struct Remade {
+    std::string why;
+    std::unique_ptr<PreparedKernel> kernel;
+    KernelChoice choice;
+    std::vector<MemberChoice> members;
+  };
+  auto remake = [&](size_t k, bool tune) {
+    const Step& st = steps_[k];
+    // A kernel that preferred NHWC is replaced by one that does; a dense one by a dense one or
+    // one that prefers NHWC.
+    const bool was_nhwc = caps[k].nhwc;
+    const KernelFilter accept = [&](const plx_kernel& kn) -> std::string {
+      const Caps c = caps_of(kn, false);
+      if (c.nhwc || (!was_nhwc && c.dense)) return "";
+      return "it does not take channels-last tensors";
+    };
+    const bool tune0 = options_.tune;
+    options_.tune = tune0 && tune;
+    Remade r;
+    try {
+      if (!st.fused.empty()) {
+        const AbiGraph ag(graph_, descs_, dev);
+        Fused f;
+        f.nodes = st.fused;
+        f.name = st.fused_name;
+        f.in = st.in_vars;
+        f.out = st.out_vars;
+        r.why = create_group(f, ag, accept);
+        if (r.why.empty()) {
+          const Caps c = caps_of(f.kernel->kernel(), true);
+          if (!(c.nhwc || (!was_nhwc && c.dense)))
+            r.why = "its fused kernel " +
+                    std::string(f.kernel->kernel().impl ? f.kernel->kernel().impl : "?") +
+                    " takes NCHW tensors only";
+        }
+        r.kernel = std::move(f.kernel);
+        r.members = std::move(f.members);
+      } else {
+        const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
+        std::vector<plx_tensor> in, out;
+        for (Var v : st.in_vars)
+          in.push_back(v.valid() ? descs_[static_cast<size_t>(v.id)] : Tensor().view());
+        for (Var v : st.out_vars) out.push_back(descs_[static_cast<size_t>(v.id)]);
+        KernelResolution res;
+        try {
+          res = resolve_kernel(backend_, *node.schema, in, out, node.attrs, dev, options_.tune,
+                               accept);
+        } catch (const std::exception& e) {
+          rethrow_for_node(e, node);
+        }
+        if (!res.kernel) {
+          r.why = "no kernel takes its channels-last tensors";
+          for (const std::string& d : res.declines) r.why += "; " + d;
+        }
+        r.kernel = std::move(res.kernel);
+        r.choice = std::move(res.choice);
+      }
+    } catch (...) {
+      options_.tune = tune0;
+      throw;
+    }
+    options_.tune = tune0;
+    return r;
+  };
+
+  // Every kernel touching a channels-last value created again; on success they replace the
+  // old ones and `why` stays empty, else `why` says why the returned step's kernel cannot be.
+  auto remake_all = [&](const std::vector<char>& nhwc, std::string& why) -> size_t {
+    describe(nhwc);
+    std::vector<std::pair<size_t, Remade>> done;
+    for (size_t k = 0; k < steps_.size(); ++k) {
+      const std::vector<int32_t> ids = operands(steps_[k]);
+      if (std::none_of(ids.begin(), ids.end(),
+                       [&](int32_t id) { return nhwc[static_cast<size_t>(id)]; }))
+        continue;
+      Remade r = remake(k, true);
+      if (!r.why.empty()) {
+        why = r.why;
+        return k;
+      }
+      done.emplace_back(k, std::move(r));
+    }
+    plan_.channels_last.clear();
+    plan_.channels_last_values = 0;
+    plan_.channels_last_bytes = 0;
+    for (size_t i = 0; i < nv; ++i) {
+      if (!nhwc[i]) continue;
+      const GraphValue& v = graph_.values()[i];
+      ++plan_.channels_last_values;
+      plan_.channels_last_bytes += desc_bytes(v.desc);
+      const std::string name = v.name.empty() && v.producer >= 0
+                                   ? graph_.nodes()[static_cast<size_t>(v.producer)].name
+                                   : v.name;
+      plan_.channels_last.push_back(name + " " + desc_string(v.desc));
+    }
+    for (auto& [k, r] : done) {
+      Step& st = steps_[k];
+      st.kernel = std::move(r.kernel);
+      if (st.fused.empty())
+        st.choice = std::move(r.choice);
+      else
+        st.members = std::move(r.members);
+      st.in.clear();
+      st.out.clear();
+      for (Var in : st.in_vars)
+        st.in.push_back(in.valid() ? descs_[static_cast<size_t>(in.id)] : Tensor().view());
+      for (Var out : st.out_vars) st.out.push_back(descs_[static_cast<size_t>(out.id)]);
+    }
+    spdlog::debug(
+        "layout: {} activation(s) channels-last ({}), {} kernel(s) created again for them",
+        plan_.channels_last_values, format_bytes(plan_.channels_last_bytes), done.size());
+    return 0;
   };
 
   std::vector<char> blocked(nv, 0);
@@ -694,141 +839,41 @@ void Executable::plan_layouts() {
     }
     if (!any) return;
 
-    auto set_nhwc = [](plx_tensor& d) {
-      const int64_t C = d.shape[1], H = d.shape[2], W = d.shape[3];
-      d.strides[0] = H * W * C, d.strides[1] = 1, d.strides[2] = W * C, d.strides[3] = C;
-    };
-    for (size_t i = 0; i < nv; ++i) {
-      descs_[i] = make_desc(graph_.values()[i].desc, dev);
-      if (nhwc[i]) set_nhwc(descs_[i]);
-    }
-    // A value inside a fused group is never stored; the group's kernel sees it in the layout of
-    // the group's boundary value of its shape where that is channels-last (a conv's
-    // pre-activation as its ReLU's output), else NCHW.
-    for (const Step& st : steps_) {
-      if (st.fused.empty()) continue;
-      for (int32_t m : st.fused)
-        for (Var o : graph_.nodes()[static_cast<size_t>(m)].outputs) {
-          const size_t i = static_cast<size_t>(o.id);
-          if (!internal_[i] || graph_.values()[i].desc.ndim() != 4) continue;
-          for (int32_t id : operands(st))
-            if (nhwc[static_cast<size_t>(id)] &&
-                graph_.values()[static_cast<size_t>(id)].desc.shape ==
-                    graph_.values()[i].desc.shape) {
-              set_nhwc(descs_[i]);
-              break;
-            }
-        }
-    }
-
-    // Create again every kernel that touches an NHWC value.
-    struct Remade {
-      size_t step;
-      std::unique_ptr<PreparedKernel> kernel;
-      KernelChoice choice;
-      std::vector<MemberChoice> members;
-    };
-    std::vector<Remade> remade;
-    std::unique_ptr<AbiGraph> ag;
+    const std::vector<char> plan = nhwc;
     std::string why;
-    size_t failed = 0;
-    for (size_t k = 0; k < steps_.size() && why.empty(); ++k) {
-      const Step& st = steps_[k];
-      const std::vector<int32_t> ids = operands(st);
-      if (std::none_of(ids.begin(), ids.end(),
-                       [&](int32_t id) { return nhwc[static_cast<size_t>(id)]; }))
-        continue;
-      // A kernel that preferred NHWC is replaced by one that does; a dense one by a dense one or
-      // one that prefers NHWC.
-      const bool was_nhwc = caps[k].nhwc;
-      const KernelFilter accept = [&](const plx_kernel& kn) -> std::string {
-        const Caps c = caps_of(kn, false);
-        if (c.nhwc || (!was_nhwc && c.dense)) return "";
-        return "it does not take channels-last tensors";
-      };
-      Remade r{k, nullptr, {}, {}};
-      if (!st.fused.empty()) {
-        if (!ag) ag = std::make_unique<AbiGraph>(graph_, descs_, dev);
-        Fused f;
-        f.nodes = st.fused;
-        f.name = st.fused_name;
-        f.in = st.in_vars;
-        f.out = st.out_vars;
-        why = create_group(f, *ag, accept);
-        if (why.empty()) {
-          const Caps c = caps_of(f.kernel->kernel(), true);
-          if (!(c.nhwc || (!was_nhwc && c.dense)))
-            why = "its fused kernel " +
-                  std::string(f.kernel->kernel().impl ? f.kernel->kernel().impl : "?") +
-                  " takes NCHW tensors only";
-        }
-        r.kernel = std::move(f.kernel);
-        r.members = std::move(f.members);
-      } else {
-        const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];
-        std::vector<plx_tensor> in, out;
-        for (Var v : st.in_vars)
-          in.push_back(v.valid() ? descs_[static_cast<size_t>(v.id)] : Tensor().view());
-        for (Var v : st.out_vars) out.push_back(descs_[static_cast<size_t>(v.id)]);
-        KernelResolution res;
-        try {
-          res = resolve_kernel(backend_, *node.schema, in, out, node.attrs, dev, options_.tune,
-                               accept);
-        } catch (const std::exception& e) {
-          rethrow_for_node(e, node);
-        }
-        if (!res.kernel) {
-          why = "no kernel takes its channels-last tensors";
-          for (const std::string& d : res.declines) why += "; " + d;
-        }
-        r.kernel = std::move(res.kernel);
-        r.choice = std::move(res.choice);
-      }
-      if (why.empty())
-        remade.push_back(std::move(r));
-      else
-        failed = k;
-    }
-    if (why.empty()) {
-      plan_.channels_last.clear();
-      plan_.channels_last_values = 0;
-      plan_.channels_last_bytes = 0;
-      for (size_t i = 0; i < nv; ++i) {
-        if (!nhwc[i]) continue;
-        const GraphValue& v = graph_.values()[i];
-        ++plan_.channels_last_values;
-        plan_.channels_last_bytes += desc_bytes(v.desc);
-        const std::string name = v.name.empty() && v.producer >= 0
-                                     ? graph_.nodes()[static_cast<size_t>(v.producer)].name
-                                     : v.name;
-        plan_.channels_last.push_back(name + " " + desc_string(v.desc));
-      }
-      for (Remade& r : remade) {
-        Step& st = steps_[r.step];
-        st.kernel = std::move(r.kernel);
-        if (st.fused.empty())
-          st.choice = std::move(r.choice);
-        else
-          st.members = std::move(r.members);
-        st.in.clear();
-        st.out.clear();
-        for (Var in : st.in_vars)
-          st.in.push_back(in.valid() ? descs_[static_cast<size_t>(in.id)] : Tensor().view());
-        for (Var out : st.out_vars) st.out.push_back(descs_[static_cast<size_t>(out.id)]);
-      }
-      spdlog::debug(
-          "layout: {} activation(s) channels-last ({}), {} kernel(s) created again for them",
-          plan_.channels_last_values, format_bytes(plan_.channels_last_bytes), remade.size());
-      return;
-    }
-    // Keep the failed kernel's values NCHW and plan again.
+    const size_t failed = remake_all(plan, why);
+    if (why.empty()) return;
+    // Which of its channels-last tensors the kernel refuses: each offered to it alone (a fused
+    // conv + pool takes its conv's side channels-last and not its pool's). Those are kept NCHW,
+    // or all of them where it takes none alone, and the plan is made again.
     const Step& st = steps_[failed];
     const std::string label =
         st.fused.empty() ? node_label(graph_.nodes()[static_cast<size_t>(st.node)]) : st.label;
-    spdlog::debug("layout: {} cannot run on channels-last tensors ({}); its values stay NCHW",
-                  label, why);
-    for (int32_t id : operands(st)) blocked[static_cast<size_t>(id)] = 1;
-    for (size_t i = 0; i < nv; ++i) descs_[i] = make_desc(graph_.values()[i].desc, dev);
+    std::vector<int32_t> mine;
+    for (int32_t id : operands(st))
+      if (plan[static_cast<size_t>(id)] && std::find(mine.begin(), mine.end(), id) == mine.end())
+        mine.push_back(id);
+    std::vector<int32_t> refused;
+    if (mine.size() > 1)
+      for (int32_t id : mine) {
+        std::vector<char> alone(nv, 0);
+        alone[static_cast<size_t>(id)] = 1;
+        describe(alone);
+        if (!remake(failed, false).why.empty()) refused.push_back(id);
+      }
+    if (refused.empty()) refused = mine;
+    std::string names;
+    for (int32_t id : refused) {
+      const GraphValue& v = graph_.values()[static_cast<size_t>(id)];
+      names +=
+          (names.empty() ? "" : ", ") + (v.name.empty() && v.producer >= 0
+                                             ? graph_.nodes()[static_cast<size_t>(v.producer)].name
+                                             : v.name);
+    }
+    spdlog::debug("layout: {} cannot run on channels-last {} ({}); they stay NCHW", label, names,
+                  why);
+    for (int32_t id : refused) blocked[static_cast<size_t>(id)] = 1;
+    describe(std::vector<char>(nv, 0));
   }
 }
 

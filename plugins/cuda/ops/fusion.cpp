@@ -711,7 +711,11 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     std::string fused_name;
     auto k = conv_pool ? make_conv_max_pool(*this, g, b, dt, flags, fused_name)
                        : make_max_pool_conv_backward(*this, g, b, dt, flags, fused_name);
-    fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes);
+    // The conv side (x, dx) in either layout, as the member convolutions take it; in 16 bits
+    // they prefer NHWC. The pool side declines channels-last tensors, which the layout planner
+    // then keeps NCHW (sdk/fusion_chunked.hpp).
+    const plx_layout layout = dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
+    fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes, layout);
     return;
   }
   if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {

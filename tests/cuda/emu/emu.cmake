@@ -108,6 +108,7 @@ foreach(t
     "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
     "a layer -> relu pair given to our own kernel runs with the relu in its epilogue"
     "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
+    "a 16-bit cuda convnet step keeps its first activation channels-last and computes the nchw step"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"

@@ -57,9 +57,10 @@ enum {
  * The host's layout planner (ABI 1.5; docs/sdk.md "Layouts") stores a 4-D activation
  * channels-last when the kernel that writes it and every kernel that reads it take that: kernels
  * whose layout is PLX_LAYOUT_NHWC, and PLX_KERNEL_DENSE kernels in between. A kernel of a plugin
- * built for 1.5 or later that says PLX_LAYOUT_NHWC therefore promises to take each of its 4-D
- * inputs and outputs either NCHW contiguous or channels-last, independently, reading the strides
- * at create() (and to decline others); every other kernel gets NCHW contiguous tensors (or any
+ * built for 1.5 or later that says PLX_LAYOUT_NHWC therefore takes its 4-D inputs and outputs
+ * NCHW contiguous or channels-last, reading the strides at create(), and declines there a
+ * combination it cannot run (the planner then offers it the channels-last tensors one at a time
+ * and keeps those it refuses NCHW); every other kernel gets NCHW contiguous tensors (or any
  * strides with PLX_KERNEL_STRIDED, for inputs). The conversions happen where a channels-last
  * tensor meets a kernel that wants NCHW: inside the NHWC-preferring kernel that reads or writes
  * the NCHW side, once per edge, never as extra nodes. A fused kernel says its layout the same

@@ -144,7 +144,8 @@ class OwnedNodeInfo {
   }
   // The same node for a part of the batch, `rows` images (a fused kernel that works through a
   // batch a chunk at a time runs each member's own kernel on such a copy): the inputs and
-  // outputs listed (4-D, the batch first) get shape[0] = rows and contiguous strides, and the
+  // outputs listed (4-D, the batch first) get shape[0] = rows and contiguous strides (or keep
+  // channels-last ones, which are the same for any batch), and the
   // 4-value INTS attribute `batch_attr`, when named (the backward ops' "input_shape"), its first
   // value. Declines (Unsupported) a node without that attribute.
   OwnedNodeInfo(const GraphView& g, int32_t n, int64_t rows, std::initializer_list<int32_t> batched_in,
@@ -155,7 +156,11 @@ class OwnedNodeInfo {
                       present(ts[static_cast<size_t>(k)]) && ts[static_cast<size_t>(k)].ndim == 4,
                   "%s: tensor %d is not a 4-D batch", info_.op, k);
       plx_tensor& t = ts[static_cast<size_t>(k)];
+      // Channels-last stays so: its strides do not depend on the batch (the layout planner's
+      // tensors, which a chunk of images slices as NCHW ones are sliced).
+      const bool nhwc = is_channels_last(t) && !is_contiguous(t);
       t.shape[0] = rows;
+      if (nhwc) return;
       for (int64_t i = t.ndim - 1, step = 1; i >= 0; --i) {
         t.strides[i] = step;
         step *= t.shape[i];

@@ -29,8 +29,10 @@
 // 16) that keep every slice 16-byte aligned, for the member kernels' vector loads: at least that
 // many images, however large (chunk_rows()).
 //
-// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, tensors that are not
-// NCHW contiguous (channels-last), an empty batch or empty images.
+// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, pool-side tensors
+// (y, the indices, dy) that are not NCHW contiguous, conv-side tensors (x, dx) that are neither
+// that nor channels-last (the layout planner's, which a chunk slices the same way: N is
+// outermost in both; the member conv kernels get them so), an empty batch or empty images.
 #pragma once
 
 #include <algorithm>
@@ -216,8 +218,10 @@ class ChunkedConvMaxPool final : public Kernel {
     n_ = x.shape[0];
     PLX_DECLINE_UNLESS(n_ >= 1 && pre.shape[0] == n_ && y.shape[0] == n_ && idx.shape[0] == n_,
                        "conv2d+max_pool2d: an empty batch, or batches that differ");
-    PLX_DECLINE_UNLESS(is_contiguous(x) && is_contiguous(y) && is_contiguous(idx),
-                       "conv2d+max_pool2d: x, y and the indices must be NCHW contiguous");
+    PLX_DECLINE_UNLESS(is_contiguous(x) || is_channels_last(x),
+                       "conv2d+max_pool2d: x must be NCHW contiguous or channels-last");
+    PLX_DECLINE_UNLESS(is_contiguous(y) && is_contiguous(idx),
+                       "conv2d+max_pool2d: y and the indices must be NCHW contiguous");
     es_ = plexus::dtype_size(s_.dtype);
     idx_es_ = plexus::dtype_size(s_.index_dtype);
     x_img_ = numel(x) / n_;
@@ -377,8 +381,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
                                     static_cast<uint64_t>(dy_img_) * idx_es_};
     if (s_.data >= 0) {
       const plx_tensor& dx = g.value(g.node(s_.data).outputs[0]);
-      PLX_DECLINE_UNLESS(dx.ndim == 4 && dx.shape[0] == n_ && is_contiguous(dx),
-                         "%s: dx must be an NCHW contiguous batch of dy's images", op);
+      PLX_DECLINE_UNLESS(
+          dx.ndim == 4 && dx.shape[0] == n_ && (is_contiguous(dx) || is_channels_last(dx)),
+          "%s: dx must be an NCHW contiguous or channels-last batch of dy's images", op);
       dx_img_ = numel(dx) / n_;
       PLX_DECLINE_UNLESS(dx_img_ > 0, "%s: empty images", op);
       slices.push_back(static_cast<uint64_t>(dx_img_) * es_);
@@ -387,8 +392,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       const plx_graph_node& wn = g.node(s_.weight);
       const plx_tensor& x = g.value(wn.inputs[1]);
       const plx_tensor& dw = g.value(wn.outputs[0]);
-      PLX_DECLINE_UNLESS(x.ndim == 4 && x.shape[0] == n_ && is_contiguous(x),
-                         "%s: x must be an NCHW contiguous batch of dy's images", op);
+      PLX_DECLINE_UNLESS(
+          x.ndim == 4 && x.shape[0] == n_ && (is_contiguous(x) || is_channels_last(x)),
+          "%s: x must be an NCHW contiguous or channels-last batch of dy's images", op);
       // The per-chunk sums are added elementwise over dw's memory: dense, in dw's own order.
       PLX_DECLINE_UNLESS(is_contiguous(dw), "%s: dw must be contiguous", op);
       x_img_ = numel(x) / n_;
