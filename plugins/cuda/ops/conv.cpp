@@ -130,16 +130,6 @@ cudnnDataType_t dnn_type(plx_dtype d) {
 
 // ---- layouts ----
 
-// Strides of a logical (d0, d1, d2, d3) tensor stored as (d0, d2, d3, d1): channels last.
-bool channels_last(const plx_tensor& t) {
-  if (numel(t) == 0) return true;
-  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
-  const int64_t want[4] = {H * W * C, 1, W * C, C};
-  for (int i = 0; i < 4; ++i)
-    if (t.shape[i] != 1 && t.strides[i] != want[i]) return false;
-  return true;
-}
-
 const char* layout_name(bool nhwc) {
   return nhwc ? "nhwc" : "nchw";
 }
@@ -392,10 +382,10 @@ class ConvKernel final : public Kernel {
     const plx_tensor* all[3] = {x, w, y};
     bool prefer_nhwc = false;
     for (const plx_tensor* t : all)
-      prefer_nhwc = prefer_nhwc || (!sdk::is_contiguous(*t) && channels_last(*t));
+      prefer_nhwc = prefer_nhwc || (!sdk::is_contiguous(*t) && sdk::is_channels_last(*t));
     bool nhwc[3];
     for (int i = 0; i < 3; ++i) {
-      const bool nchw_ok = sdk::is_contiguous(*all[i]), nhwc_ok = channels_last(*all[i]);
+      const bool nchw_ok = sdk::is_contiguous(*all[i]), nhwc_ok = sdk::is_channels_last(*all[i]);
       PLX_DECLINE_UNLESS(nchw_ok || nhwc_ok,
                          "%s: a tensor's strides are neither NCHW contiguous nor channels-last",
                          op);

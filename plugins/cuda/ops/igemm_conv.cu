@@ -540,16 +540,6 @@ __global__ void stage_filter_kernel(const T* __restrict__ w, T* __restrict__ out
 
 enum class Dir { Fwd, BwdData };
 
-// Strides of a logical (d0, d1, d2, d3) tensor stored as (d0, d2, d3, d1): channels last.
-bool is_channels_last(const plx_tensor& t) {
-  if (numel(t) == 0) return true;
-  const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
-  const int64_t want[4] = {H * W * C, 1, W * C, C};
-  for (int i = 0; i < 4; ++i)
-    if (t.shape[i] != 1 && t.strides[i] != want[i]) return false;
-  return true;
-}
-
 // Canonical element strides of a logical (d0, d1, d2, d3) tensor in either layout. For a tensor
 // that satisfies both patterns (size-1 dimensions) the two give the same offsets for every valid
 // index, so either choice is right.
@@ -618,7 +608,7 @@ class IgemmConvKernel final : public Kernel {
     bool nhwc[3];
     for (int i = 0; i < 3; ++i) {
       const bool nchw_ok = sdk::is_contiguous(*all[i]);
-      nhwc[i] = is_channels_last(*all[i]);
+      nhwc[i] = sdk::is_channels_last(*all[i]);
       PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
                          "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
     }
@@ -786,7 +776,7 @@ class IgemmWgradKernel final : public Kernel {
       PLX_DECLINE_UNLESS(all[i]->dtype == dtype_v<T>, "%s: igemm kernels take one dtype, %s", op,
                          plexus::dtype_name(dtype_v<T>));
       const bool nchw_ok = sdk::is_contiguous(*all[i]);
-      nhwc[i] = is_channels_last(*all[i]);
+      nhwc[i] = sdk::is_channels_last(*all[i]);
       PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
                          "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
     }
