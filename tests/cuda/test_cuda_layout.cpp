@@ -1,8 +1,10 @@
-// The layout planner on CUDA (executor.cpp plan_layouts): in a 16-bit training step of three
-// conv -> relu layers the convolutions (cuDNN's and our implicit GEMMs, both preferring NHWC in
-// 16 bits) and the dense maps and fused ReLU backward between them keep the activations and their
-// gradients channels-last, and the step computes what the NCHW step computes, on both kernel
-// sides.
+// The layout planner on CUDA (executor.cpp plan_layouts): in 16-bit training steps the
+// convolutions (cuDNN's and our implicit GEMMs, both preferring NHWC in 16 bits), the max-pools,
+// the fused conv + pool groups, and the dense maps and fused ReLU backward between them keep the
+// activations and their gradients channels-last, and each step computes what the NCHW step
+// computes, on both kernel sides: a chain of three conv -> relu layers, convnet, simplecnn, and a
+// chain whose ReLU follows its pool (the fused backward of ReLU with pooling).
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -117,8 +119,10 @@ bool planned(const StepOut& r, const std::string& value) {
 // are the same, so the ReLU masks agree; the bias gradients sum in another order (columns of
 // (N·H·W, C) instead of channel planes), a rounding apart in 16 bits, and the updates follow.
 // `terms`: the longest sum of a weight gradient.
+// `kernel`: a kernel name the channels-last step must run, if any.
 void check_planned_step(const ModelSpec& spec, int32_t values, const std::vector<std::string>& nhwc,
-                        const std::vector<std::string>& nchw, int64_t terms) {
+                        const std::vector<std::string>& nchw, int64_t terms,
+                        const std::string& kernel = "") {
   for (KernelSide side : {KernelSide::Library, KernelSide::Native})
     for (plx_dtype d : {PLX_BF16, PLX_F16}) {
       INFO(dtype_name(d) << (side == KernelSide::Native ? ", native" : ", library") << " kernels");
@@ -131,6 +135,10 @@ void check_planned_step(const ModelSpec& spec, int32_t values, const std::vector
       CHECK(on.plan.channels_last_values == values);
       for (const std::string& v : nhwc) CHECK(planned(on, v));
       for (const std::string& v : nchw) CHECK_FALSE(planned(on, v));
+      if (!kernel.empty())
+        CHECK(std::any_of(on.kernels.begin(), on.kernels.end(), [&](const std::string& k) {
+          return k.find(kernel) != std::string::npos;
+        }));
       CHECK(std::abs(on.loss - off.loss) <= 1e-6 * std::max(1.0, std::abs(off.loss)));
       for (const auto& [name, t] : off.params) {
         INFO(name);
@@ -153,17 +161,90 @@ TEST_CASE("a 16-bit cuda step keeps its conv activations channels-last and compu
                      {"relu_3"}, 4 * 10 * 10 * 16);
 }
 
-// convnet: its pools are NCHW only, so the planner stops at each conv + relu + pool group's pool
-// side. Those groups take their conv's side channels-last (sdk/fusion_chunked.hpp) and refuse
-// the pool's when offered it alone, so the first layer's output (4, 32, 28, 28), the largest
-// activation of the step, its gradient and conv2d_2's data gradient (the same tensor before
-// relu_1's backward) still go NHWC.
+// convnet: its max-pools take channels-last tensors in 16 bits, so only the second pool's output
+// (flattened for the classifier) stays NCHW. The first layer's output (4, 32, 28, 28), the
+// largest activation of the step, the first pool's output and indices, the second pool's
+// indices, and the data gradients of conv2d_2 and conv2d_3 (relu_1's before its backward) go
+// NHWC; inside the conv + relu + pool groups the scratch between conv and pool follows.
 TEST_CASE(
-    "a 16-bit cuda convnet step keeps its first activation channels-last and computes the nchw "
-    "step",
+    "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and "
+    "computes the nchw step",
     "[cuda][layout]") {
   PLX_REQUIRE_CUDA(gpu);
   (void)gpu;
-  check_planned_step(builtin_model("convnet"), 3, {"relu_1"}, {"max_pool2d_1:0", "max_pool2d_1:1"},
-                     4 * 28 * 28 * 32);
+  check_planned_step(builtin_model("convnet"), 7,
+                     {"relu_1", "max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1",
+                      "conv2d_3.grad", "conv2d_2.grad", "relu_1.grad"},
+                     {"max_pool2d_2:0"}, 4 * 28 * 28 * 32);
+}
+
+// simplecnn: its input has one channel (the same memory in either layout) and its second pool's
+// output is flattened, so what goes NHWC is the first pool's output and indices, the second
+// pool's indices, and the data gradient of conv2d_2.
+TEST_CASE(
+    "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes "
+    "the nchw step",
+    "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;
+  check_planned_step(builtin_model("simplecnn"), 4,
+                     {"max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1", "conv2d_2.grad"},
+                     {"max_pool2d_2:0"}, 4 * 26 * 26 * 16);
+}
+
+// A ReLU after a max-pool. After a conv + relu + pool group, the pool's output, the ReLU's,
+// their gradients and the indices go NHWC (the ReLU is a dense map). After a batch norm, which
+// takes NCHW tensors only, the pool reads NCHW and writes NHWC, and its backward and the ReLU's
+// run as one kernel (relu_backward+max_pool2d_backward, reading the ReLU's dy and y in their own
+// layouts and writing dx NCHW).
+TEST_CASE(
+    "a 16-bit cuda step with a relu after its pool keeps the pool's side channels-last "
+    "and computes the nchw step",
+    "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;
+  auto model = [](bool batch_norm) {
+    return std::string(R"(
+name = "convpoolrelu"
+input = [8, 10, 10]
+classes = 10
+[[layers]]
+type = "conv2d"
+out = 16
+kernel = 3
+padding = 1
+)") + (batch_norm ? "[[layers]]\ntype = \"batch_norm\"\n" : "") +
+           R"(
+[[layers]]
+type = "relu"
+[[layers]]
+type = "max_pool2d"
+kernel = 2
+[[layers]]
+type = "relu"
+[[layers]]
+type = "conv2d"
+out = 16
+kernel = 3
+padding = 1
+[[layers]]
+type = "relu"
+[[layers]]
+type = "flatten"
+[[layers]]
+type = "linear"
+out = 10
+)";
+  };
+  SECTION("after a conv") {
+    check_planned_step(
+        parse_model(model(false), "test_cuda_layout.cpp"), 5,
+        {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "relu_2.grad", "conv2d_2.grad"}, {"relu_3"},
+        4 * 10 * 10 * 16);
+  }
+  SECTION("after a batch norm") {
+    check_planned_step(parse_model(model(true), "test_cuda_layout.cpp"), 4,
+                       {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "conv2d_2.grad"},
+                       {"relu_1", "relu_3"}, 4 * 10 * 10 * 16, "relu_backward+max_pool2d_backward");
+  }
 }

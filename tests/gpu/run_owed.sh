@@ -195,6 +195,20 @@ if has kernels; then
     echo "exit $?" | tee -a "$OUT/summary.txt"
     head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
   done
+  # Through the pools (the twentieth session's NHWC max-pool): convnet b1024 and simplecnn b128
+  # in bf16 with train.channels_last off against on (the default), library side.
+  for model_batch_cl in 'convnet 1024 false' 'convnet 1024 true' 'simplecnn 128 false' \
+                        'simplecnn 128 true'; do
+    set -- $model_batch_cl
+    tag="$1-b$2-bf16-channels-last-$3"
+    stamp "plexus bench step: $tag"
+    run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
+      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 20 --top 15 \
+      --set train.channels_last=$3 --json "$OUT/bench-step-$tag.json" \
+      > "$OUT/bench-step-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+  done
   for side in library native auto; do
     tag="convnet-b1024-bf16-kernels-$side"
     stamp "plexus train $tag"

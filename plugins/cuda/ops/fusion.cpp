@@ -711,9 +711,9 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     std::string fused_name;
     auto k = conv_pool ? make_conv_max_pool(*this, g, b, dt, flags, fused_name)
                        : make_max_pool_conv_backward(*this, g, b, dt, flags, fused_name);
-    // The conv side (x, dx) in either layout, as the member convolutions take it; in 16 bits
-    // they prefer NHWC. The pool side declines channels-last tensors, which the layout planner
-    // then keeps NCHW (sdk/fusion_chunked.hpp).
+    // Every tensor in either layout, as the member kernels take them (the pre-pool scratch
+    // channels-last where the group's tensors are: sdk/fusion_chunked.hpp); in 16 bits they
+    // prefer NHWC.
     const plx_layout layout = dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
     fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes, layout);
     return;
@@ -731,9 +731,10 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   if (g.is(0, "relu_backward")) {
     plx_dtype dt = dtype;
     auto k = make_relu_max_pool_backward(g, b, dt);
+    // Either layout for each tensor, as the max-pool kernels; channels-last preferred in 16 bits.
     fused_.give("relu_backward+max_pool2d_backward", dt,
                 PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                workspace_bytes);
+                workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   bool head = false;

@@ -1,7 +1,12 @@
-// CUDA kernels: pool family (see docs/ops.md), NCHW contiguous.
+// CUDA kernels: pool family (see docs/ops.md). Average pooling takes NCHW contiguous tensors;
+// max pooling and its backward (and their fused forms) take each 4-D tensor NCHW contiguous or
+// channels-last (the layout planner's, abi/ops.h), and prefer channels-last in 16 bits, where
+// the convolutions around them do.
 //
 // One thread per output element in the forward ops, one per input element in the backward ops,
-// consecutive threads on consecutive columns so that loads and stores coalesce. Window bounds are
+// consecutive threads on consecutive elements of the tensor they write (columns in NCHW,
+// channels in NHWC), so that stores coalesce, and loads too where the tensors read share that
+// layout. Window bounds are
 // worked out per element from the geometry (a few integer operations), so no tap is tested
 // against the input bounds inside the loops.
 //
@@ -32,7 +37,12 @@ struct PoolGeom {
   int64_t sh, sw;       // stride
   int64_t ph, pw;       // padding
   int64_t dh, dw;       // dilation (1 for average pooling)
+  int64_t C;            // channels
   int32_t include_pad;  // average pooling: padding counts in the divisor
+  // Max pooling: which tensors are channels-last (else NCHW contiguous). The input side is x
+  // (forward) or dx (backward), the output side y (forward) or dy (backward); the indices, and
+  // the fused ReLU's y (relu_backward + max_pool2d_backward), have the output side's shape.
+  int32_t in_nhwc, out_nhwc, idx_nhwc, relu_nhwc;
 };
 
 // x (N, C, H, W), y (N, C, OH, OW); mirrors the CPU plugin's checks.
@@ -54,8 +64,18 @@ PoolGeom make_geom(const int64_t* x, const int64_t* y, const NodeInfo& node, boo
   g.sh = stride[0], g.sw = stride[1];
   g.ph = pad[0], g.pw = pad[1];
   g.dh = dil[0], g.dw = dil[1];
+  g.C = x[1];
   g.include_pad = 0;
+  g.in_nhwc = g.out_nhwc = g.idx_nhwc = g.relu_nhwc = 0;
   return g;
+}
+
+// Whether a max-pool operand is channels-last (1) or NCHW contiguous (0); declines any other
+// strides.
+int32_t nhwc_or_decline(const plx_tensor& t, const char* op, const char* what) {
+  PLX_DECLINE_UNLESS(t.ndim == 4 && (sdk::is_contiguous(t) || sdk::is_channels_last(t)),
+                     "%s: %s must be NCHW contiguous or channels-last", op, what);
+  return sdk::is_contiguous(t) ? 0 : 1;
 }
 
 }  // namespace
@@ -113,6 +133,35 @@ __host__ __device__ __forceinline__ I avg_extent(I o, I s, I p, I k, I n, bool i
 namespace {
 
 using pool_axis::avg_extent;
+
+// The (h, w) plane of image n, channel c, of a 4-D tensor with C channels and H x W planes,
+// NCHW contiguous or channels-last: element (h, w) is at base + h·hs + w·ws.
+template <class I>
+struct Plane {
+  I base, hs, ws;
+  __device__ __forceinline__ I at(I h, I w) const { return base + h * hs + w * ws; }
+};
+template <class I>
+__device__ __forceinline__ Plane<I> plane_of(int32_t nhwc, I n, I c, I C, I H, I W) {
+  return nhwc ? Plane<I>{n * H * W * C + c, W * C, C} : Plane<I>{(n * C + c) * H * W, W, I(1)};
+}
+// Element i of such a tensor, counted in its memory order, as (n, c, h, w).
+template <class I>
+__device__ __forceinline__ void unflatten(int32_t nhwc, I i, I C, I H, I W, I& n, I& c, I& h,
+                                          I& w) {
+  if (nhwc) {
+    c = i % C;
+    I t = i / C;
+    w = t % W, t /= W;
+    h = t % H, n = t / H;
+  } else {
+    w = i % W;
+    I t = i / W;
+    h = t % H, t /= H;
+    c = t % C, n = t / C;
+  }
+}
+
 using pool_axis::taps;
 using pool_axis::windows;
 
@@ -155,21 +204,21 @@ struct PoolIndex<uint8_t> {
   }
 };
 
-// y, indices = max_pool2d(x); one thread per output element. `relu_out` (the conv + ReLU +
-// pool fusion, where the ReLU runs after the pool): y = relu(y) as it is written, the same bits
-// as the ReLU kernel on y (best is a loaded T, so exact; NaN gives 0).
+// y, indices = max_pool2d(x); one thread per output element, in y's memory order. `relu_out`
+// (the conv + ReLU + pool fusion, where the ReLU runs after the pool): y = relu(y) as it is
+// written, the same bits as the ReLU kernel on y (best is a loaded T, so exact; NaN gives 0).
 template <class T, class I, class Ix>
-__global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                Ix* __restrict__ idx, PoolGeom g, I total, bool relu_mask,
-                                bool relu_out, const T* __restrict__ bias, I channels) {
+__global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y, Ix* __restrict__ idx,
+                                PoolGeom g, I total, bool relu_mask, bool relu_out,
+                                const T* __restrict__ bias) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
-  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), C = static_cast<I>(g.C);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
   const I dh = static_cast<I>(g.dh), dw = static_cast<I>(g.dw);
   PLX_POOL_LOOP(I, i, total) {
-    const I ow = i % OW, t = i / OW;
-    const I oh = t % OH, plane = t / OH;
-    const T* src = x + plane * (H * W);                             // (H, W)
+    I n, c, oh, ow;
+    unflatten<I>(g.out_nhwc, i, C, OH, OW, n, c, oh, ow);
+    const Plane<I> src = plane_of<I>(g.in_nhwc, n, c, C, H, W);
     const I h0 = oh * static_cast<I>(g.sh) - static_cast<I>(g.ph);  // row of tap 0
     const I w0 = ow * static_cast<I>(g.sw) - static_cast<I>(g.pw);
     // The taps that fall inside the input.
@@ -177,38 +226,43 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y,
     taps<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), dh, kh, H, kh_lo, kh_hi);
     taps<I>(ow, static_cast<I>(g.sw), static_cast<I>(g.pw), dw, kw, W, kw_lo, kw_hi);
     // A window of padding only (possible with dilation) gives -inf and index -1, which the
-    // backward op never matches.
+    // backward op never matches. The index is the position h·W + w in the plane whatever the
+    // layout.
     float best = -INFINITY;
     I at = -1, tap = -1;
     for (I a = kh_lo; a < kh_hi; ++a) {
-      const I row = (h0 + a * dh) * W;
+      const I ih = h0 + a * dh;
       for (I b = kw_lo; b < kw_hi; ++b) {
-        const I j = row + w0 + b * dw;
-        const float v = to_accum<T>(src[j]);
-        if (at < 0 || beats(v, best)) best = v, at = j, tap = a * kw + b;
+        const I iw = w0 + b * dw;
+        const float v = to_accum<T>(x[src.at(ih, iw)]);
+        if (at < 0 || beats(v, best)) best = v, at = ih * W + iw, tap = a * kw + b;
       }
     }
     // The fused conv + pool: the conv's bias (constant over the window) added to the maximum.
-    if (bias) best += to_accum<T>(bias[plane % channels]);
+    if (bias) best += to_accum<T>(bias[c]);
     const T out = from_accum<T>(relu_out && !(best > 0.0f) ? 0.0f : best);
     y[i] = out;
     // relu_mask: no index where y is not > 0, the mask relu_backward(dy, y) would apply.
-    idx[i] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(to_accum<T>(out) > 0.0f)));
+    const I io = g.idx_nhwc == g.out_nhwc ? i : plane_of<I>(g.idx_nhwc, n, c, C, OH, OW).at(oh, ow);
+    idx[io] = PoolIndex<Ix>::encode(at, tap, at < 0 || (relu_mask && !(to_accum<T>(out) > 0.0f)));
   }
 }
 
-// dx element i (of plane `plane`, at (ih, iw)) of max_pool2d_backward: the sum of the dy of the
-// windows that cover it and whose index names it, in window order. With `relu_y` (the backward of
-// ReLU with pooling, fused): each dy is first masked by the ReLU as relu_backward does (y > 0 ?
-// dy : 0, in f32), so the sum equals the two ops' to the bit.
+// dx element (n, c, ih, iw) of max_pool2d_backward: the sum of the dy of the windows that cover
+// it and whose index names it, in window order. With `relu_y` (the backward of ReLU with
+// pooling, fused): each dy is first masked by the ReLU as relu_backward does (y > 0 ? dy : 0, in
+// f32), so the sum equals the two ops' to the bit.
 template <class T, class I, class Ix>
-__device__ __forceinline__ float max_pool_gather(const T* __restrict__ dy, const Ix* __restrict__ idx,
-                                                 const PoolGeom& g, I plane, I ih, I iw,
-                                                 const T* __restrict__ relu_y) {
+__device__ __forceinline__ float max_pool_gather(const T* __restrict__ dy,
+                                                 const Ix* __restrict__ idx, const PoolGeom& g, I n,
+                                                 I c, I ih, I iw, const T* __restrict__ relu_y) {
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH), W = static_cast<I>(g.W);
+  const I C = static_cast<I>(g.C);
   const I ext_h = static_cast<I>(g.dh * (g.kh - 1) + 1),
           ext_w = static_cast<I>(g.dw * (g.kw - 1) + 1);
-  const I out_base = plane * (OH * OW);
+  const Plane<I> dp = plane_of<I>(g.out_nhwc, n, c, C, OH, OW);
+  const Plane<I> ip = g.idx_nhwc == g.out_nhwc ? dp : plane_of<I>(g.idx_nhwc, n, c, C, OH, OW);
+  const Plane<I> rp = g.relu_nhwc == g.out_nhwc ? dp : plane_of<I>(g.relu_nhwc, n, c, C, OH, OW);
   // The windows whose extent covers (ih, iw).
   I oh_lo, oh_hi, ow_lo, ow_hi;
   windows<I>(ih, static_cast<I>(g.sh), static_cast<I>(g.ph), ext_h, OH, oh_lo, oh_hi);
@@ -217,25 +271,25 @@ __device__ __forceinline__ float max_pool_gather(const T* __restrict__ dy, const
   float sum = 0.0f;
   for (I oh = oh_lo; oh < oh_hi; ++oh)
     for (I ow = ow_lo; ow < ow_hi; ++ow) {
-      const I o = out_base + oh * OW + ow;
-      if (PoolIndex<Ix>::names(idx[o], here, oh, ow, g)) {
-        const float v = to_accum<T>(dy[o]);
-        sum += relu_y && !(to_accum<T>(relu_y[o]) > 0.0f) ? 0.0f : v;
+      if (PoolIndex<Ix>::names(idx[ip.at(oh, ow)], here, oh, ow, g)) {
+        const float v = to_accum<T>(dy[dp.at(oh, ow)]);
+        sum += relu_y && !(to_accum<T>(relu_y[rp.at(oh, ow)]) > 0.0f) ? 0.0f : v;
       }
     }
   return sum;
 }
 
-// dx = max_pool2d_backward(dy, indices); one thread per input element (max_pool_gather).
+// dx = max_pool2d_backward(dy, indices); one thread per input element, in dx's memory order
+// (max_pool_gather).
 template <class T, class I, class Ix>
 __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
                                          T* __restrict__ dx, PoolGeom g, I total,
                                          const T* __restrict__ relu_y) {
-  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
+  const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), C = static_cast<I>(g.C);
   PLX_POOL_LOOP(I, i, total) {
-    const I iw = i % W, t = i / W;
-    const I ih = t % H, plane = t / H;
-    dx[i] = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, plane, ih, iw, relu_y));
+    I n, c, ih, iw;
+    unflatten<I>(g.in_nhwc, i, C, H, W, n, c, ih, iw);
+    dx[i] = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, n, c, ih, iw, relu_y));
   }
 }
 
@@ -273,15 +327,15 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) *done = 0;
 }
 
-// channel_sum_kernel's elements: max_pool2d_backward's dx (max_pool_gather).
+// channel_sum_kernel's elements: max_pool2d_backward's dx (max_pool_gather), dx NCHW.
 template <class T, class I, class Ix>
 struct PoolGrad {
   const T* dy;
   const Ix* idx;
   PoolGeom g;
   __device__ float at(I plane, I e) const {
-    const I W = static_cast<I>(g.W);
-    return max_pool_gather<T, I, Ix>(dy, idx, g, plane, e / W, e % W, nullptr);
+    const I W = static_cast<I>(g.W), C = static_cast<I>(g.C);
+    return max_pool_gather<T, I, Ix>(dy, idx, g, plane / C, plane % C, e / W, e % W, nullptr);
   }
 };
 // ... and relu_backward's: dy where y > 0, else 0 (in f32, as ReluBackward).
@@ -296,17 +350,18 @@ struct ReluGrad {
   }
 };
 
-// relu_backward then the sum over rows (a linear layer's bias gradient) of a (rows, cols)
-// gradient: dx where y > 0 else 0, and db its column sums. Blocks of 32 columns x 8 row lanes
-// (reads and writes coalesced along the columns) over (column tiles, row splits); each writes
-// its columns' partial sums, and the last block to finish adds the splits in order for every
-// column (deterministic) and resets the counter.
+// A (rows, cols) gradient written with its column sums, in one launch: element (r, c) is
+// F::at(r, c, r·cols + c), rounded to T. Used for relu_backward then the sum over rows (a linear
+// layer's bias gradient, ReluCols) and for a channels-last gradient, whose channel sums are the
+// column sums of (N·H·W, C) (ReluCols, PoolCols). Blocks of 32 columns x 8 row lanes (writes
+// coalesced along the columns) over (column tiles, row splits); each writes its columns' partial
+// sums (of the rounded values, as a sum node reads them), and the last block to finish adds the
+// splits in order for every column (deterministic) and resets the counter.
 constexpr int kColTile = 32, kRowLanes = kBlock / kColTile;
-template <class T>
+template <class T, class F>
 __global__ void __launch_bounds__(kBlock)
-    relu_column_sum_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
-                           int64_t rows, int64_t cols, float* part, T* __restrict__ db,
-                           unsigned* done) {
+    column_sum_kernel(const F f, T* __restrict__ dx, int64_t rows, int64_t cols, float* part,
+                      T* __restrict__ db, unsigned* done) {
   __shared__ float lanes[kRowLanes][kColTile + 1];
   const int tx = static_cast<int>(threadIdx.x) % kColTile, lane = static_cast<int>(threadIdx.x) / kColTile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
@@ -316,7 +371,7 @@ __global__ void __launch_bounds__(kBlock)
   if (col < cols)
     for (int64_t r = r0 + lane; r < r1; r += kRowLanes) {
       const int64_t i = r * cols + col;
-      const T v = from_accum<T>(to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f);
+      const T v = from_accum<T>(f.at(r, col, i));
       dx[i] = v;
       acc += to_accum<T>(v);
     }
@@ -337,7 +392,29 @@ __global__ void __launch_bounds__(kBlock)
   if (threadIdx.x == 0) *done = 0;
 }
 
-// relu_column_sum_kernel's row splits: about two blocks per SM over the column tiles, each split
+// column_sum_kernel's elements: relu_backward's, dy where y > 0 else 0 (in f32, as ReluBackward),
+// dy, y and dx laid out alike.
+template <class T>
+struct ReluCols {
+  const T* dy;
+  const T* y;
+  __device__ float at(int64_t, int64_t, int64_t i) const {
+    return to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f;
+  }
+};
+// ... and max_pool2d_backward's, dx channels-last: row n·H·W + e, column c (max_pool_gather).
+template <class T, class Ix>
+struct PoolCols {
+  const T* dy;
+  const Ix* idx;
+  PoolGeom g;
+  __device__ float at(int64_t r, int64_t c, int64_t) const {
+    const int64_t hw = g.H * g.W, e = r % hw;
+    return max_pool_gather<T, int64_t, Ix>(dy, idx, g, r / hw, c, e / g.W, e % g.W, nullptr);
+  }
+};
+
+// column_sum_kernel's row splits: about two blocks per SM over the column tiles, each split
 // at least kRowLanes rows (and at most 65535 splits).
 unsigned column_sum_splits(int sms, int64_t rows, int64_t cols) {
   const int64_t tiles = std::max<int64_t>((cols + kColTile - 1) / kColTile, 1);
@@ -426,10 +503,12 @@ class MaxPool2dKernel final : public Kernel {
         relu_mask_(node.attr_int_or("relu_mask", 0) != 0),
         relu_out_(relu_out),
         bias_(bias),
-        channels_(node.input(0).shape[1]),
         u8_(node.output(1).dtype == PLX_U8) {
     // The schema limits planes to what i32 indices can name; the kernel relies on it.
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX, "max_pool2d: an input plane too large for i32 indices");
+    g_.in_nhwc = nhwc_or_decline(node.input(0), "max_pool2d", "x");
+    g_.out_nhwc = nhwc_or_decline(node.output(0), "max_pool2d", "y");
+    g_.idx_nhwc = nhwc_or_decline(node.output(1), "max_pool2d", "the indices");
   }
 
   void compute(const KernelCall& c) override {
@@ -441,21 +520,20 @@ class MaxPool2dKernel final : public Kernel {
 
  private:
   template <class Ix>
-  void launch(const KernelCall& c, Ix* idx) const {  // idx (N·C, OH, OW)
+  void launch(const KernelCall& c, Ix* idx) const {  // idx (N, C, OH, OW)
     const int64_t total = g_.planes * g_.OH * g_.OW;
     if (total == 0) return;
     use_device(device_);
-    const T* x = ptr<T>(c.in(0));  // (N·C, H, W)
-    T* y = ptr<T>(c.out(0));       // (N·C, OH, OW)
+    const T* x = ptr<T>(c.in(0));                       // (N, C, H, W)
+    T* y = ptr<T>(c.out(0));                            // (N, C, OH, OW)
     const T* bias = bias_ ? ptr<T>(c.in(1)) : nullptr;  // (C)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
       max_pool_kernel<T, int32_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
-          x, y, idx, g_, static_cast<int32_t>(total), relu_mask_, relu_out_, bias,
-          static_cast<int32_t>(channels_));
+          x, y, idx, g_, static_cast<int32_t>(total), relu_mask_, relu_out_, bias);
     else
-      max_pool_kernel<T, int64_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
-          x, y, idx, g_, total, relu_mask_, relu_out_, bias, channels_);
+      max_pool_kernel<T, int64_t, Ix>
+          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_, relu_out_, bias);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -464,7 +542,6 @@ class MaxPool2dKernel final : public Kernel {
   bool relu_mask_;
   bool relu_out_;      // y = relu(max): the fused conv + ReLU + pool
   bool bias_;          // y = max + bias[channel] (before the ReLU): the fused conv + pool
-  int64_t channels_;   // C, for the bias
   bool u8_;            // window_index: u8 taps
 };
 
@@ -477,6 +554,9 @@ class MaxPool2dBackwardKernel final : public Kernel {
         u8_(node.input(1).dtype == PLX_U8) {
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
                 "max_pool2d_backward: an input plane too large for i32 indices");
+    g_.out_nhwc = nhwc_or_decline(node.input(0), "max_pool2d_backward", "dy");
+    g_.idx_nhwc = nhwc_or_decline(node.input(1), "max_pool2d_backward", "the indices");
+    g_.in_nhwc = nhwc_or_decline(node.output(0), "max_pool2d_backward", "dx");
   }
 
   void compute(const KernelCall& c) override {
@@ -485,9 +565,15 @@ class MaxPool2dBackwardKernel final : public Kernel {
     else
       launch(ptr<T>(c.in(0)), ptr<int32_t>(c.in(1)), ptr<T>(c.out(0)), nullptr, c.stream);
   }
+  // The fused relu_backward + max_pool2d_backward: the layouts of the ReLU's dy, which the
+  // kernel reads in place of the node's dy, and of its y.
+  void set_relu_layouts(const plx_tensor& dy, const plx_tensor& y) {
+    g_.out_nhwc = nhwc_or_decline(dy, "relu_backward+max_pool2d_backward", "dy");
+    g_.relu_nhwc = nhwc_or_decline(y, "relu_backward+max_pool2d_backward", "y");
+  }
   bool window_indices() const { return u8_; }
 
-  // dy, idx (N·C, OH, OW) -> dx (N·C, H, W); relu_y: the fused ReLU's output, or null.
+  // dy, idx (N, C, OH, OW) -> dx (N, C, H, W); relu_y: the fused ReLU's output, or null.
   template <class Ix>
   void launch(const T* dy, const Ix* idx, T* dx, const T* relu_y, plx_stream stream) const {
     const int64_t total = g_.planes * g_.H * g_.W;
@@ -509,8 +595,9 @@ class MaxPool2dBackwardKernel final : public Kernel {
   bool u8_;  // window_index: u8 taps
 };
 
-// max_pool2d_backward with the bias gradient's sum of its output (channel_sum_kernel, PoolGrad),
-// for the chunked conv + pool backward (sdk::PoolBiasMaker). Outputs: dx, db (C).
+// max_pool2d_backward with the bias gradient's sum of its output, for the chunked conv + pool
+// backward (sdk::PoolBiasMaker): channel_sum_kernel (PoolGrad) for an NCHW dx, column_sum_kernel
+// (PoolCols) for a channels-last one. Outputs: dx, db (C).
 template <class T>
 class MaxPool2dBackwardSumKernel final : public Kernel {
  public:
@@ -518,6 +605,7 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
       : device_(node.device()),
         g_(make_geom(node.attr_ints("input_shape").data(), node.input(0).shape, node, true)),
         u8_(node.input(1).dtype == PLX_U8) {
+    const char* op = "max_pool2d_backward+sum";
     const plx_tensor& dy = node.input(0);
     PLX_REQUIRE(dy.ndim == 4, "max_pool2d_backward: 4-D dy expected");
     images_ = dy.shape[0];
@@ -525,7 +613,11 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
     PLX_REQUIRE(g_.H * g_.W <= INT32_MAX,
                 "max_pool2d_backward: an input plane too large for i32 indices");
     PLX_REQUIRE(channels_ <= INT32_MAX, "max_pool2d_backward: too many channels");
-    splits_ = channel_sum_splits(sms, channels_, images_);
+    g_.out_nhwc = nhwc_or_decline(dy, op, "dy");
+    g_.idx_nhwc = nhwc_or_decline(node.input(1), op, "the indices");
+    g_.in_nhwc = nhwc_or_decline(node.output(0), op, "dx");
+    splits_ = g_.in_nhwc ? column_sum_splits(sms, images_ * g_.H * g_.W, channels_)
+                         : channel_sum_splits(sms, channels_, images_);
   }
 
   // The partial sums, channels x splits.
@@ -544,12 +636,24 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
     use_device(device_);
     if (channels_ == 0) return;
     const cudaStream_t s = native(c.stream);
-    const dim3 grid(static_cast<unsigned>(channels_), splits_);
     const T* dy = ptr<T>(c.in(0));
     T* dx = ptr<T>(c.out(0));
     T* db = ptr<T>(c.out(1));
     float* part = static_cast<float*>(c.workspace);
     const int64_t hw = g_.H * g_.W;
+    if (g_.in_nhwc) {  // dx (N·H·W, C): its channel sums are column sums
+      const int64_t rows = images_ * hw;
+      if (rows == 0) {
+        PLX_CUDA_CHECK(cudaMemsetAsync(db, 0, static_cast<size_t>(channels_) * sizeof(T), s));
+        return;
+      }
+      const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
+      column_sum_kernel<T, PoolCols<T, Ix>><<<grid, kBlock, 0, s>>>(
+          PoolCols<T, Ix>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
+      PLX_CUDA_LAUNCH_CHECK();
+      return;
+    }
+    const dim3 grid(static_cast<unsigned>(channels_), splits_);
     if (fits_i32(std::max(g_.planes * hw, g_.planes * g_.OH * g_.OW)))
       channel_sum_kernel<T, int32_t, PoolGrad<T, int32_t, Ix>><<<grid, kBlock, 0, s>>>(
           PoolGrad<T, int32_t, Ix>{dy, idx, g_}, dx, static_cast<int32_t>(channels_),
@@ -621,8 +725,8 @@ class ReluBackwardSumKernel final : public Kernel {
         return;
       }
       const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
-      relu_column_sum_kernel<T><<<grid, kBlock, 0, s>>>(
-          ptr<T>(c.in(dy_)), ptr<T>(c.in(y_)), ptr<T>(c.out(dx_)), images_, channels_,
+      column_sum_kernel<T, ReluCols<T>><<<grid, kBlock, 0, s>>>(
+          ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)), images_, channels_,
           static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
       PLX_CUDA_LAUNCH_CHECK();
       return;
@@ -659,15 +763,22 @@ class ReluBackwardSumKernel final : public Kernel {
 template <class T>
 class ReluMaxPool2dBackwardKernel final : public Kernel {
  public:
-  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s)
+  ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s,
+                              const plx_tensor& relu_dy, const plx_tensor& relu_y)
       : pool_(pool), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {
-    PLX_DECLINE_UNLESS(!pool_.window_indices(),
-                       "relu_backward+max_pool2d_backward: u8 window indices run node by node");
+    // The pool's dy is the ReLU's output, which is never written: the kernel reads the ReLU's
+    // dy and y, in their own layouts.
+    pool_.set_relu_layouts(relu_dy, relu_y);
   }
 
   void compute(const KernelCall& c) override {
-    pool_.launch(ptr<T>(c.in(dy_)), ptr<int32_t>(c.in(idx_)), ptr<T>(c.out(dx_)), ptr<T>(c.in(y_)),
-                 c.stream);
+    // i32 positions, or the u8 window taps of a training step's pools (window_index).
+    if (pool_.window_indices())
+      pool_.launch(ptr<T>(c.in(dy_)), ptr<uint8_t>(c.in(idx_)), ptr<T>(c.out(dx_)),
+                   ptr<T>(c.in(y_)), c.stream);
+    else
+      pool_.launch(ptr<T>(c.in(dy_)), ptr<int32_t>(c.in(idx_)), ptr<T>(c.out(dx_)),
+                   ptr<T>(c.in(y_)), c.stream);
   }
 
  private:
@@ -733,11 +844,13 @@ class AvgPool2dBackwardKernel final : public Kernel {
   PoolGeom g_;
 };
 
+// `half_layout`: the layout the f16 and bf16 kernels prefer (f32 ones prefer NCHW).
 template <template <class> class K>
-void add_float(KernelRegistry& r, const char* op, uint32_t flags) {
+void add_float(KernelRegistry& r, const char* op, uint32_t flags,
+               plx_layout half_layout = PLX_LAYOUT_NCHW) {
   r.add<K<float>>(op, PLX_F32, "cuda", flags, PLX_LAYOUT_NCHW);
-  r.add<K<f16>>(op, PLX_F16, "cuda", flags, PLX_LAYOUT_NCHW);
-  r.add<K<bf16>>(op, PLX_BF16, "cuda", flags, PLX_LAYOUT_NCHW);
+  r.add<K<f16>>(op, PLX_F16, "cuda", flags, half_layout);
+  r.add<K<bf16>>(op, PLX_BF16, "cuda", flags, half_layout);
 }
 
 }  // namespace
@@ -748,10 +861,15 @@ std::unique_ptr<Kernel> make_relu_max_pool_backward(const sdk::GraphView& g, con
   dtype = sl.dtype;
   const sdk::OwnedNodeInfo info(g, 1);
   const NodeInfo node(&info.get());
+  const plx_tensor& dy = g.value(g.node(0).inputs[0]);
+  const plx_tensor& y = g.value(g.node(0).inputs[1]);
   switch (dtype) {
-    case PLX_F32: return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, sl);
-    case PLX_F16: return std::make_unique<ReluMaxPool2dBackwardKernel<f16>>(node, sl);
-    case PLX_BF16: return std::make_unique<ReluMaxPool2dBackwardKernel<bf16>>(node, sl);
+    case PLX_F32:
+      return std::make_unique<ReluMaxPool2dBackwardKernel<float>>(node, sl, dy, y);
+    case PLX_F16:
+      return std::make_unique<ReluMaxPool2dBackwardKernel<f16>>(node, sl, dy, y);
+    case PLX_BF16:
+      return std::make_unique<ReluMaxPool2dBackwardKernel<bf16>>(node, sl, dy, y);
     default: break;
   }
   throw sdk::Unsupported(
@@ -818,8 +936,10 @@ std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sd
 void register_pool(KernelRegistry& r) {
   // Gathers without atomics: bit-identical run to run.
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  add_float<MaxPool2dKernel>(r, "max_pool2d", f);
-  add_float<MaxPool2dBackwardKernel>(r, "max_pool2d_backward", f);
+  // Max pooling takes either layout; in 16 bits it prefers channels-last, as the convolutions
+  // before and after it do there, so the layout planner can carry NHWC through it.
+  add_float<MaxPool2dKernel>(r, "max_pool2d", f, PLX_LAYOUT_NHWC);
+  add_float<MaxPool2dBackwardKernel>(r, "max_pool2d_backward", f, PLX_LAYOUT_NHWC);
   add_float<AvgPool2dKernel>(r, "avg_pool2d", f);
   add_float<AvgPool2dBackwardKernel>(r, "avg_pool2d_backward", f);
 }

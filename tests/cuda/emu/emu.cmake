@@ -103,12 +103,16 @@ foreach(t
     "cuda igemm convolution candidates match the cpu reference"
     "cuda igemm convolution candidates are deterministic"
     "cuda igemm convolution candidates decline what they do not handle"
+    "cuda max-pool kernels match the cpu in every layout mix"
+    "cuda max-pool kernels decline strides that are neither nchw nor channels-last"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
     "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
     "a layer -> relu pair given to our own kernel runs with the relu in its epilogue"
     "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
-    "a 16-bit cuda convnet step keeps its first activation channels-last and computes the nchw step"
+    "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and computes the nchw step"
+    "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes the nchw step"
+    "a 16-bit cuda step with a relu after its pool keeps the pool's side channels-last and computes the nchw step"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
@@ -151,7 +155,8 @@ foreach(t
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "every cuda tensor core gemm candidate matches the cpu"
     "every cuda wgmma gemm candidate matches the cpu"
-    "cuda igemm convolution candidates match the cpu reference")
+    "cuda igemm convolution candidates match the cpu reference"
+    "cuda max-pool kernels match the cpu in every layout mix")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early $<TARGET_FILE:plexus_tests> ${t})
@@ -184,6 +189,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
       "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
+      "cuda max-pool kernels match the cpu in every layout mix"
       "every cuda tensor core gemm candidate matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"

@@ -184,9 +184,10 @@ class OwnedNodeInfo {
   }
   OwnedNodeInfo(const OwnedNodeInfo&) = delete;
   OwnedNodeInfo& operator=(const OwnedNodeInfo&) = delete;
-  // Gives input (or output) k the shape of `like` with shape[0] = rows, contiguous: an
-  // elementwise node run on another tensor than its own (a ReLU applied after the max-pool that
-  // read its input, which is the same where the pool's indices carry the ReLU's mask).
+  // Gives input (or output) k the shape of `like` with shape[0] = rows, contiguous or, where
+  // `like` is, channels-last: an elementwise node run on another tensor than its own (a ReLU
+  // applied after the max-pool that read its input, which is the same where the pool's indices
+  // carry the ReLU's mask).
   void reshape(bool output, int32_t k, const plx_tensor& like, int64_t rows) {
     std::vector<plx_tensor>& ts = output ? outputs_ : inputs_;
     PLX_REQUIRE(k >= 0 && k < static_cast<int32_t>(ts.size()) && like.ndim >= 1,
@@ -199,6 +200,18 @@ class OwnedNodeInfo {
       t.strides[i] = step;
       step *= t.shape[i];
     }
+    if (is_channels_last(like) && !is_contiguous(like)) channels_last(output, k);
+  }
+  // Gives 4-D input (or output) k channels-last strides, (H·W·C, 1, W·C, C): a fused kernel's
+  // scratch tensor laid out as the tensors around it.
+  void channels_last(bool output, int32_t k) {
+    std::vector<plx_tensor>& ts = output ? outputs_ : inputs_;
+    PLX_REQUIRE(
+        k >= 0 && k < static_cast<int32_t>(ts.size()) && ts[static_cast<size_t>(k)].ndim == 4,
+        "%s: no 4-D %s %d to lay out channels-last", info_.op, output ? "output" : "input", k);
+    plx_tensor& t = ts[static_cast<size_t>(k)];
+    const int64_t C = t.shape[1], H = t.shape[2], W = t.shape[3];
+    t.strides[0] = H * W * C, t.strides[1] = 1, t.strides[2] = W * C, t.strides[3] = C;
   }
   // Input k absent, as an optional input nobody gave (dtype PLX_DTYPE_NONE): a conv2d run
   // without its bias, which a fused kernel applies elsewhere.
@@ -235,6 +248,11 @@ class NodeKernel {
       if (it != order.end()) std::rotate(order.begin(), it, it + 1);
     }
     for (const plx_kernel* k : order) {
+      if (!takes_layouts(*k, node)) {
+        declines += (declines.empty() ? "" : "; ") + std::string(k->impl) +
+                    ": it takes NCHW contiguous tensors only";
+        continue;
+      }
       void* state = nullptr;
       uint64_t ws = 0;
       const plx_status s = k->create(static_cast<void*>(&backend), k->user, &node, &state, &ws);

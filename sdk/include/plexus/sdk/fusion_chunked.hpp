@@ -15,7 +15,11 @@
 //    per-chunk partials that the backend's accumulate function adds up over the chunks (the sum
 //    inside the pool's backward kernel where the backend gives one: PoolBiasMaker).
 // NCHW tensors have N outermost, so a chunk of images is one contiguous slice of x, y, the
-// indices, dy and dx: no copies.
+// indices, dy and dx: no copies. So do channels-last ones (the layout planner's, abi/ops.h),
+// which the member kernels get as they are; the scratch tensor between the conv and the pool
+// (pre-pool values, or their gradient) is channels-last where any of the group's 4-D tensors is,
+// so that the convolution reads and writes one layout. Member kernels that take NCHW tensors
+// only are then passed over (takes_layouts), and the group declines if no kernel is left.
 //
 // Each step runs the backend's own kernel for that node (NodeKernel, with the host's
 // kernel_hint), created for a chunk-shaped copy of the node (OwnedNodeInfo for a part of the
@@ -29,10 +33,9 @@
 // 16) that keep every slice 16-byte aligned, for the member kernels' vector loads: at least that
 // many images, however large (chunk_rows()).
 //
-// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, pool-side tensors
-// (y, the indices, dy) that are not NCHW contiguous, conv-side tensors (x, dx) that are neither
-// that nor channels-last (the layout planner's, which a chunk slices the same way: N is
-// outermost in both; the member conv kernels get them so), an empty batch or empty images.
+// Declined (the nodes then run one by one): dtypes other than f32/f16/bf16, 4-D tensors neither
+// NCHW contiguous nor channels-last, member kernels that decline their chunk's tensors, an empty
+// batch or empty images.
 #pragma once
 
 #include <algorithm>
@@ -115,8 +118,15 @@ inline void* at_bytes(void* p, uint64_t offset) {
   return static_cast<unsigned char*>(p) + offset;
 }
 
+// An input (output = false) or output of a member node.
+struct Slot {
+  bool output;
+  int32_t k;
+};
+
 // One member kernel for one chunk size: the kernel and the descriptors of its tensors, whose
-// data pointers compute() fills in (no allocation per call).
+// data pointers compute() fills in (no allocation per call). `nhwc`, in make() and make_own():
+// the tensors given channels-last strides (the group's scratch tensor, where it is so).
 struct Member {
   std::unique_ptr<NodeKernel> kernel;
   std::unique_ptr<Kernel> own;  // instead of `kernel`: the backend's own (make_own)
@@ -129,8 +139,10 @@ struct Member {
   // As make(), with the kernel from `maker`; false (nothing made) where it gives none.
   bool make_own(const ChunkKernelMaker& maker, const GraphView& g, int32_t n, int64_t rows,
                 std::initializer_list<int32_t> batched_in,
-                std::initializer_list<int32_t> batched_out, bool patch_input_shape) {
+                std::initializer_list<int32_t> batched_out, bool patch_input_shape,
+                const std::vector<Slot>& nhwc = {}) {
     OwnedNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape ? "input_shape" : "");
+    for (const Slot& s : nhwc) info.channels_last(s.output, s.k);
     own = maker(info.get(), own_flags);
     if (!own) return false;
     in = info.inputs();
@@ -141,13 +153,15 @@ struct Member {
   // `rows` images, instead of its own. `absent`: an optional input left out (-1: none).
   void make(Backend& backend, const GraphView& g, int32_t n, int64_t rows,
             std::initializer_list<int32_t> batched_in, std::initializer_list<int32_t> batched_out,
-            bool patch_input_shape, const plx_tensor* like = nullptr, int32_t absent = -1) {
+            bool patch_input_shape, const plx_tensor* like = nullptr, int32_t absent = -1,
+            const std::vector<Slot>& nhwc = {}) {
     OwnedNodeInfo info(g, n, rows, batched_in, batched_out, patch_input_shape ? "input_shape" : "");
     if (like) {
       info.reshape(false, 0, *like, rows);
       info.reshape(true, 0, *like, rows);
     }
     if (absent >= 0) info.drop_input(absent);
+    for (const Slot& s : nhwc) info.channels_last(s.output, s.k);
     kernel = std::make_unique<NodeKernel>(backend, info.get(), g.node(n).kernel_hint);
     in = info.inputs();
     out = info.outputs();
@@ -190,6 +204,14 @@ inline uint32_t member_flags(const Member& m) {
 
 inline constexpr const char* kLog = "fusion";
 
+// Whether a 4-D tensor is channels-last and not also NCHW contiguous; declines (Unsupported,
+// naming `what`) one that is neither.
+inline bool nhwc_or_decline(const plx_tensor& t, const char* op, const char* what) {
+  PLX_DECLINE_UNLESS(is_contiguous(t) || is_channels_last(t),
+                     "%s: %s must be NCHW contiguous or channels-last", op, what);
+  return !is_contiguous(t);
+}
+
 }  // namespace detail::chunked
 
 // ---- forward: conv2d -> [relu] -> max_pool2d ----
@@ -218,10 +240,13 @@ class ChunkedConvMaxPool final : public Kernel {
     n_ = x.shape[0];
     PLX_DECLINE_UNLESS(n_ >= 1 && pre.shape[0] == n_ && y.shape[0] == n_ && idx.shape[0] == n_,
                        "conv2d+max_pool2d: an empty batch, or batches that differ");
-    PLX_DECLINE_UNLESS(is_contiguous(x) || is_channels_last(x),
-                       "conv2d+max_pool2d: x must be NCHW contiguous or channels-last");
-    PLX_DECLINE_UNLESS(is_contiguous(y) && is_contiguous(idx),
-                       "conv2d+max_pool2d: y and the indices must be NCHW contiguous");
+    {
+      using detail::chunked::nhwc_or_decline;
+      const char* op = "conv2d+max_pool2d";
+      const bool x_nhwc = nhwc_or_decline(x, op, "x"), y_nhwc = nhwc_or_decline(y, op, "y");
+      const bool idx_nhwc = nhwc_or_decline(idx, op, "the indices");
+      pre_nhwc_ = x_nhwc || y_nhwc || idx_nhwc;
+    }
     es_ = plexus::dtype_size(s_.dtype);
     idx_es_ = plexus::dtype_size(s_.index_dtype);
     x_img_ = numel(x) / n_;
@@ -249,25 +274,35 @@ class ChunkedConvMaxPool final : public Kernel {
     const ChunkKernelMaker bias_relu = [&](const plx_node_info& node, uint32_t& f) {
       return pool_bias_relu(node, relu, f);
     };
+    // The pre-pool scratch: the conv's output, the pool's input, the ReLU's before the pool.
+    using Slots = std::vector<detail::chunked::Slot>;
+    const Slots pre_out = pre_nhwc_ ? Slots{{true, 0}} : Slots{};
+    const Slots pre_in = pre_nhwc_ ? Slots{{false, 0}} : Slots{};
+    const Slots pre_both = pre_nhwc_ ? Slots{{false, 0}, {true, 0}} : Slots{};
     const int64_t rem = n_ % rows_;
     for (int64_t rows : {rows_, rem}) {
       if (rows == 0) continue;
       Pass& p = passes_.emplace_back();
       p.rows = rows;
       p.bias_in_pool =
-          fold_bias && p.pool.make_own(bias_relu, g, s_.pool, rows, {0}, {0, 1}, false);
+          fold_bias && p.pool.make_own(bias_relu, g, s_.pool, rows, {0}, {0, 1}, false, pre_in);
       if (p.bias_in_pool) {
         p.pool.in.push_back(g.value(conv.inputs[2]));  // the bias, the kernel's second input
         p.pool_relu = relu;
       } else {
         // The pool with the ReLU folded in, where the backend has one (PoolReluMaker).
         p.pool_relu = relu_after_pool_ && pool_relu &&
-                      p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1}, false);
-        if (!p.pool_relu) p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false);
+                      p.pool.make_own(pool_relu, g, s_.pool, rows, {0}, {0, 1}, false, pre_in);
+        if (!p.pool_relu)
+          p.pool.make(backend, g, s_.pool, rows, {0}, {0, 1}, false, nullptr, -1, pre_in);
       }
-      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false, nullptr, p.bias_in_pool ? 2 : -1);
+      p.conv.make(backend, g, s_.conv, rows, {0}, {0}, false, nullptr, p.bias_in_pool ? 2 : -1,
+                  pre_out);
       if (s_.relu >= 0 && !p.pool_relu) {
-        p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, relu_after_pool_ ? &y : nullptr);
+        if (relu_after_pool_)  // on y's chunk, in y's layout
+          p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, &y);
+        else
+          p.relu.make(backend, g, s_.relu, rows, {0}, {0}, false, nullptr, -1, pre_both);
         PLX_DECLINE_UNLESS(p.relu.kernel->table().flags & PLX_KERNEL_INPLACE,
                            "conv2d+relu+max_pool2d: relu's kernel %s cannot run in place",
                            p.relu.kernel->table().impl);
@@ -335,6 +370,7 @@ class ChunkedConvMaxPool final : public Kernel {
   };
 
   ConvMaxPoolSlots s_;
+  bool pre_nhwc_ = false;         // the pre-pool scratch is channels-last
   bool relu_after_pool_ = false;  // the ReLU runs on the pooled chunk (relu_mask)
   int64_t n_ = 0, rows_ = 0;
   uint64_t es_ = 0, idx_es_ = 0;
@@ -369,8 +405,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
     n_ = dy.shape[0];
     PLX_DECLINE_UNLESS(n_ >= 1 && idx.shape[0] == n_ && unpooled.shape[0] == n_,
                        "%s: an empty batch, or batches that differ", op);
-    PLX_DECLINE_UNLESS(is_contiguous(dy) && is_contiguous(idx),
-                       "%s: dy and the indices must be NCHW contiguous", op);
+    using detail::chunked::nhwc_or_decline;
+    grad_nhwc_ = nhwc_or_decline(dy, op, "dy");
+    grad_nhwc_ = nhwc_or_decline(idx, op, "the indices") || grad_nhwc_;
     es_ = plexus::dtype_size(s_.dtype);
     idx_es_ = plexus::dtype_size(s_.index_dtype);
     dy_img_ = numel(dy) / n_;
@@ -381,9 +418,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
                                     static_cast<uint64_t>(dy_img_) * idx_es_};
     if (s_.data >= 0) {
       const plx_tensor& dx = g.value(g.node(s_.data).outputs[0]);
-      PLX_DECLINE_UNLESS(
-          dx.ndim == 4 && dx.shape[0] == n_ && (is_contiguous(dx) || is_channels_last(dx)),
-          "%s: dx must be an NCHW contiguous or channels-last batch of dy's images", op);
+      PLX_DECLINE_UNLESS(dx.ndim == 4 && dx.shape[0] == n_,
+                         "%s: dx must be a 4-D batch of dy's images", op);
+      grad_nhwc_ = nhwc_or_decline(dx, op, "dx") || grad_nhwc_;
       dx_img_ = numel(dx) / n_;
       PLX_DECLINE_UNLESS(dx_img_ > 0, "%s: empty images", op);
       slices.push_back(static_cast<uint64_t>(dx_img_) * es_);
@@ -392,9 +429,9 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       const plx_graph_node& wn = g.node(s_.weight);
       const plx_tensor& x = g.value(wn.inputs[1]);
       const plx_tensor& dw = g.value(wn.outputs[0]);
-      PLX_DECLINE_UNLESS(
-          x.ndim == 4 && x.shape[0] == n_ && (is_contiguous(x) || is_channels_last(x)),
-          "%s: x must be an NCHW contiguous or channels-last batch of dy's images", op);
+      PLX_DECLINE_UNLESS(x.ndim == 4 && x.shape[0] == n_,
+                         "%s: x must be a 4-D batch of dy's images", op);
+      grad_nhwc_ = nhwc_or_decline(x, op, "x") || grad_nhwc_;
       // The per-chunk sums are added elementwise over dw's memory: dense, in dw's own order.
       PLX_DECLINE_UNLESS(is_contiguous(dw), "%s: dw must be contiguous", op);
       x_img_ = numel(x) / n_;
@@ -411,6 +448,10 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
         detail::chunked::chunk_rows(n_, static_cast<uint64_t>(g_img_) * es_, chunk_bytes, slices);
     chunks_ = (n_ + rows_ - 1) / rows_;
 
+    // The scratch gradient between the pool and the conv: the pool's output, the others' input.
+    using Slots = std::vector<detail::chunked::Slot>;
+    const Slots g_out = grad_nhwc_ ? Slots{{true, 0}} : Slots{};
+    const Slots g_in = grad_nhwc_ ? Slots{{false, 0}} : Slots{};
     const int64_t rem = n_ % rows_;
     for (int64_t rows : {rows_, rem}) {
       if (rows == 0) continue;
@@ -419,12 +460,15 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
       // The pool's backward with the bias gradient's sum, where the backend gives one
       // (PoolBiasMaker): its second output is the chunk's db.
       p.pool_bias = s_.bias >= 0 && pool_bias &&
-                    p.pool.make_own(pool_bias, g, s_.pool, rows, {0, 1}, {0}, true);
+                    p.pool.make_own(pool_bias, g, s_.pool, rows, {0, 1}, {0}, true, g_out);
       if (p.pool_bias) p.pool.out.push_back(g.value(g.node(s_.bias).outputs[0]));
-      else p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true);
-      if (s_.data >= 0) p.data.make(backend, g, s_.data, rows, {0}, {0}, true);
-      if (s_.weight >= 0) p.weight.make(backend, g, s_.weight, rows, {0, 1}, {}, false);
-      if (s_.bias >= 0 && !p.pool_bias) p.bias.make(backend, g, s_.bias, rows, {0}, {}, false);
+      else
+        p.pool.make(backend, g, s_.pool, rows, {0, 1}, {0}, true, nullptr, -1, g_out);
+      if (s_.data >= 0) p.data.make(backend, g, s_.data, rows, {0}, {0}, true, nullptr, -1, g_in);
+      if (s_.weight >= 0)
+        p.weight.make(backend, g, s_.weight, rows, {0, 1}, {}, false, nullptr, -1, g_in);
+      if (s_.bias >= 0 && !p.pool_bias)
+        p.bias.make(backend, g, s_.bias, rows, {0}, {}, false, nullptr, -1, g_in);
       for (const Member* m : {&p.pool, &p.data, &p.weight, &p.bias}) {
         flags_ &= detail::chunked::member_flags(*m);
         if (m->present()) member_ws_ = std::max(member_ws_, m->workspace_bytes());
@@ -544,6 +588,7 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
 
   MaxPoolConvBackwardSlots s_;
   ChunkAccumulate accumulate_;
+  bool grad_nhwc_ = false;  // the scratch gradient is channels-last
   int64_t n_ = 0, rows_ = 0, chunks_ = 0;
   uint64_t es_ = 0, idx_es_ = 0;
   int64_t dy_img_ = 0, g_img_ = 0, dx_img_ = 0, x_img_ = 0;  // elements per image

@@ -98,6 +98,24 @@ inline bool dense_alike(const plx_node_info& node) {
   return true;
 }
 
+// Whether kernel `k` may be handed `node`'s tensors under the layout contract (abi/ops.h): every
+// tensor NCHW contiguous, or k reads strides (PLX_LAYOUT_NHWC, which declines at create() what
+// it cannot run), or k is PLX_KERNEL_DENSE and the tensors are laid out alike (dense_alike), or
+// k is PLX_KERNEL_STRIDED and only inputs are not contiguous. What the host checks before it
+// hands a kernel tensors; a fused kernel that runs the backend's own kernels on tensors of its
+// choosing (NodeKernel) checks the same.
+inline bool takes_layouts(const plx_kernel& k, const plx_node_info& node) {
+  bool inputs = true, outputs = true;
+  for (int32_t i = 0; i < node.num_inputs; ++i)
+    inputs = inputs && (!present(node.inputs[i]) || is_contiguous(node.inputs[i]));
+  for (int32_t i = 0; i < node.num_outputs; ++i)
+    outputs = outputs && is_contiguous(node.outputs[i]);
+  if (inputs && outputs) return true;
+  if (k.layout == PLX_LAYOUT_NHWC) return true;
+  if ((k.flags & PLX_KERNEL_DENSE) != 0 && dense_alike(node)) return true;
+  return (k.flags & PLX_KERNEL_STRIDED) != 0 && outputs;
+}
+
 // Typed pointer to the first element; checks the dtype.
 template <class T>
 T* data(const plx_tensor& t) {
