@@ -238,7 +238,9 @@ namespace {
 // pooled gradient, then max_pool2d_backward. A graph built by hand may still have it, and the
 // CPU runs it as one kernel. `pool_k`/`pool_s`: 2/2 scatters (disjoint windows), 3/2 gathers
 // (overlapping ones).
-StepResult relu_pool_backward(bool fuse, plx_dtype d, int64_t pool_k, int64_t pool_s) {
+// `window_index`: u8 window taps for indices, as a training step's pools have.
+StepResult relu_pool_backward(bool fuse, plx_dtype d, int64_t pool_k, int64_t pool_s,
+                              bool window_index) {
   const int64_t n = 3, side = (7 - pool_k) / pool_s + 1;
   Graph g(runtime().ops());
   const Var x = g.input("x", {d, {n, 4, 7, 7}});
@@ -246,6 +248,7 @@ StepResult relu_pool_backward(bool fuse, plx_dtype d, int64_t pool_k, int64_t po
   Attrs pool;
   pool.set("kernel", std::vector<int64_t>{pool_k, pool_k});
   pool.set("stride", std::vector<int64_t>{pool_s, pool_s});
+  if (window_index) pool.set("window_index", int64_t{1});
   const std::vector<Var> p = g.add("max_pool2d", {g.add1("relu", {x}, {}, "r")}, pool, "p");
   Attrs bwd = pool;
   bwd.set("input_shape", std::vector<int64_t>{n, 4, 7, 7});
@@ -275,17 +278,18 @@ TEST_CASE("the backward of relu with max-pool runs as one kernel and equals the 
   // (16-bit training keeps f32 parameters and casts, which the optimizer's dtypes require; the
   // fused kernel's 16-bit instances are the same template.)
   for (plx_dtype d : {PLX_F32, PLX_F64})
-    for (const auto& [k, s] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {3, 2}}) {
-      INFO(dtype_name(d) << " pool " << k << " stride " << s);
-      const StepResult fused = relu_pool_backward(true, d, k, s);
-      const StepResult plain = relu_pool_backward(false, d, k, s);
-      CHECK(fused.bytes == plain.bytes);
-      CHECK(has_kernel(fused, "fused kernel 'relu_backward+max_pool2d_backward'"));
-      CHECK(has_kernel(fused, "cpu/relu_backward+max_pool2d_backward"));
-      CHECK_FALSE(has_kernel(plain, "relu_backward+max_pool2d_backward"));
-      CHECK(has_kernel(plain, "relu_backward: cpu/omp"));
-      // The masked pooled gradient is never allocated.
-      CHECK(fused.plan.internal_values >= 1);
-      CHECK(fused.plan.internal_values > plain.plan.internal_values);
-    }
+    for (const auto& [k, s] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {3, 2}})
+      for (bool u8 : {false, true}) {
+        INFO(dtype_name(d) << " pool " << k << " stride " << s << (u8 ? ", u8 window taps" : ""));
+        const StepResult fused = relu_pool_backward(true, d, k, s, u8);
+        const StepResult plain = relu_pool_backward(false, d, k, s, u8);
+        CHECK(fused.bytes == plain.bytes);
+        CHECK(has_kernel(fused, "fused kernel 'relu_backward+max_pool2d_backward'"));
+        CHECK(has_kernel(fused, "cpu/relu_backward+max_pool2d_backward"));
+        CHECK_FALSE(has_kernel(plain, "relu_backward+max_pool2d_backward"));
+        CHECK(has_kernel(plain, "relu_backward: cpu/omp"));
+        // The masked pooled gradient is never allocated.
+        CHECK(fused.plan.internal_values >= 1);
+        CHECK(fused.plan.internal_values > plain.plan.internal_values);
+      }
 }

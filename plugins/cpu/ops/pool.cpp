@@ -102,22 +102,30 @@ class ReluMaxPool2dBackwardKernel final : public Kernel {
  public:
   ReluMaxPool2dBackwardKernel(const NodeInfo& pool, const sdk::ReluMaxPoolBackwardSlots& s)
       : g_(PoolGeom::make(pool.attr_ints("input_shape").data(), pool.input(0).shape, pool, true)),
-        disjoint_(g_.disjoint()), dy_(s.dy), y_(s.y), idx_(s.indices), dx_(s.dx) {
-    PLX_DECLINE_UNLESS(pool.input(1).dtype == PLX_I32,
-                       "relu_backward+max_pool2d_backward: u8 window indices run node by node");
-  }
+        disjoint_(g_.disjoint()),
+        u8_(pool.input(1).dtype == PLX_U8),
+        dy_(s.dy),
+        y_(s.y),
+        idx_(s.indices),
+        dx_(s.dx) {}
 
   void compute(const KernelCall& c) override {
     const T* dy = sdk::data<T>(c.in(dy_));
     const T* y = sdk::data<T>(c.in(y_));
-    max_pool_backward(g_, disjoint_,
-                      [dy, y](int64_t o) { return load(y, o) > A(0) ? load(dy, o) : A(0); },
-                      sdk::data<int32_t>(c.in(idx_)), sdk::data<T>(c.out(dx_)));
+    auto grad = [dy, y](int64_t o) { return load(y, o) > A(0) ? load(dy, o) : A(0); };
+    // i32 positions, or the u8 window taps of a training step's pools (window_index).
+    if (u8_)
+      max_pool_backward(g_, disjoint_, grad, sdk::data<uint8_t>(c.in(idx_)),
+                        sdk::data<T>(c.out(dx_)));
+    else
+      max_pool_backward(g_, disjoint_, grad, sdk::data<int32_t>(c.in(idx_)),
+                        sdk::data<T>(c.out(dx_)));
   }
 
  private:
   PoolGeom g_;
   bool disjoint_;
+  bool u8_;  // window_index: u8 taps
   int32_t dy_, y_, idx_, dx_;
 };
 
