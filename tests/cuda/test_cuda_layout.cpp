@@ -150,45 +150,53 @@ void check_planned_step(const ModelSpec& spec, int32_t values, const std::vector
 }  // namespace
 
 // relu_1 and relu_2 (the third is flattened for the classifier: a view needs row-major memory),
-// and the gradients of relu_1's and relu_2's outputs and of the first and second convs' outputs:
-// every 4-D value between two kernels that take NHWC, whichever side and whether the conv ->
-// relu pairs fused into one kernel (f16 on the emulator's cuDNN) or run as a chain (bf16).
+// the gradients of relu_1's and relu_2's outputs and of the first and second convs' outputs, and
+// the 16-bit copies of the input and of the three filters (the multi-tensor cast writes them
+// channels-last): every 4-D value between two kernels that take NHWC, whichever side and
+// whether the conv -> relu pairs fused into one kernel (f16 on the emulator's cuDNN) or run as a
+// chain (bf16).
 TEST_CASE("a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step",
           "[cuda][layout]") {
   PLX_REQUIRE_CUDA(gpu);
   (void)gpu;  // each side runs in a runtime of its own (backend.kernels)
-  check_planned_step(parse_model(kModel, "test_cuda_layout.cpp"), 6, {"relu_1", "relu_2"},
+  check_planned_step(parse_model(kModel, "test_cuda_layout.cpp"), 10,
+                     {"relu_1", "relu_2", "x.cast", "conv2d_1.weight.cast", "conv2d_2.weight.cast",
+                      "conv2d_3.weight.cast"},
                      {"relu_3"}, 4 * 10 * 10 * 16);
 }
 
 // convnet: its max-pools take channels-last tensors in 16 bits, so only the second pool's output
 // (flattened for the classifier) stays NCHW. The first layer's output (4, 32, 28, 28), the
 // largest activation of the step, the first pool's output and indices, the second pool's
-// indices, and the data gradients of conv2d_2 and conv2d_3 (relu_1's before its backward) go
-// NHWC; inside the conv + relu + pool groups the scratch between conv and pool follows.
+// indices, the data gradients of conv2d_2 and conv2d_3 (relu_1's before its backward), and the
+// 16-bit copies of conv2d_2's and conv2d_3's filters go NHWC; inside the conv + relu + pool
+// groups the scratch between conv and pool follows. (The first filter and the input image have
+// one channel: the same memory in either layout.)
 TEST_CASE(
     "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and "
     "computes the nchw step",
     "[cuda][layout]") {
   PLX_REQUIRE_CUDA(gpu);
   (void)gpu;
-  check_planned_step(builtin_model("convnet"), 7,
-                     {"relu_1", "max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1",
-                      "conv2d_3.grad", "conv2d_2.grad", "relu_1.grad"},
-                     {"max_pool2d_2:0"}, 4 * 28 * 28 * 32);
+  check_planned_step(
+      builtin_model("convnet"), 9,
+      {"relu_1", "max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1", "conv2d_3.grad",
+       "conv2d_2.grad", "relu_1.grad", "conv2d_2.weight.cast", "conv2d_3.weight.cast"},
+      {"max_pool2d_2:0"}, 4 * 28 * 28 * 32);
 }
 
 // simplecnn: its input has one channel (the same memory in either layout) and its second pool's
 // output is flattened, so what goes NHWC is the first pool's output and indices, the second
-// pool's indices, and the data gradient of conv2d_2.
+// pool's indices, the data gradient of conv2d_2 and the 16-bit copy of its filter.
 TEST_CASE(
     "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes "
     "the nchw step",
     "[cuda][layout]") {
   PLX_REQUIRE_CUDA(gpu);
   (void)gpu;
-  check_planned_step(builtin_model("simplecnn"), 4,
-                     {"max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1", "conv2d_2.grad"},
+  check_planned_step(builtin_model("simplecnn"), 5,
+                     {"max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1", "conv2d_2.grad",
+                      "conv2d_2.weight.cast"},
                      {"max_pool2d_2:0"}, 4 * 26 * 26 * 16);
 }
 
@@ -196,7 +204,7 @@ TEST_CASE(
 // their gradients and the indices go NHWC (the ReLU is a dense map). After a batch norm, which
 // takes NCHW tensors only, the pool reads NCHW and writes NHWC, and its backward and the ReLU's
 // run as one kernel (relu_backward+max_pool2d_backward, reading the ReLU's dy and y in their own
-// layouts and writing dx NCHW).
+// layouts and writing dx NCHW). In both, the 16-bit copies of the input and of both filters.
 TEST_CASE(
     "a 16-bit cuda step with a relu after its pool keeps the pool's side channels-last "
     "and computes the nchw step",
@@ -237,14 +245,15 @@ out = 10
 )";
   };
   SECTION("after a conv") {
-    check_planned_step(
-        parse_model(model(false), "test_cuda_layout.cpp"), 5,
-        {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "relu_2.grad", "conv2d_2.grad"}, {"relu_3"},
-        4 * 10 * 10 * 16);
+    check_planned_step(parse_model(model(false), "test_cuda_layout.cpp"), 8,
+                       {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "relu_2.grad",
+                        "conv2d_2.grad", "x.cast", "conv2d_1.weight.cast", "conv2d_2.weight.cast"},
+                       {"relu_3"}, 4 * 10 * 10 * 16);
   }
   SECTION("after a batch norm") {
-    check_planned_step(parse_model(model(true), "test_cuda_layout.cpp"), 4,
-                       {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "conv2d_2.grad"},
+    check_planned_step(parse_model(model(true), "test_cuda_layout.cpp"), 7,
+                       {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "conv2d_2.grad", "x.cast",
+                        "conv2d_1.weight.cast", "conv2d_2.weight.cast"},
                        {"relu_1", "relu_3"}, 4 * 10 * 10 * 16, "relu_backward+max_pool2d_backward");
   }
 }

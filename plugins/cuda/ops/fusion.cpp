@@ -466,9 +466,17 @@ class MultiCast final : public Kernel {
       PLX_DECLINE_UNLESS(slot >= 0, "multi-tensor cast: a cast read only inside the group");
       out_slot_.push_back(slot);
       numel_.push_back(in_.numel(n));
-      PLX_DECLINE_UNLESS(sdk::is_contiguous(g.value(node.inputs[0])) &&
-                             sdk::is_contiguous(g.value(node.outputs[0])),
-                         "multi-tensor cast: contiguous tensors");
+      // Contiguous inputs; outputs contiguous or, for 4-D ones, channels-last (the layout
+      // planner's, for the 16-bit copies of conv filters that NHWC convolutions read).
+      const plx_tensor& x = g.value(node.inputs[0]);
+      const plx_tensor& y = g.value(node.outputs[0]);
+      const bool cl = !sdk::is_contiguous(y) && sdk::is_channels_last(y);
+      PLX_DECLINE_UNLESS(sdk::is_contiguous(x) && (sdk::is_contiguous(y) || cl),
+                         "multi-tensor cast: contiguous inputs, outputs contiguous or "
+                         "channels-last");
+      PLX_DECLINE_UNLESS(!cl || y.shape[1] <= INT32_MAX, "multi-tensor cast: too many channels");
+      cl_c_.push_back(cl ? static_cast<int32_t>(y.shape[1]) : 0);
+      cl_hw_.push_back(cl ? y.shape[2] * y.shape[3] : 0);
     }
   }
 
@@ -480,7 +488,7 @@ class MultiCast final : public Kernel {
       dst_.push_back(c.out(out_slot_[static_cast<size_t>(n)]).data);
     }
     launch_multi_cast(from_, to_, in_.nodes(), src_.data(), dst_.data(), numel_.data(),
-                      native(c.stream));
+                      cl_c_.data(), cl_hw_.data(), native(c.stream));
   }
 
  private:
@@ -489,6 +497,8 @@ class MultiCast final : public Kernel {
   plx_dtype from_ = PLX_F32, to_ = PLX_F32;
   std::vector<int32_t> out_slot_;
   std::vector<int64_t> numel_;
+  std::vector<int32_t> cl_c_;  // per cast: C of a channels-last output, else 0
+  std::vector<int64_t> cl_hw_;
   std::vector<const void*> src_;
   std::vector<void*> dst_;
 };
@@ -696,8 +706,13 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     }
   }
   if (g.is(0, "cast")) {
+    // Casts of f32 parameters to 16 bits write a 4-D copy channels-last when the layout planner
+    // asks (a conv filter that the 16-bit convolutions, which prefer NHWC, then read in place).
+    const bool narrowing = g.value(g.node(0).inputs[0]).dtype == PLX_F32 &&
+                           g.value(g.node(0).outputs[0]).dtype != PLX_F32;
     fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
-                std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes);
+                std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes,
+                narrowing ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   bool conv_pool = false, conv_pool_backward = false;

@@ -167,6 +167,10 @@ struct MultiCastLaunch {
   void* dst[kMultiCastCapacity];
   int64_t numel[kMultiCastCapacity];
   int32_t first_block[kMultiCastCapacity];  // the tensor's first block; ascending
+  // Channels-last output (a 16-bit copy of a conv filter for NHWC kernels): the source's C and
+  // H·W, the destination its NHWC permutation; 0: the same order.
+  int32_t cl_c[kMultiCastCapacity];
+  int64_t cl_hw[kMultiCastCapacity];
   int32_t count;
 };
 static_assert(sizeof(MultiCastLaunch) <= 4000, "kernel parameters are limited to 4 KiB");
@@ -179,18 +183,32 @@ __global__ void __launch_bounds__(kBlock) multi_cast_kernel(const MultiCastLaunc
   const int64_t end = min(L.numel[t], begin + kCastChunk);
   const From* x = static_cast<const From*>(L.src[t]);
   To* y = static_cast<To*>(L.dst[t]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) y[i] = cast_value<To>(x[i]);
+  const int64_t C = L.cl_c[t];
+  if (C == 0) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) y[i] = cast_value<To>(x[i]);
+    return;
+  }
+  // y[i] is element (n, c, p) of an (N, C, H·W) source stored as (N, H·W, C): writes coalesce,
+  // reads gather (filters are small).
+  const int64_t hw = L.cl_hw[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t c = i % C, r = i / C;
+    y[i] = cast_value<To>(x[(r / hw * C + c) * hw + r % hw]);
+  }
 }
 
 template <class From, class To>
 void launch_multi_cast_typed(int32_t count, const void* const* src, void* const* dst,
-                             const int64_t* numel, cudaStream_t stream) {
+                             const int64_t* numel, const int32_t* cl_c, const int64_t* cl_hw,
+                             cudaStream_t stream) {
   MultiCastLaunch L{};
   pack_launches<kCastChunk, kMultiCastCapacity>(
       L, count, numel, "multi-tensor cast",
       [&](int slot, int32_t i) {
         L.src[slot] = src[i];
         L.dst[slot] = dst[i];
+        L.cl_c[slot] = cl_c ? cl_c[i] : 0;
+        L.cl_hw[slot] = cl_hw ? cl_hw[i] : 0;
       },
       [&](unsigned blocks) {
         multi_cast_kernel<From, To><<<blocks, kBlock, 0, stream>>>(L);
@@ -201,13 +219,17 @@ void launch_multi_cast_typed(int32_t count, const void* const* src, void* const*
 }  // namespace
 
 void launch_multi_cast(plx_dtype from, plx_dtype to, int32_t count, const void* const* src,
-                       void* const* dst, const int64_t* numel, cudaStream_t stream) {
+                       void* const* dst, const int64_t* numel, const int32_t* cl_c,
+                       const int64_t* cl_hw, cudaStream_t stream) {
   auto pick_to = [&](auto f) {
     using F = typename decltype(f)::type;
     switch (to) {
-      case PLX_F32: return launch_multi_cast_typed<F, float>(count, src, dst, numel, stream);
-      case PLX_F16: return launch_multi_cast_typed<F, f16>(count, src, dst, numel, stream);
-      case PLX_BF16: return launch_multi_cast_typed<F, bf16>(count, src, dst, numel, stream);
+      case PLX_F32:
+        return launch_multi_cast_typed<F, float>(count, src, dst, numel, cl_c, cl_hw, stream);
+      case PLX_F16:
+        return launch_multi_cast_typed<F, f16>(count, src, dst, numel, cl_c, cl_hw, stream);
+      case PLX_BF16:
+        return launch_multi_cast_typed<F, bf16>(count, src, dst, numel, cl_c, cl_hw, stream);
       default:
         throw sdk::Unsupported(sdk::format("multi-tensor cast: to %s", dtype_name(to)));
     }

@@ -13,10 +13,13 @@
 namespace plexus::cuda {
 
 // Casts tensor i (numel[i] contiguous elements of `from`) from src[i] into dst[i] (`to`), for
-// i < count: f32, f16 and bf16 each way. Up to kMultiCastCapacity tensors per launch; longer
-// lists take several. Allocates nothing and never waits (capturable).
+// i < count: f32, f16 and bf16 each way. Where cl_c[i] > 0 (cl_c and cl_hw may be null: none),
+// src[i] is (N, cl_c[i], cl_hw[i]) and dst[i] gets it channels-last, (N, cl_hw[i], cl_c[i]).
+// Up to kMultiCastCapacity tensors per launch; longer lists take several. Allocates nothing and
+// never waits (capturable).
 constexpr int kMultiCastCapacity = 64;
 void launch_multi_cast(plx_dtype from, plx_dtype to, int32_t count, const void* const* src,
-                       void* const* dst, const int64_t* numel, cudaStream_t stream);
+                       void* const* dst, const int64_t* numel, const int32_t* cl_c,
+                       const int64_t* cl_hw, cudaStream_t stream);
 
 }  // namespace plexus::cuda
