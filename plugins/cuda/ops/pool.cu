@@ -70,13 +70,7 @@ PoolGeom make_geom(const int64_t* x, const int64_t* y, const NodeInfo& node, boo
   return g;
 }
 
-// Whether a max-pool operand is channels-last (1) or NCHW contiguous (0); declines any other
-// strides.
-int32_t nhwc_or_decline(const plx_tensor& t, const char* op, const char* what) {
-  PLX_DECLINE_UNLESS(t.ndim == 4 && (sdk::is_contiguous(t) || sdk::is_channels_last(t)),
-                     "%s: %s must be NCHW contiguous or channels-last", op, what);
-  return sdk::is_contiguous(t) ? 0 : 1;
-}
+using sdk::nhwc_or_decline;
 
 }  // namespace
 

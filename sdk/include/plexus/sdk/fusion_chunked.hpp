@@ -204,14 +204,6 @@ inline uint32_t member_flags(const Member& m) {
 
 inline constexpr const char* kLog = "fusion";
 
-// Whether a 4-D tensor is channels-last and not also NCHW contiguous; declines (Unsupported,
-// naming `what`) one that is neither.
-inline bool nhwc_or_decline(const plx_tensor& t, const char* op, const char* what) {
-  PLX_DECLINE_UNLESS(is_contiguous(t) || is_channels_last(t),
-                     "%s: %s must be NCHW contiguous or channels-last", op, what);
-  return !is_contiguous(t);
-}
-
 }  // namespace detail::chunked
 
 // ---- forward: conv2d -> [relu] -> max_pool2d ----
@@ -241,7 +233,6 @@ class ChunkedConvMaxPool final : public Kernel {
     PLX_DECLINE_UNLESS(n_ >= 1 && pre.shape[0] == n_ && y.shape[0] == n_ && idx.shape[0] == n_,
                        "conv2d+max_pool2d: an empty batch, or batches that differ");
     {
-      using detail::chunked::nhwc_or_decline;
       const char* op = "conv2d+max_pool2d";
       const bool x_nhwc = nhwc_or_decline(x, op, "x"), y_nhwc = nhwc_or_decline(y, op, "y");
       const bool idx_nhwc = nhwc_or_decline(idx, op, "the indices");
@@ -405,7 +396,6 @@ class ChunkedMaxPoolConvBackward final : public Kernel {
     n_ = dy.shape[0];
     PLX_DECLINE_UNLESS(n_ >= 1 && idx.shape[0] == n_ && unpooled.shape[0] == n_,
                        "%s: an empty batch, or batches that differ", op);
-    using detail::chunked::nhwc_or_decline;
     grad_nhwc_ = nhwc_or_decline(dy, op, "dy");
     grad_nhwc_ = nhwc_or_decline(idx, op, "the indices") || grad_nhwc_;
     es_ = plexus::dtype_size(s_.dtype);

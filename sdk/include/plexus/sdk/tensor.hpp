@@ -74,6 +74,15 @@ inline bool same_layout(const plx_tensor& a, const plx_tensor& b) {
   return true;
 }
 
+// For a kernel that takes a 4-D tensor in either layout (PLX_LAYOUT_NHWC): whether t is stored
+// channels-last and not also NCHW contiguous (one channel or one pixel counts as NCHW); declines
+// (Unsupported: "<op>: <what> must be NCHW contiguous or channels-last") any other strides.
+inline bool nhwc_or_decline(const plx_tensor& t, const char* op, const char* what) {
+  PLX_DECLINE_UNLESS(is_contiguous(t) || is_channels_last(t),
+                     "%s: %s must be NCHW contiguous or channels-last", op, what);
+  return !is_contiguous(t);
+}
+
 // What a PLX_KERNEL_DENSE kernel that works in memory order needs (abi/ops.h): every input and
 // output of output 0's shape is dense and laid out as output 0; others contiguous.
 inline bool dense_alike(const plx_node_info& node) {
