@@ -85,4 +85,19 @@ inline std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kern
   return "";
 }
 
+// Runs kernel `k` twice on the same inputs, each time into a fresh NaN-poisoned NCHW output of
+// `out_shape`; whether the two outputs have the same bytes (a kernel flagged deterministic must).
+inline bool same_bits_twice(Backend& gpu, const OpSchema& s, const plx_kernel* k,
+                            const std::vector<Tensor>& in, const Shape& out_shape, plx_dtype d,
+                            const Attrs& attrs) {
+  std::vector<uint8_t> runs[2];
+  for (std::vector<uint8_t>& bytes : runs) {
+    Tensor out = poisoned(gpu, out_shape, d, false);
+    REQUIRE(run_candidate(gpu, s, k, in, {out}, attrs).empty());
+    bytes.resize(out.nbytes());
+    out.copy_to_host(bytes.data());
+  }
+  return runs[0] == runs[1];
+}
+
 }  // namespace plexus::test::layout_candidate

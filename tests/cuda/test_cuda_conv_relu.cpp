@@ -113,18 +113,25 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
   struct Layer {
     const char* op;
     std::vector<std::string> tiles;
+    Shape xs, ws;
   };
+  // Ragged: the linear 70 x 64 -> 40, the conv (6, 16, 9, 9) -> 24 channels, 3x3, padding 1; a
+  // first layer (one input channel, 9 taps) for the direct kernel.
   const Layer layers[] = {
-      {"linear", {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"}},
+      {"linear",
+       {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"},
+       {70, 64},
+       {40, 64}},
       {"conv2d",
-       {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32",
-        "igemm_mma_128x32x32"}}};
+       {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32", "igemm_mma_128x32x32"},
+       {6, 16, 9, 9},
+       {24, 16, 3, 3}},
+      {"conv2d", {"direct"}, {5, 1, 11, 9}, {20, 1, 3, 3}}};
   for (const Layer& layer : layers) {
     const bool conv = std::string(layer.op) == "conv2d";
     INFO(layer.op);
-    // Ragged: the linear 70 x 64 -> 40, the conv (6, 16, 9, 9) -> 24 channels, 3x3, padding 1.
-    const Shape xs = conv ? Shape{6, 16, 9, 9} : Shape{70, 64};
-    const Shape ws = conv ? Shape{24, 16, 3, 3} : Shape{40, 64};
+    const Shape& xs = layer.xs;
+    const Shape& ws = layer.ws;
     const int64_t outs = ws[0];
     std::vector<double> x = random_doubles(static_cast<size_t>(shape_numel(xs)), 21, -1, 1);
     x[5] = std::nan("");
@@ -139,7 +146,8 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
                                : Attrs{};
       g.mark_output(g.add1("relu", {g.add1(layer.op, {xv, w, b}, attrs, "l")}, {}, "l.relu"), "y");
     };
-    PinnedKernelRun pinned(std::string("own-relu-") + layer.op, build, "l", x, 5);
+    PinnedKernelRun pinned(std::string("own-relu-") + layer.op + "-" + layer.tiles.front(), build,
+                           "l", x, 5);
     REQUIRE_FALSE(pinned.key().empty());
     for (const std::string& tile : layer.tiles) {
       INFO(tile);

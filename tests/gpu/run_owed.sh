@@ -164,7 +164,8 @@ if has kernels; then
   for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 bf16' 'simplecnn 128 f16' 'convnet 1024 bf16' \
                           'convnet 128 tf32' 'simplecnn 128 f32 conv-bias' \
                           'convnet 1024 bf16 no-bias-act' 'convnet 128 tf32 no-bias-act' \
-                          'convnet 1024 f16' 'convnet 1024 f16 no-bias-act'; do
+                          'convnet 1024 f16' 'convnet 1024 f16 no-bias-act' \
+                          'convnet 1024 bf16 native' 'simplecnn 128 bf16 native'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile${4:+-$4}"
     # "conv-bias": the conv's bias added by the convolution, not the pool (pool_bias, the
@@ -174,6 +175,9 @@ if has kernels; then
     extra=()
     [[ ${4:-} == conv-bias ]] && extra=(--set plugins.options.cuda.pool_bias=false)
     [[ ${4:-} == no-bias-act ]] && extra=(--set plugins.options.cuda.conv_bias_activation=false)
+    # "native": the plugin's own kernels, the first layer on the direct kernels (the
+    # twenty-first session's), its backward as one relu_backward+sum+conv2d_backward_weight.
+    [[ ${4:-} == native ]] && extra=(--set backend.kernels=\"native\")
     stamp "plexus bench step: $tag"
     run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
       --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \

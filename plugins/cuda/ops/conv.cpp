@@ -44,6 +44,7 @@
 
 #include "common.hpp"
 #include "ops/conv_algo_cache.hpp"
+#include "ops/direct_conv.hpp"
 #include "ops/gemm_bias.hpp"
 #include "ops/igemm_conv.hpp"
 
@@ -709,6 +710,8 @@ void register_conv(KernelRegistry& r) {
   // The plugin's own Tensor Core kernels come after cuDNN: the first accepting kernel stays
   // cuDNN's until the autotuner (or backend.kernels = "native") chooses otherwise.
   register_igemm_conv(r);
+  // Then the direct kernels for few input taps (the first layer), which the igemm ones decline.
+  register_direct_conv(r);
 }
 
 }  // namespace plexus::cuda

@@ -19,7 +19,9 @@
 //    pre-activation tensor is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
 //    kernel that masks each gradient as it reads it (ops/pool.cu); and of a ReLU after a conv
-//    without a pool: relu_backward with the conv's bias-gradient sum, one kernel writing both.
+//    without a pool: relu_backward with the conv's bias-gradient sum, one kernel writing both;
+//    for a first layer whose weight gradient the host gave to the direct kernel, with that
+//    weight gradient too (ops/direct_conv.cu), so the masked gradient is never written.
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
 //    the logits, the loss's backward and the linear's dx and db (after dlogits' cast back) when
 //    the graph allows (sdk::find_linear_cross_entropy): one kernel over the rows with the
@@ -43,6 +45,7 @@
 
 #include "common.hpp"
 #include "ops/conv_pool.hpp"
+#include "ops/direct_conv.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/linear_ce.hpp"
 #include "ops/mma_gemm.hpp"
@@ -562,6 +565,8 @@ std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphVie
 #endif
     } else if (!linear && impl.starts_with("igemm_mma_")) {
       layer = make_igemm_conv(node, backend, impl, /*relu=*/true);
+    } else if (!linear && impl == "direct") {
+      layer = make_direct_conv(node, backend, /*relu=*/true);
     }
     if (!layer) return nullptr;
     return std::make_unique<ReluPairKernel>(std::move(slots), std::move(layer));
@@ -626,6 +631,27 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
   // The backward of ReLU with pooling: the pool's gradient masks as it reads (ops/pool.cu).
   for (const auto& pair : sdk::find_feeding_pairs(g, "relu_backward", "max_pool2d_backward", 0))
     claim(user, pair.data(), 2, "relu_backward+max_pool2d_backward");
+  // A first layer's backward (conv -> relu, nothing reads dx): the ReLU's backward with both
+  // readers of what it writes, the bias gradient's sum and the weight gradient, as one direct
+  // weight-gradient launch (ops/direct_conv.cu) where the host gave the weight gradient to it;
+  // else declined at creation, and the pair below takes the ReLU and the sum.
+  for (int32_t n = 0; n < g.num_nodes(); ++n) {
+    if (!g.is(n, "relu_backward") || g.node(n).num_outputs != 1) continue;
+    const int32_t v = g.node(n).outputs[0];
+    if (!g.valid(v) || g.value(v).ndim != 4) continue;
+    const std::vector<int32_t> rd = g.readers(v);
+    if (rd.size() != 2) continue;
+    int32_t sum = -1, wgrad = -1;
+    for (int32_t r : rd) {
+      if (g.is(r, "sum") && sdk::detail::bias_grad_sum(g, r))
+        sum = r;
+      else if (g.is(r, "conv2d_backward_weight") && g.node(r).inputs[0] == v)
+        wgrad = r;
+    }
+    if (sum < 0 || wgrad < 0) continue;
+    const int32_t grp[3] = {n, std::min(sum, wgrad), std::max(sum, wgrad)};
+    claim(user, grp, 3, "relu_backward+sum+conv2d_backward_weight");
+  }
   // A ReLU's backward with the bias gradient's sum of what it writes (a conv layer without a
   // pool, or a linear layer: the sum over rows of a 2-d gradient): one pass over the gradient
   // instead of two (ops/pool.cu).
@@ -731,6 +757,20 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     // prefer NHWC.
     const plx_layout layout = dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
     fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes, layout);
+    return;
+  }
+  if (g.num_nodes() == 3 && g.is(0, "relu_backward") &&
+      (g.is(1, "conv2d_backward_weight") || g.is(2, "conv2d_backward_weight"))) {
+    const int32_t w = g.is(1, "conv2d_backward_weight") ? 1 : 2;
+    const int32_t hint = g.node(w).kernel_hint;
+    const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
+    plx_dtype dt = dtype;
+    auto k = make_direct_relu_wgrad(*this, g, b, hinted && hinted->impl ? hinted->impl : "", dt);
+    // Every 4-D tensor in either layout (dy and relu's y alike), as the direct kernels; in 16
+    // bits channels-last preferred, as the convolutions there.
+    fused_.give("relu_backward+sum+conv2d_backward_weight:direct", dt,
+                PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
+                workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {

@@ -6,7 +6,7 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv wgmma_gemm)
+    gemm_bias mma_gemm igemm_conv direct_conv wgmma_gemm)
 set(emu_sources)
 set(emu_kernel_sources)
 foreach(f ${emu_kernel_files})
@@ -103,6 +103,10 @@ foreach(t
     "cuda igemm convolution candidates match the cpu reference"
     "cuda igemm convolution candidates are deterministic"
     "cuda igemm convolution candidates decline what they do not handle"
+    "cuda direct convolutions match the cpu reference in every layout mix"
+    "cuda direct convolutions are deterministic"
+    "cuda direct convolutions decline what they do not handle"
+    "the relu backward of a first layer with its bias sum and weight gradient runs as one direct kernel"
     "cuda max-pool kernels match the cpu in every layout mix"
     "cuda max-pool kernels decline strides that are neither nchw nor channels-last"
     "the classifier head fused on cuda matches the cpu"
@@ -156,6 +160,7 @@ foreach(t
     "every cuda tensor core gemm candidate matches the cpu"
     "every cuda wgmma gemm candidate matches the cpu"
     "cuda igemm convolution candidates match the cpu reference"
+    "cuda direct convolutions match the cpu reference in every layout mix"
     "cuda max-pool kernels match the cpu in every layout mix")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
@@ -190,6 +195,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "relu_backward with its sum over rows fused on cuda matches the cpu"
       "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
       "cuda max-pool kernels match the cpu in every layout mix"
+      "cuda direct convolutions match the cpu reference in every layout mix"
       "every cuda tensor core gemm candidate matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"

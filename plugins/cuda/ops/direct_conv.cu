@@ -1,0 +1,629 @@
+// CUDA kernels: a direct convolution of our own for layers with few input taps, as candidates
+// ("direct") beside cuDNN for
+//
+//   conv2d                   y  = conv(x, w) (+ b), optionally through a ReLU
+//   conv2d_backward_weight   dw = Σ_n dy_n ⋆ x_n
+//
+// The first layer of an image network reads C = 1 (or 3) channels: K = C·KH·KW taps is 9 (or
+// 27) for a 3x3 filter, too short a reduction for the Tensor Core GEMMs (the implicit-GEMM
+// kernels, ops/igemm_conv.cu, need C % 8 == 0 and decline it), and what the layer costs is
+// writing O channels per pixel, not the arithmetic. So these kernels run on the CUDA cores in
+// f32 and aim at one pass over y (forward) or dy (weight gradient):
+//
+// Forward. A block owns tiles of TP output pixels m = (n·OH + oh)·OW + ow. It keeps the whole
+// filter and the bias in shared memory as f32 (O·K values, K <= kMaxTaps), gathers the tile's
+// receptive fields into shared memory once (TP x K, zero in the padding), then writes the
+// tile's TP·O outputs in y's memory order, one per thread and step: consecutive threads take
+// consecutive channels of one pixel for a channels-last y, consecutive pixels of one channel for
+// an NCHW y, so the stores are coalesced either way. Each output is the K-term dot product in
+// tap order (k = (c·KH + kh)·KW + kw), plus the bias, through the ReLU when asked (the relu op's
+// rule, x > 0 ? x : 0), rounded once to y's dtype.
+//
+// Weight gradient. dw[o, k] = Σ_m dy[m, o] · patch[m, k] over all N·OH·OW pixels: block b sums
+// the pixels of its chunk of tiles, each tile's dy (TP x O) and receptive fields (TP x K) staged
+// in shared memory as f32, each thread owning up to R of the O·K sums (consecutive threads on
+// consecutive k); the last block to finish (a counter the kernel owns) adds the per-chunk f32
+// partials in chunk order and rounds once into dw's dtype and layout. One launch. In the fused
+// group relu_backward -> {sum, conv2d_backward_weight} (a first layer's backward, where nothing
+// reads dx) the same launch masks dy by relu's y > 0 as it stages it and sums it per channel
+// beside dw (the bias gradient, a tap whose value is 1), so the masked gradient is never
+// written. No atomics on the data (the counter only says which block is last), a fixed summation
+// order, launch geometry fixed at creation: deterministic. Nothing allocated or synchronised:
+// capturable.
+//
+// Layouts: x, w, y (dy, dw) each NCHW contiguous or channels-last (the layout planner's); each
+// element is addressed through its tensor's canonical strides, so every mix runs as it is, with
+// no staging. Declined: groups > 1, K > kMaxTaps, O > kMaxChannels, more sums than the weight
+// gradient's threads hold, mixed dtypes, other strides.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "device.cuh"
+#include "ops/direct_conv.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+constexpr int kMaxTaps = 32;              // K = C·KH·KW
+constexpr int kMaxChannels = 256;         // O
+constexpr int kFwdTile = 64;              // TP: output pixels per forward tile
+constexpr int kWgradTile = 32;            // TP: pixels per weight-gradient tile
+constexpr int kWgradMaxSums = 16;         // R: dw sums per thread (O·K <= R·kBlock)
+constexpr uint64_t kMaxSmem = 48 * 1024;  // no opt-in needed below this
+
+bool fits_i32(int64_t v) {
+  return v >= 0 && v <= INT_MAX;
+}
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The convolution, its tensors' element strides (n/o, c, h, w) and the tap table's inputs.
+template <class T>
+struct DirectArgs {
+  const T* x;     // (N, C, H, W)
+  const T* w;     // (O, C, KH, KW) (forward)
+  const T* bias;  // (O) or null (forward)
+  T* y;           // (N, O, OH, OW): y (forward) or dy (weight gradient, read)
+  // Weight gradient only:
+  const T* relu_y;  // relu_backward's y, laid out as dy: dy counts where relu_y > 0; or null
+  T* dwt;           // dw (O, C, KH, KW)
+  T* db;            // (O): the bias gradient, Σ of dy per channel, where Kb = K + 1
+  float* part;      // (chunks, O·Kb) f32 partials
+  unsigned* done;   // blocks finished (last_block_arrives)
+  int C, H, W, O, KH, KW, OW, sh, sw, ph, pw, dh, dw;
+  int K, Kb, Kp;   // taps; the weight gradient's sums per channel (K, or K + 1 with db); the
+                   // padded row length of the shared tables (odd: no bank conflicts)
+  int64_t M, OHW;  // N·OH·OW output pixels, OH·OW
+  int64_t x_n, x_c, x_h, x_w;
+  int64_t y_n, y_c, y_p;  // y element (n, o, oh·OW + ow) at n·y_n + o·y_c + p·y_p
+  int64_t w_o, w_c, w_h, w_w;
+  bool y_nhwc;  // y's channels are innermost: threads walk channels first
+  bool relu;
+  int64_t tiles, tiles_per_chunk;
+};
+
+// Shared-memory tables common to both kernels: per tap (c, kh, kw) -> x offset c·x_c and the
+// filter-row offsets kh·dh, kw·dw; per pixel of the tile, its image's x and y offsets and its
+// window's top-left corner.
+struct PixelTables {
+  int64_t* x_base;  // [TP]
+  int64_t* y_base;  // [TP]
+  int* ih0;         // [TP]
+  int* iw0;         // [TP]
+  int64_t* tap_x;   // [K]
+  int* tap_h;       // [K]
+  int* tap_w;       // [K]
+};
+
+template <class T>
+__device__ __forceinline__ void fill_taps(const DirectArgs<T>& a, const PixelTables& t) {
+  const int khw = a.KH * a.KW;
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+    t.tap_x[k] = c * a.x_c;
+    t.tap_h[k] = kh * a.dh;
+    t.tap_w[k] = kw * a.dw;
+  }
+}
+
+// The tile's pixels m0 .. m0 + TP - 1 (those below M).
+template <class T>
+__device__ __forceinline__ void fill_pixels(const DirectArgs<T>& a, const PixelTables& t,
+                                            int64_t m0, int TP) {
+  for (int p = threadIdx.x; p < TP; p += blockDim.x) {
+    const int64_t m = m0 + p;
+    if (m >= a.M) break;
+    const int64_t n = m / a.OHW;
+    const int64_t r = m - n * a.OHW;
+    const int oh = static_cast<int>(r / a.OW),
+              ow = static_cast<int>(r - oh * static_cast<int64_t>(a.OW));
+    t.x_base[p] = n * a.x_n;
+    t.y_base[p] = n * a.y_n + r * a.y_p;
+    t.ih0[p] = oh * a.sh - a.ph;
+    t.iw0[p] = ow * a.sw - a.pw;
+  }
+}
+
+// patch[p·Kp + k] = x at pixel p's tap k, 0 in the padding (and past M).
+template <class T>
+__device__ __forceinline__ void gather_patches(const DirectArgs<T>& a, const PixelTables& t,
+                                               float* patch, int64_t m0, int TP) {
+  const int total = TP * a.K;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int p = e / a.K, k = e - p * a.K;
+    float v = 0.f;
+    if (m0 + p < a.M) {
+      const int ih = t.ih0[p] + t.tap_h[k], iw = t.iw0[p] + t.tap_w[k];
+      if (ih >= 0 && ih < a.H && iw >= 0 && iw < a.W)
+        v = load(a.x, t.x_base[p] + t.tap_x[k] + ih * a.x_h + iw * a.x_w);
+    }
+    patch[p * a.Kp + k] = v;
+  }
+}
+
+// Carves the dynamic shared memory: the 8-byte tables first, then the 4-byte ones, then the
+// kernel's float arrays.
+struct SmemCarve {
+  unsigned char* p;
+  template <class U>
+  __device__ __forceinline__ U* take(int64_t n) {
+    U* r = reinterpret_cast<U*>(p);
+    p += n * static_cast<int64_t>(sizeof(U));
+    return r;
+  }
+};
+
+__device__ __forceinline__ PixelTables carve_tables(SmemCarve& c, int TP, int K) {
+  PixelTables t;
+  t.x_base = c.take<int64_t>(TP);
+  t.y_base = c.take<int64_t>(TP);
+  t.tap_x = c.take<int64_t>(K);
+  t.ih0 = c.take<int>(TP);
+  t.iw0 = c.take<int>(TP);
+  t.tap_h = c.take<int>(K);
+  t.tap_w = c.take<int>(K);
+  return t;
+}
+
+// A tile's pixel tables and receptive fields, after the previous tile's readers are done.
+template <class T>
+__device__ __forceinline__ void stage_tile(const DirectArgs<T>& a, const PixelTables& t,
+                                           float* patch, int64_t m0, int TP) {
+  __syncthreads();  // the tap tables are filled, and the previous tile's readers are done
+  fill_pixels(a, t, m0, TP);
+  __syncthreads();
+  gather_patches(a, t, patch, m0, TP);
+}
+
+// Element e of a tile's TP x O block of y (or dy) in y's memory order: consecutive e on
+// consecutive channels of one pixel for a channels-last y, on consecutive pixels of one channel
+// for an NCHW one.
+template <class T>
+__device__ __forceinline__ void y_element(const DirectArgs<T>& a, int e, int TP, int& p, int& o) {
+  if (a.y_nhwc) {
+    p = e / a.O;
+    o = e - p * a.O;
+  } else {
+    o = e / TP;
+    p = e - o * TP;
+  }
+}
+
+uint64_t table_bytes(int TP, int K) {
+  return static_cast<uint64_t>(TP) * (2 * sizeof(int64_t) + 2 * sizeof(int)) +
+         static_cast<uint64_t>(K) * (sizeof(int64_t) + 2 * sizeof(int));
+}
+uint64_t fwd_smem_bytes(int TP, int O, int K, int Kp) {
+  return table_bytes(TP, K) +
+         (static_cast<uint64_t>(O) * Kp + O + static_cast<uint64_t>(TP) * Kp) * sizeof(float);
+}
+uint64_t wgrad_smem_bytes(int TP, int O, int K, int Kp) {
+  return table_bytes(TP, K) +
+         (static_cast<uint64_t>(TP) * O + static_cast<uint64_t>(TP) * Kp) * sizeof(float);
+}
+
+// ---- forward ----
+
+template <class T>
+__global__ void __launch_bounds__(kBlock) direct_conv_kernel(const DirectArgs<T> a) {
+  extern __shared__ __align__(16) unsigned char direct_smem[];
+  constexpr int TP = kFwdTile;
+  SmemCarve carve{direct_smem};
+  const PixelTables t = carve_tables(carve, TP, a.K);
+  float* wsm = carve.take<float>(static_cast<int64_t>(a.O) * a.Kp);
+  float* bsm = carve.take<float>(a.O);
+  float* patch = carve.take<float>(static_cast<int64_t>(TP) * a.Kp);
+
+  fill_taps(a, t);
+  const int khw = a.KH * a.KW;
+  for (int e = threadIdx.x; e < a.O * a.K; e += blockDim.x) {
+    const int o = e / a.K, k = e - o * a.K;
+    const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+    wsm[o * a.Kp + k] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
+  }
+  for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
+
+  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {  // uniform over the block
+    const int64_t m0 = tile * TP;
+    stage_tile(a, t, patch, m0, TP);
+    __syncthreads();
+    const int total = TP * a.O;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+      int p, o;
+      y_element(a, e, TP, p, o);
+      if (m0 + p >= a.M) continue;
+      const float* wr = wsm + o * a.Kp;
+      const float* xr = patch + p * a.Kp;
+      float acc = 0.f;
+      for (int k = 0; k < a.K; ++k) acc += wr[k] * xr[k];
+      acc += bsm[o];
+      if (a.relu) acc = acc > 0.f ? acc : 0.f;
+      store(a.y, t.y_base[p] + o * a.y_c, acc);
+    }
+  }
+}
+
+// ---- weight gradient ----
+
+// Block b: the tiles [b·tiles_per_chunk, (b+1)·tiles_per_chunk) into part[b, :], thread i
+// owning sums i, i + blockDim, ... (R of them at most): (o, k) = dw[o, k] for k < K, and with a
+// bias gradient (o, K) = db[o], as a tap whose value is 1. dy is masked by relu_y > 0 where the
+// block runs relu_backward too. The last block to finish adds the partials in chunk order and
+// writes dw and db, rounded once.
+template <class T, int R>
+__global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T> a) {
+  extern __shared__ __align__(16) unsigned char direct_smem[];
+  constexpr int TP = kWgradTile;
+  SmemCarve carve{direct_smem};
+  const PixelTables t = carve_tables(carve, TP, a.K);
+  float* dys = carve.take<float>(static_cast<int64_t>(TP) * a.O);
+  float* patch = carve.take<float>(static_cast<int64_t>(TP) * a.Kp);
+
+  fill_taps(a, t);
+  if (a.Kb > a.K)  // the bias gradient's column: every pixel counts once (dy is 0 past M)
+    for (int p = threadIdx.x; p < TP; p += blockDim.x) patch[p * a.Kp + a.K] = 1.f;
+  const int sums = a.O * a.Kb;
+  float acc[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) acc[j] = 0.f;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * a.tiles_per_chunk;
+  const int64_t last = min(a.tiles, first + a.tiles_per_chunk);
+  for (int64_t tile = first; tile < last; ++tile) {
+    const int64_t m0 = tile * TP;
+    stage_tile(a, t, patch, m0, TP);
+    const int total = TP * a.O;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+      int p, o;
+      y_element(a, e, TP, p, o);
+      float v = 0.f;
+      if (m0 + p < a.M) {
+        const int64_t off = t.y_base[p] + o * a.y_c;
+        v = load(a.y, off);
+        if (a.relu_y) v = load(a.relu_y, off) > 0.f ? v : 0.f;  // relu_backward's rule
+      }
+      dys[p * a.O + o] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
+      if (e < sums) {
+        const int o = e / a.Kb, k = e - o * a.Kb;
+        float s = acc[j];
+        for (int p = 0; p < TP; ++p) s += dys[p * a.O + o] * patch[p * a.Kp + k];
+        acc[j] = s;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
+    if (e < sums) a.part[static_cast<int64_t>(blockIdx.x) * sums + e] = acc[j];
+  }
+  if (!last_block_arrives(a.done, gridDim.x)) return;
+  const volatile float* vp = a.part;
+  const int khw = a.KH * a.KW;
+  for (int e = threadIdx.x; e < sums; e += blockDim.x) {
+    float s = 0.f;
+    for (unsigned c = 0; c < gridDim.x; ++c) s += vp[static_cast<int64_t>(c) * sums + e];
+    const int o = e / a.Kb, k = e - o * a.Kb;
+    if (k == a.K) {
+      store(a.db, o, s);
+    } else {
+      const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+      store(a.dwt, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w, s);
+    }
+  }
+  if (threadIdx.x == 0) *a.done = 0;
+}
+
+// ---- kernels ----
+
+// Element strides of a logical (d0, d1, d2, d3) tensor stored NCHW or channels-last.
+void canonical_strides(const int64_t (&d)[4], bool channels_last, int64_t (&s)[4]) {
+  if (channels_last) {
+    s[0] = d[2] * d[3] * d[1], s[1] = 1, s[2] = d[3] * d[1], s[3] = d[1];
+  } else {
+    s[0] = d[1] * d[2] * d[3], s[1] = d[2] * d[3], s[2] = d[3], s[3] = 1;
+  }
+}
+
+// What both kernels check and fill: the geometry from x (N, C, H, W), w (O, C, KH, KW) and
+// y (N, O, OH, OW) in whatever roles the op gives them, their layouts, and the tap count.
+template <class T>
+DirectArgs<T> direct_args(const NodeInfo& node, const plx_tensor& x, const plx_tensor& w,
+                          const plx_tensor& y, const int64_t (&xs)[4], const int64_t (&ws)[4],
+                          const char* op, const char* w_name, const char* y_name) {
+  const sdk::Conv2dParams g(xs, ws, node);
+  const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
+  for (int i = 0; i < 4; ++i)
+    PLX_REQUIRE(y.shape[i] == want_y[i] && x.shape[i] == xs[i] && w.shape[i] == ws[i],
+                "%s: tensor shapes do not match the convolution", op);
+  for (const plx_tensor* t : {&x, &w, &y})
+    PLX_DECLINE_UNLESS(t->dtype == dtype_v<T>, "%s: direct kernels take one dtype, %s", op,
+                       plexus::dtype_name(dtype_v<T>));
+  PLX_DECLINE_UNLESS(g.groups == 1, "%s: direct handles groups = 1 only, not %lld", op,
+                     static_cast<long long>(g.groups));
+  const int64_t K = g.C * g.KH * g.KW;
+  PLX_DECLINE_UNLESS(K <= kMaxTaps,
+                     "%s: direct is for few taps (C·KH·KW <= %d, a first layer), got %lld", op,
+                     kMaxTaps, static_cast<long long>(K));
+  PLX_DECLINE_UNLESS(g.O <= kMaxChannels, "%s: direct handles at most %d output channels, got %lld",
+                     op, kMaxChannels, static_cast<long long>(g.O));
+  using sdk::nhwc_or_decline;
+  const bool x_nhwc = nhwc_or_decline(x, op, "x"), w_nhwc = nhwc_or_decline(w, op, w_name);
+  const bool y_nhwc = nhwc_or_decline(y, op, y_name);
+  // 32-bit index math for everything inside one image and one filter.
+  PLX_DECLINE_UNLESS(fits_i32(g.C * g.H * g.W) && fits_i32(g.O * K) &&
+                         fits_i32(g.H + 2 * g.ph + g.dh * g.KH) &&
+                         fits_i32(g.W + 2 * g.pw + g.dw * g.KW) && fits_i32(g.OH * g.sh + g.ph) &&
+                         fits_i32(g.OW * g.sw + g.pw),
+                     "%s: sizes beyond direct's 32-bit index math", op);
+
+  DirectArgs<T> a{};
+  a.C = static_cast<int>(g.C), a.H = static_cast<int>(g.H), a.W = static_cast<int>(g.W);
+  a.O = static_cast<int>(g.O), a.KH = static_cast<int>(g.KH), a.KW = static_cast<int>(g.KW);
+  a.OW = static_cast<int>(g.OW);
+  a.sh = static_cast<int>(g.sh), a.sw = static_cast<int>(g.sw);
+  a.ph = static_cast<int>(g.ph), a.pw = static_cast<int>(g.pw);
+  a.dh = static_cast<int>(g.dh), a.dw = static_cast<int>(g.dw);
+  a.K = static_cast<int>(K);
+  a.Kb = a.K;
+  a.Kp = static_cast<int>(K | 1);
+  a.M = g.N * g.OH * g.OW;
+  a.OHW = g.OH * g.OW;
+  int64_t s[4];
+  canonical_strides(xs, x_nhwc, s);
+  a.x_n = s[0], a.x_c = s[1], a.x_h = s[2], a.x_w = s[3];
+  canonical_strides(ws, w_nhwc, s);
+  a.w_o = s[0], a.w_c = s[1], a.w_h = s[2], a.w_w = s[3];
+  canonical_strides(want_y, y_nhwc, s);
+  a.y_n = s[0], a.y_c = s[1], a.y_p = s[3];  // p = oh·OW + ow: offset oh·s2 + ow·s3 = p·s3
+  a.y_nhwc = y_nhwc;
+  return a;
+}
+
+int sm_count(CudaBackend& b, int32_t device) {
+  return std::max(b.context(device).prop.multiProcessorCount, 1);
+}
+
+template <class T>
+class DirectConvKernel final : public Kernel {
+ public:
+  DirectConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false)
+      : device_(node.device()), has_bias_(node.has_input(2)) {
+    const plx_tensor &x = node.input(0), &w = node.input(1), &y = node.output(0);
+    PLX_REQUIRE(x.ndim == 4 && w.ndim == 4 && y.ndim == 4, "conv2d: x, w and y must be 4-D");
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    const int64_t ws[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+    a_ = direct_args<T>(node, x, w, y, xs, ws, "conv2d", "w", "y");
+    a_.relu = relu;
+    if (has_bias_) {
+      const plx_tensor& b = node.input(2);
+      PLX_DECLINE_UNLESS(
+          b.ndim == 1 && b.dtype == dtype_v<T> && (b.shape[0] <= 1 || b.strides[0] == 1),
+          "conv2d: the bias must be contiguous and of the input's dtype");
+    }
+    smem_ = fwd_smem_bytes(kFwdTile, a_.O, a_.K, a_.Kp);
+    PLX_DECLINE_UNLESS(smem_ <= kMaxSmem, "conv2d: direct would need %llu bytes of shared memory",
+                       static_cast<unsigned long long>(smem_));
+    a_.tiles = ceil_div(a_.M, kFwdTile);
+    grid_ = static_cast<unsigned>(std::clamp<int64_t>(
+        std::min<int64_t>(a_.tiles, 16 * static_cast<int64_t>(sm_count(backend, device_))), 1,
+        INT_MAX));
+  }
+
+  void compute(const KernelCall& c) override {
+    if (a_.M == 0 || a_.O == 0) return;  // y is empty
+    use_device(device_);
+    DirectArgs<T> a = a_;
+    a.x = static_cast<const T*>(c.in(0).data);
+    a.w = static_cast<const T*>(c.in(1).data);
+    a.bias = has_bias_ ? static_cast<const T*>(c.in(2).data) : nullptr;
+    a.y = static_cast<T*>(c.out(0).data);
+    direct_conv_kernel<T><<<grid_, kBlock, smem_, native(c.stream)>>>(a);
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  bool has_bias_;
+  DirectArgs<T> a_{};
+  uint64_t smem_ = 0;
+  unsigned grid_ = 1;
+};
+
+// conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW); in a fused
+// group also with relu_backward before it (dy masked by relu_backward's y) and the bias
+// gradient's sum of the masked dy (db). One launch either way.
+//
+// Where the call's tensors are: input slots of dy, x and relu_backward's y (-1: no ReLU), output
+// slots of dw and db (-1: no bias gradient).
+struct WgradSlots {
+  int32_t dy = 0, x = 1, relu_y = -1, dw = 0, db = -1;
+};
+
+template <class T>
+class DirectWgradKernel final : public Kernel {
+ public:
+  using Slots = WgradSlots;
+
+  DirectWgradKernel(const NodeInfo& node, CudaBackend& backend)
+      : DirectWgradKernel(node, backend, Slots{}, nullptr, nullptr, nullptr) {}
+
+  // `relu_y`, `db`: the descriptors of those tensors where `slots` has them; `dy`: what the
+  // kernel reads as dy where that is not the node's input 0 (relu_backward's input, in a group).
+  DirectWgradKernel(const NodeInfo& node, CudaBackend& backend, Slots slots,
+                    const plx_tensor* relu_y, const plx_tensor* db, const plx_tensor* dy_read)
+      : device_(node.device()), slots_(slots) {
+    const char* op = "conv2d_backward_weight";
+    const plx_tensor &dy = dy_read ? *dy_read : node.input(0), &x = node.input(1),
+                     &dw = node.output(0);
+    PLX_REQUIRE(dy.ndim == 4 && x.ndim == 4 && dw.ndim == 4, "%s: dy, x and dw must be 4-D", op);
+    const std::vector<int64_t> v = node.attr_ints("weight_shape");
+    PLX_REQUIRE(v.size() == 4, "%s: weight_shape must have 4 values", op);
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    const int64_t ws[4] = {v[0], v[1], v[2], v[3]};
+    a_ = direct_args<T>(node, x, dw, dy, xs, ws, op, "dw", "dy");
+    if (relu_y) {
+      PLX_DECLINE_UNLESS(relu_y->dtype == dtype_v<T> && sdk::same_layout(*relu_y, dy),
+                         "relu_backward+%s: relu's y must be laid out as dy, in its dtype", op);
+    }
+    if (db) {
+      PLX_DECLINE_UNLESS(db->ndim == 1 && db->dtype == dtype_v<T> && db->shape[0] == a_.O &&
+                             (db->shape[0] <= 1 || db->strides[0] == 1),
+                         "%s: the bias gradient must be (O) contiguous, in dy's dtype", op);
+    }
+    a_.Kb = a_.K + (db ? 1 : 0);
+    a_.Kp = a_.Kb | 1;
+    const int64_t sums = static_cast<int64_t>(a_.O) * a_.Kb;
+    PLX_DECLINE_UNLESS(sums <= kWgradMaxSums * kBlock,
+                       "%s: direct holds at most %d sums (O·C·KH·KW, + O with the bias), got %lld",
+                       op, kWgradMaxSums * kBlock, static_cast<long long>(sums));
+    sums_per_thread_ = static_cast<int>(ceil_div(sums, kBlock));
+    smem_ = wgrad_smem_bytes(kWgradTile, a_.O, a_.K, a_.Kp);
+    PLX_DECLINE_UNLESS(smem_ <= kMaxSmem, "%s: direct would need %llu bytes of shared memory", op,
+                       static_cast<unsigned long long>(smem_));
+    // Chunks: about two blocks per SM, each at least 4 tiles, none empty; one with no pixel
+    // (N = 0), whose zero partials make dw and db zero.
+    a_.tiles = ceil_div(a_.M, kWgradTile);
+    const int64_t target = 2 * static_cast<int64_t>(sm_count(backend, device_));
+    chunks_ = std::clamp<int64_t>(std::min(target, ceil_div(a_.tiles, 4)), 1, INT_MAX);
+    a_.tiles_per_chunk = std::max<int64_t>(ceil_div(a_.tiles, chunks_), 1);
+    chunks_ = std::max<int64_t>(ceil_div(a_.tiles, a_.tiles_per_chunk), 1);
+    sums_ = sums;
+  }
+
+  // The per-chunk f32 partials.
+  uint64_t workspace_bytes() const override {
+    return static_cast<uint64_t>(chunks_ * sums_) * sizeof(float);
+  }
+
+  void compute(const KernelCall& c) override {
+    if (sums_ == 0) return;  // dw and db are empty
+    use_device(device_);
+    DirectArgs<T> a = a_;
+    a.y = static_cast<T*>(const_cast<void*>(c.in(slots_.dy).data));
+    a.x = static_cast<const T*>(c.in(slots_.x).data);
+    a.relu_y = slots_.relu_y >= 0 ? static_cast<const T*>(c.in(slots_.relu_y).data) : nullptr;
+    a.dwt = static_cast<T*>(c.out(slots_.dw).data);
+    a.db = slots_.db >= 0 ? static_cast<T*>(c.out(slots_.db).data) : nullptr;
+    a.part = static_cast<float*>(c.workspace);
+    a.done = done_.p;
+    const unsigned grid = static_cast<unsigned>(chunks_);
+    const cudaStream_t s = native(c.stream);
+    switch (sums_per_thread_) {
+      case 1:
+        direct_wgrad_kernel<T, 1><<<grid, kBlock, smem_, s>>>(a);
+        break;
+      case 2:
+        direct_wgrad_kernel<T, 2><<<grid, kBlock, smem_, s>>>(a);
+        break;
+      case 3:
+      case 4:
+        direct_wgrad_kernel<T, 4><<<grid, kBlock, smem_, s>>>(a);
+        break;
+      case 5:
+      case 6:
+      case 7:
+      case 8:
+        direct_wgrad_kernel<T, 8><<<grid, kBlock, smem_, s>>>(a);
+        break;
+      default:
+        direct_wgrad_kernel<T, kWgradMaxSums><<<grid, kBlock, smem_, s>>>(a);
+        break;
+    }
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  Slots slots_;
+  DirectArgs<T> a_{};
+  uint64_t smem_ = 0;
+  int sums_per_thread_ = 1;
+  int64_t chunks_ = 1, sums_ = 0;
+  BlockCounter done_;
+};
+
+template <class T>
+void add_dtype(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
+  // Either layout for each tensor, every mix; in 16 bits channels-last preferred, as the other
+  // convolutions there, so that the planner keeps the first layer's output NHWC for the next.
+  constexpr plx_dtype d = dtype_v<T>;
+  const plx_layout l = d == PLX_F32 ? PLX_LAYOUT_NCHW : PLX_LAYOUT_NHWC;
+  r.add<DirectConvKernel<T>, CudaBackend>("conv2d", d, "direct", f, l);
+  r.add<DirectWgradKernel<T>, CudaBackend>("conv2d_backward_weight", d, "direct", f, l);
+}
+
+}  // namespace
+
+void register_direct_conv(KernelRegistry& r) {
+  add_dtype<float>(r);
+  add_dtype<f16>(r);
+  add_dtype<bf16>(r);
+}
+
+std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu) {
+  switch (node.input(0).dtype) {
+    case PLX_F32:
+      return std::make_unique<DirectConvKernel<float>>(node, backend, relu);
+    case PLX_F16:
+      return std::make_unique<DirectConvKernel<f16>>(node, backend, relu);
+    case PLX_BF16:
+      return std::make_unique<DirectConvKernel<bf16>>(node, backend, relu);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("conv2d: no direct kernel for %s", plexus::dtype_name(node.input(0).dtype)));
+}
+
+std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& impl,
+                                               plx_dtype& dtype) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 3 && g.is(0, "relu_backward"),
+                     "not relu_backward with its readers");
+  const int32_t w = g.is(1, "conv2d_backward_weight") ? 1 : 2, s = 3 - w;
+  PLX_DECLINE_UNLESS(g.is(w, "conv2d_backward_weight") && g.is(s, "sum"),
+                     "not relu_backward, sum and conv2d_backward_weight");
+  PLX_DECLINE_UNLESS(impl == "direct", "the host gave conv2d_backward_weight to %s, not direct",
+                     impl.empty() ? "the default kernel" : impl.c_str());
+  const plx_graph_node &r = g.node(0), &wn = g.node(w), &sn = g.node(s);
+  const int32_t masked = r.outputs[0];
+  PLX_DECLINE_UNLESS(wn.inputs[0] == masked && sn.inputs[0] == masked && b.output(masked) < 0,
+                     "relu_backward's output is needed outside the group");
+  WgradSlots sl;
+  sl.dy = b.input(r.inputs[0]);
+  sl.relu_y = b.input(r.inputs[1]);
+  sl.x = b.input(wn.inputs[1]);
+  sl.dw = b.output(wn.outputs[0]);
+  sl.db = b.output(sn.outputs[0]);
+  PLX_DECLINE_UNLESS(sl.dy >= 0 && sl.relu_y >= 0 && sl.x >= 0 && sl.dw >= 0 && sl.db >= 0,
+                     "relu_backward+sum+conv2d_backward_weight: a tensor is not on the boundary");
+  const plx_tensor& dy = g.value(r.inputs[0]);
+  const plx_tensor& relu_y = g.value(r.inputs[1]);
+  const plx_tensor& db = g.value(sn.outputs[0]);
+  const sdk::OwnedNodeInfo info(g, w);
+  const NodeInfo node(&info.get());
+  dtype = static_cast<plx_dtype>(dy.dtype);
+  switch (dtype) {
+    case PLX_F32:
+      return std::make_unique<DirectWgradKernel<float>>(node, backend, sl, &relu_y, &db, &dy);
+    case PLX_F16:
+      return std::make_unique<DirectWgradKernel<f16>>(node, backend, sl, &relu_y, &db, &dy);
+    case PLX_BF16:
+      return std::make_unique<DirectWgradKernel<bf16>>(node, backend, sl, &relu_y, &db, &dy);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format(
+      "relu_backward+sum+conv2d_backward_weight: no direct %s kernel", plexus::dtype_name(dtype)));
+}
+
+}  // namespace plexus::cuda

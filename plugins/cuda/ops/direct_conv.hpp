@@ -1,0 +1,32 @@
+// The plugin's own direct convolution for layers with few input taps (ops/direct_conv.cu): the
+// first layer of a network, where C = 1 or 3 and K = C·KH·KW is too short for a Tensor Core
+// GEMM (the implicit-GEMM kernels need C % 8 == 0). Candidates "direct" for conv2d and
+// conv2d_backward_weight in f32, f16 and bf16, registered after cuDNN (the autotuner or
+// backend.kernels = "native" picks them).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common.hpp"
+
+namespace plexus::cuda {
+
+// Adds the "direct" candidates to `r`; called by register_conv after the cuDNN kernels.
+void register_direct_conv(KernelRegistry& r);
+
+// A conv2d node's direct kernel, with the ReLU applied before the one rounding when `relu` (a
+// fused conv2d -> relu whose conv the host gave to "direct"). Throws Unsupported (a decline)
+// where the registered candidate would.
+std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu);
+
+// The fused group relu_backward(dy, y) -> {sum (the bias gradient), conv2d_backward_weight}, the
+// backward of a first layer's conv -> relu, as one direct weight-gradient launch that masks dy as
+// it reads it and sums it per channel beside dw: the masked gradient never exists. Declines
+// unless the host gave the conv2d_backward_weight node to "direct" (`impl`, its kernel_hint's
+// impl) and nothing outside the group reads the masked gradient. Sets `dtype`.
+std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& impl,
+                                               plx_dtype& dtype);
+
+}  // namespace plexus::cuda

@@ -1,0 +1,336 @@
+// The CUDA plugin's direct convolution for few input taps (plugins/cuda/ops/direct_conv.cu): the
+// "direct" candidates of conv2d and conv2d_backward_weight, created explicitly (the ordinary
+// dispatch would take cuDNN, registered first), run against the CPU plugin on first-layer shapes
+// (our models' C = 1 layers, RGB-like C = 3, the K = 32 limit, strides, dilation, padding),
+// ragged pixel tiles and empty batches, with and without bias, in every layout mix of x, w and y
+// (NCHW contiguous or channels-last per tensor), in f32, f16 and bf16. Outputs and workspace
+// start as NaN (0xFF bytes) so an element left unwritten, or scratch read before it is written,
+// fails.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/compare.hpp"
+#include "cuda/cuda_util.hpp"
+#include "cuda/layout_candidate.hpp"
+#include "plexus/dispatch.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
+#include "plexus/plugin.hpp"
+#include "plexus/runtime.hpp"
+
+using namespace plexus;
+using namespace plexus::test;
+using namespace plexus::test::layout_candidate;
+
+namespace {
+
+constexpr const char* kImpl = "direct";
+
+struct Geo {
+  Shape x;  // N, C, H, W
+  int64_t o, kh, kw;
+  Ints stride, padding, dilation;
+};
+
+// The first layers of convnet (padding 1, 32 channels) and simplecnn (no padding, 16), at a batch
+// whose pixel count leaves a ragged last tile; an RGB-like stem with stride 2; K = 32 (the
+// largest direct takes) with dilation; a rectangular filter with mixed stride and padding; a 1x1;
+// more channels than a warp and odd; one output pixel; an empty batch.
+const std::vector<Geo>& geometries() {
+  static const std::vector<Geo> g = {
+      {{3, 1, 28, 28}, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}},  // convnet conv1
+      {{2, 1, 28, 28}, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}},  // simplecnn conv1
+      {{2, 3, 15, 17}, 24, 3, 3, {2, 2}, {1, 1}, {1, 1}},  // RGB stem, stride 2
+      {{2, 2, 13, 12}, 8, 4, 4, {1, 1}, {2, 1}, {2, 2}},   // K = 32, dilation 2
+      {{3, 1, 9, 11}, 5, 5, 2, {3, 1}, {2, 0}, {1, 1}},    // rectangular, mixed stride
+      {{2, 3, 7, 7}, 200, 1, 1, {1, 1}, {0, 0}, {1, 1}},   // 1x1, 200 channels
+      {{1, 1, 3, 3}, 33, 3, 3, {1, 1}, {0, 0}, {1, 1}},    // one output pixel
+      {{0, 1, 8, 8}, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}},    // empty batch: dw is zero
+  };
+  return g;
+}
+
+Attrs geo_attrs(const Geo& g) {
+  return Attrs{{"stride", g.stride},
+               {"padding", g.padding},
+               {"dilation", g.dilation},
+               {"groups", int64_t{1}}};
+}
+
+Shape out_shape(const Geo& g) {
+  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.dilation[0] * (g.kh - 1) - 1) / g.stride[0] + 1;
+  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.dilation[1] * (g.kw - 1) - 1) / g.stride[1] + 1;
+  return {g.x[0], g.o, oh, ow};
+}
+
+std::string describe(const Geo& g) {
+  auto s = [](const std::vector<int64_t>& v) {
+    std::string r = "(";
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+    return r + ")";
+  };
+  return "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) + "x" +
+         std::to_string(g.kw) + " stride " + s(g.stride) + " padding " + s(g.padding) +
+         " dilation " + s(g.dilation);
+}
+
+const plx_kernel* direct_kernel(Backend& gpu, const std::string& op, plx_dtype d) {
+  const OpSchema& s = runtime().ops().get(op);
+  for (const plx_kernel* k : gpu.kernels(s.id, d))
+    if (k->impl && std::string(k->impl) == kImpl) return k;
+  return nullptr;
+}
+
+struct Layouts {
+  bool x, w, y;
+};
+std::string layout_name(const Layouts& l) {
+  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
+  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
+}
+
+// Runs the direct kernel of `op` for one node; it must accept; compares with `want`.
+void check_direct(Backend& gpu, const std::string& op, plx_dtype d, const std::vector<Tensor>& in,
+                  const Shape& out_shape, bool out_nhwc, const Attrs& attrs, const Tensor& want,
+                  int64_t terms, const std::string& what) {
+  const OpSchema& s = runtime().ops().get(op);
+  const plx_kernel* k = direct_kernel(gpu, op, d);
+  INFO(op << " " << dtype_name(d) << ": " << what);
+  REQUIRE(k != nullptr);
+  Tensor out = poisoned(gpu, out_shape, d, out_nhwc);
+  const std::string why = run_candidate(gpu, s, k, in, {out}, attrs);
+  INFO("declined: " << why);
+  REQUIRE(why.empty());
+  const Tensor got = out.contiguous().to(cpu());
+  const std::string diff = cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, false));
+  INFO(diff);
+  CHECK(diff.empty());
+}
+
+}  // namespace
+
+TEST_CASE("cuda direct convolutions match the cpu reference in every layout mix", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  uint64_t seed = 20261124;
+  int runs = 0;
+  for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
+    for (const Geo& g : geometries()) {
+      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+      const Shape y_shape = out_shape(g);
+      const Tensor x = random_tensor(g.x, d, ++seed);
+      const Tensor w = random_tensor(w_shape, d, ++seed);
+      const Tensor b = random_tensor({g.o}, d, ++seed);
+      const Tensor dy = random_tensor(y_shape, d, ++seed);
+      const Attrs geo = geo_attrs(g);
+      Attrs bw_attrs = geo;
+      bw_attrs.set("weight_shape", Ints(w_shape));
+      const Tensor want_y = call(cpu(), "conv2d", {x, w, Tensor()}, geo)[0];
+      const Tensor want_yb = call(cpu(), "conv2d", {x, w, b}, geo)[0];
+      const Tensor want_dw = call(cpu(), "conv2d_backward_weight", {dy, x}, bw_attrs)[0];
+      const int64_t taps = g.x[1] * g.kh * g.kw;
+      const int64_t pixels = std::max<int64_t>(1, y_shape[0] * y_shape[2] * y_shape[3]);
+      for (int mix = 0; mix < 8; ++mix) {
+        const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+        const std::string what = describe(g) + ", " + layout_name(l);
+        const Tensor gx = on_gpu(gpu, x, l.x), gw = on_gpu(gpu, w, l.w);
+        const Tensor gdy = on_gpu(gpu, dy, l.y);
+        check_direct(gpu, "conv2d", d, {gx, gw, Tensor()}, y_shape, l.y, geo, want_y, taps + 1,
+                     what);
+        check_direct(gpu, "conv2d", d, {gx, gw, b.to(gpu)}, y_shape, l.y, geo, want_yb, taps + 1,
+                     what + ", bias");
+        // dw in w's layout, from dy in y's.
+        check_direct(gpu, "conv2d_backward_weight", d, {gdy, gx}, w_shape, l.w, bw_attrs, want_dw,
+                     pixels, what);
+        runs += 3;
+      }
+    }
+  }
+  CHECK(runs == 3 * 8 * 3 * static_cast<int>(geometries().size()));
+}
+
+// The same kernel twice on the same inputs gives the same bits: the weight gradient's chunks are
+// added in a fixed order, with no atomics, as the flags say.
+TEST_CASE("cuda direct convolutions are deterministic", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const Geo g = {{16, 1, 28, 28}, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}};
+  const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+  const Shape y_shape = out_shape(g);
+  for (plx_dtype d : {PLX_F32, PLX_BF16}) {
+    const Tensor x = random_tensor(g.x, d, 7).to(gpu);
+    const Tensor w = random_tensor(w_shape, d, 8).to(gpu);
+    const Tensor dy = random_tensor(y_shape, d, 9).to(gpu);
+    Attrs bw_attrs = geo_attrs(g);
+    bw_attrs.set("weight_shape", Ints(w_shape));
+    struct Run {
+      const char* op;
+      std::vector<Tensor> in;
+      Shape out;
+      Attrs attrs;
+    };
+    const Run runs[] = {{"conv2d", {x, w, Tensor()}, y_shape, geo_attrs(g)},
+                        {"conv2d_backward_weight", {dy, x}, w_shape, bw_attrs}};
+    for (const Run& r : runs) {
+      INFO(r.op << " " << dtype_name(d));
+      const plx_kernel* k = direct_kernel(gpu, r.op, d);
+      REQUIRE(k != nullptr);
+      CHECK(same_bits_twice(gpu, runtime().ops().get(r.op), k, r.in, r.out, d, r.attrs));
+    }
+  }
+}
+
+// What the kernels do not handle they decline with the reason, and another kernel takes the node.
+TEST_CASE("cuda direct convolutions decline what they do not handle", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const plx_dtype d = PLX_BF16;
+  struct Decline {
+    Shape x;
+    int64_t o, k;
+    Attrs attrs;
+    std::string reason;
+  };
+  const std::vector<Decline> cases = {
+      // Too many taps: simplecnn's second layer (16 x 3 x 3 = 144), the Tensor Cores' case.
+      {{2, 16, 13, 13}, 32, 3, Attrs{}, "C·KH·KW <= 32"},
+      {{2, 4, 8, 8}, 8, 3, Attrs{{"groups", int64_t{2}}}, "groups"},
+      {{1, 1, 8, 8}, 300, 3, Attrs{}, "at most 256 output channels"},
+  };
+  for (const Decline& c : cases) {
+    const int64_t groups = c.attrs.has("groups") ? c.attrs.get_int("groups") : 1;
+    const Shape w_shape = {c.o, c.x[1] / groups, c.k, c.k};
+    const Tensor x = random_tensor(c.x, d, 1).to(gpu);
+    const Tensor w = random_tensor(w_shape, d, 2).to(gpu);
+    const Tensor y = call(gpu, "conv2d", {x, w, Tensor()}, c.attrs)[0];  // cuDNN
+    Attrs bw_attrs = c.attrs;
+    bw_attrs.set("weight_shape", Ints(w_shape));
+    INFO("expecting a decline naming " << c.reason);
+    for (const char* op : {"conv2d", "conv2d_backward_weight"}) {
+      INFO(op);
+      const OpSchema& s = runtime().ops().get(op);
+      const bool fwd = std::string(op) == "conv2d";
+      Tensor out = poisoned(gpu, fwd ? y.shape() : w_shape, d, false);
+      const std::string why =
+          fwd ? run_candidate(gpu, s, direct_kernel(gpu, op, d), {x, w, Tensor()}, {out}, c.attrs)
+              : run_candidate(gpu, s, direct_kernel(gpu, op, d), {y, x}, {out}, bw_attrs);
+      CHECK_THAT(why, PLX_CONTAINS(c.reason));
+    }
+  }
+  // Strides that are neither NCHW contiguous nor channels-last: x with H and W swapped in memory.
+  const Tensor x = random_tensor({2, 1, 8, 8}, d, 3).to(gpu).permute({0, 1, 3, 2});
+  const Tensor w = random_tensor({8, 1, 3, 3}, d, 4).to(gpu);
+  const Attrs geo{{"padding", Ints{1, 1}}};
+  Tensor out = poisoned(gpu, {2, 8, 8, 8}, d, false);
+  const OpSchema& s = runtime().ops().get("conv2d");
+  CHECK_THAT(run_candidate(gpu, s, direct_kernel(gpu, "conv2d", d), {x, w, Tensor()}, {out}, geo),
+             PLX_CONTAINS("x must be NCHW contiguous or channels-last"));
+}
+
+// Registration, checked wherever the plugin was built (no device needed): one "direct" kernel per
+// op and dtype, native, deterministic, capturable, after cuDNN and the igemm tiles; channels-last
+// preferred in 16 bits, NCHW in f32, as the other convolutions there.
+TEST_CASE("the cuda plugin registers its direct convolutions after cudnn", "[cpu]") {
+  if (!cuda::plugin_built())
+    PLX_SKIP("the CUDA plugin was not built (no nvcc or cuDNN at configure time)");
+  Backend* b = cuda::backend();
+  INFO("loader: " << cuda::skip_reason());
+  REQUIRE(b != nullptr);
+  for (const char* op : {"conv2d", "conv2d_backward_weight"}) {
+    const OpSchema& s = runtime().ops().get(op);
+    for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
+      INFO(op << " " << dtype_name(d));
+      const auto ks = b->kernels(s.id, d);
+      REQUIRE_FALSE(ks.empty());
+      CHECK(std::string(ks.front()->impl) == "cudnn");
+      CHECK(std::string(ks.back()->impl) == kImpl);
+      int n = 0;
+      for (const plx_kernel* k : ks) n += std::string(k->impl ? k->impl : "") == kImpl;
+      CHECK(n == 1);
+      const plx_kernel* k = ks.back();
+      CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);
+      CHECK((k->flags & PLX_KERNEL_DETERMINISTIC) != 0);
+      CHECK((k->flags & PLX_KERNEL_CAPTURABLE) != 0);
+      CHECK(k->layout == (d == PLX_F32 ? PLX_LAYOUT_NCHW : PLX_LAYOUT_NHWC));
+    }
+  }
+}
+
+// A first layer's backward (x is an input: no dx): relu_backward with its two readers, the bias
+// gradient's sum and the weight gradient, runs as one direct launch where the host gives the
+// weight gradient to "direct" (backend.kernels = "native": the igemm tiles decline C = 1), the
+// masked gradient never written; against the same graph on the CPU. Where the host chose cuDNN
+// (the library side) the group is declined and the ReLU's backward pairs with its sum instead.
+TEST_CASE(
+    "the relu backward of a first layer with its bias sum and weight gradient runs as one direct "
+    "kernel",
+    "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  struct C {
+    Shape x;
+    int64_t o;
+    Ints padding;
+    plx_dtype d;
+  };
+  const C cases[] = {{{5, 1, 12, 10}, 16, {1, 1}, PLX_F32},
+                     {{4, 1, 28, 28}, 32, {1, 1}, PLX_BF16},
+                     {{3, 3, 9, 9}, 8, {0, 0}, PLX_F16},
+                     {{0, 1, 8, 8}, 8, {1, 1}, PLX_F32}};
+  for (KernelSide side : {KernelSide::Native, KernelSide::Library}) {
+    RuntimeOptions o = plugin_dir_options();
+    o.kernels = side;
+    Runtime rt(o);
+    Backend& gpu = rt.backend("cuda");
+    const bool native = side == KernelSide::Native;
+    for (const C& c : cases) {
+      DYNAMIC_SECTION((native ? "native " : "library ")
+                      << "x (" << c.x[0] << ", " << c.x[1] << ", " << c.x[2] << ", " << c.x[3]
+                      << ") " << dtype_name(c.d)) {
+        const Shape w_shape = {c.o, c.x[1], 3, 3};
+        const Shape y_shape = {c.x[0], c.o, c.x[2] + 2 * c.padding[0] - 2,
+                               c.x[3] + 2 * c.padding[1] - 2};
+        Graph g(rt.ops());
+        const Var x = g.input("x", {c.d, c.x});
+        const Var dy = g.input("dy", {c.d, y_shape}), y = g.input("y", {c.d, y_shape});
+        const Var dyr = g.add1("relu_backward", {dy, y}, {}, "relu.grad");
+        g.mark_output(g.add1("sum", {dyr}, Attrs{{"axes", Ints{0, 2, 3}}}, "bias.grad"), "db");
+        const Attrs wa{{"stride", Ints{1, 1}},
+                       {"padding", c.padding},
+                       {"dilation", Ints{1, 1}},
+                       {"groups", int64_t{1}},
+                       {"weight_shape", Ints(w_shape)}};
+        g.mark_output(g.add1("conv2d_backward_weight", {dyr, x}, wa, "conv.weight_grad"), "dw");
+        ExecutableOptions eo;
+        TensorStore sa, sb;
+        Executable a(gpu, g, sa, eo), b(rt.backend("cpu"), g, sb, eo);
+        std::string names;
+        for (const auto& k : a.kernel_names()) names += k + "\n";
+        INFO(names);
+        if (native) {
+          CHECK_THAT(names, PLX_CONTAINS("relu_backward+sum+conv2d_backward_weight:direct"));
+          CHECK(a.kernel_names().size() == 1);
+        } else {
+          CHECK_THAT(names, !PLX_CONTAINS(":direct"));
+          CHECK_THAT(names, PLX_CONTAINS("fused kernel 'relu_backward+sum'"));
+        }
+        const int64_t ny = shape_numel(y_shape);
+        const std::vector<double> vdy = random_doubles(static_cast<size_t>(ny), 11, -2, 2);
+        std::vector<double> vy = random_doubles(static_cast<size_t>(ny), 12, -1, 1);
+        for (size_t i = 0; i < vy.size(); i += 7) vy[i] = 0;  // y = 0 passes no gradient
+        const std::vector<double> vx =
+            random_doubles(static_cast<size_t>(shape_numel(c.x)), 13, -1, 1);
+        for (Executable* e : {&a, &b}) {
+          fill(e->tensor("x"), vx);
+          fill(e->tensor("dy"), vdy);
+          fill(e->tensor("y"), vy);
+          e->run();
+          e->sync();
+        }
+        const double nmse = c.d == PLX_F32 ? 1e-10 : 1e-4;
+        for (const char* out : {"dw", "db"}) {
+          INFO(out);
+          CHECK(cmp::compare_tensors(a.tensor(out), b.tensor(out),
+                                     cmp::Tolerance{INFINITY, 0, nmse, false}) == "");
+        }
+      }
+    }
+  }
+}
