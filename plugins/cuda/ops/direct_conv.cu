@@ -41,6 +41,7 @@
 #include <string>
 
 #include "device.cuh"
+#include "ops/conv_strides.hpp"
 #include "ops/direct_conv.hpp"
 
 namespace plexus::cuda {
@@ -322,15 +323,6 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
 }
 
 // ---- kernels ----
-
-// Element strides of a logical (d0, d1, d2, d3) tensor stored NCHW or channels-last.
-void canonical_strides(const int64_t (&d)[4], bool channels_last, int64_t (&s)[4]) {
-  if (channels_last) {
-    s[0] = d[2] * d[3] * d[1], s[1] = 1, s[2] = d[3] * d[1], s[3] = d[1];
-  } else {
-    s[0] = d[1] * d[2] * d[3], s[1] = d[2] * d[3], s[2] = d[3], s[3] = 1;
-  }
-}
 
 // What both kernels check and fill: the geometry from x (N, C, H, W), w (O, C, KH, KW) and
 // y (N, O, OH, OW) in whatever roles the op gives them, their layouts, and the tap count.

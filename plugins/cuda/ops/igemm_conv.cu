@@ -50,6 +50,7 @@
 #include <string>
 
 #include "device.cuh"
+#include "ops/conv_strides.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/mma_ptx.cuh"
 
@@ -539,17 +540,6 @@ __global__ void stage_filter_kernel(const T* __restrict__ w, T* __restrict__ out
 // ---- host side ----
 
 enum class Dir { Fwd, BwdData };
-
-// Canonical element strides of a logical (d0, d1, d2, d3) tensor in either layout. For a tensor
-// that satisfies both patterns (size-1 dimensions) the two give the same offsets for every valid
-// index, so either choice is right.
-void canonical_strides(const int64_t (&d)[4], bool channels_last, int64_t (&s)[4]) {
-  if (channels_last) {
-    s[0] = d[2] * d[3] * d[1], s[1] = 1, s[2] = d[3] * d[1], s[3] = d[1];
-  } else {
-    s[0] = d[1] * d[2] * d[3], s[1] = d[2] * d[3], s[2] = d[3], s[3] = 1;
-  }
-}
 
 constexpr uint64_t kWsAlign = 256;
 uint64_t align_up(uint64_t v) { return (v + kWsAlign - 1) / kWsAlign * kWsAlign; }
