@@ -334,3 +334,100 @@ TEST_CASE(
     }
   }
 }
+
+// A first layer with its ReLU and max pool, the conv given to "direct" (backend.kernels =
+// "native"), runs as one direct launch that pools the conv's values as it computes them, and
+// gives the bits of the same graph run node by node (ExecutableOptions::fuse off: the direct
+// conv, the ReLU and max_pool2d one after another): y and the indices, in the training form
+// (relu_mask, u8 window taps) and others (i32 positions, the ReLU before the pool, no ReLU,
+// overlapping windows with padding, a ragged last window row). In f32 against the CPU too.
+TEST_CASE(
+    "a first layer with its relu and max pool runs as one direct kernel with the unfused bits",
+    "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  struct C {
+    Shape x;
+    int64_t o;
+    bool relu;
+    Attrs pool;
+    const char* what;
+  };
+  const Attrs training{
+      {"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}};
+  const C cases[] = {
+      {{5, 1, 28, 28}, 16, true, training, "simplecnn's first layer, training form"},
+      {{3, 1, 13, 11},
+       8,
+       true,
+       Attrs{{"kernel", Ints{2, 2}}},
+       "i32 positions, ReLU before the pool"},
+      {{2, 3, 12, 12},
+       20,
+       false,
+       Attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}},
+       "no ReLU, overlapping windows with padding"},
+      {{2, 1, 9, 9},
+       4,
+       true,
+       Attrs{{"kernel", Ints{2, 3}}, {"relu_mask", int64_t{1}}, {"ceil_mode", int64_t{1}}},
+       "relu_mask with i32 positions, ceil_mode"},
+  };
+  RuntimeOptions opts = plugin_dir_options();
+  opts.kernels = KernelSide::Native;
+  Runtime rt(opts);
+  Backend& gpu = rt.backend("cuda");
+  for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_F16})
+    for (const C& c : cases) {
+      DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
+        Graph g(rt.ops());
+        const Var x = g.input("x", {d, c.x});
+        const int64_t taps = c.x[1] * 9;
+        const Var w =
+            g.parameter("c.weight", {d, {c.o, c.x[1], 3, 3}}, init::kaiming_uniform(taps));
+        const Var b = g.parameter("c.bias", {d, {c.o}}, init::uniform(-0.3, 0.3));
+        Var v = g.add1("conv2d", {x, w, b}, Attrs{{"padding", Ints{1, 1}}}, "c");
+        if (c.relu) v = g.add1("relu", {v}, {}, "c.relu");
+        const std::vector<Var> p = g.add("max_pool2d", {v}, c.pool, "c.pool");
+        g.mark_output(p[0], "y");
+        g.mark_output(p[1], "idx");
+        TensorStore store;
+        ExecutableOptions fused_opts, plain_opts;
+        plain_opts.fuse = false;
+        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
+        std::string names;
+        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        INFO(names);
+        CHECK_THAT(names, PLX_CONTAINS(c.relu ? "conv2d+relu+max_pool2d:direct"
+                                              : "conv2d+max_pool2d:direct"));
+        CHECK(fused.kernel_names().size() == 1);
+        std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 31, -1, 1);
+        for (Executable* e : {&fused, &plain}) {
+          fill(e->tensor("x"), vx);
+          e->run();
+          e->sync();
+        }
+        for (const char* out : {"y", "idx"}) {
+          INFO(out);
+          const Tensor a = fused.tensor(out).contiguous().to(cpu()),
+                       z = plain.tensor(out).contiguous().to(cpu());
+          REQUIRE(a.nbytes() == z.nbytes());
+          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
+          a.copy_to_host(ab.data());
+          z.copy_to_host(zb.data());
+          CHECK(ab == zb);
+        }
+        if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
+          TensorStore cpu_store;
+          Executable ref(rt.backend("cpu"), g, cpu_store, fused_opts);
+          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
+          fill(ref.tensor("x"), vx);
+          ref.run();
+          ref.sync();
+          CHECK(cmp::compare_tensors(fused.tensor("y"), ref.tensor("y"),
+                                     cmp::tolerance_for(PLX_F32, taps + 1, false)) == "");
+          CHECK(cmp::compare_tensors(fused.tensor("idx"), ref.tensor("idx"),
+                                     cmp::Tolerance{0, 0, 0, true}) == "");
+        }
+      }
+    }
+}

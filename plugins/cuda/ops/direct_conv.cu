@@ -43,6 +43,7 @@
 #include "device.cuh"
 #include "ops/conv_strides.hpp"
 #include "ops/direct_conv.hpp"
+#include "plexus/sdk/fusion_conv_pool.hpp"
 
 namespace plexus::cuda {
 
@@ -129,15 +130,17 @@ __device__ __forceinline__ void fill_pixels(const DirectArgs<T>& a, const PixelT
   }
 }
 
-// patch[p·Kp + k] = x at pixel p's tap k, 0 in the padding (and past M).
+// patch[p·Kp + k] = x at pixel p's tap k, 0 in the padding (and past M, or where `pos`, when
+// given, says pixel p is none: pos[p] < 0).
 template <class T>
 __device__ __forceinline__ void gather_patches(const DirectArgs<T>& a, const PixelTables& t,
-                                               float* patch, int64_t m0, int TP) {
+                                               float* patch, int64_t m0, int TP,
+                                               const int* pos = nullptr) {
   const int total = TP * a.K;
   for (int e = threadIdx.x; e < total; e += blockDim.x) {
     const int p = e / a.K, k = e - p * a.K;
     float v = 0.f;
-    if (m0 + p < a.M) {
+    if (pos ? pos[p] >= 0 : m0 + p < a.M) {
       const int ih = t.ih0[p] + t.tap_h[k], iw = t.iw0[p] + t.tap_w[k];
       if (ih >= 0 && ih < a.H && iw >= 0 && iw < a.W)
         v = load(a.x, t.x_base[p] + t.tap_x[k] + ih * a.x_h + iw * a.x_w);
@@ -207,6 +210,30 @@ uint64_t wgrad_smem_bytes(int TP, int O, int K, int Kp) {
          (static_cast<uint64_t>(TP) * O + static_cast<uint64_t>(TP) * Kp) * sizeof(float);
 }
 
+// The filter (O x K, rows Kp apart) and the bias (0 without one) into shared memory, as f32.
+template <class T>
+__device__ __forceinline__ void load_filter(const DirectArgs<T>& a, float* wsm, float* bsm) {
+  const int khw = a.KH * a.KW;
+  for (int e = threadIdx.x; e < a.O * a.K; e += blockDim.x) {
+    const int o = e / a.K, k = e - o * a.K;
+    const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+    wsm[o * a.Kp + k] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
+  }
+  for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
+}
+
+// Output channel o at the pixel whose receptive field is patch row p: the K-term dot product in
+// tap order, then the bias, in f32.
+template <class T>
+__device__ __forceinline__ float conv_at(const DirectArgs<T>& a, const float* wsm, const float* bsm,
+                                         const float* patch, int o, int p) {
+  const float* wr = wsm + o * a.Kp;
+  const float* xr = patch + p * a.Kp;
+  float acc = 0.f;
+  for (int k = 0; k < a.K; ++k) acc += wr[k] * xr[k];
+  return acc + bsm[o];
+}
+
 // ---- forward ----
 
 template <class T>
@@ -220,13 +247,7 @@ __global__ void __launch_bounds__(kBlock) direct_conv_kernel(const DirectArgs<T>
   float* patch = carve.take<float>(static_cast<int64_t>(TP) * a.Kp);
 
   fill_taps(a, t);
-  const int khw = a.KH * a.KW;
-  for (int e = threadIdx.x; e < a.O * a.K; e += blockDim.x) {
-    const int o = e / a.K, k = e - o * a.K;
-    const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
-    wsm[o * a.Kp + k] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
-  }
-  for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
+  load_filter(a, wsm, bsm);
 
   for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {  // uniform over the block
     const int64_t m0 = tile * TP;
@@ -237,13 +258,106 @@ __global__ void __launch_bounds__(kBlock) direct_conv_kernel(const DirectArgs<T>
       int p, o;
       y_element(a, e, TP, p, o);
       if (m0 + p >= a.M) continue;
-      const float* wr = wsm + o * a.Kp;
-      const float* xr = patch + p * a.Kp;
-      float acc = 0.f;
-      for (int k = 0; k < a.K; ++k) acc += wr[k] * xr[k];
-      acc += bsm[o];
+      float acc = conv_at(a, wsm, bsm, patch, o, p);
       if (a.relu) acc = acc > 0.f ? acc : 0.f;
       store(a.y, t.y_base[p] + o * a.y_c, acc);
+    }
+  }
+}
+
+// ---- forward with the max pool after it ----
+//
+// The group conv2d -> [relu ->] max_pool2d as one launch: the pre-pool tensor never exists. A
+// tile is TQ pooled pixels; its TQ·KP window taps (KP = the pool's kh·kw) are the "pixels" whose
+// receptive fields are gathered (a tap in the pool's padding, pos < 0, has none). Each output
+// (pooled pixel, channel) computes its window's conv values as the forward kernel does, rounds
+// each to T (what the pre-pool tensor would hold), applies the ReLU before the pool where the
+// pool has no relu_mask, and takes the maximum in window order as max_pool2d does (the first
+// maximum, NaN wins); with relu_mask the ReLU runs on the maximum and the index is none where
+// y is not > 0. So y and the indices are those of the conv, ReLU and pool kernels run one by
+// one, to the bit.
+struct PoolArgs {
+  int OH;                              // the conv's output rows (its OW is DirectArgs::OW)
+  int PW;                              // pooled columns
+  int kh, kw, sh, sw, ph, pw, dh, dw;  // the pool's window
+  int KP, TQ;                          // taps per window; pooled pixels per tile (TQ·KP <= 64)
+  int64_t Q, PHW;                      // N·PH·PW pooled pixels, PH·PW
+  int64_t i_n, i_c, i_p;               // the indices' element (n, o, p) at n·i_n + o·i_c + p·i_p
+  bool relu_before, relu_after, relu_mask;
+};
+
+__device__ __forceinline__ bool beats(float v, float best) {
+  return v > best || (v != v && best == best);  // larger, or the first NaN
+}
+__device__ __forceinline__ int32_t encode_index(int32_t pos, int, bool none, int32_t*) {
+  return none ? -1 : pos;  // the position ih·W + iw in the pre-pool plane
+}
+__device__ __forceinline__ uint8_t encode_index(int32_t, int tap, bool none, uint8_t*) {
+  return none ? 255 : static_cast<uint8_t>(tap);  // window_index: the tap kh·KW + kw
+}
+
+template <class T, class Ix>
+__global__ void __launch_bounds__(kBlock)
+    direct_conv_pool_kernel(const DirectArgs<T> a, const PoolArgs q, Ix* __restrict__ idx) {
+  extern __shared__ __align__(16) unsigned char direct_smem[];
+  constexpr int TP = kFwdTile;
+  SmemCarve carve{direct_smem};
+  int64_t* i_base = carve.take<int64_t>(TP);
+  const PixelTables t = carve_tables(carve, TP, a.K);
+  int* pos = carve.take<int>(TP);
+  float* wsm = carve.take<float>(static_cast<int64_t>(a.O) * a.Kp);
+  float* bsm = carve.take<float>(a.O);
+  float* patch = carve.take<float>(static_cast<int64_t>(TP) * a.Kp);
+
+  fill_taps(a, t);
+  load_filter(a, wsm, bsm);
+  const int64_t tiles = (q.Q + q.TQ - 1) / q.TQ;
+  const int taps = q.TQ * q.KP;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform over the block
+    const int64_t q0 = tile * q.TQ;
+    __syncthreads();  // the tap tables are filled, and the previous tile's readers are done
+    for (int e = threadIdx.x; e < taps; e += blockDim.x) {
+      const int u = e / q.KP, j = e - u * q.KP;
+      const int64_t g = q0 + u;
+      pos[e] = -1;
+      if (g >= q.Q) continue;
+      const int64_t n = g / q.PHW, r = g - n * q.PHW;
+      const int oh = static_cast<int>(r / q.PW),
+                ow = static_cast<int>(r - oh * static_cast<int64_t>(q.PW));
+      if (j == 0) {
+        t.y_base[u] = n * a.y_n + r * a.y_p;
+        i_base[u] = n * q.i_n + r * q.i_p;
+      }
+      const int wa = j / q.kw, wb = j - wa * q.kw;
+      const int ch = oh * q.sh - q.ph + wa * q.dh, cw = ow * q.sw - q.pw + wb * q.dw;
+      if (ch < 0 || ch >= q.OH || cw < 0 || cw >= a.OW) continue;  // the pool's padding
+      pos[e] = ch * a.OW + cw;
+      t.x_base[e] = n * a.x_n;
+      t.ih0[e] = ch * a.sh - a.ph;
+      t.iw0[e] = cw * a.sw - a.pw;
+    }
+    __syncthreads();
+    gather_patches(a, t, patch, 0, taps, pos);
+    __syncthreads();
+    const int total = q.TQ * a.O;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+      int u, o;
+      y_element(a, e, q.TQ, u, o);
+      if (q0 + u >= q.Q) continue;
+      float best = -INFINITY;
+      int32_t at = -1;
+      int tap = -1;
+      for (int j = 0; j < q.KP; ++j) {
+        const int v_at = u * q.KP + j;
+        if (pos[v_at] < 0) continue;
+        float v = to_accum<T>(from_accum<T>(conv_at(a, wsm, bsm, patch, o, v_at)));
+        if (q.relu_before) v = v > 0.f ? v : 0.f;
+        if (at < 0 || beats(v, best)) best = v, at = pos[v_at], tap = j;
+      }
+      const float out = to_accum<T>(from_accum<T>(q.relu_after && !(best > 0.f) ? 0.f : best));
+      store(a.y, t.y_base[u] + o * a.y_c, out);
+      idx[i_base[u] + o * q.i_c] =
+          encode_index(at, tap, at < 0 || (q.relu_mask && !(out > 0.f)), static_cast<Ix*>(nullptr));
     }
   }
 }
@@ -429,6 +543,105 @@ class DirectConvKernel final : public Kernel {
   unsigned grid_ = 1;
 };
 
+// A {conv2d, [relu,] max_pool2d} group (sdk::ConvMaxPoolSlots) as one direct launch.
+template <class T>
+class DirectConvPoolKernel final : public Kernel {
+ public:
+  DirectConvPoolKernel(const sdk::GraphView& g, const sdk::ConvMaxPoolSlots& s,
+                       CudaBackend& backend)
+      : device_(g.device()), slots_(s), u8_(s.index_dtype == PLX_U8) {
+    const sdk::OwnedNodeInfo conv_info(g, s.conv), pool_info(g, s.pool);
+    const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
+    const plx_tensor &x = conv.input(0), &w = conv.input(1), &pre = conv.output(0);
+    const plx_tensor &y = pool.output(0), &ix = pool.output(1);
+    PLX_REQUIRE(x.ndim == 4 && w.ndim == 4 && pre.ndim == 4 && y.ndim == 4 && ix.ndim == 4,
+                "conv2d+max_pool2d: 4-D tensors expected");
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    const int64_t ws[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+    // The pre-pool tensor is never written: its descriptor only gives the conv's output shape.
+    a_ = direct_args<T>(conv, x, w, pre, xs, ws, "conv2d", "w", "the pre-pool tensor");
+    if (slots_.bias >= 0) {
+      const plx_tensor& b = conv.input(2);
+      PLX_DECLINE_UNLESS(b.ndim == 1 && (b.shape[0] <= 1 || b.strides[0] == 1),
+                         "conv2d: the bias must be contiguous");
+    }
+    PLX_DECLINE_UNLESS(ix.dtype == PLX_I32 || ix.dtype == PLX_U8,
+                       "max_pool2d: indices must be i32 or u8");
+    using sdk::nhwc_or_decline;
+    const bool y_nhwc = nhwc_or_decline(y, "max_pool2d", "y");
+    const bool i_nhwc = nhwc_or_decline(ix, "max_pool2d", "the indices");
+    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
+               dil = pool.attr_ints("dilation");
+    auto stride = pool.attr_ints("stride");
+    if (stride.empty()) stride = kernel;
+    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                "max_pool2d: kernel, stride, padding and dilation must have 2 values");
+    const int64_t KP = kernel[0] * kernel[1];
+    PLX_DECLINE_UNLESS(KP >= 1 && KP <= kFwdTile,
+                       "conv2d+max_pool2d: direct takes windows of at most %d taps", kFwdTile);
+    for (int64_t v : {stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], kernel[0], kernel[1]})
+      PLX_DECLINE_UNLESS(fits_i32(v), "max_pool2d: window sizes beyond 32 bits");
+    q_.OH = static_cast<int>(pre.shape[2]);
+    q_.PW = static_cast<int>(y.shape[3]);
+    q_.kh = static_cast<int>(kernel[0]), q_.kw = static_cast<int>(kernel[1]);
+    q_.sh = static_cast<int>(stride[0]), q_.sw = static_cast<int>(stride[1]);
+    q_.ph = static_cast<int>(pad[0]), q_.pw = static_cast<int>(pad[1]);
+    q_.dh = static_cast<int>(dil[0]), q_.dw = static_cast<int>(dil[1]);
+    q_.KP = static_cast<int>(KP);
+    q_.TQ = static_cast<int>(kFwdTile / KP);
+    q_.PHW = y.shape[2] * y.shape[3];
+    q_.Q = y.shape[0] * q_.PHW;
+    const bool relu = slots_.relu >= 0, mask = pool.attr_int_or("relu_mask", 0) != 0;
+    q_.relu_mask = mask;
+    q_.relu_after = relu && mask;  // as the chunked group runs it: the ReLU on the maximum
+    q_.relu_before = relu && !mask;
+    const int64_t yd[4] = {y.shape[0], y.shape[1], y.shape[2], y.shape[3]};
+    int64_t st[4];
+    canonical_strides(yd, y_nhwc, st);
+    a_.y_n = st[0], a_.y_c = st[1], a_.y_p = st[3];
+    a_.y_nhwc = y_nhwc;
+    canonical_strides(yd, i_nhwc, st);
+    q_.i_n = st[0], q_.i_c = st[1], q_.i_p = st[3];
+    smem_ = fwd_smem_bytes(kFwdTile, a_.O, a_.K, a_.Kp) +
+            static_cast<uint64_t>(kFwdTile) * (sizeof(int64_t) + sizeof(int));
+    PLX_DECLINE_UNLESS(smem_ <= kMaxSmem,
+                       "conv2d+max_pool2d: direct would need %llu bytes of shared memory",
+                       static_cast<unsigned long long>(smem_));
+    const int64_t tiles = ceil_div(q_.Q, q_.TQ);
+    grid_ = static_cast<unsigned>(std::clamp<int64_t>(
+        std::min<int64_t>(tiles, 16 * static_cast<int64_t>(sm_count(backend, device_))), 1,
+        INT_MAX));
+  }
+
+  void compute(const KernelCall& c) override {
+    if (q_.Q == 0 || a_.O == 0) return;  // y is empty
+    use_device(device_);
+    DirectArgs<T> a = a_;
+    a.x = static_cast<const T*>(c.in(slots_.x).data);
+    a.w = static_cast<const T*>(c.in(slots_.w).data);
+    a.bias = slots_.bias >= 0 ? static_cast<const T*>(c.in(slots_.bias).data) : nullptr;
+    a.y = static_cast<T*>(c.out(slots_.y).data);
+    void* idx = c.out(slots_.indices).data;
+    const cudaStream_t s = native(c.stream);
+    if (u8_)
+      direct_conv_pool_kernel<T, uint8_t>
+          <<<grid_, kBlock, smem_, s>>>(a, q_, static_cast<uint8_t*>(idx));
+    else
+      direct_conv_pool_kernel<T, int32_t>
+          <<<grid_, kBlock, smem_, s>>>(a, q_, static_cast<int32_t*>(idx));
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  int32_t device_;
+  sdk::ConvMaxPoolSlots slots_;
+  bool u8_;
+  DirectArgs<T> a_{};
+  PoolArgs q_{};
+  uint64_t smem_ = 0;
+  unsigned grid_ = 1;
+};
+
 // conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW); in a fused
 // group also with relu_backward before it (dy masked by relu_backward's y) and the bias
 // gradient's sum of the masked dy (db). One launch either way.
@@ -574,6 +787,27 @@ std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& back
   }
   throw sdk::Unsupported(
       sdk::format("conv2d: no direct kernel for %s", plexus::dtype_name(node.input(0).dtype)));
+}
+
+std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                  const sdk::Boundary& b, const std::string& impl,
+                                                  plx_dtype& dtype) {
+  const sdk::ConvMaxPoolSlots s = sdk::conv_max_pool_slots(g, b);
+  PLX_DECLINE_UNLESS(impl == "direct", "the host gave conv2d to %s, not direct",
+                     impl.empty() ? "the default kernel" : impl.c_str());
+  dtype = s.dtype;
+  switch (dtype) {
+    case PLX_F32:
+      return std::make_unique<DirectConvPoolKernel<float>>(g, s, backend);
+    case PLX_F16:
+      return std::make_unique<DirectConvPoolKernel<f16>>(g, s, backend);
+    case PLX_BF16:
+      return std::make_unique<DirectConvPoolKernel<bf16>>(g, s, backend);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));
 }
 
 std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::GraphView& g,

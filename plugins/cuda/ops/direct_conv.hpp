@@ -20,6 +20,14 @@ void register_direct_conv(KernelRegistry& r);
 // where the registered candidate would.
 std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu);
 
+// A fused {conv2d, [relu,] max_pool2d} group (sdk::find_conv_max_pool) as one direct launch
+// that pools the conv's values as it computes them: the pre-pool tensor never exists, and y and
+// the indices are those of the direct conv, ReLU and pool kernels run one by one. Declines unless
+// the host gave the conv to "direct" (`impl`). Sets `dtype`.
+std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                  const sdk::Boundary& b, const std::string& impl,
+                                                  plx_dtype& dtype);
+
 // The fused group relu_backward(dy, y) -> {sum (the bias gradient), conv2d_backward_weight}, the
 // backward of a first layer's conv -> relu, as one direct weight-gradient launch that masks dy as
 // it reads it and sums it per channel beside dw: the masked gradient never exists. Declines

@@ -30,8 +30,9 @@
 //    max_pool2d) and the backward of the pair (sdk::find_max_pool_conv_backward:
 //    max_pool2d_backward read only by conv2d_backward_data/_weight and the bias gradient's sum):
 //    the plugin's own kernels run a chunk of images at a time, so neither the full pre-pool
-//    tensor nor its gradient exists (ops/conv_pool.cpp). Claimed before the epilogue chains,
-//    which would otherwise take the conv2d -> relu.
+//    tensor nor its gradient exists (ops/conv_pool.cpp); a first layer whose conv the host gave
+//    to the direct kernel runs its forward as one launch instead (ops/direct_conv.cu). Claimed
+//    before the epilogue chains, which would otherwise take the conv2d -> relu.
 //  - f16 loss scaling's unscale and check (each gradient times 1/S, summed, the sums added up):
 //    one multi-tensor launch (ops/multi_unscale.hpp), with the gradients' casts to f32;
 //  - casts between f32, f16 and bf16 (a mixed-precision step's parameters to 16 bits, their
@@ -745,6 +746,27 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   for (int32_t n = 0; n < g.num_nodes(); ++n) {
     conv_pool = conv_pool || g.is(n, "max_pool2d");
     conv_pool_backward = conv_pool_backward || g.is(n, "max_pool2d_backward");
+  }
+  if (conv_pool) {
+    // A first layer given to the direct kernel: conv, ReLU and pool in one launch, the pre-pool
+    // tensor never written (ops/direct_conv.cu); where that declines, the chunked group below.
+    const int32_t c = first_of(g, "conv2d");
+    const int32_t hint = c >= 0 ? g.node(c).kernel_hint : 0;
+    const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
+    if (hinted && hinted->impl && std::string_view(hinted->impl) == "direct") {
+      try {
+        plx_dtype dt = dtype;
+        auto k = make_direct_conv_max_pool(*this, g, b, hinted->impl, dt);
+        const std::string name =
+            first_of(g, "relu") >= 0 ? "conv2d+relu+max_pool2d:direct" : "conv2d+max_pool2d:direct";
+        fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
+                    kernel, state, workspace_bytes,
+                    dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+        return;
+      } catch (const sdk::Unsupported& e) {
+        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on direct: %s", e.what());
+      }
+    }
   }
   if (conv_pool || (conv_pool_backward && !g.is(0, "relu_backward"))) {
     plx_dtype dt = dtype;
