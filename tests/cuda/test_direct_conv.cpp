@@ -431,3 +431,123 @@ TEST_CASE(
       }
     }
 }
+
+// The backward of that layer: max_pool2d_backward read only by the weight gradient and the bias
+// gradient's sum (x is an input: no dx), the weight gradient given to "direct", runs as one
+// direct launch that unpools dy through the pool's indices as it stages it; dw has the bits of
+// the same graph run node by node (the pool's backward writing the unpooled gradient, then the
+// direct weight gradient), db those within rounding (another summation order), and in f32 both
+// match the CPU. Windows that overlap (stride below the kernel) are declined and run as the
+// chunked group.
+TEST_CASE(
+    "the max pool backward of a first layer with its weight and bias gradients runs as one direct "
+    "kernel",
+    "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  struct C {
+    Shape x;
+    int64_t o;
+    Attrs pool;
+    bool direct;
+    const char* what;
+  };
+  const C cases[] = {
+      {{5, 1, 28, 28},
+       16,
+       Attrs{{"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}},
+       true,
+       "simplecnn's first layer, training form"},
+      {{3, 1, 13, 11},
+       8,
+       Attrs{{"kernel", Ints{2, 2}}},
+       true,
+       "i32 positions, a ragged last row and column"},
+      {{2, 3, 9, 9},
+       6,
+       Attrs{{"kernel", Ints{2, 3}}, {"ceil_mode", int64_t{1}}, {"window_index", int64_t{1}}},
+       true,
+       "ceil_mode, a partial last window"},
+      {{2, 1, 12, 12},
+       4,
+       Attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}},
+       false,
+       "overlapping windows: the chunked group"},
+  };
+  RuntimeOptions opts = plugin_dir_options();
+  opts.kernels = KernelSide::Native;
+  Runtime rt(opts);
+  Backend& gpu = rt.backend("cuda");
+  for (plx_dtype d : {PLX_F32, PLX_BF16})
+    for (const C& c : cases) {
+      DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
+        Graph g(rt.ops());
+        const Var x = g.input("x", {d, c.x});
+        const Var w =
+            g.parameter("c.weight", {d, {c.o, c.x[1], 3, 3}}, init::kaiming_uniform(c.x[1] * 9));
+        const Var b = g.parameter("c.bias", {d, {c.o}}, init::uniform(-0.3, 0.3));
+        const Attrs conv_attrs{{"padding", Ints{1, 1}}};
+        const Var pre = g.add1("conv2d", {x, w, b}, conv_attrs, "c");
+        const std::vector<Var> p = g.add("max_pool2d", {pre}, c.pool, "c.pool");
+        const Shape ps = g.value(p[0]).desc.shape;
+        const Var dy = g.input("dy", {d, ps});
+        Attrs back{{"input_shape", Ints(g.value(pre).desc.shape)}};
+        for (const char* k : {"kernel", "stride", "ceil_mode", "window_index"})
+          if (const AttrValue* v = c.pool.find(k)) back.set(k, *v);
+        const Var dpre = g.add1("max_pool2d_backward", {dy, p[1]}, back, "c.pool.grad");
+        g.mark_output(g.add1("sum", {dpre}, Attrs{{"axes", Ints{0, 2, 3}}}, "c.bias.grad"), "db");
+        Attrs wa = conv_attrs;
+        wa.set("weight_shape", Ints{c.o, c.x[1], 3, 3});
+        g.mark_output(g.add1("conv2d_backward_weight", {dpre, x}, wa, "c.weight.grad"), "dw");
+        g.mark_output(p[0], "y");
+        TensorStore store;
+        ExecutableOptions fused_opts, plain_opts;
+        plain_opts.fuse = false;
+        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
+        std::string names;
+        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        INFO(names);
+        if (c.direct)
+          CHECK_THAT(names, PLX_CONTAINS("max_pool2d_backward+conv2d_backward_weight:direct"));
+        else
+          CHECK_THAT(names, !PLX_CONTAINS("max_pool2d_backward+conv2d_backward_weight:direct"));
+        const std::vector<double> vx =
+            random_doubles(static_cast<size_t>(shape_numel(c.x)), 41, -1, 1);
+        const std::vector<double> vdy =
+            random_doubles(static_cast<size_t>(shape_numel(ps)), 42, -2, 2);
+        for (Executable* e : {&fused, &plain}) {
+          fill(e->tensor("x"), vx);
+          fill(e->tensor("dy"), vdy);
+          e->run();
+          e->sync();
+        }
+        if (c.direct) {  // the unfused kernels' bits; with the chunked group only to rounding
+          const Tensor a = fused.tensor("dw").contiguous().to(cpu()),
+                       z = plain.tensor("dw").contiguous().to(cpu());
+          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
+          a.copy_to_host(ab.data());
+          z.copy_to_host(zb.data());
+          CHECK(ab == zb);
+        }
+        const double nmse = d == PLX_F32 ? 1e-10 : 1e-4;
+        for (const char* out : {"dw", "db"}) {
+          INFO(out);
+          CHECK(cmp::compare_tensors(fused.tensor(out), plain.tensor(out),
+                                     cmp::Tolerance{INFINITY, 0, nmse, false}) == "");
+        }
+        if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
+          TensorStore cpu_store;
+          Executable ref(rt.backend("cpu"), g, cpu_store, fused_opts);
+          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
+          fill(ref.tensor("x"), vx);
+          fill(ref.tensor("dy"), vdy);
+          ref.run();
+          ref.sync();
+          for (const char* out : {"dw", "db"}) {
+            INFO("cpu " << out);
+            CHECK(cmp::compare_tensors(fused.tensor(out), ref.tensor(out),
+                                       cmp::Tolerance{INFINITY, 0, 1e-10, false}) == "");
+          }
+        }
+      }
+    }
+}

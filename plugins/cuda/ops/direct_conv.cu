@@ -76,6 +76,14 @@ struct DirectArgs {
   T* db;            // (O): the bias gradient, Σ of dy per channel, where Kb = K + 1
   float* part;      // (chunks, O·Kb) f32 partials
   unsigned* done;   // blocks finished (last_block_arrives)
+  // With the max pool's backward before it (unpooling): y is the pooled gradient (N, O, PH, PW)
+  // and y_n/y_c/y_p its strides; pool_idx the pool's indices, laid out by i_n/i_c/i_p, i32
+  // positions or u8 window taps (pool_u8); windows pkh x pkw, stride = kernel, no padding or
+  // dilation, so each conv pixel is in at most one window. Null: dy is the conv's gradient.
+  const void* pool_idx;
+  bool pool_u8;
+  int pkh, pkw, PH, PW;
+  int64_t i_n, i_c, i_p;
   int C, H, W, O, KH, KW, OW, sh, sw, ph, pw, dh, dw;
   int K, Kb, Kp;   // taps; the weight gradient's sums per channel (K, or K + 1 with db); the
                    // padded row length of the shared tables (odd: no bank conflicts)
@@ -94,6 +102,8 @@ struct DirectArgs {
 struct PixelTables {
   int64_t* x_base;  // [TP]
   int64_t* y_base;  // [TP]
+  int64_t* i_base;  // [TP] unpooling: the pixel's window in the indices
+  int* want;        // [TP] unpooling: the index that names the pixel in its window; -1: none
   int* ih0;         // [TP]
   int* iw0;         // [TP]
   int64_t* tap_x;   // [K]
@@ -124,10 +134,35 @@ __device__ __forceinline__ void fill_pixels(const DirectArgs<T>& a, const PixelT
     const int oh = static_cast<int>(r / a.OW),
               ow = static_cast<int>(r - oh * static_cast<int64_t>(a.OW));
     t.x_base[p] = n * a.x_n;
-    t.y_base[p] = n * a.y_n + r * a.y_p;
     t.ih0[p] = oh * a.sh - a.ph;
     t.iw0[p] = ow * a.sw - a.pw;
+    if (!a.pool_idx) {
+      t.y_base[p] = n * a.y_n + r * a.y_p;
+      continue;
+    }
+    // Unpooling: the window (oh / pkh, ow / pkw), if there is one (floor mode drops the last
+    // rows and columns), and what its index holds when it names this pixel.
+    const int wh = oh / a.pkh, ww = ow / a.pkw;
+    t.want[p] = -1;
+    if (wh >= a.PH || ww >= a.PW) continue;
+    const int64_t wr = static_cast<int64_t>(wh) * a.PW + ww;
+    t.y_base[p] = n * a.y_n + wr * a.y_p;
+    t.i_base[p] = n * a.i_n + wr * a.i_p;
+    t.want[p] = a.pool_u8 ? (oh - wh * a.pkh) * a.pkw + (ow - ww * a.pkw) : oh * a.OW + ow;
   }
+}
+
+// dy at pixel p (of the tile's tables), channel o, before any ReLU mask: the conv's gradient,
+// or (unpooling) the pooled gradient where the pixel's window index names it, else 0.
+template <class T>
+__device__ __forceinline__ float conv_grad_at(const DirectArgs<T>& a, const PixelTables& t, int p,
+                                              int o) {
+  if (!a.pool_idx) return load(a.y, t.y_base[p] + o * a.y_c);
+  if (t.want[p] < 0) return 0.f;
+  const int64_t at = t.i_base[p] + o * a.i_c;
+  const int v = a.pool_u8 ? static_cast<const uint8_t*>(a.pool_idx)[at]
+                          : static_cast<const int32_t*>(a.pool_idx)[at];
+  return v == t.want[p] ? load(a.y, t.y_base[p] + o * a.y_c) : 0.f;
 }
 
 // patch[p·Kp + k] = x at pixel p's tap k, 0 in the padding (and past M, or where `pos`, when
@@ -162,7 +197,7 @@ struct SmemCarve {
 };
 
 __device__ __forceinline__ PixelTables carve_tables(SmemCarve& c, int TP, int K) {
-  PixelTables t;
+  PixelTables t{};
   t.x_base = c.take<int64_t>(TP);
   t.y_base = c.take<int64_t>(TP);
   t.tap_x = c.take<int64_t>(K);
@@ -206,7 +241,7 @@ uint64_t fwd_smem_bytes(int TP, int O, int K, int Kp) {
          (static_cast<uint64_t>(O) * Kp + O + static_cast<uint64_t>(TP) * Kp) * sizeof(float);
 }
 uint64_t wgrad_smem_bytes(int TP, int O, int K, int Kp) {
-  return table_bytes(TP, K) +
+  return table_bytes(TP, K) + static_cast<uint64_t>(TP) * (sizeof(int64_t) + sizeof(int)) +
          (static_cast<uint64_t>(TP) * O + static_cast<uint64_t>(TP) * Kp) * sizeof(float);
 }
 
@@ -374,7 +409,10 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
   extern __shared__ __align__(16) unsigned char direct_smem[];
   constexpr int TP = kWgradTile;
   SmemCarve carve{direct_smem};
-  const PixelTables t = carve_tables(carve, TP, a.K);
+  int64_t* i_base = carve.take<int64_t>(TP);
+  PixelTables t = carve_tables(carve, TP, a.K);
+  t.i_base = i_base;
+  t.want = carve.take<int>(TP);
   float* dys = carve.take<float>(static_cast<int64_t>(TP) * a.O);
   float* patch = carve.take<float>(static_cast<int64_t>(TP) * a.Kp);
 
@@ -396,9 +434,9 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
       y_element(a, e, TP, p, o);
       float v = 0.f;
       if (m0 + p < a.M) {
-        const int64_t off = t.y_base[p] + o * a.y_c;
-        v = load(a.y, off);
-        if (a.relu_y) v = load(a.relu_y, off) > 0.f ? v : 0.f;  // relu_backward's rule
+        v = conv_grad_at(a, t, p, o);
+        if (a.relu_y)  // relu_backward's rule; relu_y is laid out as dy (no unpooling then)
+          v = load(a.relu_y, t.y_base[p] + o * a.y_c) > 0.f ? v : 0.f;
       }
       dys[p * a.O + o] = v;
     }
@@ -650,6 +688,15 @@ class DirectConvPoolKernel final : public Kernel {
 // slots of dw and db (-1: no bias gradient).
 struct WgradSlots {
   int32_t dy = 0, x = 1, relu_y = -1, dw = 0, db = -1;
+  int32_t indices = -1;  // input slot of the max pool's indices, when the kernel unpools dy
+};
+
+// The max_pool2d_backward before a weight gradient that unpools its dy (the pooled gradient
+// and the indices, as the group's boundary gives them, and the pool node).
+struct Unpool {
+  const plx_tensor* dy = nullptr;       // (N, O, PH, PW)
+  const plx_tensor* indices = nullptr;  // (N, O, PH, PW), i32 or u8
+  const NodeInfo* pool = nullptr;
 };
 
 template <class T>
@@ -661,9 +708,11 @@ class DirectWgradKernel final : public Kernel {
       : DirectWgradKernel(node, backend, Slots{}, nullptr, nullptr, nullptr) {}
 
   // `relu_y`, `db`: the descriptors of those tensors where `slots` has them; `dy`: what the
-  // kernel reads as dy where that is not the node's input 0 (relu_backward's input, in a group).
+  // kernel reads as dy where that is not the node's input 0 (relu_backward's input, in a group);
+  // `unpool`: the max pool's backward before it, in a group.
   DirectWgradKernel(const NodeInfo& node, CudaBackend& backend, Slots slots,
-                    const plx_tensor* relu_y, const plx_tensor* db, const plx_tensor* dy_read)
+                    const plx_tensor* relu_y, const plx_tensor* db, const plx_tensor* dy_read,
+                    const Unpool& unpool = {})
       : device_(node.device()), slots_(slots) {
     const char* op = "conv2d_backward_weight";
     const plx_tensor &dy = dy_read ? *dy_read : node.input(0), &x = node.input(1),
@@ -683,6 +732,7 @@ class DirectWgradKernel final : public Kernel {
                              (db->shape[0] <= 1 || db->strides[0] == 1),
                          "%s: the bias gradient must be (O) contiguous, in dy's dtype", op);
     }
+    if (unpool.pool) set_unpool(unpool, op);
     a_.Kb = a_.K + (db ? 1 : 0);
     a_.Kp = a_.Kb | 1;
     const int64_t sums = static_cast<int64_t>(a_.O) * a_.Kb;
@@ -719,6 +769,7 @@ class DirectWgradKernel final : public Kernel {
     a.db = slots_.db >= 0 ? static_cast<T*>(c.out(slots_.db).data) : nullptr;
     a.part = static_cast<float*>(c.workspace);
     a.done = done_.p;
+    if (slots_.indices >= 0) a.pool_idx = c.in(slots_.indices).data;
     const unsigned grid = static_cast<unsigned>(chunks_);
     const cudaStream_t s = native(c.stream);
     switch (sums_per_thread_) {
@@ -746,6 +797,42 @@ class DirectWgradKernel final : public Kernel {
   }
 
  private:
+  // Unpooling: windows of stride = kernel, no padding or dilation, so that a conv pixel is in
+  // at most one window and its index alone says whether the pooled gradient comes back to it.
+  void set_unpool(const Unpool& u, const char* op) {
+    const NodeInfo& pool = *u.pool;
+    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
+               dil = pool.attr_ints("dilation");
+    auto stride = pool.attr_ints("stride");
+    if (stride.empty()) stride = kernel;
+    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
+    PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
+                           dil[1] == 1 && fits_i32(kernel[0]) && fits_i32(kernel[1]),
+                       "max_pool2d_backward+%s: direct unpools windows of stride = kernel, no "
+                       "padding or dilation",
+                       op);
+    const plx_tensor &dy = *u.dy, &ix = *u.indices;
+    PLX_REQUIRE(dy.ndim == 4 && ix.ndim == 4 && dy.shape[0] == ix.shape[0] && dy.shape[1] == a_.O &&
+                    ix.shape[1] == a_.O && dy.shape[2] == ix.shape[2] && dy.shape[3] == ix.shape[3],
+                "max_pool2d_backward: dy and the indices must be (N, O, PH, PW)");
+    PLX_DECLINE_UNLESS(dy.dtype == dtype_v<T> && (ix.dtype == PLX_I32 || ix.dtype == PLX_U8),
+                       "max_pool2d_backward+%s: dy of the conv's dtype, i32 or u8 indices", op);
+    using sdk::nhwc_or_decline;
+    const bool dy_nhwc = nhwc_or_decline(dy, op, "the pooled dy");
+    const bool ix_nhwc = nhwc_or_decline(ix, op, "the indices");
+    a_.pool_u8 = ix.dtype == PLX_U8;
+    a_.pkh = static_cast<int>(kernel[0]), a_.pkw = static_cast<int>(kernel[1]);
+    a_.PH = static_cast<int>(dy.shape[2]), a_.PW = static_cast<int>(dy.shape[3]);
+    const int64_t pd[4] = {dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]};
+    int64_t st[4];
+    canonical_strides(pd, dy_nhwc, st);
+    a_.y_n = st[0], a_.y_c = st[1], a_.y_p = st[3];
+    a_.y_nhwc = dy_nhwc;
+    canonical_strides(pd, ix_nhwc, st);
+    a_.i_n = st[0], a_.i_c = st[1], a_.i_p = st[3];
+  }
+
   int32_t device_;
   Slots slots_;
   DirectArgs<T> a_{};
@@ -808,6 +895,45 @@ std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sd
   }
   throw sdk::Unsupported(
       sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));
+}
+
+std::unique_ptr<Kernel> make_direct_pool_wgrad(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& impl,
+                                               plx_dtype& dtype) {
+  const sdk::MaxPoolConvBackwardSlots s = sdk::max_pool_conv_backward_slots(g, b);
+  PLX_DECLINE_UNLESS(
+      s.weight >= 0 && s.data < 0,
+      "max_pool2d_backward+conv2d_backward: direct runs a weight gradient without dx");
+  PLX_DECLINE_UNLESS(impl == "direct", "the host gave conv2d_backward_weight to %s, not direct",
+                     impl.empty() ? "the default kernel" : impl.c_str());
+  WgradSlots sl;
+  sl.dy = s.dy;
+  sl.x = s.x;
+  sl.dw = s.dw;
+  sl.db = s.db;
+  sl.indices = s.indices;
+  const plx_graph_node& pool = g.node(s.pool);
+  const sdk::OwnedNodeInfo wgrad_info(g, s.weight), pool_info(g, s.pool);
+  const NodeInfo node(&wgrad_info.get()), pool_node(&pool_info.get());
+  const Unpool unpool{&g.value(pool.inputs[0]), &g.value(pool.inputs[1]), &pool_node};
+  const plx_tensor* db = s.bias >= 0 ? &g.value(g.node(s.bias).outputs[0]) : nullptr;
+  dtype = s.dtype;
+  switch (dtype) {
+    case PLX_F32:
+      return std::make_unique<DirectWgradKernel<float>>(node, backend, sl, nullptr, db, nullptr,
+                                                        unpool);
+    case PLX_F16:
+      return std::make_unique<DirectWgradKernel<f16>>(node, backend, sl, nullptr, db, nullptr,
+                                                      unpool);
+    case PLX_BF16:
+      return std::make_unique<DirectWgradKernel<bf16>>(node, backend, sl, nullptr, db, nullptr,
+                                                       unpool);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("max_pool2d_backward+conv2d_backward_weight: no direct %s kernel",
+                  plexus::dtype_name(dtype)));
 }
 
 std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::GraphView& g,

@@ -28,6 +28,15 @@ std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sd
                                                   const sdk::Boundary& b, const std::string& impl,
                                                   plx_dtype& dtype);
 
+// A fused {max_pool2d_backward, conv2d_backward_weight, [bias gradient sum]} group without
+// conv2d_backward_data (sdk::find_max_pool_conv_backward: a first layer's backward with its
+// pool) as one direct weight-gradient launch that unpools dy as it stages it, through the pool's
+// indices: the unpooled gradient never exists. Windows of stride = kernel, no padding or
+// dilation; declines unless the host gave the weight gradient to "direct". Sets `dtype`.
+std::unique_ptr<Kernel> make_direct_pool_wgrad(CudaBackend& backend, const sdk::GraphView& g,
+                                               const sdk::Boundary& b, const std::string& impl,
+                                               plx_dtype& dtype);
+
 // The fused group relu_backward(dy, y) -> {sum (the bias gradient), conv2d_backward_weight}, the
 // backward of a first layer's conv -> relu, as one direct weight-gradient launch that masks dy as
 // it reads it and sums it per channel beside dw: the masked gradient never exists. Declines
