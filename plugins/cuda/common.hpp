@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plexus/sdk.hpp"
@@ -100,20 +101,26 @@ struct CudaOptions {
   bool conv_bias_activation = true;
 };
 
-// The count of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
-// device memory, zero between launches, owned by one kernel object. One launch of it at a time
+// The counts of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
+// n counters (one per reduction: a tile's slices, say) in device memory, zero between launches,
+// owned by one kernel object; n = 0 holds none until one is moved in. One launch of it at a time
 // (the executor runs an executable's kernels on one stream).
 struct BlockCounter {
   unsigned* p = nullptr;
-  BlockCounter() {
-    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(unsigned)));
-    PLX_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned)));
+  explicit BlockCounter(int64_t n = 1) {
+    if (n <= 0) return;
+    const size_t bytes = static_cast<size_t>(n) * sizeof(unsigned);
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
+    PLX_CUDA_CHECK(cudaMemset(p, 0, bytes));
   }
   ~BlockCounter() {
     if (p) cudaFree(p);
   }
-  BlockCounter(const BlockCounter&) = delete;
-  BlockCounter& operator=(const BlockCounter&) = delete;
+  BlockCounter(BlockCounter&& o) noexcept : p(o.p) { o.p = nullptr; }
+  BlockCounter& operator=(BlockCounter&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
 };
 
 // The per-device objects kernels share. Created on first use; handles are bound to a stream

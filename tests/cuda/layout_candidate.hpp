@@ -38,11 +38,13 @@ inline Tensor poisoned(Backend& gpu, const Shape& s, plx_dtype d, bool channels_
   return channels_last ? t.permute({0, 3, 1, 2}) : t;
 }
 
-// Creates kernel `k` for the node and, if it accepts, runs it. Returns the decline reason, or ""
-// when it ran (the outputs then hold its result).
+// Creates kernel `k` for the node and, if it accepts, runs it `times` times, each time into
+// outputs and a workspace poisoned again (so a kernel whose state goes wrong after its first
+// call, a cross-block counter left set, say, leaves the last run's outputs unwritten). Returns
+// the decline reason, or "" when it ran (the outputs then hold its last result).
 inline std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kernel* k,
                                  const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                                 const Attrs& attrs) {
+                                 const Attrs& attrs, int times = 1) {
   const Attrs full = s.complete_attrs(attrs);
   const AttrPack pack(full);
   std::vector<plx_tensor> in_views, out_views;
@@ -73,27 +75,38 @@ inline std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kern
   REQUIRE(st == PLX_OK);
   PreparedKernel pk(gpu, "op '" + s.name + "'", k, state, ws);
   Tensor wsbuf;
-  if (ws > 0) {
-    wsbuf = Tensor::empty(gpu, {static_cast<int64_t>(ws)}, PLX_U8);
-    const std::vector<uint8_t> ff(ws, 0xFF);
-    wsbuf.copy_from_host(ff.data());
+  if (ws > 0) wsbuf = Tensor::empty(gpu, {static_cast<int64_t>(ws)}, PLX_U8);
+  for (int t = 0; t < times; ++t) {
+    if (ws > 0) {
+      const std::vector<uint8_t> ff(ws, 0xFF);
+      wsbuf.copy_from_host(ff.data());
+    }
+    if (t > 0)
+      for (Tensor o : out) {  // (a handle; the callers' repeated runs write NCHW outputs)
+        REQUIRE(o.is_contiguous());
+        const std::vector<uint8_t> ff(o.nbytes(), 0xFF);
+        if (!ff.empty()) o.copy_from_host(ff.data());
+      }
+    pk.run(in_views.data(), static_cast<int32_t>(in_views.size()), out_views.data(),
+           static_cast<int32_t>(out_views.size()), wsbuf.defined() ? wsbuf.data() : nullptr,
+           gpu.stream(0));
+    gpu.sync(0);
   }
-  pk.run(in_views.data(), static_cast<int32_t>(in_views.size()), out_views.data(),
-         static_cast<int32_t>(out_views.size()), wsbuf.defined() ? wsbuf.data() : nullptr,
-         gpu.stream(0));
-  gpu.sync(0);
   return "";
 }
 
-// Runs kernel `k` twice on the same inputs, each time into a fresh NaN-poisoned NCHW output of
-// `out_shape`; whether the two outputs have the same bytes (a kernel flagged deterministic must).
+// Runs kernel `k` on the same inputs into a fresh NaN-poisoned NCHW output of `out_shape`, once
+// and then three times with one kernel object (run_candidate's `times`); whether the outputs have
+// the same bytes (a kernel flagged deterministic must, and its state must survive its calls).
 inline bool same_bits_twice(Backend& gpu, const OpSchema& s, const plx_kernel* k,
                             const std::vector<Tensor>& in, const Shape& out_shape, plx_dtype d,
                             const Attrs& attrs) {
   std::vector<uint8_t> runs[2];
+  int times = 1;
   for (std::vector<uint8_t>& bytes : runs) {
     Tensor out = poisoned(gpu, out_shape, d, false);
-    REQUIRE(run_candidate(gpu, s, k, in, {out}, attrs).empty());
+    REQUIRE(run_candidate(gpu, s, k, in, {out}, attrs, times).empty());
+    times = 3;
     bytes.resize(out.nbytes());
     out.copy_to_host(bytes.data());
   }

@@ -304,13 +304,19 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // O channels of a pixel together, x the C channels of a tap), so a stage is stored k-major,
 // As[k][m] and Bs[k][n], and ldmatrix.trans turns 8x8 blocks of it into the row-major A and
 // column-major B fragments. K is long (10^5 pixels and more) and the output small, so the K range
-// is split over gridDim.z slices; each slice writes its f32 partial tile to the workspace and a
-// second kernel adds the slices in slice order: deterministic, no atomics.
+// is split over gridDim.z slices; each slice writes its f32 partial tile to the workspace, and
+// the last slice of a tile to finish (a counter per output tile, reset by that block) adds the
+// tile's partials in slice order and rounds them once into dw: one launch, deterministic (the
+// counters only say which block is last), no atomics on the data.
 template <class T>
 struct WgradArgs {
   const T* dy;    // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
   const T* x;     // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
   float* part;    // [slices][O][J]
+  T* dw;          // (O, KH, KW, C) when w_nhwc, else (O, C, KH, KW)
+  unsigned* done;  // [tiles of O][tiles of J]: slices finished, zero between launches
+  int64_t KHW;     // KH·KW
+  bool w_nhwc;
   int H, W, C, O, KW, OW, sh, sw, ph, pw;
   int J;          // KH·KW·C
   int P;          // N·OH·OW
@@ -468,26 +474,28 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
       }
     }
   }
-}
 
-// dw = Σ over slices 0..S-1, in that order, of the partials; rounded once into w's layout
-// (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
-template <class T>
-__global__ void wgrad_reduce_kernel(const float* __restrict__ part, T* __restrict__ dw, int64_t O,
-                                    int64_t J, int slices, int64_t C, int64_t KHW,
-                                    bool channels_last) {
-  const int64_t total = O * J;
-  PLX_GRID_STRIDE(i, total) {
-    float s = 0.f;
-    for (int z = 0; z < slices; ++z) s += part[z * total + i];
+  // The tile's last slice to finish: dw = Σ over slices 0..S-1, in that order, of the partials,
+  // rounded once into w's layout (channels-last (O, KH, KW, C) is the partials' own order, else
+  // (O, C, KH, KW)).
+  unsigned* const done = a.done + blockIdx.y * gridDim.x + blockIdx.x;
+  if (!last_block_arrives(done, gridDim.z)) return;
+  const volatile float* vp = a.part;
+  const int64_t total = static_cast<int64_t>(a.O) * a.J;
+  for (int e = tid; e < TL::BM * TL::BN; e += TL::THREADS) {
+    const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
+    if (o >= a.O || j >= a.J) continue;
+    const int64_t i = static_cast<int64_t>(o) * a.J + j;
+    float sum = 0.f;
+    for (unsigned z = 0; z < gridDim.z; ++z) sum += vp[z * total + i];
     int64_t dst = i;
-    if (!channels_last) {
-      const int64_t o = i / J, j = i - o * J;
-      const int64_t tap = j / C, c = j - tap * C;
-      dst = o * J + c * KHW + tap;
+    if (!a.w_nhwc) {
+      const int64_t tap = j / a.C, c = j - tap * a.C;
+      dst = static_cast<int64_t>(o) * a.J + c * a.KHW + tap;
     }
-    dw[dst] = from_accum<T>(s);
+    a.dw[dst] = from_accum<T>(sum);
   }
+  if (tid == 0) *done = 0;
 }
 
 // ---- staging kernels (layout conversion into the workspace) ----
@@ -822,11 +830,11 @@ class IgemmWgradKernel final : public Kernel {
     a_.P = static_cast<int>(P);
     a_.OHW = static_cast<int>(g.OH * g.OW);
     a_.kt_per = static_cast<int>(kt_per);
+    a_.KHW = g.KH * g.KW;
+    a_.w_nhwc = nhwc[1];
     grid_ = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
                  static_cast<unsigned>(slices));
-    slices_ = static_cast<int>(slices);
-    KHW_ = g.KH * g.KW;
-    w_nhwc_ = nhwc[1];
+    done_ = BlockCounter(tiles_m * tiles_n);  // one per output tile
 
     // Workspace: dy and x in NHWC where they are NCHW, then the f32 partials.
     stage_y_ = !nhwc[2];
@@ -870,11 +878,9 @@ class IgemmWgradKernel final : public Kernel {
     if ((addr(a.dy) | addr(a.x) | addr(a.part)) & 15u)
       throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
                        "igemm convolution: dy, x and the workspace must be 16-byte aligned");
+    a.dw = static_cast<T*>(c.out(0).data);
+    a.done = done_.p;
     igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, S::BYTES, s>>>(a);
-    PLX_CUDA_LAUNCH_CHECK();
-    const int64_t total = static_cast<int64_t>(a.O) * a.J;
-    wgrad_reduce_kernel<T><<<grid_for(total), kBlock, 0, s>>>(
-        a.part, static_cast<T*>(c.out(0).data), a.O, a.J, slices_, a.C, KHW_, w_nhwc_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -885,9 +891,7 @@ class IgemmWgradKernel final : public Kernel {
   bool trivial_ = false;
   WgradArgs<T> a_{};
   dim3 grid_;
-  int slices_ = 1;
-  int64_t KHW_ = 1;
-  bool w_nhwc_ = false;
+  BlockCounter done_{0};
   bool stage_y_ = false, stage_x_ = false;
   int64_t y_dims_[3] = {0, 0, 0}, x_dims_[3] = {0, 0, 0};
   uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;

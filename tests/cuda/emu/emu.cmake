@@ -198,6 +198,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
       "cuda max-pool kernels match the cpu in every layout mix"
       "cuda direct convolutions match the cpu reference in every layout mix"
+      "cuda igemm convolution candidates match the cpu reference"
       "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
       "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
       "every cuda tensor core gemm candidate matches the cpu"
