@@ -16,17 +16,21 @@
 //
 // conv2d_backward_data with stride 1 is the same kernel: dx = conv(dy, w'), with the filter
 // flipped and transposed, w'[c, kh, kw, o] = w[o, c, KH-1-kh, KW-1-kw], and padding KH-1-ph,
-// KW-1-pw (which needs ph <= KH-1, pw <= KW-1). With a stride above 1 dx is a sum over a
-// stride-dependent subset of taps per output pixel (a strided "dgrad" kernel); that is not done
-// here and such nodes are declined.
+// KW-1-pw (which needs ph <= KH-1, pw <= KW-1). B[k][n] = w'[n, tap, o] for k = tap·O + o is
+// then contiguous along n = c in a channels-last filter (O, KH, KW, C), not along k: with such a
+// filter the kernel reads it in place (the BT variant: B stored k-major in shared memory, as the
+// weight gradient stores its operands, and read with ldmatrix.trans), so no flipped copy is
+// made; an NCHW filter is still rearranged into w' in the workspace first. With a stride above 1 dx
+// is a sum over a stride-dependent subset of taps per output pixel (a strided "dgrad" kernel); that
+// is not done here and such nodes are declined.
 //
 // Layouts. The core has no layout planner yet (it hands every kernel contiguous NCHW outputs and,
 // unless a producer made them otherwise, NCHW inputs), so these kernels take both layouts a
 // cuDNN kernel takes rather than only NHWC:
 // - x and dy (the activations a kernel reads): channels-last is read in place; NCHW contiguous
 //   is transposed to NHWC in the workspace first (a tiled transpose, one extra read and write);
-// - w: channels-last (O, KH, KW, C) is read in place for the forward; otherwise (and always for
-//   backward data) it is rearranged in the workspace (small);
+// - w: channels-last (O, KH, KW, C) is read in place (backward data: the BT variant, when C % 8
+//   == 0); otherwise it is rearranged in the workspace (small);
 // - y and dx: written in their own layout by the epilogue (NHWC with paired stores, NCHW with
 //   scalar stores along the pixel dimension); dw through the slice sum, in either layout.
 // The channel counts the 16-byte copies run along (C for the forward, O for backward data, both
@@ -72,6 +76,11 @@ struct Tile {
   static constexpr int CPR = BK / 8;              // 16-byte chunks per row of a stage
   static constexpr int A_ITERS = BM * CPR / THREADS, B_ITERS = BN * CPR / THREADS;
   static constexpr int SMEM = STAGES * (BM + BN) * LDS * 2;  // bytes (2-byte elements)
+  // B stored k-major (backward data reading a channels-last filter in place): BK rows of BN
+  // columns, 16 bytes of padding per row, BN / 8 chunks per row.
+  static constexpr int LDB_T = BN + 8, CB_T = BN / 8;
+  static constexpr int B_ITERS_T = BK * CB_T / THREADS;
+  static constexpr int SMEM_T = STAGES * (BM * LDS + BK * LDB_T) * 2;
 
   static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the block tile");
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: 16-row A and pairs of 8-column B");
@@ -80,6 +89,8 @@ struct Tile {
   static_assert((BM * CPR) % THREADS == 0 && (BN * CPR) % THREADS == 0,
                 "the copies of a stage spread evenly over the threads");
   static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(THREADS % CB_T == 0 && (BK * CB_T) % THREADS == 0,
+                "the k-major B copies spread evenly over the threads");
 
   static std::string name() {
     return "igemm_mma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" + std::to_string(BK);
@@ -97,7 +108,8 @@ using Tile128x32 = Tile<128, 32, 32, 32, 32, 3>;    // 4 warps, 37.5 KiB
 template <class T>
 struct IgemmArgs {
   const T* x;     // activation, NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
-  const T* w;     // filter (O, KH, KW, C) contiguous = row-major (O, K), 16-byte aligned
+  const T* w;     // filter (O, KH, KW, C) contiguous = row-major (O, K), 16-byte aligned; for
+                  // BT the forward filter (C_gemm, KH, KW, O_gemm) channels-last, read flipped
   const T* bias;  // (O), or null
   T* y;           // output element (n, o, p), p = oh·OW + ow, at n·y_n + o·y_c + p·y_p
   int H, W, C, O, KH, KW, OW, sh, sw, ph, pw;
@@ -124,11 +136,13 @@ __device__ __forceinline__ void store_pair(T* p, float a, float b) {
 //
 // Grid: x over M tiles, y over O tiles. Block: TL::THREADS threads; warp (wm, wn) =
 // (warp % WARPS_M, warp / WARPS_M) owns rows wm·WM.. and columns wn·WN.. of the block tile.
-template <class T, class TL>
+// BT: backward data with B read from the forward's channels-last filter (see the top).
+template <class T, class TL, bool BT = false>
 __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs<T> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const As = reinterpret_cast<T*>(smem_raw);       // [STAGES][BM][LDS]
-  T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;   // [STAGES][BN][LDS]
+  T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;   // [STAGES][BN][LDS], BT: [STAGES][BK][LDB_T]
+  constexpr int kBStage = BT ? TL::BK * TL::LDB_T : TL::BN * TL::LDS;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -162,6 +176,13 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 
   const int KT = (a.K + TL::BK - 1) / TL::BK;
 
+  // BT: thread tid copies chunk column b_ccol (8 output channels n) of k rows
+  // b_crow + i·kBStepT of B; the column is fixed, so whether it is inside O is too.
+  const int b_ccol = tid % TL::CB_T, b_crow = tid / TL::CB_T;
+  constexpr int kBStepT = TL::THREADS / TL::CB_T;
+  const int bn = n0 + b_ccol * 8;
+  const bool bn_in = bn < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
+
   // Issues the copies of K tile kt into stage `st` (no commit).
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
@@ -184,14 +205,35 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
       const T* src = ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : a.x;
       cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
     }
-    T* const bs = Bs + st * TL::BN * TL::LDS;
+    T* const bs = Bs + st * kBStage;
+    if constexpr (BT) {
+      // Row k = tap·C + kc of B is w'[n0.., tap, kc] = w[kc, KH-1-kh, KW-1-kw, n0..] of the
+      // forward filter (channels-last, a.O = its input channels): 8 contiguous n per chunk.
 #pragma unroll
-    for (int i = 0; i < TL::B_ITERS; ++i) {
-      const int row = crow + i * kRowStep;
-      const int o = n0 + row;
-      const bool ok = kin && o < a.O;
-      const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
-      cp_async16(smem_addr(bs + row * TL::LDS + ccol * 8), src, ok);
+      for (int i = 0; i < TL::B_ITERS_T; ++i) {
+        const int r = b_crow + i * kBStepT;
+        const int kr = kt * TL::BK + r;
+        const bool ok = bn_in && kr < a.K;
+        const T* src = a.w;
+        if (ok) {
+          const int tap = kr / a.C, kc = kr - tap * a.C;
+          const int kh = tap / a.KW, kw = tap - kh * a.KW;
+          src =
+              a.w +
+              ((static_cast<int64_t>(kc) * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O +
+              bn;
+        }
+        cp_async16(smem_addr(bs + r * TL::LDB_T + b_ccol * 8), src, ok);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < TL::B_ITERS; ++i) {
+        const int row = crow + i * kRowStep;
+        const int o = n0 + row;
+        const bool ok = kin && o < a.O;
+        const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
+        cp_async16(smem_addr(bs + row * TL::LDS + ccol * 8), src, ok);
+      }
     }
   };
 
@@ -222,6 +264,10 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int a_col = (lane >> 4) * 8;
   const int b_row = wn * TL::WN + (lane & 7) + ((lane >> 4) << 3);
   const int b_col = ((lane >> 3) & 1) * 8;
+  // BT (ldmatrix.trans over k rows, as the weight gradient's B): lane l points at
+  // k (l % 8) + 8·((l / 8) % 2), n 8·(l / 16).
+  const int bt_k = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int bt_n = wn * TL::WN + ((lane >> 4) << 3);
 
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<TL::STAGES - 2>();  // this thread's copies of tile kt have landed
@@ -233,7 +279,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     }
     const int st = kt % TL::STAGES;
     const T* const as = As + st * TL::BM * TL::LDS;
-    const T* const bs = Bs + st * TL::BN * TL::LDS;
+    const T* const bs = Bs + st * kBStage;
 #pragma unroll
     for (int kk = 0; kk < TL::BK; kk += 16) {
       uint32_t af[TL::MI][4];
@@ -244,7 +290,10 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 #pragma unroll
       for (int j = 0; j < TL::NI; j += 2) {
         uint32_t r[4];
-        ldmatrix_x4(r, smem_addr(bs + (b_row + j * 8) * TL::LDS + kk + b_col));
+        if constexpr (BT)
+          ldmatrix_x4_trans(r, smem_addr(bs + (kk + bt_k) * TL::LDB_T + bt_n + j * 8));
+        else
+          ldmatrix_x4(r, smem_addr(bs + (b_row + j * 8) * TL::LDS + kk + b_col));
         bf[j][0] = r[0], bf[j][1] = r[1];
         bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
       }
@@ -661,12 +710,20 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
-    PLX_DECLINE_UNLESS(static_cast<size_t>(TL::SMEM) <= ctx.prop.sharedMemPerBlockOptin,
+    // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
+    // extent, whose 16-byte chunks the copies take.
+    bt_ = D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
+    smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
+    PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
-                       op, TL::SMEM);
+                       op, smem_);
     // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, TL::SMEM));
+    if (bt_)
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    else
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
 
     a_ = IgemmArgs<T>{};
     a_.H = static_cast<int>(Hi), a_.W = static_cast<int>(Wi), a_.C = static_cast<int>(Ca);
@@ -683,12 +740,12 @@ class IgemmConvKernel final : public Kernel {
     canonical_strides(od, out_nhwc, os);
     a_.y_n = os[0], a_.y_c = os[1], a_.y_p = os[3];  // p = oh·Wo + ow: offset oh·s2 + ow·s3 = p·s3
 
-    // Staging in the workspace: the activation when it is NCHW, the filter unless the forward
-    // can read a channels-last one in place.
+    // Staging in the workspace: the activation when it is NCHW, the filter when it is NCHW
+    // (or, for backward data, channels-last with a channel count the BT copies cannot take).
     stage_act_ = !act_nhwc;
     act_dims_[0] = g.N, act_dims_[1] = Ca, act_dims_[2] = Hi * Wi;
     act_bytes_ = stage_act_ ? align_up(static_cast<uint64_t>(g.N * Hi * Wi * Ca) * sizeof(T)) : 0;
-    stage_w_ = D == Dir::BwdData || !nhwc[1];
+    stage_w_ = !nhwc[1] || (D == Dir::BwdData && !bt_);
     const int64_t wd[4] = {g.O, g.C, g.KH, g.KW};
     canonical_strides(wd, nhwc[1], w_strides_);
     w_bytes_ = stage_w_ ? align_up(static_cast<uint64_t>(Co * K) * sizeof(T)) : 0;
@@ -729,7 +786,10 @@ class IgemmConvKernel final : public Kernel {
     a.pair = a.y_c == 1 && a.O % 2 == 0 && (addr(a.y) & 3u) == 0;
     const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
-    igemm_conv_kernel<T, TL><<<grid, TL::THREADS, TL::SMEM, s>>>(a);
+    if (bt_)
+      igemm_conv_kernel<T, TL, true><<<grid, TL::THREADS, smem_, s>>>(a);
+    else
+      igemm_conv_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(a);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -739,6 +799,8 @@ class IgemmConvKernel final : public Kernel {
   int64_t out_elems_ = 0;
   IgemmArgs<T> a_{};
   bool stage_act_ = false, stage_w_ = false;
+  bool bt_ = false;  // backward data reading the channels-last filter in place
+  int smem_ = 0;
   int64_t act_dims_[3] = {0, 0, 0};  // N, C, H·W of the NCHW activation to transpose
   int64_t w_strides_[4] = {0, 0, 0, 0};
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
