@@ -6,8 +6,8 @@
 // and bf16. Outputs start as NaN (0xFF bytes) so an element a kernel leaves unwritten fails, and
 // the workspace starts as NaN too so a kernel that reads it before writing fails.
 //
-// The ReLU epilogue of the forward kernel is a template option that no registered op reaches yet
-// (the fusion API gives a fused group one kernel, not candidates), so it has no test here.
+// The forward's epilogues for fused groups (a ReLU: test_cuda_conv_relu.cpp; a 2x2 max pool:
+// the last test here) run through the fusion API, on graphs.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,7 +16,10 @@
 #include "cuda/cuda_util.hpp"
 #include "cuda/layout_candidate.hpp"
 #include "plexus/dispatch.hpp"
+#include "plexus/executor.hpp"
+#include "plexus/graph.hpp"
 #include "plexus/plugin.hpp"
+#include "plexus/runtime.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -256,4 +259,110 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
     }
     CHECK(candidates(*b, s, PLX_F32).empty());
   }
+}
+
+// A conv -> [relu ->] max_pool2d group whose conv the native side gives to an igemm tile runs as
+// one launch with the 2x2 pool in the conv's epilogue (the pre-pool tensor never written), and
+// its y and indices have the bits of the same graph run node by node (the igemm conv, the ReLU,
+// the pool kernel): the models' second and third layers in their training form (relu_mask, u8
+// window taps) and with i32 positions, the ReLU before the pool, no ReLU, a conv output with an
+// odd row and column (floor mode drops them), ragged M and O tiles. A pool igemm does not take
+// (3x3, stride 2, padding 1) runs as the chunked group, with the same bits.
+TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits",
+          "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  struct C {
+    Shape x;
+    int64_t o, pad;
+    bool relu;
+    Attrs pool;
+    bool igemm;
+    const char* what;
+  };
+  const Attrs training{
+      {"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}};
+  const C cases[] = {
+      {{5, 16, 13, 13}, 32, 0, true, training, true, "simplecnn's second layer, training form"},
+      {{2, 32, 14, 14}, 64, 1, true, training, true, "convnet's layers, training form"},
+      {{3, 16, 9, 11},
+       24,
+       1,
+       true,
+       Attrs{{"kernel", Ints{2, 2}}},
+       true,
+       "i32 positions, the ReLU before the pool, odd conv output"},
+      {{2, 8, 10, 9},
+       40,
+       1,
+       false,
+       Attrs{{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}},
+       true,
+       "no ReLU, O over a 32 tile"},
+      {{2, 16, 12, 12},
+       16,
+       1,
+       true,
+       Attrs{{"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}},
+       true,
+       "relu_mask with i32 positions"},
+      {{2, 16, 12, 12},
+       16,
+       1,
+       true,
+       Attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}},
+       false,
+       "overlapping windows: the chunked group"},
+  };
+  RuntimeOptions opts = plugin_dir_options();
+  opts.kernels = KernelSide::Native;
+  Runtime rt(opts);
+  Backend& gpu = rt.backend("cuda");
+  for (plx_dtype d : {PLX_BF16, PLX_F16})
+    for (const C& c : cases) {
+      DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
+        Graph g(rt.ops());
+        const Var x = g.input("x", {d, c.x});
+        const int64_t taps = c.x[1] * 9;
+        const Var w =
+            g.parameter("c.weight", {d, {c.o, c.x[1], 3, 3}}, init::kaiming_uniform(taps));
+        const Var b = g.parameter("c.bias", {d, {c.o}}, init::uniform(-0.3, 0.3));
+        Var v = g.add1("conv2d", {x, w, b}, Attrs{{"padding", Ints{c.pad, c.pad}}}, "c");
+        if (c.relu) v = g.add1("relu", {v}, {}, "c.relu");
+        const std::vector<Var> p = g.add("max_pool2d", {v}, c.pool, "c.pool");
+        g.mark_output(p[0], "y");
+        g.mark_output(p[1], "idx");
+        TensorStore store;
+        ExecutableOptions fused_opts, plain_opts;
+        plain_opts.fuse = false;
+        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
+        std::string names;
+        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        INFO(names);
+        const std::string want =
+            c.relu ? "conv2d+relu+max_pool2d:igemm" : "conv2d+max_pool2d:igemm";
+        if (c.igemm) {
+          CHECK_THAT(names, PLX_CONTAINS(want));
+          CHECK(fused.kernel_names().size() == 1);
+        } else {
+          CHECK(names.find(":igemm") == std::string::npos);
+        }
+        std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 37, -1, 1);
+        for (Executable* e : {&fused, &plain}) {
+          fill(e->tensor("x"), vx);
+          e->run();
+          e->sync();
+        }
+        for (const char* out : {"y", "idx"}) {
+          INFO(out);
+          const Tensor a = fused.tensor(out).contiguous().to(cpu()),
+                       z = plain.tensor(out).contiguous().to(cpu());
+          REQUIRE(a.nbytes() == z.nbytes());
+          REQUIRE(a.nbytes() > 0);
+          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
+          a.copy_to_host(ab.data());
+          z.copy_to_host(zb.data());
+          CHECK(ab == zb);
+        }
+      }
+    }
 }

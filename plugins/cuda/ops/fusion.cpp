@@ -767,6 +767,21 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
         PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on direct: %s", e.what());
       }
     }
+    // A conv given to an igemm tile: the pool (2x2, stride 2) in its epilogue, one launch and no
+    // pre-pool tensor (ops/igemm_conv.cu); where that declines, the chunked group below.
+    if (hinted && hinted->impl && std::string_view(hinted->impl).rfind("igemm_mma_", 0) == 0) {
+      try {
+        plx_dtype dt = dtype;
+        auto k = make_igemm_conv_max_pool(*this, g, b, hinted->impl, dt);
+        const std::string name =
+            first_of(g, "relu") >= 0 ? "conv2d+relu+max_pool2d:igemm" : "conv2d+max_pool2d:igemm";
+        fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
+                    kernel, state, workspace_bytes, PLX_LAYOUT_NHWC);
+        return;
+      } catch (const sdk::Unsupported& e) {
+        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on igemm: %s", e.what());
+      }
+    }
   }
   if (conv_pool_backward && !conv_pool && !g.is(0, "relu_backward")) {
     // A first layer's backward with its pool (no dx) whose weight gradient the host gave to the

@@ -57,6 +57,7 @@
 #include "ops/conv_strides.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/mma_ptx.cuh"
+#include "plexus/sdk/fusion_conv_pool.hpp"
 
 namespace plexus::cuda {
 
@@ -119,6 +120,15 @@ struct IgemmArgs {
   int64_t y_n, y_c, y_p;
   bool pair;      // y_c == 1, O even and y 4-byte aligned: store two channels at once
   bool relu;      // the epilogue applies a ReLU (forward only)
+  // The pool variant (a conv2d -> [relu ->] max_pool2d group, 2x2 windows of stride 2): row
+  // m = 4·q + t of the GEMM is tap t = 2·dh + dw of pooled pixel q = (n, ph, pw), so M = 4·Q, y
+  // and its element offsets describe the pooled output (p = ph·PW + pw), and the epilogue writes
+  // one value and one index per window.
+  void* idx;              // the pool's indices: u8 taps or i32 positions oh·OW + ow
+  int PW;                 // pooled columns
+  int64_t PHW;            // pooled pixels per image
+  int64_t i_n, i_c, i_p;  // the indices' element (n, o, p) at n·i_n + o·i_c + p·i_p
+  bool relu_before, relu_after, relu_mask;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -136,9 +146,80 @@ __device__ __forceinline__ void store_pair(T* p, float a, float b) {
 //
 // Grid: x over M tiles, y over O tiles. Block: TL::THREADS threads; warp (wm, wn) =
 // (warp % WARPS_M, warp / WARPS_M) owns rows wm·WM.. and columns wn·WN.. of the block tile.
-// BT: backward data with B read from the forward's channels-last filter (see the top).
-template <class T, class TL, bool BT = false>
+// (v, t) beats (bv, bt) in a max pool's window: a NaN beats any number, a larger value a smaller
+// one, and among equals (two NaNs included) the lower tap. A total order, so a shuffle tree over
+// the window gives what max_pool2d's scan in tap order gives: the first NaN, else the first
+// maximum.
+__device__ __forceinline__ bool pool_beats(float v, int t, float bv, int bt) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || t < bt);
+  return v > bv || (v == bv && t < bt);
+}
+__device__ __forceinline__ int32_t pool_index(int32_t pos, int, bool none, int32_t*) {
+  return none ? -1 : pos;
+}
+__device__ __forceinline__ uint8_t pool_index(int32_t, int tap, bool none, uint8_t*) {
+  return none ? 255 : static_cast<uint8_t>(tap);
+}
+
+// The pool variant's epilogue. Rows 4q..4q+3 of a 16-row mma tile are the window of one pooled
+// pixel, held by lanes whose lane / 4 differ in the two low bits: two xor shuffles (4, 8) give
+// every lane of the four the window's winner. Each value is what the unfused conv stores (bias
+// added in f32, rounded once to T), through the ReLU before the pool unless the pool has
+// relu_mask; with relu_mask the ReLU runs on the maximum and the index is none where y is not
+// > 0 (as the chunked group and the direct kernel run it). So y and the indices are the unfused
+// kernels' bits. M is 4·Q and m0 a multiple of 4: a window's rows are all real or all past M.
+template <class T, class TL, class Ix>
+__device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
+                                                    const float (&acc)[TL::MI][TL::NI][4],
+                                                    int64_t m0, int n0, int wm, int wn, int lane) {
+  T* const y = a.y;
+  Ix* const idx = static_cast<Ix*>(a.idx);
+  const int t = (lane >> 2) & 3;  // this lane's tap in its window
+#pragma unroll
+  for (int j = 0; j < TL::NI; ++j) {
+    const int o0 = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+    float bias[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      bias[e] = a.bias && o0 + e < a.O ? to_accum<T>(a.bias[o0 + e]) : 0.f;
+#pragma unroll
+    for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[e]));
+          if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
+          int bt = t;
+#pragma unroll
+          for (int sh = 4; sh <= 8; sh <<= 1) {  // every lane runs both shuffles
+            const float ov = __shfl_xor_sync(0xffffffffu, v, sh);
+            const int ot = __shfl_xor_sync(0xffffffffu, bt, sh);
+            if (pool_beats(ov, ot, v, bt)) v = ov, bt = ot;
+          }
+          const int o = o0 + e;
+          if (t != 0 || m >= a.M || o >= a.O) continue;
+          const float out = to_accum<T>(from_accum<T>(a.relu_after && !(v > 0.f) ? 0.f : v));
+          const int64_t q = m >> 2;
+          const int64_t n = q / a.PHW, p = q - n * a.PHW;
+          y[n * a.y_n + o * a.y_c + p * a.y_p] = from_accum<T>(out);
+          const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
+          const int32_t pos = (2 * ph + (bt >> 1)) * a.OW + 2 * pw + (bt & 1);
+          idx[n * a.i_n + o * a.i_c + p * a.i_p] =
+              pool_index(pos, bt, a.relu_mask && !(out > 0.f), static_cast<Ix*>(nullptr));
+        }
+      }
+    }
+  }
+}
+
+// BT: backward data with B read from the forward's channels-last filter (see the top). Ix (u8
+// or i32, not void): the forward with a 2x2 max pool in its epilogue (IgemmArgs' pool fields).
+template <class T, class TL, bool BT = false, class Ix = void>
 __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs<T> a) {
+  constexpr bool kPool = !std::is_void_v<Ix>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const As = reinterpret_cast<T*>(smem_raw);       // [STAGES][BM][LDS]
   T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;   // [STAGES][BN][LDS], BT: [STAGES][BK][LDB_T]
@@ -164,9 +245,20 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     const int64_t m = m0 + crow + i * kRowStep;
     a_base[i] = 0, a_ih[i] = 0, a_iw[i] = 0;
     if (m < a.M) {
-      const int64_t n = m / a.OHW;
-      const int p = static_cast<int>(m - n * a.OHW);
-      const int oh = p / a.OW, ow = p - oh * a.OW;
+      int64_t n;
+      int oh, ow;
+      if constexpr (kPool) {
+        const int64_t q = m >> 2;
+        const int t = static_cast<int>(m & 3);
+        n = q / a.PHW;
+        const int r = static_cast<int>(q - n * a.PHW);
+        const int ph = r / a.PW, pw = r - ph * a.PW;
+        oh = 2 * ph + (t >> 1), ow = 2 * pw + (t & 1);
+      } else {
+        n = m / a.OHW;
+        const int p = static_cast<int>(m - n * a.OHW);
+        oh = p / a.OW, ow = p - oh * a.OW;
+      }
       a_base[i] = n * a.H * a.W * a.C;
       a_ih[i] = oh * a.sh - a.ph;
       a_iw[i] = ow * a.sw - a.pw;
@@ -307,6 +399,10 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 
   // Epilogue. Accumulator fragment of mma tile (i, j): c0, c1 at row lane/4, columns
   // 2(lane%4), +1; c2, c3 at row lane/4 + 8, the same columns.
+  if constexpr (kPool) {
+    igemm_pool_epilogue<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+    return;
+  }
   float bias[TL::NI][2];
 #pragma unroll
   for (int j = 0; j < TL::NI; ++j) {
@@ -612,14 +708,26 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
   PLX_CUDA_LAUNCH_CHECK();
 }
 
+// A fused conv2d -> [relu ->] max_pool2d group for the forward's pool variant: the group's
+// boundary slots, its pool node and whether a relu sits between the two.
+struct IgemmPool {
+  sdk::ConvMaxPoolSlots slots;
+  const NodeInfo* pool = nullptr;
+};
+
 template <class T, class TL, Dir D>
 class IgemmConvKernel final : public Kernel {
  public:
   // `relu` (forward only): the kernel of a fused conv2d -> relu, writing relu(conv(x, w) + b).
-  IgemmConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false)
+  // `pool` (forward only): the kernel of a fused conv2d -> [relu ->] max_pool2d group with 2x2
+  // windows of stride 2 (node: its conv), writing the pooled y and the indices; the pre-pool
+  // tensor is never written.
+  IgemmConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false,
+                  const IgemmPool* pool = nullptr)
       : device_(node.device()) {
     const char* op = D == Dir::Fwd ? "conv2d" : "conv2d_backward_data";
     PLX_REQUIRE(D == Dir::Fwd || !relu, "%s: only the forward convolution takes a ReLU", op);
+    PLX_REQUIRE(D == Dir::Fwd || !pool, "%s: only the forward convolution takes a pool", op);
     // Tensors by their forward roles: x (N, C, H, W), w (O, C, KH, KW), y (N, O, OH, OW).
     const plx_tensor* x;
     const plx_tensor* y;
@@ -739,6 +847,7 @@ class IgemmConvKernel final : public Kernel {
     int64_t os[4];
     canonical_strides(od, out_nhwc, os);
     a_.y_n = os[0], a_.y_c = os[1], a_.y_p = os[3];  // p = oh·Wo + ow: offset oh·s2 + ow·s3 = p·s3
+    if (pool) set_pool(*pool, g.N, Ho, Wo, relu);
 
     // Staging in the workspace: the activation when it is NCHW, the filter when it is NCHW
     // (or, for backward data, channels-last with a channel count the BT copies cannot take).
@@ -758,10 +867,11 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const cudaStream_t s = native(c.stream);
     IgemmArgs<T> a = a_;
-    a.x = static_cast<const T*>(c.in(0).data);
-    a.w = static_cast<const T*>(c.in(1).data);
-    a.bias = has_bias_ ? static_cast<const T*>(c.in(2).data) : nullptr;
-    a.y = static_cast<T*>(c.out(0).data);
+    a.x = static_cast<const T*>(c.in(in_x_).data);
+    a.w = static_cast<const T*>(c.in(in_w_).data);
+    a.bias = has_bias_ ? static_cast<const T*>(c.in(in_b_).data) : nullptr;
+    a.y = static_cast<T*>(c.out(out_y_).data);
+    if (pool_ != PoolIx::None) a.idx = c.out(out_i_).data;
     unsigned char* ws = static_cast<unsigned char*>(c.workspace);
     if (stage_act_) {
       T* dst = reinterpret_cast<T*>(ws);
@@ -786,7 +896,11 @@ class IgemmConvKernel final : public Kernel {
     a.pair = a.y_c == 1 && a.O % 2 == 0 && (addr(a.y) & 3u) == 0;
     const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
-    if (bt_)
+    if (pool_ == PoolIx::U8)
+      igemm_conv_kernel<T, TL, false, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+    else if (pool_ == PoolIx::I32)
+      igemm_conv_kernel<T, TL, false, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+    else if (bt_)
       igemm_conv_kernel<T, TL, true><<<grid, TL::THREADS, smem_, s>>>(a);
     else
       igemm_conv_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(a);
@@ -794,6 +908,58 @@ class IgemmConvKernel final : public Kernel {
   }
 
  private:
+  enum class PoolIx { None, U8, I32 };
+
+  // The pool variant's arguments (see IgemmArgs): the conv's output (N, O, Ho, Wo) pooled by
+  // 2x2 windows of stride 2, whole windows only.
+  void set_pool(const IgemmPool& p, int64_t N, int64_t Ho, int64_t Wo, bool relu) {
+    const NodeInfo& pool = *p.pool;
+    const char* op = "conv2d+max_pool2d";
+    auto stride = pool.attr_ints("stride");
+    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
+               dil = pool.attr_ints("dilation");
+    if (stride.empty()) stride = kernel;
+    const std::vector<int64_t> two{2, 2}, zero{0, 0}, one{1, 1};
+    PLX_DECLINE_UNLESS(kernel == two && stride == two && pad == zero && (dil.empty() || dil == one),
+                       "%s: igemm pools 2x2 windows of stride 2 without padding or dilation", op);
+    const plx_tensor &y = pool.output(0), &ix = pool.output(1);
+    PLX_REQUIRE(y.ndim == 4 && ix.ndim == 4 && y.shape[0] == N && y.shape[1] == a_.O,
+                "%s: the pooled tensors do not match the convolution", op);
+    const int64_t PH = y.shape[2], PW = y.shape[3];
+    PLX_DECLINE_UNLESS(2 * PH <= Ho && 2 * PW <= Wo,
+                       "%s: igemm pools whole windows only (ceil_mode made a partial one)", op);
+    PLX_DECLINE_UNLESS(ix.dtype == PLX_U8 || ix.dtype == PLX_I32,
+                       "%s: the indices must be u8 or i32", op);
+    PLX_DECLINE_UNLESS(y.dtype == dtype_v<T>, "%s: the pooled y must be of the conv's dtype", op);
+    using sdk::nhwc_or_decline;
+    const bool y_nhwc = nhwc_or_decline(y, "max_pool2d", "y");
+    const bool i_nhwc = nhwc_or_decline(ix, "max_pool2d", "the indices");
+    pool_ = ix.dtype == PLX_U8 ? PoolIx::U8 : PoolIx::I32;
+    const int64_t yd[4] = {N, a_.O, PH, PW};
+    int64_t st[4];
+    canonical_strides(yd, y_nhwc, st);
+    a_.y_n = st[0], a_.y_c = st[1], a_.y_p = st[3];
+    canonical_strides(yd, i_nhwc, st);
+    a_.i_n = st[0], a_.i_c = st[1], a_.i_p = st[3];
+    a_.PW = static_cast<int>(PW);
+    a_.PHW = PH * PW;
+    a_.M = 4 * N * PH * PW;
+    const bool mask = pool.attr_int_or("relu_mask", 0) != 0;
+    a_.relu = false;  // the pool epilogue applies it
+    a_.relu_mask = mask;
+    a_.relu_after = relu && mask;  // the ReLU on the maximum, as the chunked group runs it
+    a_.relu_before = relu && !mask;
+    out_elems_ = N * a_.O * PH * PW;
+    in_x_ = p.slots.x, in_w_ = p.slots.w, in_b_ = p.slots.bias;
+    out_y_ = p.slots.y, out_i_ = p.slots.indices;
+    if (pool_ == PoolIx::U8)
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, uint8_t>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    else
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, int32_t>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+  }
+
   int32_t device_;
   bool has_bias_ = false;
   int64_t out_elems_ = 0;
@@ -801,6 +967,8 @@ class IgemmConvKernel final : public Kernel {
   bool stage_act_ = false, stage_w_ = false;
   bool bt_ = false;  // backward data reading the channels-last filter in place
   int smem_ = 0;
+  PoolIx pool_ = PoolIx::None;
+  int32_t in_x_ = 0, in_w_ = 1, in_b_ = 2, out_y_ = 0, out_i_ = -1;  // the call's slots
   int64_t act_dims_[3] = {0, 0, 0};  // N, C, H·W of the NCHW activation to transpose
   int64_t w_strides_[4] = {0, 0, 0, 0};
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
@@ -994,7 +1162,45 @@ std::unique_ptr<Kernel> make_fwd(const NodeInfo& node, CudaBackend& backend,
   throw sdk::Unsupported(sdk::format("conv2d: no igemm tile named '%s'", tile.c_str()));
 }
 
+template <class T>
+std::unique_ptr<Kernel> make_fwd_pool(const NodeInfo& conv, CudaBackend& backend,
+                                      const std::string& tile, const IgemmPool& pool, bool relu) {
+  if (tile == Tile128x128::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x128, Dir::Fwd>>(conv, backend, relu, &pool);
+  if (tile == Tile128x64::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x64, Dir::Fwd>>(conv, backend, relu, &pool);
+  if (tile == Tile64x64::name())
+    return std::make_unique<IgemmConvKernel<T, Tile64x64, Dir::Fwd>>(conv, backend, relu, &pool);
+  if (tile == Tile128x32::name())
+    return std::make_unique<IgemmConvKernel<T, Tile128x32, Dir::Fwd>>(conv, backend, relu, &pool);
+  throw sdk::Unsupported(sdk::format("conv2d+max_pool2d: no igemm tile named '%s'", tile.c_str()));
+}
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_igemm_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                 const sdk::Boundary& b, const std::string& tile,
+                                                 plx_dtype& dtype) {
+  IgemmPool p;
+  p.slots = sdk::conv_max_pool_slots(g, b);
+  PLX_DECLINE_UNLESS(tile.rfind("igemm_mma_", 0) == 0, "the host gave conv2d to %s, not igemm",
+                     tile.empty() ? "the default kernel" : tile.c_str());
+  const sdk::OwnedNodeInfo conv_info(g, p.slots.conv), pool_info(g, p.slots.pool);
+  const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
+  p.pool = &pool;
+  const bool relu = p.slots.relu >= 0;
+  dtype = p.slots.dtype;
+  switch (dtype) {
+    case PLX_F16:
+      return make_fwd_pool<f16>(conv, backend, tile, p, relu);
+    case PLX_BF16:
+      return make_fwd_pool<bf16>(conv, backend, tile, p, relu);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format(
+      "conv2d+max_pool2d: the igemm kernels take f16 or bf16, not %s", dtype_name(dtype)));
+}
 
 std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
                                         const std::string& tile, bool relu) {

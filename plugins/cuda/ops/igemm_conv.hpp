@@ -20,4 +20,12 @@ void register_igemm_conv(KernelRegistry& r);
 std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
                                         const std::string& tile, bool relu);
 
+// A fused {conv2d, [relu,] max_pool2d} group (sdk::conv_max_pool_slots) whose conv the host gave
+// to the igemm tile `tile`, as one launch that pools 2x2 windows of stride 2 in its epilogue: the
+// pre-pool tensor never exists, and y and the indices are those of the igemm conv (its ReLU) and
+// the pool kernel run one by one. Declines other windows and tiles. Sets `dtype`.
+std::unique_ptr<Kernel> make_igemm_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                 const sdk::Boundary& b, const std::string& tile,
+                                                 plx_dtype& dtype);
+
 }  // namespace plexus::cuda

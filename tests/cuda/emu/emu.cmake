@@ -108,6 +108,7 @@ foreach(t
     "cuda direct convolutions decline what they do not handle"
     "the relu backward of a first layer with its bias sum and weight gradient runs as one direct kernel"
     "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
+    "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
     "cuda max-pool kernels match the cpu in every layout mix"
     "cuda max-pool kernels decline strides that are neither nchw nor channels-last"
@@ -200,6 +201,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "cuda direct convolutions match the cpu reference in every layout mix"
       "cuda igemm convolution candidates match the cpu reference"
       "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
+      "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
       "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
       "every cuda tensor core gemm candidate matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
