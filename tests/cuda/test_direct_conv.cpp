@@ -12,6 +12,7 @@
 
 #include "cuda/compare.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/fused_pair.hpp"
 #include "cuda/layout_candidate.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/executor.hpp"
@@ -380,46 +381,25 @@ TEST_CASE(
     for (const C& c : cases) {
       DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
         Graph g(rt.ops());
-        const Var x = g.input("x", {d, c.x});
         const int64_t taps = c.x[1] * 9;
-        const Var w =
-            g.parameter("c.weight", {d, {c.o, c.x[1], 3, 3}}, init::kaiming_uniform(taps));
-        const Var b = g.parameter("c.bias", {d, {c.o}}, init::uniform(-0.3, 0.3));
-        Var v = g.add1("conv2d", {x, w, b}, Attrs{{"padding", Ints{1, 1}}}, "c");
-        if (c.relu) v = g.add1("relu", {v}, {}, "c.relu");
-        const std::vector<Var> p = g.add("max_pool2d", {v}, c.pool, "c.pool");
-        g.mark_output(p[0], "y");
-        g.mark_output(p[1], "idx");
-        TensorStore store;
-        ExecutableOptions fused_opts, plain_opts;
-        plain_opts.fuse = false;
-        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
-        std::string names;
-        for (const auto& k : fused.kernel_names()) names += k + "\n";
-        INFO(names);
-        CHECK_THAT(names, PLX_CONTAINS(c.relu ? "conv2d+relu+max_pool2d:direct"
-                                              : "conv2d+max_pool2d:direct"));
-        CHECK(fused.kernel_names().size() == 1);
+        add_conv_relu_pool(g, d, c.x, c.o, 1, c.relu, c.pool);
+        FusedPair run(gpu, g);
+        INFO(run.names());
+        CHECK_THAT(run.names(), PLX_CONTAINS(c.relu ? "conv2d+relu+max_pool2d:direct"
+                                                    : "conv2d+max_pool2d:direct"));
+        CHECK(run.kernel_count() == 1);
         std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 31, -1, 1);
-        for (Executable* e : {&fused, &plain}) {
-          fill(e->tensor("x"), vx);
-          e->run();
-          e->sync();
-        }
+        run.run({{"x", vx}});
         for (const char* out : {"y", "idx"}) {
           INFO(out);
-          const Tensor a = fused.tensor(out).contiguous().to(cpu()),
-                       z = plain.tensor(out).contiguous().to(cpu());
-          REQUIRE(a.nbytes() == z.nbytes());
-          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
-          a.copy_to_host(ab.data());
-          z.copy_to_host(zb.data());
-          CHECK(ab == zb);
+          const auto [fused_bytes, plain_bytes] = run.bytes(out);
+          CHECK(fused_bytes == plain_bytes);
         }
+        Executable& fused = run.fused();
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
           TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, fused_opts);
-          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
+          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
+          for (const auto& [name, t] : run.store().all()) fill(cpu_store.get(name), t.to_doubles());
           fill(ref.tensor("x"), vx);
           ref.run();
           ref.sync();
@@ -499,12 +479,8 @@ TEST_CASE(
         wa.set("weight_shape", Ints{c.o, c.x[1], 3, 3});
         g.mark_output(g.add1("conv2d_backward_weight", {dpre, x}, wa, "c.weight.grad"), "dw");
         g.mark_output(p[0], "y");
-        TensorStore store;
-        ExecutableOptions fused_opts, plain_opts;
-        plain_opts.fuse = false;
-        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
-        std::string names;
-        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        FusedPair run(gpu, g);
+        const std::string names = run.names();
         INFO(names);
         if (c.direct)
           CHECK_THAT(names, PLX_CONTAINS("max_pool2d_backward+conv2d_backward_weight:direct"));
@@ -514,19 +490,11 @@ TEST_CASE(
             random_doubles(static_cast<size_t>(shape_numel(c.x)), 41, -1, 1);
         const std::vector<double> vdy =
             random_doubles(static_cast<size_t>(shape_numel(ps)), 42, -2, 2);
-        for (Executable* e : {&fused, &plain}) {
-          fill(e->tensor("x"), vx);
-          fill(e->tensor("dy"), vdy);
-          e->run();
-          e->sync();
-        }
+        run.run({{"x", vx}, {"dy", vdy}});
+        Executable &fused = run.fused(), &plain = run.plain();
         if (c.direct) {  // the unfused kernels' bits; with the chunked group only to rounding
-          const Tensor a = fused.tensor("dw").contiguous().to(cpu()),
-                       z = plain.tensor("dw").contiguous().to(cpu());
-          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
-          a.copy_to_host(ab.data());
-          z.copy_to_host(zb.data());
-          CHECK(ab == zb);
+          const auto [fused_bytes, plain_bytes] = run.bytes("dw");
+          CHECK(fused_bytes == plain_bytes);
         }
         const double nmse = d == PLX_F32 ? 1e-10 : 1e-4;
         for (const char* out : {"dw", "db"}) {
@@ -536,8 +504,8 @@ TEST_CASE(
         }
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
           TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, fused_opts);
-          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
+          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
+          for (const auto& [name, t] : run.store().all()) fill(cpu_store.get(name), t.to_doubles());
           fill(ref.tensor("x"), vx);
           fill(ref.tensor("dy"), vdy);
           ref.run();

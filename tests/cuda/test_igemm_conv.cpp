@@ -14,10 +14,9 @@
 
 #include "cuda/compare.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/fused_pair.hpp"
 #include "cuda/layout_candidate.hpp"
 #include "plexus/dispatch.hpp"
-#include "plexus/executor.hpp"
-#include "plexus/graph.hpp"
 #include "plexus/plugin.hpp"
 #include "plexus/runtime.hpp"
 
@@ -321,47 +320,24 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with t
     for (const C& c : cases) {
       DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
         Graph g(rt.ops());
-        const Var x = g.input("x", {d, c.x});
-        const int64_t taps = c.x[1] * 9;
-        const Var w =
-            g.parameter("c.weight", {d, {c.o, c.x[1], 3, 3}}, init::kaiming_uniform(taps));
-        const Var b = g.parameter("c.bias", {d, {c.o}}, init::uniform(-0.3, 0.3));
-        Var v = g.add1("conv2d", {x, w, b}, Attrs{{"padding", Ints{c.pad, c.pad}}}, "c");
-        if (c.relu) v = g.add1("relu", {v}, {}, "c.relu");
-        const std::vector<Var> p = g.add("max_pool2d", {v}, c.pool, "c.pool");
-        g.mark_output(p[0], "y");
-        g.mark_output(p[1], "idx");
-        TensorStore store;
-        ExecutableOptions fused_opts, plain_opts;
-        plain_opts.fuse = false;
-        Executable fused(gpu, g, store, fused_opts), plain(gpu, g, store, plain_opts);
-        std::string names;
-        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        add_conv_relu_pool(g, d, c.x, c.o, c.pad, c.relu, c.pool);
+        FusedPair run(gpu, g);
+        const std::string names = run.names();
         INFO(names);
         const std::string want =
             c.relu ? "conv2d+relu+max_pool2d:igemm" : "conv2d+max_pool2d:igemm";
         if (c.igemm) {
           CHECK_THAT(names, PLX_CONTAINS(want));
-          CHECK(fused.kernel_names().size() == 1);
+          CHECK(run.kernel_count() == 1);
         } else {
           CHECK(names.find(":igemm") == std::string::npos);
         }
-        std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 37, -1, 1);
-        for (Executable* e : {&fused, &plain}) {
-          fill(e->tensor("x"), vx);
-          e->run();
-          e->sync();
-        }
+        run.run({{"x", random_doubles(static_cast<size_t>(shape_numel(c.x)), 37, -1, 1)}});
         for (const char* out : {"y", "idx"}) {
           INFO(out);
-          const Tensor a = fused.tensor(out).contiguous().to(cpu()),
-                       z = plain.tensor(out).contiguous().to(cpu());
-          REQUIRE(a.nbytes() == z.nbytes());
-          REQUIRE(a.nbytes() > 0);
-          std::vector<uint8_t> ab(a.nbytes()), zb(z.nbytes());
-          a.copy_to_host(ab.data());
-          z.copy_to_host(zb.data());
-          CHECK(ab == zb);
+          const auto [fused, plain] = run.bytes(out);
+          REQUIRE(!fused.empty());
+          CHECK(fused == plain);
         }
       }
     }
