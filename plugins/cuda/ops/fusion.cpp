@@ -748,38 +748,30 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     conv_pool_backward = conv_pool_backward || g.is(n, "max_pool2d_backward");
   }
   if (conv_pool) {
-    // A first layer given to the direct kernel: conv, ReLU and pool in one launch, the pre-pool
-    // tensor never written (ops/direct_conv.cu); where that declines, the chunked group below.
+    // A conv the host gave to one of our own kernels, with its ReLU and pool in one launch and
+    // no pre-pool tensor: a first layer on the direct kernel (ops/direct_conv.cu), or an igemm
+    // tile with the 2x2 pool in its epilogue (ops/igemm_conv.cu); where that declines, the
+    // chunked group below.
     const int32_t c = first_of(g, "conv2d");
     const int32_t hint = c >= 0 ? g.node(c).kernel_hint : 0;
     const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
-    if (hinted && hinted->impl && std::string_view(hinted->impl) == "direct") {
+    const std::string_view impl = hinted && hinted->impl ? hinted->impl : "";
+    const bool direct = impl == "direct", igemm = impl.rfind("igemm_mma_", 0) == 0;
+    if (direct || igemm) {
+      const char* side = direct ? "direct" : "igemm";
       try {
         plx_dtype dt = dtype;
-        auto k = make_direct_conv_max_pool(*this, g, b, hinted->impl, dt);
-        const std::string name =
-            first_of(g, "relu") >= 0 ? "conv2d+relu+max_pool2d:direct" : "conv2d+max_pool2d:direct";
+        auto k = direct ? make_direct_conv_max_pool(*this, g, b, hinted->impl, dt)
+                        : make_igemm_conv_max_pool(*this, g, b, hinted->impl, dt);
+        const std::string name = std::string(first_of(g, "relu") >= 0 ? "conv2d+relu+max_pool2d:"
+                                                                      : "conv2d+max_pool2d:") +
+                                 side;
         fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
                     kernel, state, workspace_bytes,
                     dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
         return;
       } catch (const sdk::Unsupported& e) {
-        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on direct: %s", e.what());
-      }
-    }
-    // A conv given to an igemm tile: the pool (2x2, stride 2) in its epilogue, one launch and no
-    // pre-pool tensor (ops/igemm_conv.cu); where that declines, the chunked group below.
-    if (hinted && hinted->impl && std::string_view(hinted->impl).rfind("igemm_mma_", 0) == 0) {
-      try {
-        plx_dtype dt = dtype;
-        auto k = make_igemm_conv_max_pool(*this, g, b, hinted->impl, dt);
-        const std::string name =
-            first_of(g, "relu") >= 0 ? "conv2d+relu+max_pool2d:igemm" : "conv2d+max_pool2d:igemm";
-        fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
-                    kernel, state, workspace_bytes, PLX_LAYOUT_NHWC);
-        return;
-      } catch (const sdk::Unsupported& e) {
-        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on igemm: %s", e.what());
+        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on %s: %s", side, e.what());
       }
     }
   }
