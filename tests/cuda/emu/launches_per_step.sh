@@ -9,7 +9,9 @@
 #
 # Run from the checkout after building (build/bin/plexus, build/emu-plugins). Prints
 # "MODEL PRECISION: N launches per step"; with PLEXUS_LAUNCH_LIST=1 also the kernels of one step
-# (the lines whose count grew from 3 steps to 4).
+# (the lines whose count grew from 3 steps to 4). A kernel launched through a variable is
+# traced by the variable's name: `kernel_` lines are the mma.sync GEMM (ops/mma_gemm.cu, MmaPlan),
+# the models' linear layers on the native side.
 set -euo pipefail
 model=$1 precision=$2
 shift 2
