@@ -160,12 +160,11 @@ inline Outcome run_candidate(Backend& gpu, const plx_kernel* k, const GemmCase& 
     o.failure = "asks for " + std::to_string(ws_bytes) + " bytes of workspace";
     return o;
   }
-  // Poisoned like the output: the split-K partials must all be written before they are read.
+  // Poisoned like the output, before each run: the split-K partials must all be written before
+  // they are read, in every run (a tile counter left wrong by the first run would make the second
+  // sum before the last split has written, which stale partials from the first would hide).
   Tensor ws;
-  if (ws_bytes > 0) {
-    ws = Tensor::empty(gpu, {static_cast<int64_t>(ws_bytes)}, PLX_U8, 0);
-    gpu.memset(0, ws.data(), kPoison, ws_bytes, gpu.stream(0));
-  }
+  if (ws_bytes > 0) ws = Tensor::empty(gpu, {static_cast<int64_t>(ws_bytes)}, PLX_U8, 0);
   for (size_t i = 0; i < in.size(); ++i)
     if (in[i].defined()) in_views[i] = in[i].view();
 
@@ -177,6 +176,7 @@ inline Outcome run_candidate(Backend& gpu, const plx_kernel* k, const GemmCase& 
     const plx_stream stream = gpu.stream(0);
     Tensor buf = Tensor::empty(gpu, {static_cast<int64_t>(n + out_off + kGuard)}, PLX_U8, 0);
     gpu.memset(0, buf.data(), kPoison, n + out_off + kGuard, stream);
+    if (ws.defined()) gpu.memset(0, ws.data(), kPoison, ws_bytes, stream);
     Tensor y = buf.alias(want.dtype(), want.shape(), out_off);
     out_views[0] = y.view();
     try {

@@ -120,12 +120,15 @@ struct MmaArgs {
   float alpha;
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
   // Split-K: grid z is batch x splits, split s sums K in [s·k_split, (s + 1)·k_split) into
-  // partial[(s·batch + z) M N ...] (f32, no epilogue), and splitk_reduce_kernel finishes.
-  // Without it: splits = 1, k_split >= K, partial unused.
+  // partial[(s·batch + z) M N ...] (f32, no epilogue), and the last split of each output tile to
+  // finish (done: a counter per batch entry and tile, zero between launches) adds the tile's
+  // splits in split order and applies the epilogue. Without it: splits = 1, k_split >= K,
+  // partial and done unused.
   int64_t batch;
   int64_t k_split;  // a multiple of BK
   int32_t splits;
   float* partial;
+  unsigned* done;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -402,6 +405,24 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
         }
       }
     }
+    // The tile's last split to finish: y = act(alpha · the splits' sum in split order + bias),
+    // one rounding, as the unsplit epilogue computes it from its one sum.
+    unsigned* const done = p.done + (z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (!last_block_arrives(done, static_cast<unsigned>(p.splits))) return;
+    const volatile float* vp = p.partial;
+    const int64_t slice = p.batch * M * N;
+    const T* bias = static_cast<const T*>(p.bias);
+    for (int e = tid; e < BM * BN; e += C::kThreads) {
+      const int64_t row = m0 + e / BN, col = n0 + e % BN;
+      if (row >= M || col >= N) continue;
+      const int64_t i = z * M * N + row * N + col;
+      float v = 0.f;
+      for (int32_t sp = 0; sp < p.splits; ++sp) v += vp[sp * slice + i];
+      v *= p.alpha;
+      if (bias) v += to_accum<T>(bias[col]);
+      Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
+    }
+    if (tid == 0) *done = 0;
   } else {
     const T* bias = static_cast<const T*>(p.bias);
 #pragma unroll
@@ -457,23 +478,6 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   float v = acc * p.alpha;
   if (p.bias) v += to_accum<T>(static_cast<const T*>(p.bias)[col]);
   Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
-}
-
-// The end of a split-K GEMM: y = act(alpha · sum of the splits' partials, in split order, +
-// bias), one rounding. y is contiguous, so element i of the batch's outputs is y[i].
-template <class T, MmaAct ACT>
-__global__ void splitk_reduce_kernel(const MmaArgs p) {
-  const int64_t mn = p.M * p.N, total = p.batch * mn;
-  const float* part = p.partial;
-  T* Y = static_cast<T*>(p.y);
-  const T* bias = static_cast<const T*>(p.bias);
-  PLX_GRID_STRIDE(i, total) {
-    float v = 0.f;
-    for (int32_t s = 0; s < p.splits; ++s) v += part[s * total + i];
-    v *= p.alpha;
-    if (bias) v += to_accum<T>(bias[i % p.N]);
-    Y[i] = from_accum<T>(activate<ACT>(v));
-  }
 }
 
 // ---- host side ----
@@ -577,6 +581,7 @@ class MmaPlan {
                          static_cast<long long>(s.batch));
       workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
                    sizeof(float);
+      done_ = BlockCounter(blocks);
     }
     kernel_ = pick_kernel<T, TL, ACT, SPLIT>(s.a_kmajor, s.b_kmajor);
     // Once per kernel and device: the attribute stays set for every later launch.
@@ -604,6 +609,7 @@ class MmaPlan {
     p.splits = splits_;
     p.k_split = SPLIT ? k_split_ : s_.K;
     p.partial = static_cast<float*>(ws);
+    p.done = done_.p;
     // Two columns at once need y's row starts (and batch entries) aligned to two elements.
     p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
@@ -611,10 +617,6 @@ class MmaPlan {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
                       static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z * splits_);
       kernel_<<<grid, C::kThreads, static_cast<size_t>(smem_), stream>>>(p);
-      if constexpr (SPLIT) {
-        PLX_CUDA_LAUNCH_CHECK();
-        splitk_reduce_kernel<T, ACT><<<grid_for(s_.batch * s_.M * s_.N), kBlock, 0, stream>>>(p);
-      }
     } else {
       // One pass, no partials: the fallback sums all of K itself.
       const int64_t sam = s_.a_kmajor ? p.lda : 1, sak = s_.a_kmajor ? 1 : p.lda;
@@ -634,6 +636,7 @@ class MmaPlan {
   int32_t splits_ = 1;
   int64_t k_split_ = 0;
   uint64_t workspace_ = 0;
+  BlockCounter done_{0};  // split-K: one finished-split count per batch entry and output tile
 };
 
 // y (..., M, N) = alpha op(a) op(b): one GEMM when the batch folds into rows or is 1, a strided
