@@ -90,6 +90,8 @@ CudaBackend::CudaBackend(CudaOptions options) : sdk::Backend("cuda"), options_(s
   // The Hopper GEMM (sm_90a only; it declines other devices), after the mma.sync candidates.
   register_wgmma_gemm(kernels());
 #endif
+  // Last of the native GEMMs: the SIMT kernel, for the shapes every Tensor Core tile declines.
+  register_simt_gemm(kernels());
   register_conv(kernels());
 }
 

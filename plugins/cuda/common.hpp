@@ -230,6 +230,7 @@ std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sd
                                                int sms, plx_dtype& dtype);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
+void register_simt_gemm(KernelRegistry& r);    // matmul, linear: the SIMT kernel, any shape
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)
 
 // The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.

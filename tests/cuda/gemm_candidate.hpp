@@ -29,6 +29,7 @@ struct GemmCase {
   double alpha = 1;
   bool bias = false;     // linear
   bool decline = false;  // every Tensor Core candidate must decline it
+  bool simt_decline = false;  // the SIMT candidate too (batch dims that broadcast partially)
   // Offsets (in elements) of the first input and of the output inside their buffers: 1 makes
   // them misaligned (the first input then goes to the SIMT fallback).
   int64_t in_offset = 0, out_offset = 0;

@@ -5,6 +5,8 @@
 // computes, on both kernel sides: a chain of three conv -> relu layers, convnet, simplecnn, and a
 // chain whose ReLU follows its pool (the fused backward of ReLU with pooling).
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -69,11 +71,14 @@ struct StepOut {
   std::vector<std::string> kernels;
 };
 
-StepOut one_step(const ModelSpec& spec, KernelSide side, plx_dtype compute, bool channels_last) {
+// `tf32`: the cuda tf32 option on (f32 convolutions and GEMMs on the Tensor Cores).
+StepOut one_step(const ModelSpec& spec, KernelSide side, plx_dtype compute, bool channels_last,
+                 bool tf32 = false) {
   RuntimeOptions o = plugin_dir_options();
   o.kernels = side;
   Runtime rt(o);
   Backend& b = rt.backend("cuda");
+  if (tf32) REQUIRE(cuda::set_tf32(b, true));
   const int64_t n = 4;
   OptimizerOptions opt;
   opt.kind = "sgd";
@@ -268,4 +273,34 @@ out = 10
                         "conv2d_1.weight.cast", "conv2d_2.weight.cast"},
                        {"relu_1", "relu_3"}, 4 * 10 * 10 * 16, "relu_backward+max_pool2d_backward");
   }
+}
+
+// backend.kernels = "native" puts a node on the plugin's own kernels wherever one takes it, and
+// for the models' training steps one always does: the first layer's direct convolution, igemm
+// for the others (TF32 in f32), the mma_sync tiles for the linear layers and the SIMT GEMM for
+// the classifier's weight gradient (dlogitsᵀ x, whose 10-element rows no tile takes). So their
+// native steps run none of cuBLASLt's or cuDNN's kernels, in f32 (TF32), bf16 and f16; the
+// library side, for contrast, runs both kinds.
+TEST_CASE("a native cuda training step of simplecnn or convnet runs no library kernel",
+          "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;  // each side runs in a runtime of its own (backend.kernels)
+  auto library = [](std::string k) {
+    std::transform(k.begin(), k.end(), k.begin(), [](unsigned char c) { return std::tolower(c); });
+    return k.find("cublas") != std::string::npos || k.find("cudnn") != std::string::npos;
+  };
+  for (const char* model : {"simplecnn", "convnet"})
+    for (plx_dtype d : {PLX_F32, PLX_BF16, PLX_F16}) {
+      INFO(model << " " << dtype_name(d));
+      const ModelSpec spec = builtin_model(model);
+      const StepOut native = one_step(spec, KernelSide::Native, d, true, true);
+      const StepOut lib = one_step(spec, KernelSide::Library, d, true, true);
+      INFO("native kernels:\n"
+           << listing(native.kernels) << "library kernels:\n"
+           << listing(lib.kernels));
+      CHECK(std::none_of(native.kernels.begin(), native.kernels.end(), library));
+      CHECK(std::any_of(lib.kernels.begin(), lib.kernels.end(), library));
+      CHECK(std::isfinite(native.loss));
+      CHECK(std::abs(native.loss - lib.loss) <= 2e-2 * std::max(1.0, std::abs(lib.loss)));
+    }
 }

@@ -2,9 +2,10 @@
 // igemm_* candidate of conv2d, conv2d_backward_data and conv2d_backward_weight, created
 // explicitly one by one (the ordinary dispatch would take cuDNN, registered first), run against
 // the CPU plugin on shapes with ragged tile edges, padding and stride variants, with and without
-// bias, in every layout mix the kernels take (NCHW contiguous or channels-last per tensor), in f16
-// and bf16. Outputs start as NaN (0xFF bytes) so an element a kernel leaves unwritten fails, and
-// the workspace starts as NaN too so a kernel that reads it before writing fails.
+// bias, in every layout mix the kernels take (NCHW contiguous or channels-last per tensor), in f16,
+// bf16 and f32 (TF32, gathered in place). Outputs start as NaN (0xFF bytes) so an element a kernel
+// leaves unwritten fails, and the workspace starts as NaN too so a kernel that reads it before
+// writing fails.
 //
 // The forward's epilogues for fused groups (a ReLU: test_cuda_conv_relu.cpp; a 2x2 max pool:
 // the last test here) run through the fusion API, on graphs.
@@ -108,7 +109,7 @@ void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
     CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);
     CHECK((k->flags & PLX_KERNEL_DETERMINISTIC) != 0);
     CHECK((k->flags & PLX_KERNEL_CAPTURABLE) != 0);
-    CHECK(k->layout == PLX_LAYOUT_NHWC);
+    CHECK(k->layout == (d == PLX_F32 ? PLX_LAYOUT_ANY : PLX_LAYOUT_NHWC));
     Tensor out = poisoned(gpu, out_shape, d, out_nhwc);
     const std::string why = run_candidate(gpu, s, k, in, {out}, attrs);
     if (!why.empty()) {
@@ -118,7 +119,8 @@ void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
     }
     ++*ran;
     const Tensor got = out.contiguous().to(cpu());
-    const std::string diff = cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, false));
+    const std::string diff =
+        cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, d == PLX_F32));
     INFO(diff);
     CHECK(diff.empty());
   }
@@ -128,9 +130,12 @@ void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
 
 TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_guard(gpu);
   uint64_t seed = 20261123;
   int ran_fwd = 0, ran_bd = 0, ran_bw = 0;
-  for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+  for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
+    // f32 is TF32 (the kernels decline it with the option off: the decline test).
+    REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
     for (const Geo& g : geometries()) {
       const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
       const Shape y_shape = out_shape(g);
@@ -180,7 +185,9 @@ TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
   const Geo g = {{4, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}};
   const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
   const Shape y_shape = out_shape(g);
-  for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+  cuda::Tf32Off tf32_guard(gpu);
+  for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
+    REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
     const Tensor x = random_tensor(g.x, d, 7).to(gpu);
     const Tensor dy = random_tensor(y_shape, d, 8).to(gpu);
     Attrs bw_attrs = geo_attrs(g);
@@ -223,8 +230,46 @@ TEST_CASE("cuda igemm convolution candidates decline what they do not handle", "
       CHECK_THAT(why, PLX_CONTAINS(c.reason));
     }
   }
-  // f32 has no igemm candidate (it would be TF32).
-  CHECK(candidates(gpu, s, PLX_F32).empty());
+  // f32 runs on the Tensor Cores as TF32: with the cuda tf32 option off every f32 candidate of
+  // the three ops declines, naming the option; with it on, a first layer's single input channel
+  // is left to the direct kernel.
+  cuda::Tf32Off tf32_guard(gpu);
+  const Tensor x = random_tensor({2, 16, 8, 8}, PLX_F32, 3).to(gpu);
+  const Tensor x1 = random_tensor({2, 1, 8, 8}, PLX_F32, 3).to(gpu);
+  const Tensor w = random_tensor({8, 16, 3, 3}, PLX_F32, 4).to(gpu);
+  const Tensor w1 = random_tensor({8, 1, 3, 3}, PLX_F32, 4).to(gpu);
+  const Tensor dy = random_tensor({2, 8, 6, 6}, PLX_F32, 5).to(gpu);
+  const Attrs none;
+  Attrs bd = none, bd1 = none, bw = none, bw1 = none;
+  bd.set("input_shape", Ints{2, 16, 8, 8}), bd1.set("input_shape", Ints{2, 1, 8, 8});
+  bw.set("weight_shape", Ints{8, 16, 3, 3}), bw1.set("weight_shape", Ints{8, 1, 3, 3});
+  struct F32Case {
+    const char* op;
+    std::vector<Tensor> in;
+    Shape out;
+    Attrs attrs;
+    bool tf32;
+    const char* reason;
+  };
+  const std::vector<F32Case> f32_cases = {
+      {"conv2d", {x, w, Tensor()}, {2, 8, 6, 6}, none, false, "tf32 option is off"},
+      {"conv2d_backward_data", {dy, w}, {2, 16, 8, 8}, bd, false, "tf32 option is off"},
+      {"conv2d_backward_weight", {dy, x}, {8, 16, 3, 3}, bw, false, "tf32 option is off"},
+      {"conv2d", {x1, w1, Tensor()}, {2, 8, 6, 6}, none, true, "direct kernel"},
+      {"conv2d_backward_weight", {dy, x1}, {8, 1, 3, 3}, bw1, true, "direct kernel"},
+  };
+  for (const F32Case& c : f32_cases) {
+    REQUIRE(cuda::set_tf32(gpu, c.tf32));
+    const OpSchema& os = runtime().ops().get(c.op);
+    const std::vector<const plx_kernel*> ks = candidates(gpu, os, PLX_F32);
+    CHECK(ks.size() == 4);
+    for (const plx_kernel* k : ks) {
+      INFO(c.op << " f32 " << k->impl << (c.tf32 ? ", tf32 on" : ", tf32 off"));
+      Tensor out = poisoned(gpu, c.out, PLX_F32, false);
+      const std::string why = run_candidate(gpu, os, k, c.in, {out}, c.attrs);
+      CHECK_THAT(why, PLX_CONTAINS(c.reason));
+    }
+  }
 }
 
 // Registration, checked on any machine where the plugin was built (no device needed): four
@@ -239,7 +284,7 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
                                           "igemm_mma_64x64x32", "igemm_mma_128x32x32"};
   for (const char* op : {"conv2d", "conv2d_backward_data", "conv2d_backward_weight"}) {
     const OpSchema& s = runtime().ops().get(op);
-    for (plx_dtype d : {PLX_F16, PLX_BF16}) {
+    for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
       INFO(op << " " << dtype_name(d));
       std::vector<std::string> impls;
       for (const plx_kernel* k : b->kernels(s.id, d)) impls.push_back(k->impl ? k->impl : "?");
@@ -254,9 +299,10 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
         CHECK((k->flags & PLX_KERNEL_STRIDED) != 0);
         CHECK((k->flags & PLX_KERNEL_DETERMINISTIC) != 0);
         CHECK((k->flags & PLX_KERNEL_CAPTURABLE) != 0);
+        // 16 bits prefer channels-last; TF32 reads any layout in place and keeps f32's NCHW.
+        CHECK(k->layout == (d == PLX_F32 ? PLX_LAYOUT_ANY : PLX_LAYOUT_NHWC));
       }
     }
-    CHECK(candidates(*b, s, PLX_F32).empty());
   }
 }
 
@@ -316,9 +362,11 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with t
   opts.kernels = KernelSide::Native;
   Runtime rt(opts);
   Backend& gpu = rt.backend("cuda");
-  for (plx_dtype d : {PLX_BF16, PLX_F16})
+  cuda::Tf32Off tf32_guard(gpu);
+  for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32})
     for (const C& c : cases) {
       DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
+        REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));  // f32 on the igemm kernels is TF32
         Graph g(rt.ops());
         add_conv_relu_pool(g, d, c.x, c.o, c.pad, c.relu, c.pool);
         FusedPair run(gpu, g);

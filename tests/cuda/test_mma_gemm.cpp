@@ -91,10 +91,19 @@ std::vector<GemmCase> gemm_cases(bool emulated) {
   mm({2, 3, 40, 48}, {2, 3, 48, 72}, 0, 0)->in_offset = 1;
   mm({96, 80}, {80, 136}, 0, 0)->out_offset = 1;
   // Declined: batch dims that broadcast partially; rows that are not 16-byte multiples.
-  mm({2, 1, 16, 16}, {1, 3, 16, 16}, 0, 0)->decline = true;
+  {
+    GemmCase* c = mm({2, 1, 16, 16}, {1, 3, 16, 16}, 0, 0);
+    c->decline = c->simt_decline = true;
+  }
   mm({7, 9}, {9, 5}, 0, 0)->decline = true;
   mm({16, 24}, {24, 10}, 0, 0)->decline = true;
   return v;
+}
+
+const plx_kernel* simt_kernel(Backend& gpu, const OpSchema& s, plx_dtype d) {
+  for (const plx_kernel* k : gpu.kernels(s.id, d))
+    if (k->impl && std::string(k->impl) == "simt_16x16") return k;
+  return nullptr;
 }
 
 bool is_mma(const plx_kernel* k) {
@@ -175,4 +184,52 @@ TEST_CASE("every cuda tensor core gemm candidate matches the cpu", "[cuda]") {
   CHECK(split_runs > 0);
   WARN(runs << " candidate runs (" << split_runs << " split-K), " << declines
             << " expected declines");
+}
+
+// The SIMT candidate ("simt_16x16", the native side's kernel where every tile declines) takes
+// every case, the Tensor Cores' declines included (rows that are not 16-byte multiples, such as
+// the weight gradient of a 10-class classifier: dlogitsᵀ x, M = 10 with rows of 10 elements),
+// in every dtype, f32 in full f32 with TF32 off (against f32's own tolerance); only batch dims
+// that broadcast partially are declined, as by every candidate. Registered last among the
+// native kernels of matmul and linear.
+TEST_CASE("the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu",
+          "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_guard(gpu);
+  std::vector<GemmCase> cases = gemm_cases(cuda::emulated(gpu));
+  // The classifier's weight gradient as the step graph writes it: dlogits (N, 10) transposed
+  // times the features (N, 256).
+  add_matmul(cases, {128, 10}, {128, 256}, 1, 0);
+  int64_t runs = 0, tile_declined = 0;
+  for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32}) {
+    for (const GemmCase& c : cases) {
+      const OpSchema& s = gpu.runtime().ops().get(c.op);
+      const plx_kernel* k = simt_kernel(gpu, s, d);
+      REQUIRE(k != nullptr);
+      CHECK_FALSE(k->flags & PLX_KERNEL_LIBRARY);
+      CHECK(k->flags & PLX_KERNEL_DETERMINISTIC);
+      CHECK(k->flags & PLX_KERNEL_CAPTURABLE);
+      const auto all = gpu.kernels(s.id, d);
+      CHECK(all.back() == k);
+      const std::string label = c.what() + " [" + dtype_name(d) + "]";
+      INFO(label);
+      cmp::Gen g(d, 20261125 + static_cast<uint64_t>(runs));
+      std::vector<Tensor> in = {g.uniform(c.a), g.uniform(c.b)};
+      if (c.op == "linear") in.push_back(c.bias ? g.uniform({c.b[0]}) : Tensor());
+      const Tensor want = c.simt_decline ? Tensor() : call(cpu(), c.op, in, c.attrs()).at(0);
+      const Outcome o = run_candidate(gpu, k, c, in, want, false, false);
+      if (c.simt_decline) {
+        CHECK(o.declined);
+        CHECK_THAT(o.reason, PLX_CONTAINS("broadcast"));
+        continue;
+      }
+      INFO("declined: " << o.reason);
+      CHECK_FALSE(o.declined);
+      CHECK(o.failure == "");
+      ++runs;
+      if (c.decline || d == PLX_F32) ++tile_declined;
+    }
+  }
+  CHECK(tile_declined > 0);
+  WARN(runs << " simt runs, " << tile_declined << " of them on what every tile declines");
 }

@@ -1,5 +1,6 @@
 // CUDA kernels: an implicit-GEMM convolution of our own on the Tensor Cores (mma.sync
-// m16n8k16, f16 and bf16 in, f32 accumulation), as candidates beside cuDNN for
+// m16n8k16 for f16 and bf16, m16n8k8 TF32 for f32; f32 accumulation), as candidates beside
+// cuDNN for
 //
 //   conv2d                   y  = conv(x, w) (+ b)
 //   conv2d_backward_data     dx = convᵀ(dy, w)   (stride 1 only: see below)
@@ -36,6 +37,9 @@
 // The channel counts the 16-byte copies run along (C for the forward, O for backward data, both
 // for the weight gradient) must be multiples of 8, so that every 16-byte piece stays inside one
 // pixel and is aligned; other nodes (the first layer of our models has C = 1) are declined.
+// TF32 (f32, igemm_tf32_kernel and igemm_wgrad_tf32_kernel below) gathers its operands 4 bytes at
+// a time through a table of k offsets made at creation, so it reads and writes every layout in
+// place (no staging, no filter copy, no BT variant) and takes any channel count of 8 or more.
 //
 // Pipeline: STAGES shared-memory buffers per operand, filled by cp.async groups; iteration kt
 // waits for group kt (cp.async.wait_group STAGES-2), syncs the block, issues the copy of tile
@@ -52,6 +56,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "device.cuh"
 #include "ops/conv_strides.hpp"
@@ -106,6 +111,16 @@ using Tile64x64 = Tile<64, 64, 32, 32, 32, 4>;      // 4 warps, 40 KiB
 using Tile128x32 = Tile<128, 32, 32, 32, 32, 3>;    // 4 warps, 37.5 KiB
 
 // ---- the GEMM problem ----
+//
+// TF32 (f32 inputs) gathers its operands 4 bytes at a time with element offsets: KTap is entry
+// k of a table made at creation, k = tap·Ca + c (the forward's and weight gradient's order;
+// backward data's is tap·O + o), holding the offset of (c, kh, kw) in the activation, that of the
+// filter element it multiplies (flipped for backward data) and the tap's kh, kw for the bounds.
+struct alignas(16) KTap {
+  int32_t a, b;  // activation offset c·s1 + kh·s2 + kw·s3; filter offset (0 where unused)
+  int32_t kh, kw;
+};
+
 template <class T>
 struct IgemmArgs {
   const T* x;     // activation, NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
@@ -129,6 +144,10 @@ struct IgemmArgs {
   int64_t PHW;            // pooled pixels per image
   int64_t i_n, i_c, i_p;  // the indices' element (n, o, p) at n·i_n + o·i_c + p·i_p
   bool relu_before, relu_after, relu_mask;
+  // TF32: the k table (K entries), the activation's element strides along n, h and w, and the
+  // filter's along the GEMM's n (o for the forward, c for backward data).
+  const KTap* tab;
+  int64_t xs_n, xs_h, xs_w, ws_n;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -136,7 +155,9 @@ using namespace ptx;
 
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, float a, float b) {
-  if constexpr (std::is_same_v<T, bf16>)
+  if constexpr (std::is_same_v<T, float>)
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  else if constexpr (std::is_same_v<T, bf16>)
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
   else
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
@@ -215,6 +236,70 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
   }
 }
 
+// The plain epilogue: the f32 accumulator plus the bias, through the ReLU when asked, rounded
+// once to T at y's element offsets (two channels per store where `pair`). Accumulator fragment
+// of mma tile (i, j): c0, c1 at row lane/4, columns 2(lane%4), +1; c2, c3 at row lane/4 + 8.
+template <class T, class TL>
+__device__ __forceinline__ void igemm_epilogue(const IgemmArgs<T>& a,
+                                               const float (&acc)[TL::MI][TL::NI][4], int64_t m0,
+                                               int n0, int wm, int wn, int lane) {
+  float bias[TL::NI][2];
+#pragma unroll
+  for (int j = 0; j < TL::NI; ++j) {
+    const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      if (m >= a.M) continue;
+      const int64_t n = m / a.OHW;
+      const int64_t p = m - n * a.OHW;
+      T* const row = a.y + n * a.y_n + p * a.y_p;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+        if (o >= a.O) continue;
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          v[e] = acc[i][j][h * 2 + e] + bias[j][e];
+          if (a.relu) v[e] = v[e] > 0.f ? v[e] : 0.f;  // NaN gives 0, as the relu op
+        }
+        if (a.pair) {
+          store_pair<T>(row + o, v[0], v[1]);  // o even and O even: o + 1 < O
+        } else {
+          row[o * a.y_c] = from_accum<T>(v[0]);
+          if (o + 1 < a.O) row[(o + 1) * a.y_c] = from_accum<T>(v[1]);
+        }
+      }
+    }
+  }
+}
+
+// The output pixel (n, oh, ow) of GEMM row m < M; the pool variant numbers its rows window by
+// window (m = 4·q + tap, q the pooled pixel).
+template <bool kPool, class T>
+__device__ __forceinline__ void igemm_pixel(const IgemmArgs<T>& a, int64_t m, int64_t& n, int& oh,
+                                            int& ow) {
+  if constexpr (kPool) {
+    const int64_t q = m >> 2;
+    const int t = static_cast<int>(m & 3);
+    n = q / a.PHW;
+    const int r = static_cast<int>(q - n * a.PHW);
+    const int ph = r / a.PW, pw = r - ph * a.PW;
+    oh = 2 * ph + (t >> 1), ow = 2 * pw + (t & 1);
+  } else {
+    n = m / a.OHW;
+    const int p = static_cast<int>(m - n * a.OHW);
+    oh = p / a.OW, ow = p - oh * a.OW;
+  }
+}
+
 // BT: backward data with B read from the forward's channels-last filter (see the top). Ix (u8
 // or i32, not void): the forward with a 2x2 max pool in its epilogue (IgemmArgs' pool fields).
 template <class T, class TL, bool BT = false, class Ix = void>
@@ -247,18 +332,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     if (m < a.M) {
       int64_t n;
       int oh, ow;
-      if constexpr (kPool) {
-        const int64_t q = m >> 2;
-        const int t = static_cast<int>(m & 3);
-        n = q / a.PHW;
-        const int r = static_cast<int>(q - n * a.PHW);
-        const int ph = r / a.PW, pw = r - ph * a.PW;
-        oh = 2 * ph + (t >> 1), ow = 2 * pw + (t & 1);
-      } else {
-        n = m / a.OHW;
-        const int p = static_cast<int>(m - n * a.OHW);
-        oh = p / a.OW, ow = p - oh * a.OW;
-      }
+      igemm_pixel<kPool>(a, m, n, oh, ow);
       a_base[i] = n * a.H * a.W * a.C;
       a_ih[i] = oh * a.sh - a.ph;
       a_iw[i] = ow * a.sw - a.pw;
@@ -399,46 +473,165 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 
   // Epilogue. Accumulator fragment of mma tile (i, j): c0, c1 at row lane/4, columns
   // 2(lane%4), +1; c2, c3 at row lane/4 + 8, the same columns.
-  if constexpr (kPool) {
+  if constexpr (kPool)
     igemm_pool_epilogue<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
-    return;
+  else
+    igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
+}
+
+// ---- TF32: the forward and backward data for f32 inputs ----
+//
+// The same GEMM, tiles and pipeline with mma.sync m16n8k8 on TF32 (inputs rounded to nearest by
+// cvt.rna, as cuBLAS and cuDNN round theirs; f32 accumulation). A stage keeps the tile's bytes:
+// BK = 16 f32 of k per row, two mma steps of 8. Each operand is gathered 4 bytes at a time
+// (cp.async.ca, zero-filled outside), with the element offsets of the k table (KTap), so any
+// layout of x, w and y is read and written in place: no staging, no filter copy, and NCHW (f32's
+// layout in our graphs) as well as channels-last. Thread tid fills row tid % BM of A's stage (one
+// output pixel for the whole K loop: consecutive threads take consecutive pixels, consecutive in
+// memory in NCHW) at k columns tid / BM + j·A_STEP, and row tid % BN of B's (one output channel)
+// at columns tid / BN + j·B_STEP; a warp's threads share their columns, so each table read is
+// one broadcast. Rows are padded by 4 f32 (16 bytes), so ldmatrix reads the fragments as in 16
+// bits: an 8x8 b16 matrix is 8 rows of 4 f32, and the x4 matrices (rows 0-7 and 8-15, k 0-3 and
+// 4-7) are a0..a3 of the m16n8k8 A fragment (a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4))
+// and b0, b1 of two n tiles.
+template <class TL>
+struct Tf32Tile {
+  static constexpr int BK = TL::BK / 2;  // f32 per row and stage: the 16-bit tile's bytes
+  static constexpr int LDS = BK + 4;
+  static constexpr int SMEM = TL::STAGES * (TL::BM + TL::BN) * LDS * 4;
+  static constexpr int A_STEP = TL::THREADS / TL::BM, A_ITERS = BK / A_STEP;
+  static constexpr int B_STEP = TL::THREADS / TL::BN, B_ITERS = BK / B_STEP;
+  // The weight gradient's k-major stages (see igemm_wgrad_tf32_kernel).
+  static constexpr int LDA_K = TL::BM + 8, LDB_K = TL::BN + 8;
+  static constexpr int W_STEP = TL::THREADS / BK;
+  static constexpr int WA_ITERS = TL::BM / W_STEP, WB_ITERS = TL::BN / W_STEP;
+  static constexpr int W_SMEM = TL::STAGES * BK * (LDA_K + LDB_K) * 4;
+  static_assert(BK % 8 == 0, "BK is a multiple of the TF32 mma's K (8)");
+  static_assert(TL::THREADS % TL::BM == 0 && TL::THREADS % TL::BN == 0 && BK % A_STEP == 0 &&
+                    BK % B_STEP == 0,
+                "a fixed row per thread and the stage's columns spread evenly");
+  static_assert(TL::THREADS % BK == 0 && TL::BM % W_STEP == 0 && TL::BN % W_STEP == 0,
+                "the weight gradient's copies spread evenly over the threads");
+  static_assert(LDA_K % 32 == 8 && LDB_K % 32 == 8, "scalar fragment reads on distinct banks");
+};
+
+__device__ __forceinline__ uint32_t tf32_of(uint32_t bits) {
+  return to_tf32(__uint_as_float(bits));
+}
+
+template <class TL, class Ix = void>
+__global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs<float> a) {
+  using G = Tf32Tile<TL>;
+  constexpr bool kPool = !std::is_void_v<Ix>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const As = reinterpret_cast<float*>(smem_raw);  // [STAGES][BM][LDS]
+  float* const Bs = As + TL::STAGES * TL::BM * G::LDS;   // [STAGES][BN][LDS]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % TL::WARPS_M, wn = warp / TL::WARPS_M;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+
+  const int ar = tid % TL::BM, ac = tid / TL::BM;
+  const int br = tid % TL::BN, bc = tid / TL::BN;
+  const bool a_in = m0 + ar < a.M;
+  int64_t a_pix = 0;  // offset of the pixel's receptive field origin (ih0, iw0) in x
+  int ih0 = 0, iw0 = 0;
+  if (a_in) {
+    int64_t n;
+    int oh, ow;
+    igemm_pixel<kPool>(a, m0 + ar, n, oh, ow);
+    ih0 = oh * a.sh - a.ph, iw0 = ow * a.sw - a.pw;
+    a_pix = n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
   }
-  float bias[TL::NI][2];
+  const bool b_in = n0 + br < a.O;
+  const int64_t b_off = b_in ? (n0 + br) * a.ws_n : 0;  // the output channel's filter row
+  const int KT = (a.K + G::BK - 1) / G::BK;
+
+  auto load_tile = [&](int st, int kt) {
+    float* const as = As + st * TL::BM * G::LDS;
+    float* const bs = Bs + st * TL::BN * G::LDS;
 #pragma unroll
-  for (int j = 0; j < TL::NI; ++j) {
-    const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
-      if (m >= a.M) continue;
-      const int64_t n = m / a.OHW;
-      const int64_t p = m - n * a.OHW;
-      T* const row = a.y + n * a.y_n + p * a.y_p;
-#pragma unroll
-      for (int j = 0; j < TL::NI; ++j) {
-        const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-        if (o >= a.O) continue;
-        float v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          v[e] = acc[i][j][h * 2 + e] + bias[j][e];
-          if (a.relu) v[e] = v[e] > 0.f ? v[e] : 0.f;  // NaN gives 0, as the relu op
-        }
-        if (a.pair) {
-          store_pair<T>(row + o, v[0], v[1]);  // o even and O even: o + 1 < O
-        } else {
-          row[o * a.y_c] = from_accum<T>(v[0]);
-          if (o + 1 < a.O) row[(o + 1) * a.y_c] = from_accum<T>(v[1]);
-        }
+    for (int j = 0; j < G::A_ITERS; ++j) {
+      const int kc = ac + j * G::A_STEP, k = kt * G::BK + kc;
+      bool ok = a_in && k < a.K;
+      const float* src = a.x;  // a zero-filled copy reads nothing, but gets a valid address
+      if (ok) {
+        const KTap e = a.tab[k];
+        const int ih = ih0 + e.kh, iw = iw0 + e.kw;
+        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+        if (ok) src = a.x + a_pix + e.a;
       }
+      cp_async4(smem_addr(as + ar * G::LDS + kc), src, ok);
+    }
+#pragma unroll
+    for (int j = 0; j < G::B_ITERS; ++j) {
+      const int kc = bc + j * G::B_STEP, k = kt * G::BK + kc;
+      const bool ok = b_in && k < a.K;
+      cp_async4(smem_addr(bs + br * G::LDS + kc), ok ? a.w + b_off + a.tab[k].b : a.w, ok);
+    }
+  };
+
+  float acc[TL::MI][TL::NI][4];
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < TL::STAGES - 1; ++s) {
+    if (s < KT) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // ldmatrix row addresses (as igemm_conv_kernel's, with 4 f32 where it has 8 halves).
+  const int a_row = wm * TL::WM + (lane & 15), a_col = (lane >> 4) * 4;
+  const int b_row = wn * TL::WN + (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 4;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<TL::STAGES - 2>();
+    __syncthreads();
+    {
+      const int next = kt + TL::STAGES - 1;
+      if (next < KT) load_tile(next % TL::STAGES, next);
+      cp_async_commit();
+    }
+    const int st = kt % TL::STAGES;
+    const float* const as = As + st * TL::BM * G::LDS;
+    const float* const bs = Bs + st * TL::BN * G::LDS;
+#pragma unroll
+    for (int kk = 0; kk < G::BK; kk += 8) {
+      uint32_t af[TL::MI][4];
+      uint32_t bf[TL::NI][2];
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i) {
+        ldmatrix_x4(af[i], smem_addr(as + (a_row + i * 16) * G::LDS + kk + a_col));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) af[i][r] = tf32_of(af[i][r]);
+      }
+#pragma unroll
+      for (int j = 0; j < TL::NI; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, smem_addr(bs + (b_row + j * 8) * G::LDS + kk + b_col));
+        bf[j][0] = tf32_of(r[0]), bf[j][1] = tf32_of(r[1]);
+        bf[j + 1][0] = tf32_of(r[2]), bf[j + 1][1] = tf32_of(r[3]);
+      }
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
     }
   }
+  cp_async_wait<0>();
+
+  if constexpr (kPool)
+    igemm_pool_epilogue<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+  else
+    igemm_epilogue<float, TL>(a, acc, m0, n0, wm, wn, lane);
 }
 
 // ---- the weight-gradient kernel ----
@@ -467,6 +660,10 @@ struct WgradArgs {
   int P;          // N·OH·OW
   int OHW;        // OH·OW
   int kt_per;     // K tiles per slice
+  // TF32: the k table over j (KTap.a, kh, kw), the element strides of dy along n, c, h, w and
+  // of x along n, h, w.
+  const KTap* tab;
+  int64_t ds_n, ds_c, ds_h, ds_w, xs_n, xs_h, xs_w;
 };
 
 template <class TL>
@@ -479,6 +676,51 @@ struct WgradSmem {
   static_assert((TL::BK * CA) % TL::THREADS == 0 && (TL::BK * CB) % TL::THREADS == 0,
                 "the copies of a stage spread evenly over the threads");
 };
+
+// The end of a weight-gradient block: its slice's partial tile to the workspace, f32, two
+// columns per store (J even and j even: j + 1 < J); then, in the tile's last slice to finish,
+// dw = Σ over slices 0..S-1, in that order, of the partials, rounded once into w's layout
+// (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
+template <class T, class TL>
+__device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
+                                             const float (&acc)[TL::MI][TL::NI][4], int m0, int n0,
+                                             int wm, int wn, int lane, int tid) {
+  float* const part = a.part + static_cast<int64_t>(blockIdx.z) * a.O * a.J;
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int o = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      if (o >= a.O) continue;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int jj = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+        if (jj >= a.J) continue;
+        *reinterpret_cast<float2*>(part + static_cast<int64_t>(o) * a.J + jj) =
+            make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+      }
+    }
+  }
+
+  unsigned* const done = a.done + blockIdx.y * gridDim.x + blockIdx.x;
+  if (!last_block_arrives(done, gridDim.z)) return;
+  const volatile float* vp = a.part;
+  const int64_t total = static_cast<int64_t>(a.O) * a.J;
+  for (int e = tid; e < TL::BM * TL::BN; e += TL::THREADS) {
+    const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
+    if (o >= a.O || j >= a.J) continue;
+    const int64_t i = static_cast<int64_t>(o) * a.J + j;
+    float sum = 0.f;
+    for (unsigned z = 0; z < gridDim.z; ++z) sum += vp[z * total + i];
+    int64_t dst = i;
+    if (!a.w_nhwc) {
+      const int64_t tap = j / a.C, c = j - tap * a.C;
+      dst = static_cast<int64_t>(o) * a.J + c * a.KHW + tap;
+    }
+    a.dw[dst] = from_accum<T>(sum);
+  }
+  if (tid == 0) *done = 0;
+}
 
 // Grid: x over O tiles, y over J tiles, z over K slices.
 template <class T, class TL>
@@ -602,45 +844,120 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   }
   cp_async_wait<0>();
 
-  // The slice's partial tile, f32, two columns per store (J even and j even: j + 1 < J).
-  float* const part = a.part + static_cast<int64_t>(blockIdx.z) * a.O * a.J;
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int o = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
-      if (o >= a.O) continue;
-#pragma unroll
-      for (int j = 0; j < TL::NI; ++j) {
-        const int jj = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-        if (jj >= a.J) continue;
-        *reinterpret_cast<float2*>(part + static_cast<int64_t>(o) * a.J + jj) =
-            make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
-      }
+  wgrad_finish<T, TL>(a, acc, m0, n0, wm, wn, lane, tid);
+}
+
+// TF32 weight gradient: the same GEMM, slices and last-slice sum, gathering 4 bytes at a time
+// (any layout of dy and x, read in place). Thread tid fills k row (pixel) tid % BK of each stage
+// (consecutive threads take consecutive pixels, consecutive in memory in NCHW) at columns
+// tid / BK + i·W_STEP of A (output channels) and of B (taps and channels, through the k table).
+// The stages are k-major, as in 16 bits; ldmatrix.trans has no 32-bit form, so the fragments are
+// read element by element: a0 (m g, k t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4) and b0 (k t,
+// n g), b1 (t+4, g), from rows of BM + 8 and BN + 8 f32, which puts a warp's 32 reads (8·t + g)
+// on 32 banks.
+template <class TL>
+__global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const WgradArgs<float> a) {
+  using G = Tf32Tile<TL>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const As = reinterpret_cast<float*>(smem_raw);  // [STAGES][BK][LDA_K]
+  float* const Bs = As + TL::STAGES * G::BK * G::LDA_K;  // [STAGES][BK][LDB_K]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % TL::WARPS_M, wn = warp / TL::WARPS_M;
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int KT = (a.P + G::BK - 1) / G::BK;
+  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
+  const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
+
+  const int kr = tid % G::BK, cc = tid / G::BK;
+  auto load_tile = [&](int st, int kt) {
+    const int p = kt * G::BK + kr;
+    const bool pin = p < a.P;
+    int64_t dy_pix = 0, x_pix = 0;
+    int ih0 = 0, iw0 = 0;
+    if (pin) {
+      const int n = p / a.OHW, q = p - n * a.OHW;
+      const int oh = q / a.OW, ow = q - oh * a.OW;
+      dy_pix = n * a.ds_n + oh * a.ds_h + ow * a.ds_w;
+      ih0 = oh * a.sh - a.ph, iw0 = ow * a.sw - a.pw;
+      x_pix = n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
     }
+    float* const as = As + st * G::BK * G::LDA_K;
+    float* const bs = Bs + st * G::BK * G::LDB_K;
+#pragma unroll
+    for (int i = 0; i < G::WA_ITERS; ++i) {
+      const int col = cc + i * G::W_STEP, o = m0 + col;
+      const bool ok = pin && o < a.O;
+      cp_async4(smem_addr(as + kr * G::LDA_K + col), ok ? a.dy + dy_pix + o * a.ds_c : a.dy, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < G::WB_ITERS; ++i) {
+      const int col = cc + i * G::W_STEP, j = n0 + col;
+      bool ok = pin && j < a.J;
+      const float* src = a.x;
+      if (ok) {
+        const KTap e = a.tab[j];
+        const int ih = ih0 + e.kh, iw = iw0 + e.kw;
+        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+        if (ok) src = a.x + x_pix + e.a;
+      }
+      cp_async4(smem_addr(bs + kr * G::LDB_K + col), src, ok);
+    }
+  };
+
+  float acc[TL::MI][TL::NI][4];
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const int nk = kt1 - kt0;
+#pragma unroll
+  for (int s = 0; s < TL::STAGES - 1; ++s) {
+    if (s < nk) load_tile(s, kt0 + s);
+    cp_async_commit();
   }
 
-  // The tile's last slice to finish: dw = Σ over slices 0..S-1, in that order, of the partials,
-  // rounded once into w's layout (channels-last (O, KH, KW, C) is the partials' own order, else
-  // (O, C, KH, KW)).
-  unsigned* const done = a.done + blockIdx.y * gridDim.x + blockIdx.x;
-  if (!last_block_arrives(done, gridDim.z)) return;
-  const volatile float* vp = a.part;
-  const int64_t total = static_cast<int64_t>(a.O) * a.J;
-  for (int e = tid; e < TL::BM * TL::BN; e += TL::THREADS) {
-    const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
-    if (o >= a.O || j >= a.J) continue;
-    const int64_t i = static_cast<int64_t>(o) * a.J + j;
-    float sum = 0.f;
-    for (unsigned z = 0; z < gridDim.z; ++z) sum += vp[z * total + i];
-    int64_t dst = i;
-    if (!a.w_nhwc) {
-      const int64_t tap = j / a.C, c = j - tap * a.C;
-      dst = static_cast<int64_t>(o) * a.J + c * a.KHW + tap;
+  const int g = lane >> 2, t = lane & 3;
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<TL::STAGES - 2>();
+    __syncthreads();
+    {
+      const int next = it + TL::STAGES - 1;
+      if (next < nk) load_tile(next % TL::STAGES, kt0 + next);
+      cp_async_commit();
     }
-    a.dw[dst] = from_accum<T>(sum);
+    const int st = it % TL::STAGES;
+    const float* const as = As + st * G::BK * G::LDA_K;
+    const float* const bs = Bs + st * G::BK * G::LDB_K;
+#pragma unroll
+    for (int kk = 0; kk < G::BK; kk += 8) {
+      const float* const a0 = as + (kk + t) * G::LDA_K + wm * TL::WM + g;
+      const float* const a4 = a0 + 4 * G::LDA_K;
+      const float* const b0 = bs + (kk + t) * G::LDB_K + wn * TL::WN + g;
+      const float* const b4 = b0 + 4 * G::LDB_K;
+      uint32_t af[TL::MI][4];
+      uint32_t bf[TL::NI][2];
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i) {
+        af[i][0] = to_tf32(a0[i * 16]), af[i][1] = to_tf32(a0[i * 16 + 8]);
+        af[i][2] = to_tf32(a4[i * 16]), af[i][3] = to_tf32(a4[i * 16 + 8]);
+      }
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) bf[j][0] = to_tf32(b0[j * 8]), bf[j][1] = to_tf32(b4[j * 8]);
+#pragma unroll
+      for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
+    }
   }
-  if (tid == 0) *done = 0;
+  cp_async_wait<0>();
+  wgrad_finish<float, TL>(a, acc, m0, n0, wm, wn, lane, tid);
 }
 
 // ---- staging kernels (layout conversion into the workspace) ----
@@ -708,6 +1025,32 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
   PLX_CUDA_LAUNCH_CHECK();
 }
 
+// The TF32 kernels' k table in device memory, made once when the kernel object is created.
+struct KTable {
+  KTap* p = nullptr;
+  KTable() = default;
+  explicit KTable(const std::vector<KTap>& t) {
+    if (t.empty()) return;
+    const size_t bytes = t.size() * sizeof(KTap);
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
+    PLX_CUDA_CHECK(cudaMemcpy(p, t.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  ~KTable() {
+    if (p) cudaFree(p);
+  }
+  KTable(KTable&& o) noexcept : p(o.p) { o.p = nullptr; }
+  KTable& operator=(KTable&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+};
+
+// The TF32 kernels need the cuda tf32 option (f32 on Tensor Cores is TF32), as cuBLASLt's do.
+void decline_unless_tf32(const CudaBackend& backend, const char* op) {
+  PLX_DECLINE_UNLESS(backend.options().tf32,
+                     "%s: f32 on Tensor Cores is TF32, and the cuda tf32 option is off", op);
+}
+
 // A fused conv2d -> [relu ->] max_pool2d group for the forward's pool variant: the group's
 // boundary slots, its pool node and whether a relu sits between the two.
 struct IgemmPool {
@@ -717,6 +1060,8 @@ struct IgemmPool {
 
 template <class T, class TL, Dir D>
 class IgemmConvKernel final : public Kernel {
+  static constexpr bool kTf32 = std::is_same_v<T, float>;
+
  public:
   // `relu` (forward only): the kernel of a fused conv2d -> relu, writing relu(conv(x, w) + b).
   // `pool` (forward only): the kernel of a fused conv2d -> [relu ->] max_pool2d group with 2x2
@@ -756,6 +1101,7 @@ class IgemmConvKernel final : public Kernel {
     for (const plx_tensor* t : all)
       PLX_DECLINE_UNLESS(t->dtype == dtype_v<T>, "%s: igemm kernels take one dtype, %s", op,
                          plexus::dtype_name(dtype_v<T>));
+    if constexpr (kTf32) decline_unless_tf32(backend, op);
     PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
                        static_cast<long long>(g.groups));
     PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
@@ -796,9 +1142,15 @@ class IgemmConvKernel final : public Kernel {
     }
     const bool act_nhwc = D == Dir::Fwd ? nhwc[0] : nhwc[2];
     const bool out_nhwc = D == Dir::Fwd ? nhwc[2] : nhwc[0];
-    PLX_DECLINE_UNLESS(Ca > 0 && Ca % 8 == 0,
+    // 16 bits: 16-byte copies along the reduced channels. TF32 gathers 4 bytes at a time, but
+    // leaves a layer with few taps per pixel (a first layer) to the direct kernel as 16 bits do.
+    PLX_DECLINE_UNLESS(kTf32 || (Ca > 0 && Ca % 8 == 0),
                        "%s: igemm needs the reduced channel count to be a positive multiple of 8 "
                        "(16-byte cp.async rows), got %lld",
+                       op, static_cast<long long>(Ca));
+    PLX_DECLINE_UNLESS(!kTf32 || Ca >= 8,
+                       "%s: TF32 igemm leaves fewer than 8 reduced channels (%lld) to the direct "
+                       "kernel",
                        op, static_cast<long long>(Ca));
 
     out_elems_ = numel(*out);
@@ -808,7 +1160,7 @@ class IgemmConvKernel final : public Kernel {
     const int64_t K = g.KH * g.KW * Ca;
     PLX_DECLINE_UNLESS(fits_i32(Hi + 2 * ph) && fits_i32(Wi + 2 * pw) && fits_i32(Co) &&
                            fits_i32(K) && fits_i32(Ho * sh + ph) && fits_i32(Wo * sw + pw) &&
-                           fits_i32(Ho * Wo) && fits_i32(Co * K),
+                           fits_i32(Ho * Wo) && fits_i32(Co * K) && fits_i32(Ca * Hi * Wi),
                        "%s: sizes beyond igemm's 32-bit index math", op);
     const int64_t M = g.N * Ho * Wo;
     PLX_DECLINE_UNLESS((M + TL::BM - 1) / TL::BM <= INT_MAX && (Co + TL::BN - 1) / TL::BN <= 65535,
@@ -817,16 +1169,19 @@ class IgemmConvKernel final : public Kernel {
 
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
     // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
     // extent, whose 16-byte chunks the copies take.
-    bt_ = D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
-    smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
+    bt_ = !kTf32 && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
+    smem_ = kTf32 ? Tf32Tile<TL>::SMEM : bt_ ? TL::SMEM_T : TL::SMEM;
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);
     // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
-    if (bt_)
+    if constexpr (kTf32)
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    else if (bt_)
       PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
     else
@@ -849,15 +1204,38 @@ class IgemmConvKernel final : public Kernel {
     a_.y_n = os[0], a_.y_c = os[1], a_.y_p = os[3];  // p = oh·Wo + ow: offset oh·s2 + ow·s3 = p·s3
     if (pool) set_pool(*pool, g.N, Ho, Wo, relu);
 
-    // Staging in the workspace: the activation when it is NCHW, the filter when it is NCHW
-    // (or, for backward data, channels-last with a channel count the BT copies cannot take).
-    stage_act_ = !act_nhwc;
+    // Staging in the workspace (16 bits): the activation when it is NCHW, the filter when it is
+    // NCHW (or, for backward data, channels-last with a channel count the BT copies cannot
+    // take). TF32 reads both in place through its k table.
+    stage_act_ = !kTf32 && !act_nhwc;
     act_dims_[0] = g.N, act_dims_[1] = Ca, act_dims_[2] = Hi * Wi;
     act_bytes_ = stage_act_ ? align_up(static_cast<uint64_t>(g.N * Hi * Wi * Ca) * sizeof(T)) : 0;
-    stage_w_ = !nhwc[1] || (D == Dir::BwdData && !bt_);
+    stage_w_ = !kTf32 && (!nhwc[1] || (D == Dir::BwdData && !bt_));
     const int64_t wd[4] = {g.O, g.C, g.KH, g.KW};
     canonical_strides(wd, nhwc[1], w_strides_);
     w_bytes_ = stage_w_ ? align_up(static_cast<uint64_t>(Co * K) * sizeof(T)) : 0;
+    if constexpr (kTf32) {
+      // k = tap·Ca + c over the activation (N, Ca, Hi, Wi) in its layout; the filter element it
+      // multiplies: w[n, c, kh, kw] for the forward (the GEMM's n = o), w[c, n, KH-1-kh,
+      // KW-1-kw] for backward data (n = the forward's input channel, c = its output channel).
+      const int64_t ad[4] = {g.N, Ca, Hi, Wi};
+      int64_t as[4];
+      canonical_strides(ad, act_nhwc, as);
+      a_.xs_n = as[0], a_.xs_h = as[2], a_.xs_w = as[3];
+      const int64_t* ws = w_strides_;
+      a_.ws_n = D == Dir::Fwd ? ws[0] : ws[1];
+      std::vector<KTap> tab(static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t tap = k / Ca, c = k % Ca, kh = tap / g.KW, kw = tap % g.KW;
+        KTap& e = tab[static_cast<size_t>(k)];
+        e.a = static_cast<int32_t>(c * as[1] + kh * as[2] + kw * as[3]);
+        e.b = static_cast<int32_t>(D == Dir::Fwd ? c * ws[1] + kh * ws[2] + kw * ws[3]
+                                                 : c * ws[0] + (g.KH - 1 - kh) * ws[2] +
+                                                       (g.KW - 1 - kw) * ws[3]);
+        e.kh = static_cast<int32_t>(kh), e.kw = static_cast<int32_t>(kw);
+      }
+      tab_ = KTable(tab);
+    }
   }
 
   uint64_t workspace_bytes() const override { return act_bytes_ + w_bytes_; }
@@ -890,13 +1268,23 @@ class IgemmConvKernel final : public Kernel {
     // cp.async moves 16 aligned bytes; the allocator's buffers and the workspace are aligned far
     // more, so only an offset view could break this.
     const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    if ((addr(a.x) | addr(a.w)) & 15u)
+    if ((addr(a.x) | addr(a.w)) & (kTf32 ? 3u : 15u))
       throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
-                       "igemm convolution: the activation and filter must be 16-byte aligned");
-    a.pair = a.y_c == 1 && a.O % 2 == 0 && (addr(a.y) & 3u) == 0;
+                       sdk::format("igemm convolution: the activation and filter must be %d-byte "
+                                   "aligned",
+                                   kTf32 ? 4 : 16));
+    a.pair = a.y_c == 1 && a.O % 2 == 0 && addr(a.y) % (2 * sizeof(T)) == 0;
     const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
-    if (pool_ == PoolIx::U8)
+    if constexpr (kTf32) {
+      a.tab = tab_.p;
+      if (pool_ == PoolIx::U8)
+        igemm_tf32_kernel<TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      else if (pool_ == PoolIx::I32)
+        igemm_tf32_kernel<TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      else
+        igemm_tf32_kernel<TL><<<grid, TL::THREADS, smem_, s>>>(a);
+    } else if (pool_ == PoolIx::U8)
       igemm_conv_kernel<T, TL, false, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
     else if (pool_ == PoolIx::I32)
       igemm_conv_kernel<T, TL, false, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
@@ -952,12 +1340,20 @@ class IgemmConvKernel final : public Kernel {
     out_elems_ = N * a_.O * PH * PW;
     in_x_ = p.slots.x, in_w_ = p.slots.w, in_b_ = p.slots.bias;
     out_y_ = p.slots.y, out_i_ = p.slots.indices;
-    if (pool_ == PoolIx::U8)
+    if constexpr (kTf32) {
+      if (pool_ == PoolIx::U8)
+        PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL, uint8_t>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+      else
+        PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL, int32_t>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    } else if (pool_ == PoolIx::U8) {
       PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, uint8_t>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-    else
+    } else {
       PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, int32_t>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    }
   }
 
   int32_t device_;
@@ -972,12 +1368,15 @@ class IgemmConvKernel final : public Kernel {
   int64_t act_dims_[3] = {0, 0, 0};  // N, C, H·W of the NCHW activation to transpose
   int64_t w_strides_[4] = {0, 0, 0, 0};
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
+  KTable tab_;  // TF32
 };
 
 // conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW).
 template <class T, class TL>
 class IgemmWgradKernel final : public Kernel {
   using S = WgradSmem<TL>;
+  static constexpr bool kTf32 = std::is_same_v<T, float>;
+  static constexpr int kSmem = kTf32 ? Tf32Tile<TL>::W_SMEM : S::BYTES;
 
  public:
   IgemmWgradKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
@@ -1012,7 +1411,14 @@ class IgemmWgradKernel final : public Kernel {
                        static_cast<long long>(g.groups));
     PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
                        op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
-    PLX_DECLINE_UNLESS(g.C > 0 && g.C % 8 == 0 && g.O > 0 && g.O % 8 == 0,
+    if constexpr (kTf32) decline_unless_tf32(backend, op);
+    // 16 bits: 16-byte copies along both channel counts (TF32 gathers 4 bytes at a time, and
+    // leaves a first layer's few input channels to the direct kernel).
+    PLX_DECLINE_UNLESS(!kTf32 || g.C >= 8,
+                       "%s: TF32 igemm leaves fewer than 8 input channels (%lld) to the direct "
+                       "kernel",
+                       op, static_cast<long long>(g.C));
+    PLX_DECLINE_UNLESS(kTf32 || (g.C > 0 && g.C % 8 == 0 && g.O > 0 && g.O % 8 == 0),
                        "%s: igemm needs C and O to be positive multiples of 8 (16-byte cp.async "
                        "rows), got C = %lld, O = %lld",
                        op, static_cast<long long>(g.C), static_cast<long long>(g.O));
@@ -1024,8 +1430,9 @@ class IgemmWgradKernel final : public Kernel {
 
     const int64_t J = g.KH * g.KW * g.C;
     PLX_DECLINE_UNLESS(fits_i32(P) && fits_i32(J) && fits_i32(g.O * J) &&
-                           fits_i32(g.H + 2 * g.ph) && fits_i32(g.W + 2 * g.pw) &&
-                           fits_i32(g.OH * g.sh + g.ph) && fits_i32(g.OW * g.sw + g.pw),
+                           fits_i32(g.C * g.H * g.W) && fits_i32(g.H + 2 * g.ph) &&
+                           fits_i32(g.W + 2 * g.pw) && fits_i32(g.OH * g.sh + g.ph) &&
+                           fits_i32(g.OW * g.sw + g.pw),
                        "%s: sizes beyond igemm's 32-bit index math", op);
     const int64_t tiles_m = (g.O + TL::BM - 1) / TL::BM, tiles_n = (J + TL::BN - 1) / TL::BN;
     PLX_DECLINE_UNLESS(tiles_m <= INT_MAX && tiles_n <= 65535, "%s: too many tiles for the grid",
@@ -1035,15 +1442,20 @@ class IgemmWgradKernel final : public Kernel {
 
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with bf16/f16 needs sm_80 or later", op);
-    PLX_DECLINE_UNLESS(static_cast<size_t>(S::BYTES) <= ctx.prop.sharedMemPerBlockOptin,
+    PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
+    PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
-                       op, S::BYTES);
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, S::BYTES));
+                       op, kSmem);
+    if constexpr (kTf32)
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_tf32_kernel<TL>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    else
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
 
     // Split K so that about two blocks per SM are in flight, each slice at least 4 K tiles.
-    const int64_t KT = (P + TL::BK - 1) / TL::BK;
+    const int64_t bk = kTf32 ? Tf32Tile<TL>::BK : TL::BK;
+    const int64_t KT = (P + bk - 1) / bk;
     const int64_t want = 2 * std::max(1, ctx.prop.multiProcessorCount);
     int64_t slices = std::clamp<int64_t>((want + tiles_m * tiles_n - 1) / (tiles_m * tiles_n), 1,
                                          std::max<int64_t>(1, KT / 4));
@@ -1066,9 +1478,28 @@ class IgemmWgradKernel final : public Kernel {
                  static_cast<unsigned>(slices));
     done_ = BlockCounter(tiles_m * tiles_n);  // one per output tile
 
-    // Workspace: dy and x in NHWC where they are NCHW, then the f32 partials.
-    stage_y_ = !nhwc[2];
-    stage_x_ = !nhwc[0];
+    if constexpr (kTf32) {
+      // dy and x read in place in their layouts; j = tap·C + c through the k table.
+      const int64_t yd[4] = {g.N, g.O, g.OH, g.OW}, xd[4] = {g.N, g.C, g.H, g.W};
+      int64_t ys[4], xs[4];
+      canonical_strides(yd, nhwc[2], ys);
+      canonical_strides(xd, nhwc[0], xs);
+      a_.ds_n = ys[0], a_.ds_c = ys[1], a_.ds_h = ys[2], a_.ds_w = ys[3];
+      a_.xs_n = xs[0], a_.xs_h = xs[2], a_.xs_w = xs[3];
+      std::vector<KTap> tab(static_cast<size_t>(J));
+      for (int64_t j = 0; j < J; ++j) {
+        const int64_t tap = j / g.C, c = j % g.C, kh = tap / g.KW, kw = tap % g.KW;
+        KTap& e = tab[static_cast<size_t>(j)];
+        e.a = static_cast<int32_t>(c * xs[1] + kh * xs[2] + kw * xs[3]);
+        e.b = 0;
+        e.kh = static_cast<int32_t>(kh), e.kw = static_cast<int32_t>(kw);
+      }
+      tab_ = KTable(tab);
+    }
+
+    // Workspace (16 bits): dy and x in NHWC where they are NCHW; then the f32 partials.
+    stage_y_ = !kTf32 && !nhwc[2];
+    stage_x_ = !kTf32 && !nhwc[0];
     y_dims_[0] = g.N, y_dims_[1] = g.O, y_dims_[2] = g.OH * g.OW;
     x_dims_[0] = g.N, x_dims_[1] = g.C, x_dims_[2] = g.H * g.W;
     y_bytes_ = stage_y_ ? align_up(static_cast<uint64_t>(P * g.O) * sizeof(T)) : 0;
@@ -1105,12 +1536,19 @@ class IgemmWgradKernel final : public Kernel {
     }
     a.part = reinterpret_cast<float*>(ws + y_bytes_ + x_bytes_);
     const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    if ((addr(a.dy) | addr(a.x) | addr(a.part)) & 15u)
+    if (((addr(a.dy) | addr(a.x)) & (kTf32 ? 3u : 15u)) || (addr(a.part) & 15u))
       throw sdk::Error(PLX_ERR_INVALID_ARGUMENT,
-                       "igemm convolution: dy, x and the workspace must be 16-byte aligned");
+                       sdk::format("igemm convolution: dy, x and the workspace must be %d-byte "
+                                   "aligned",
+                                   kTf32 ? 4 : 16));
     a.dw = static_cast<T*>(c.out(0).data);
     a.done = done_.p;
-    igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, S::BYTES, s>>>(a);
+    if constexpr (kTf32) {
+      a.tab = tab_.p;
+      igemm_wgrad_tf32_kernel<TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+    } else {
+      igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+    }
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -1125,18 +1563,20 @@ class IgemmWgradKernel final : public Kernel {
   bool stage_y_ = false, stage_x_ = false;
   int64_t y_dims_[3] = {0, 0, 0}, x_dims_[3] = {0, 0, 0};
   uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;
+  KTable tab_;  // TF32
 };
 
 template <class T, class TL>
 void add_tile(KernelRegistry& r, plx_dtype d) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
   const std::string name = TL::name();
-  r.add<IgemmConvKernel<T, TL, Dir::Fwd>, CudaBackend>("conv2d", d, name.c_str(), f,
-                                                        PLX_LAYOUT_NHWC);
-  r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d,
-                                                            name.c_str(), f, PLX_LAYOUT_NHWC);
-  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f,
-                                              PLX_LAYOUT_NHWC);
+  // Either layout for each tensor. 16 bits prefer channels-last (read in place; NCHW is staged),
+  // as cuDNN's Tensor Core kernels do; TF32 reads both in place and keeps f32's NCHW graphs.
+  const plx_layout l = d == PLX_F32 ? PLX_LAYOUT_ANY : PLX_LAYOUT_NHWC;
+  r.add<IgemmConvKernel<T, TL, Dir::Fwd>, CudaBackend>("conv2d", d, name.c_str(), f, l);
+  r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, name.c_str(),
+                                                           f, l);
+  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f, l);
 }
 
 template <class T>
@@ -1195,11 +1635,14 @@ std::unique_ptr<Kernel> make_igemm_conv_max_pool(CudaBackend& backend, const sdk
       return make_fwd_pool<f16>(conv, backend, tile, p, relu);
     case PLX_BF16:
       return make_fwd_pool<bf16>(conv, backend, tile, p, relu);
+    case PLX_F32:
+      return make_fwd_pool<float>(conv, backend, tile, p, relu);
     default:
       break;
   }
-  throw sdk::Unsupported(sdk::format(
-      "conv2d+max_pool2d: the igemm kernels take f16 or bf16, not %s", dtype_name(dtype)));
+  throw sdk::Unsupported(
+      sdk::format("conv2d+max_pool2d: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
+                  dtype_name(dtype)));
 }
 
 std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
@@ -1209,16 +1652,20 @@ std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backe
       return make_fwd<f16>(node, backend, tile, relu);
     case PLX_BF16:
       return make_fwd<bf16>(node, backend, tile, relu);
+    case PLX_F32:
+      return make_fwd<float>(node, backend, tile, relu);
     default:
       break;
   }
-  throw sdk::Unsupported(sdk::format("conv2d: the igemm kernels take f16 or bf16, not %s",
-                                     dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
+  throw sdk::Unsupported(
+      sdk::format("conv2d: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
+                  dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
 }
 
 void register_igemm_conv(KernelRegistry& r) {
   add_dtype<f16>(r);
   add_dtype<bf16>(r);
+  add_dtype<float>(r);
 }
 
 }  // namespace plexus::cuda

@@ -28,7 +28,9 @@
 //   dtype. Pairs of columns are stored together when y's rows allow.
 // - Pointers are only known in compute(). Operands that are not 16-byte aligned (a view into the
 //   middle of a tensor) go to a plain SIMT kernel with the same epilogue (simt_gemm_kernel), so a
-//   misaligned call is slow, never wrong.
+//   misaligned call is slow, never wrong. That kernel is also a candidate of its own
+//   ("simt_16x16", registered last) for the shapes every tile declines, so that the native side
+//   has a kernel for every GEMM.
 // - Split-K (the "mma_sync_32x32x64_splitk" candidate, for outputs too small to fill the
 //   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and a second
 //   kernel adds the splits in order and applies the epilogue. No atomics anywhere.
@@ -489,6 +491,47 @@ bool aligned16(const void* p) {
 // One GEMM (or a strided batch of them) as the kernels see it, fixed at creation.
 using MmaShape = GemmProblem;
 
+// A launch's arguments for shape s (no split: splits 1, k_split K).
+template <class T>
+MmaArgs gemm_args(const MmaShape& s, const void* a, const void* b, void* y, const void* bias) {
+  MmaArgs p{};
+  p.a = a, p.b = b, p.y = y, p.bias = s.bias ? bias : nullptr;
+  p.M = s.M, p.N = s.N, p.K = s.K;
+  p.lda = s.a_kmajor ? s.K : s.M;
+  p.ldb = s.b_kmajor ? s.K : s.N;
+  p.ldy = s.N;
+  p.sa = s.sa, p.sb = s.sb, p.sy = s.M * s.N;
+  p.alpha = s.alpha;
+  p.batch = s.batch;
+  p.splits = 1;
+  p.k_split = s.K;
+  // Two columns at once need y's row starts (and batch entries) aligned to two elements.
+  p.pair = s.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
+  return p;
+}
+
+// The SIMT kernel over shape s, any alignment.
+template <class T, MmaAct ACT>
+void launch_simt(const MmaArgs& p, const MmaShape& s, cudaStream_t stream) {
+  const int64_t sam = s.a_kmajor ? p.lda : 1, sak = s.a_kmajor ? 1 : p.lda;
+  const int64_t sbk = s.b_kmajor ? 1 : p.ldb, sbn = s.b_kmajor ? p.ldb : 1;
+  const dim3 grid(static_cast<unsigned>((s.M + kSimtTile - 1) / kSimtTile),
+                  static_cast<unsigned>((s.N + kSimtTile - 1) / kSimtTile),
+                  static_cast<unsigned>(s.batch));
+  simt_gemm_kernel<T, ACT><<<grid, kSimtTile * kSimtTile, 0, stream>>>(p, sam, sak, sbk, sbn);
+  PLX_CUDA_LAUNCH_CHECK();
+}
+
+// Whether the grids of both kernels can hold shape s: x over M tiles (2^31 - 1 blocks), y over
+// N tiles and z over the batch (65535 each).
+void check_grid(const MmaShape& s, const char* op) {
+  const int64_t mt = (s.M + kSimtTile - 1) / kSimtTile, nt = (s.N + kSimtTile - 1) / kSimtTile;
+  PLX_DECLINE_UNLESS(mt <= INT32_MAX && nt <= 65535 && s.batch <= 65535,
+                     "%s: (%lld x %lld, batch %lld) needs more blocks than a grid has", op,
+                     static_cast<long long>(s.M), static_cast<long long>(s.N),
+                     static_cast<long long>(s.batch));
+}
+
 using MmaFn = void (*)(MmaArgs);
 using SimtFn = void (*)(MmaArgs, int64_t, int64_t, int64_t, int64_t);
 
@@ -547,13 +590,7 @@ class MmaPlan {
                        "%s: the contiguous dimension of the second operand (%lld %s) is not a "
                        "multiple of 16 bytes, as the cp.async copies need",
                        op, static_cast<long long>(b_row), dtype_name(kDtype));
-    // Grid: x over M tiles (2^31 - 1 blocks), y over N tiles and z over the batch (65535 each),
-    // for this kernel and for the 16x16 fallback.
-    const int64_t mt = (s.M + kSimtTile - 1) / kSimtTile, nt = (s.N + kSimtTile - 1) / kSimtTile;
-    PLX_DECLINE_UNLESS(mt <= INT32_MAX && nt <= 65535 && s.batch <= 65535,
-                       "%s: (%lld x %lld, batch %lld) needs more blocks than a grid has", op,
-                       static_cast<long long>(s.M), static_cast<long long>(s.N),
-                       static_cast<long long>(s.batch));
+    check_grid(s, op);  // for this kernel and for the 16x16 fallback
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync with cp.async needs sm_80 or newer", op);
@@ -597,35 +634,20 @@ class MmaPlan {
   void run(const void* a, const void* b, void* y, const void* bias, void* ws,
            cudaStream_t stream) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
-    MmaArgs p{};
-    p.a = a, p.b = b, p.y = y, p.bias = s_.bias ? bias : nullptr;
-    p.M = s_.M, p.N = s_.N, p.K = s_.K;
-    p.lda = s_.a_kmajor ? s_.K : s_.M;
-    p.ldb = s_.b_kmajor ? s_.K : s_.N;
-    p.ldy = s_.N;
-    p.sa = s_.sa, p.sb = s_.sb, p.sy = s_.M * s_.N;
-    p.alpha = s_.alpha;
-    p.batch = s_.batch;
+    MmaArgs p = gemm_args<T>(s_, a, b, y, bias);
     p.splits = splits_;
     p.k_split = SPLIT ? k_split_ : s_.K;
     p.partial = static_cast<float*>(ws);
     p.done = done_.p;
-    // Two columns at once need y's row starts (and batch entries) aligned to two elements.
-    p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
     if (aligned16(a) && aligned16(b)) {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
                       static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z * splits_);
       kernel_<<<grid, C::kThreads, static_cast<size_t>(smem_), stream>>>(p);
+      PLX_CUDA_LAUNCH_CHECK();
     } else {
-      // One pass, no partials: the fallback sums all of K itself.
-      const int64_t sam = s_.a_kmajor ? p.lda : 1, sak = s_.a_kmajor ? 1 : p.lda;
-      const int64_t sbk = s_.b_kmajor ? 1 : p.ldb, sbn = s_.b_kmajor ? p.ldb : 1;
-      const dim3 grid(static_cast<unsigned>((s_.M + kSimtTile - 1) / kSimtTile),
-                      static_cast<unsigned>((s_.N + kSimtTile - 1) / kSimtTile), z);
-      simt_gemm_kernel<T, ACT><<<grid, kSimtTile * kSimtTile, 0, stream>>>(p, sam, sak, sbk, sbn);
+      launch_simt<T, ACT>(p, s_, stream);  // one pass, no partials: it sums all of K itself
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -639,13 +661,39 @@ class MmaPlan {
   BlockCounter done_{0};  // split-K: one finished-split count per batch entry and output tile
 };
 
+// The SIMT kernel as a candidate of its own (kSimtName): every shape the GEMM problem
+// describes, at any alignment, and f32 in full f32 whatever the tf32 option. It takes what every
+// Tensor Core tile declines (rows that are not 16-byte multiples, such as the weight gradient of
+// a 10-class classifier, whose dlogits rows are 10 elements; f32 with TF32 off), so the native
+// side of backend.kernels has a kernel of its own for every GEMM. Slow on large shapes, which
+// the tuner measures; registered last, so the native side's first choice stays a tile.
+template <class T, MmaAct ACT>
+class SimtPlan {
+ public:
+  SimtPlan(const MmaShape& s, int32_t, CudaBackend&, const char* op) : s_(s) { check_grid(s, op); }
+
+  uint64_t workspace_bytes() const { return 0; }
+
+  void run(const void* a, const void* b, void* y, const void* bias, void*,
+           cudaStream_t stream) const {
+    if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
+    launch_simt<T, ACT>(gemm_args<T>(s_, a, b, y, bias), s_, stream);
+  }
+
+ private:
+  MmaShape s_;
+};
+
+constexpr const char* kSimtName = "simt_16x16";
+
 // y (..., M, N) = alpha op(a) op(b): one GEMM when the batch folds into rows or is 1, a strided
 // batch (grid z) when each operand's batch dims are all full or all broadcast; declines batch
-// dims that broadcast partially (cuBLASLt's kernel loops over those).
-template <class T, class TL, bool SPLIT>
-class MmaMatmul final : public Kernel {
+// dims that broadcast partially (cuBLASLt's kernel loops over those). Plan: an MmaPlan (a tile)
+// or the SimtPlan.
+template <class T, class Plan>
+class GemmMatmul final : public Kernel {
  public:
-  MmaMatmul(const NodeInfo& node, CudaBackend& backend)
+  GemmMatmul(const NodeInfo& node, CudaBackend& backend)
       : device_(node.device()), plan_(shape(node), device_, backend, "matmul") {}
 
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
@@ -659,16 +707,16 @@ class MmaMatmul final : public Kernel {
   static MmaShape shape(const NodeInfo& node) { return matmul_problem(node, dtype_v<T>); }
 
   int32_t device_;
-  MmaPlan<T, TL, MmaAct::None, SPLIT> plan_;
+  Plan plan_;
 };
 
 // y (..., out) = act(x (..., in) wᵀ + b): one GEMM over all rows of x, the bias and the
 // activation in the epilogue. Registered with MmaAct::None; the other activations are for fused
 // linear -> activation groups (make_mma_linear).
-template <class T, class TL, MmaAct ACT, bool SPLIT>
-class MmaLinear final : public Kernel {
+template <class T, class Plan>
+class GemmLinear final : public Kernel {
  public:
-  MmaLinear(const NodeInfo& node, CudaBackend& backend)
+  GemmLinear(const NodeInfo& node, CudaBackend& backend)
       : device_(node.device()), plan_(shape(node), device_, backend, "linear") {}
 
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
@@ -683,8 +731,11 @@ class MmaLinear final : public Kernel {
   static MmaShape shape(const NodeInfo& node) { return linear_problem(node, dtype_v<T>); }
 
   int32_t device_;
-  MmaPlan<T, TL, ACT, SPLIT> plan_;
+  Plan plan_;
 };
+
+template <class T, class TL, MmaAct ACT, bool SPLIT = false>
+using MmaLinear = GemmLinear<T, MmaPlan<T, TL, ACT, SPLIT>>;
 
 template <class T, class TL>
 std::unique_ptr<Kernel> make_linear_for(const NodeInfo& node, CudaBackend& backend, MmaAct act) {
@@ -713,7 +764,7 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
 template <class T, class TL, bool SPLIT>
 void add_tile(KernelRegistry& r, const char* name, uint32_t flags) {
   constexpr plx_dtype d = dtype_v<T>;
-  r.add<MmaMatmul<T, TL, SPLIT>, CudaBackend>("matmul", d, name, flags);
+  r.add<GemmMatmul<T, MmaPlan<T, TL, MmaAct::None, SPLIT>>, CudaBackend>("matmul", d, name, flags);
   r.add<MmaLinear<T, TL, MmaAct::None, SPLIT>, CudaBackend>("linear", d, name, flags);
 }
 
@@ -727,6 +778,13 @@ void add_dtype(KernelRegistry& r, uint32_t flags) {
   add_tile<T, TileMid, false>(r, TileMid::kName, flags);
   add_tile<T, TileSmall, false>(r, TileSmall::kName, flags);
   add_tile<T, TileSmall, true>(r, kSplitName, flags);
+}
+
+template <class T>
+void add_simt(KernelRegistry& r, uint32_t flags) {
+  using Plan = SimtPlan<T, MmaAct::None>;
+  r.add<GemmMatmul<T, Plan>, CudaBackend>("matmul", dtype_v<T>, kSimtName, flags);
+  r.add<GemmLinear<T, Plan>, CudaBackend>("linear", dtype_v<T>, kSimtName, flags);
 }
 
 }  // namespace
@@ -758,6 +816,13 @@ void register_mma_gemm(KernelRegistry& r) {
   add_dtype<bf16>(r, f);
   add_dtype<f16>(r, f);
   add_dtype<float>(r, f);
+}
+
+void register_simt_gemm(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  add_simt<bf16>(r, f);
+  add_simt<f16>(r, f);
+  add_simt<float>(r, f);
 }
 
 }  // namespace plexus::cuda

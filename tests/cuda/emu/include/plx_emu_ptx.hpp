@@ -20,6 +20,9 @@ inline uint32_t to_tf32(float x) { return ::plx_emu::tf32_bits(x); }
 inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
 }
+inline void cp_async4(uint32_t dst, const void* src, bool valid) {
+  ::plx_emu::cp_async(dst, src, 4, valid ? 4 : 0);
+}
 inline void cp_async_commit() { ::plx_emu::cp_async_commit(); }
 template <int N>
 inline void cp_async_wait() {
