@@ -281,6 +281,44 @@ __device__ __forceinline__ void igemm_epilogue(const IgemmArgs<T>& a,
   }
 }
 
+// ---- the K loop ----
+//
+// STAGES shared-memory buffers per operand, filled by cp.async groups. Prologue: tiles
+// 0..STAGES-2 in flight, one commit group each (empty groups past nk keep the group count, and so
+// the wait below, uniform). Iteration it waits for its tile's group (cp.async.wait_group
+// STAGES-2: this thread's copies have landed), syncs the block (everyone's have, and the buffer
+// computed at iteration it-1 is free), issues the copies of tile it+STAGES-1 into that buffer,
+// then computes tile it. No copy may still target shared memory when the block goes on.
+// load(stage, it) issues the copies of the block's tile `it` into `stage`; compute(stage) runs
+// the mma steps of one stage.
+template <int STAGES, class Load, class Compute>
+__device__ __forceinline__ void pipelined_k_loop(int nk, Load&& load, Compute&& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) load(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int next = it + STAGES - 1;
+    if (next < nk) load(next % STAGES, next);
+    cp_async_commit();
+    compute(it % STAGES);
+  }
+  cp_async_wait<0>();
+}
+
+template <class TL>
+__device__ __forceinline__ void zero_acc(float (&acc)[TL::MI][TL::NI][4]) {
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < TL::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
 // The output pixel (n, oh, ow) of GEMM row m < M; the pool variant numbers its rows window by
 // window (m = 4·q + tap, q the pooled pixel).
 template <bool kPool, class T>
@@ -404,20 +442,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   };
 
   float acc[TL::MI][TL::NI][4];
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i)
-#pragma unroll
-    for (int j = 0; j < TL::NI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  // Prologue: tiles 0..STAGES-2 in flight, one commit group each (empty groups past KT keep the
-  // group count, and so the wait below, uniform).
-#pragma unroll
-  for (int s = 0; s < TL::STAGES - 1; ++s) {
-    if (s < KT) load_tile(s, s);
-    cp_async_commit();
-  }
+  zero_acc<TL>(acc);
 
   // ldmatrix row addresses within a stage, per lane (see ldmatrix_x4):
   // A (16 x 16 per mma): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
@@ -435,15 +460,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int bt_k = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int bt_n = wn * TL::WN + ((lane >> 4) << 3);
 
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<TL::STAGES - 2>();  // this thread's copies of tile kt have landed
-    __syncthreads();                  // everyone's have; stage (kt-1) % STAGES is free
-    {
-      const int next = kt + TL::STAGES - 1;
-      if (next < KT) load_tile(next % TL::STAGES, next);
-      cp_async_commit();
-    }
-    const int st = kt % TL::STAGES;
+  pipelined_k_loop<TL::STAGES>(KT, load_tile, [&](int st) {
     const T* const as = As + st * TL::BM * TL::LDS;
     const T* const bs = Bs + st * kBStage;
 #pragma unroll
@@ -468,8 +485,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 #pragma unroll
         for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
     }
-  }
-  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+  });
 
   // Epilogue. Accumulator fragment of mma tile (i, j): c0, c1 at row lane/4, columns
   // 2(lane%4), +1; c2, c3 at row lane/4 + 8, the same columns.
@@ -575,32 +591,13 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   };
 
   float acc[TL::MI][TL::NI][4];
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i)
-#pragma unroll
-    for (int j = 0; j < TL::NI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < TL::STAGES - 1; ++s) {
-    if (s < KT) load_tile(s, s);
-    cp_async_commit();
-  }
+  zero_acc<TL>(acc);
 
   // ldmatrix row addresses (as igemm_conv_kernel's, with 4 f32 where it has 8 halves).
   const int a_row = wm * TL::WM + (lane & 15), a_col = (lane >> 4) * 4;
   const int b_row = wn * TL::WN + (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 4;
 
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<TL::STAGES - 2>();
-    __syncthreads();
-    {
-      const int next = kt + TL::STAGES - 1;
-      if (next < KT) load_tile(next % TL::STAGES, next);
-      cp_async_commit();
-    }
-    const int st = kt % TL::STAGES;
+  pipelined_k_loop<TL::STAGES>(KT, load_tile, [&](int st) {
     const float* const as = As + st * TL::BM * G::LDS;
     const float* const bs = Bs + st * TL::BN * G::LDS;
 #pragma unroll
@@ -625,8 +622,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 #pragma unroll
         for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
     }
-  }
-  cp_async_wait<0>();
+  });
 
   if constexpr (kPool)
     igemm_pool_epilogue<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
@@ -678,9 +674,10 @@ struct WgradSmem {
 };
 
 // The end of a weight-gradient block: its slice's partial tile to the workspace, f32, two
-// columns per store (J even and j even: j + 1 < J); then, in the tile's last slice to finish,
-// dw = Σ over slices 0..S-1, in that order, of the partials, rounded once into w's layout
-// (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
+// columns per store where J is even (j is: then j + 1 < J, and the pair is 8-byte aligned); then,
+// in the tile's last slice to finish, dw = Σ over slices 0..S-1, in that order, of the partials,
+// rounded once into w's layout (channels-last (O, KH, KW, C) is the partials' own order, else (O,
+// C, KH, KW)).
 template <class T, class TL>
 __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
                                              const float (&acc)[TL::MI][TL::NI][4], int m0, int n0,
@@ -696,8 +693,13 @@ __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
       for (int j = 0; j < TL::NI; ++j) {
         const int jj = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
         if (jj >= a.J) continue;
-        *reinterpret_cast<float2*>(part + static_cast<int64_t>(o) * a.J + jj) =
-            make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+        float* const dst = part + static_cast<int64_t>(o) * a.J + jj;
+        if (!std::is_same_v<T, float> || a.J % 2 == 0) {  // 16 bits: C % 8 == 0, J even
+          *reinterpret_cast<float2*>(dst) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+        } else {  // TF32 with an odd C: rows of odd length, one column at a time
+          dst[0] = acc[i][j][h * 2];
+          if (jj + 1 < a.J) dst[1] = acc[i][j][h * 2 + 1];
+        }
       }
     }
   }
@@ -787,19 +789,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   };
 
   float acc[TL::MI][TL::NI][4];
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i)
-#pragma unroll
-    for (int j = 0; j < TL::NI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  const int nk = kt1 - kt0;
-#pragma unroll
-  for (int s = 0; s < TL::STAGES - 1; ++s) {
-    if (s < nk) load_tile(s, kt0 + s);
-    cp_async_commit();
-  }
+  zero_acc<TL>(acc);
 
   // ldmatrix.trans row addresses per lane (matrix q = lane / 8, its row lane % 8):
   // A: a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15), stored as
@@ -811,39 +801,31 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   const int b_k = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int b_n = wn * TL::WN + ((lane >> 4) << 3);
 
-  for (int it = 0; it < nk; ++it) {
-    cp_async_wait<TL::STAGES - 2>();
-    __syncthreads();
-    {
-      const int next = it + TL::STAGES - 1;
-      if (next < nk) load_tile(next % TL::STAGES, kt0 + next);
-      cp_async_commit();
-    }
-    const int st = it % TL::STAGES;
-    const T* const as = As + st * TL::BK * S::LDA;
-    const T* const bs = Bs + st * TL::BK * S::LDB;
+  pipelined_k_loop<TL::STAGES>(
+      kt1 - kt0, [&](int st, int it) { load_tile(st, kt0 + it); },
+      [&](int st) {
+        const T* const as = As + st * TL::BK * S::LDA;
+        const T* const bs = Bs + st * TL::BK * S::LDB;
 #pragma unroll
-    for (int kk = 0; kk < TL::BK; kk += 16) {
-      uint32_t af[TL::MI][4];
-      uint32_t bf[TL::NI][2];
+        for (int kk = 0; kk < TL::BK; kk += 16) {
+          uint32_t af[TL::MI][4];
+          uint32_t bf[TL::NI][2];
 #pragma unroll
-      for (int i = 0; i < TL::MI; ++i)
-        ldmatrix_x4_trans(af[i], smem_addr(as + (kk + a_k) * S::LDA + a_m + i * 16));
+          for (int i = 0; i < TL::MI; ++i)
+            ldmatrix_x4_trans(af[i], smem_addr(as + (kk + a_k) * S::LDA + a_m + i * 16));
 #pragma unroll
-      for (int j = 0; j < TL::NI; j += 2) {
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, smem_addr(bs + (kk + b_k) * S::LDB + b_n + j * 8));
-        bf[j][0] = r[0], bf[j][1] = r[1];
-        bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
-      }
+          for (int j = 0; j < TL::NI; j += 2) {
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, smem_addr(bs + (kk + b_k) * S::LDB + b_n + j * 8));
+            bf[j][0] = r[0], bf[j][1] = r[1];
+            bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+          }
 #pragma unroll
-      for (int i = 0; i < TL::MI; ++i)
+          for (int i = 0; i < TL::MI; ++i)
 #pragma unroll
-        for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
-    }
-  }
-  cp_async_wait<0>();
-
+            for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
+        }
+      });
   wgrad_finish<T, TL>(a, acc, m0, n0, wm, wn, lane, tid);
 }
 
@@ -909,54 +891,36 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   };
 
   float acc[TL::MI][TL::NI][4];
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i)
-#pragma unroll
-    for (int j = 0; j < TL::NI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  const int nk = kt1 - kt0;
-#pragma unroll
-  for (int s = 0; s < TL::STAGES - 1; ++s) {
-    if (s < nk) load_tile(s, kt0 + s);
-    cp_async_commit();
-  }
+  zero_acc<TL>(acc);
 
   const int g = lane >> 2, t = lane & 3;
-  for (int it = 0; it < nk; ++it) {
-    cp_async_wait<TL::STAGES - 2>();
-    __syncthreads();
-    {
-      const int next = it + TL::STAGES - 1;
-      if (next < nk) load_tile(next % TL::STAGES, kt0 + next);
-      cp_async_commit();
-    }
-    const int st = it % TL::STAGES;
-    const float* const as = As + st * G::BK * G::LDA_K;
-    const float* const bs = Bs + st * G::BK * G::LDB_K;
+  pipelined_k_loop<TL::STAGES>(
+      kt1 - kt0, [&](int st, int it) { load_tile(st, kt0 + it); },
+      [&](int st) {
+        const float* const as = As + st * G::BK * G::LDA_K;
+        const float* const bs = Bs + st * G::BK * G::LDB_K;
 #pragma unroll
-    for (int kk = 0; kk < G::BK; kk += 8) {
-      const float* const a0 = as + (kk + t) * G::LDA_K + wm * TL::WM + g;
-      const float* const a4 = a0 + 4 * G::LDA_K;
-      const float* const b0 = bs + (kk + t) * G::LDB_K + wn * TL::WN + g;
-      const float* const b4 = b0 + 4 * G::LDB_K;
-      uint32_t af[TL::MI][4];
-      uint32_t bf[TL::NI][2];
+        for (int kk = 0; kk < G::BK; kk += 8) {
+          const float* const a0 = as + (kk + t) * G::LDA_K + wm * TL::WM + g;
+          const float* const a4 = a0 + 4 * G::LDA_K;
+          const float* const b0 = bs + (kk + t) * G::LDB_K + wn * TL::WN + g;
+          const float* const b4 = b0 + 4 * G::LDB_K;
+          uint32_t af[TL::MI][4];
+          uint32_t bf[TL::NI][2];
 #pragma unroll
-      for (int i = 0; i < TL::MI; ++i) {
-        af[i][0] = to_tf32(a0[i * 16]), af[i][1] = to_tf32(a0[i * 16 + 8]);
-        af[i][2] = to_tf32(a4[i * 16]), af[i][3] = to_tf32(a4[i * 16 + 8]);
-      }
+          for (int i = 0; i < TL::MI; ++i) {
+            af[i][0] = to_tf32(a0[i * 16]), af[i][1] = to_tf32(a0[i * 16 + 8]);
+            af[i][2] = to_tf32(a4[i * 16]), af[i][3] = to_tf32(a4[i * 16 + 8]);
+          }
 #pragma unroll
-      for (int j = 0; j < TL::NI; ++j) bf[j][0] = to_tf32(b0[j * 8]), bf[j][1] = to_tf32(b4[j * 8]);
+          for (int j = 0; j < TL::NI; ++j)
+            bf[j][0] = to_tf32(b0[j * 8]), bf[j][1] = to_tf32(b4[j * 8]);
 #pragma unroll
-      for (int i = 0; i < TL::MI; ++i)
+          for (int i = 0; i < TL::MI; ++i)
 #pragma unroll
-        for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
-    }
-  }
-  cp_async_wait<0>();
+            for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
+        }
+      });
   wgrad_finish<float, TL>(a, acc, m0, n0, wm, wn, lane, tid);
 }
 
