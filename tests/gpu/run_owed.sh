@@ -165,7 +165,8 @@ if has kernels; then
                           'convnet 128 tf32' 'simplecnn 128 f32 conv-bias' \
                           'convnet 1024 bf16 no-bias-act' 'convnet 128 tf32 no-bias-act' \
                           'convnet 1024 f16' 'convnet 1024 f16 no-bias-act' \
-                          'convnet 1024 bf16 native' 'simplecnn 128 bf16 native'; do
+                          'convnet 1024 bf16 native' 'simplecnn 128 bf16 native' \
+                          'simplecnn 128 f32 native' 'convnet 128 f32 native'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile${4:+-$4}"
     # "conv-bias": the conv's bias added by the convolution, not the pool (pool_bias, the
@@ -176,7 +177,9 @@ if has kernels; then
     [[ ${4:-} == conv-bias ]] && extra=(--set plugins.options.cuda.pool_bias=false)
     [[ ${4:-} == no-bias-act ]] && extra=(--set plugins.options.cuda.conv_bias_activation=false)
     # "native": the plugin's own kernels, the first layer on the direct kernels (the
-    # twenty-first session's), its backward as one relu_backward+sum+conv2d_backward_weight.
+    # twenty-first session's), its backward as one relu_backward+sum+conv2d_backward_weight; in
+    # f32 (TF32: the configs' tf32 option) the other convolutions on the TF32 igemm kernels and
+    # the classifier's weight gradient on simt_16x16 (the twenty-third session's).
     [[ ${4:-} == native ]] && extra=(--set backend.kernels=\"native\")
     stamp "plexus bench step: $tag"
     run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
