@@ -98,6 +98,7 @@ add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
 foreach(t
     "cuda ops match the cpu reference"
     "every cuda tensor core gemm candidate matches the cpu"
+    "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
     "every cuda wgmma gemm candidate matches the cpu"
     "a linear -> relu group given to a wgmma candidate runs with the relu in its epilogue"
     "cuda igemm convolution candidates match the cpu reference"
@@ -120,6 +121,7 @@ foreach(t
     "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and computes the nchw step"
     "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes the nchw step"
     "a 16-bit cuda step with a relu after its pool keeps the pool's side channels-last and computes the nchw step"
+    "a native cuda training step of simplecnn or convnet runs no library kernel"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
@@ -204,6 +206,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
       "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
       "every cuda tensor core gemm candidate matches the cpu"
+      "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
     add_test(NAME "cuda emulator, memcheck: ${t}"
       COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
