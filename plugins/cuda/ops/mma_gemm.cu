@@ -32,8 +32,9 @@
 //   ("simt_16x16", registered last) for the shapes every tile declines, so that the native side
 //   has a kernel for every GEMM.
 // - Split-K (the "mma_sync_32x32x64_splitk" candidate, for outputs too small to fill the
-//   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and a second
-//   kernel adds the splits in order and applies the epilogue. No atomics anywhere.
+//   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and the last
+//   split of each output tile to finish adds the tile's splits in order and applies the epilogue.
+//   No atomics on the data.
 // - Deterministic (each output is summed in a fixed order that depends only on the shape) and
 //   capturable (compute() only launches). Shared memory beyond 48 KiB is opted into once, at
 //   creation.
