@@ -338,6 +338,17 @@ __device__ __forceinline__ void igemm_pixel(const IgemmArgs<T>& a, int64_t m, in
   }
 }
 
+// The forward's epilogue: the plain one, or with Ix (u8 or i32) the pool variant's.
+template <class T, class TL, class Ix>
+__device__ __forceinline__ void igemm_store(const IgemmArgs<T>& a,
+                                            const float (&acc)[TL::MI][TL::NI][4], int64_t m0,
+                                            int n0, int wm, int wn, int lane) {
+  if constexpr (std::is_void_v<Ix>)
+    igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
+  else
+    igemm_pool_epilogue<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+}
+
 // BT: backward data with B read from the forward's channels-last filter (see the top). Ix (u8
 // or i32, not void): the forward with a 2x2 max pool in its epilogue (IgemmArgs' pool fields).
 template <class T, class TL, bool BT = false, class Ix = void>
@@ -487,12 +498,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     }
   });
 
-  // Epilogue. Accumulator fragment of mma tile (i, j): c0, c1 at row lane/4, columns
-  // 2(lane%4), +1; c2, c3 at row lane/4 + 8, the same columns.
-  if constexpr (kPool)
-    igemm_pool_epilogue<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
-  else
-    igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
+  igemm_store<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
 }
 
 // ---- TF32: the forward and backward data for f32 inputs ----
@@ -624,10 +630,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     }
   });
 
-  if constexpr (kPool)
-    igemm_pool_epilogue<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
-  else
-    igemm_epilogue<float, TL>(a, acc, m0, n0, wm, wn, lane);
+  igemm_store<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
 }
 
 // ---- the weight-gradient kernel ----
@@ -1552,32 +1555,38 @@ void add_dtype(KernelRegistry& r) {
   add_tile<T, Tile128x32>(r, d);
 }
 
+// The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
+// its epilogue; `op` names the node or group in a decline.
 template <class T>
-std::unique_ptr<Kernel> make_fwd(const NodeInfo& node, CudaBackend& backend,
-                                 const std::string& tile, bool relu) {
-  if (tile == Tile128x128::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x128, Dir::Fwd>>(node, backend, relu);
-  if (tile == Tile128x64::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x64, Dir::Fwd>>(node, backend, relu);
-  if (tile == Tile64x64::name())
-    return std::make_unique<IgemmConvKernel<T, Tile64x64, Dir::Fwd>>(node, backend, relu);
-  if (tile == Tile128x32::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x32, Dir::Fwd>>(node, backend, relu);
-  throw sdk::Unsupported(sdk::format("conv2d: no igemm tile named '%s'", tile.c_str()));
+std::unique_ptr<Kernel> make_fwd(const NodeInfo& conv, CudaBackend& backend,
+                                 const std::string& tile, bool relu, const IgemmPool* pool,
+                                 const char* op) {
+  std::unique_ptr<Kernel> k;
+  auto try_tile = [&]<class TL>(TL) {
+    if (!k && tile == TL::name())
+      k = std::make_unique<IgemmConvKernel<T, TL, Dir::Fwd>>(conv, backend, relu, pool);
+  };
+  try_tile(Tile128x128{}), try_tile(Tile128x64{}), try_tile(Tile64x64{}), try_tile(Tile128x32{});
+  if (!k) throw sdk::Unsupported(sdk::format("%s: no igemm tile named '%s'", op, tile.c_str()));
+  return k;
 }
 
-template <class T>
-std::unique_ptr<Kernel> make_fwd_pool(const NodeInfo& conv, CudaBackend& backend,
-                                      const std::string& tile, const IgemmPool& pool, bool relu) {
-  if (tile == Tile128x128::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x128, Dir::Fwd>>(conv, backend, relu, &pool);
-  if (tile == Tile128x64::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x64, Dir::Fwd>>(conv, backend, relu, &pool);
-  if (tile == Tile64x64::name())
-    return std::make_unique<IgemmConvKernel<T, Tile64x64, Dir::Fwd>>(conv, backend, relu, &pool);
-  if (tile == Tile128x32::name())
-    return std::make_unique<IgemmConvKernel<T, Tile128x32, Dir::Fwd>>(conv, backend, relu, &pool);
-  throw sdk::Unsupported(sdk::format("conv2d+max_pool2d: no igemm tile named '%s'", tile.c_str()));
+// The same in the conv's dtype.
+std::unique_ptr<Kernel> make_fwd_of(plx_dtype dtype, const NodeInfo& conv, CudaBackend& backend,
+                                    const std::string& tile, bool relu, const IgemmPool* pool,
+                                    const char* op) {
+  switch (dtype) {
+    case PLX_F16:
+      return make_fwd<f16>(conv, backend, tile, relu, pool, op);
+    case PLX_BF16:
+      return make_fwd<bf16>(conv, backend, tile, relu, pool, op);
+    case PLX_F32:
+      return make_fwd<float>(conv, backend, tile, relu, pool, op);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format("%s: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
+                                     op, dtype_name(dtype)));
 }
 
 }  // namespace
@@ -1592,38 +1601,14 @@ std::unique_ptr<Kernel> make_igemm_conv_max_pool(CudaBackend& backend, const sdk
   const sdk::OwnedNodeInfo conv_info(g, p.slots.conv), pool_info(g, p.slots.pool);
   const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
   p.pool = &pool;
-  const bool relu = p.slots.relu >= 0;
   dtype = p.slots.dtype;
-  switch (dtype) {
-    case PLX_F16:
-      return make_fwd_pool<f16>(conv, backend, tile, p, relu);
-    case PLX_BF16:
-      return make_fwd_pool<bf16>(conv, backend, tile, p, relu);
-    case PLX_F32:
-      return make_fwd_pool<float>(conv, backend, tile, p, relu);
-    default:
-      break;
-  }
-  throw sdk::Unsupported(
-      sdk::format("conv2d+max_pool2d: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
-                  dtype_name(dtype)));
+  return make_fwd_of(dtype, conv, backend, tile, p.slots.relu >= 0, &p, "conv2d+max_pool2d");
 }
 
 std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
                                         const std::string& tile, bool relu) {
-  switch (static_cast<plx_dtype>(node.input(0).dtype)) {
-    case PLX_F16:
-      return make_fwd<f16>(node, backend, tile, relu);
-    case PLX_BF16:
-      return make_fwd<bf16>(node, backend, tile, relu);
-    case PLX_F32:
-      return make_fwd<float>(node, backend, tile, relu);
-    default:
-      break;
-  }
-  throw sdk::Unsupported(
-      sdk::format("conv2d: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
-                  dtype_name(static_cast<plx_dtype>(node.input(0).dtype))));
+  return make_fwd_of(static_cast<plx_dtype>(node.input(0).dtype), node, backend, tile, relu,
+                     nullptr, "conv2d");
 }
 
 void register_igemm_conv(KernelRegistry& r) {
