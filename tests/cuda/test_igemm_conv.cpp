@@ -1,4 +1,4 @@
-// The CUDA plugin's own implicit-GEMM convolutions (plugins/cuda/ops/igemm_conv.cu): every
+// The CUDA plugin's own implicit-GEMM convolutions (plugins/cuda/ops/igemm_conv.cuh): every
 // igemm_* candidate of conv2d, conv2d_backward_data and conv2d_backward_weight, created
 // explicitly one by one (the ordinary dispatch would take cuDNN, registered first), run against
 // the CPU plugin on shapes with ragged tile edges, padding and stride variants, with and without

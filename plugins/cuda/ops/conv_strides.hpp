@@ -1,5 +1,5 @@
 // Element strides of a convolution's 4-D tensors in the two layouts the plugin's own
-// convolutions take (igemm_conv.cu, direct_conv.cu).
+// convolutions take (igemm_conv.cuh, direct_conv.cu).
 #pragma once
 
 #include <cstdint>

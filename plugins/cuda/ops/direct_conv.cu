@@ -6,7 +6,7 @@
 //
 // The first layer of an image network reads C = 1 (or 3) channels: K = C·KH·KW taps is 9 (or
 // 27) for a 3x3 filter, too short a reduction for the Tensor Core GEMMs (the implicit-GEMM
-// kernels, ops/igemm_conv.cu, need C % 8 == 0 and decline it), and what the layer costs is
+// kernels, ops/igemm_conv.cuh, need C % 8 == 0 and decline it), and what the layer costs is
 // writing O channels per pixel, not the arithmetic. So these kernels run on the CUDA cores in
 // f32 and aim at one pass over y (forward) or dy (weight gradient):
 //

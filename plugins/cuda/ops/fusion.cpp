@@ -9,7 +9,7 @@
 //  - linear -> relu: one cuBLASLt call whose epilogue adds the bias and applies the ReLU
 //    (ops/gemm.cpp), unless the host chose another kernel for the linear node (kernel_hint): our
 //    own GEMMs (ops/mma_gemm.cu, ops/wgmma_gemm.cu) then apply the ReLU in their epilogues, as
-//    our implicit-GEMM convolution (ops/igemm_conv.cu) does for a conv2d -> relu whose conv the
+//    our implicit-GEMM convolution (ops/igemm_conv.cuh) does for a conv2d -> relu whose conv the
 //    host gave it; where such a kernel declines, a chain, as below;
 //  - conv2d with a bias -> relu: one cudnnConvolutionBiasActivationForward call (ops/conv.cpp)
 //    where the host chose cuDNN for the conv and cuDNN takes the call; else a chain, as below;
@@ -750,7 +750,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   if (conv_pool) {
     // A conv the host gave to one of our own kernels, with its ReLU and pool in one launch and
     // no pre-pool tensor: a first layer on the direct kernel (ops/direct_conv.cu), or an igemm
-    // tile with the 2x2 pool in its epilogue (ops/igemm_conv.cu); where that declines, the
+    // tile with the 2x2 pool in its epilogue (ops/igemm_conv.cuh); where that declines, the
     // chunked group below.
     const int32_t c = first_of(g, "conv2d");
     const int32_t hint = c >= 0 ? g.node(c).kernel_hint : 0;

@@ -1,4 +1,4 @@
-// PTX wrappers shared by our Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cu), sm_80 and
+// PTX wrappers shared by our Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cuh), sm_80 and
 // later: shared-memory addresses, cp.async copies and their groups, ldmatrix fragment loads, and
 // the mma.sync tiles (PTX ISA, "Warp-level matrix instructions"). The CUDA emulator
 // (tests/cuda/emu) compiles the kernels with its own versions of these, plx_emu_ptx.hpp: keep the

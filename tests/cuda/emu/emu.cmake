@@ -6,19 +6,28 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv direct_conv wgmma_gemm)
+    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 direct_conv wgmma_gemm)
+# Headers with kernels and launches in them, included by several of those files: translated to
+# emu/ops/NAME.cuh, which the translated files' `#include "ops/NAME.cuh"` finds first (a quoted
+# include looks in the including file's folder, emu/, before the include path).
+set(emu_kernel_headers igemm_conv)
 set(emu_sources)
-set(emu_kernel_sources)
 foreach(f ${emu_kernel_files})
-  list(APPEND emu_kernel_sources ${cuda_dir}/ops/${f}.cu)
-endforeach()
-foreach(src ${emu_kernel_sources})
-  get_filename_component(f ${src} NAME_WE)
+  set(src ${cuda_dir}/ops/${f}.cu)
   set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${f}.cpp)
   add_custom_command(OUTPUT ${out}
     COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${src} ${out}
     DEPENDS ${emu_dir}/translate.py ${src}
     COMMENT "CUDA emulator: translating ${f}")
+  list(APPEND emu_sources ${out})
+endforeach()
+foreach(f ${emu_kernel_headers})
+  set(src ${cuda_dir}/ops/${f}.cuh)
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/ops/${f}.cuh)
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${src} ${out}
+    DEPENDS ${emu_dir}/translate.py ${src}
+    COMMENT "CUDA emulator: translating ${f}.cuh")
   list(APPEND emu_sources ${out})
 endforeach()
 # One build of the emulator: its runtime library and the emulated CUDA plugin, in plugin folder
@@ -40,7 +49,8 @@ function(plexus_emu_variant suffix dir flags)
   set(plugin plexus_plugin_cuda_emu${suffix})
   add_library(${plugin} MODULE ${emu_sources}
     ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp
-    ${cuda_dir}/ops/gemm.cpp ${cuda_dir}/ops/conv.cpp ${cuda_dir}/ops/conv_algo_cache.cpp)
+    ${cuda_dir}/ops/gemm.cpp ${cuda_dir}/ops/conv.cpp ${cuda_dir}/ops/conv_algo_cache.cpp
+    ${cuda_dir}/ops/igemm_conv.cpp)
   # The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
   target_include_directories(${plugin} BEFORE PRIVATE ${emu_dir}/include)
   target_include_directories(${plugin} PRIVATE ${cuda_dir})

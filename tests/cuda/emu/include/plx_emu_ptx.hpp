@@ -1,6 +1,6 @@
 // The CUDA emulator's ops/mma_ptx.cuh: the same wrappers (signatures alike, namespace alike), on
 // the emulator's PTX (plx_emu.hpp) instead of inline assembly. translate.py includes this in
-// place of ops/mma_ptx.cuh, so the Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cu) run
+// place of ops/mma_ptx.cuh, so the Tensor Core kernels (ops/mma_gemm.cu, ops/igemm_conv.cuh) run
 // on the CPU as they are written: cp.async and its groups, ldmatrix's row addresses and what each
 // lane gets, and the mma fragments, modelled from the PTX ISA independently of the kernels.
 #pragma once

@@ -52,6 +52,13 @@
 // relu op's formula and NaN rule, x > 0 ? x : 0), is rounded once to the output dtype. No atomics
 // and a fixed summation order: deterministic. Nothing is allocated and nothing synchronised:
 // capturable.
+//
+// Files: this header holds the kernels and their host classes, as templates; igemm_conv_f16.cu,
+// igemm_conv_bf16.cu and igemm_conv_f32.cu instantiate them for one dtype each (so nvcc compiles
+// the three in parallel, and a change to one dtype's path rebuilds one file), and
+// igemm_conv.cpp registers them and builds the fused forwards by the node's dtype.
+#pragma once
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -64,9 +71,7 @@
 #include "ops/mma_ptx.cuh"
 #include "plexus/sdk/fusion_conv_pool.hpp"
 
-namespace plexus::cuda {
-
-namespace {
+namespace plexus::cuda::igemm {
 
 // ---- tile configurations ----
 //
@@ -78,8 +83,8 @@ struct Tile {
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
-  static constexpr int LDS = BK + 8;              // shared row length in elements (16 B pad)
-  static constexpr int CPR = BK / 8;              // 16-byte chunks per row of a stage
+  static constexpr int LDS = BK + 8;               // shared row length in elements (16 B pad)
+  static constexpr int CPR = BK / 8;               // 16-byte chunks per row of a stage
   static constexpr int A_ITERS = BM * CPR / THREADS, B_ITERS = BN * CPR / THREADS;
   static constexpr int SMEM = STAGES * (BM + BN) * LDS * 2;  // bytes (2-byte elements)
   // B stored k-major (backward data reading a channels-last filter in place): BK rows of BN
@@ -129,12 +134,12 @@ struct IgemmArgs {
   const T* bias;  // (O), or null
   T* y;           // output element (n, o, p), p = oh·OW + ow, at n·y_n + o·y_c + p·y_p
   int H, W, C, O, KH, KW, OW, sh, sw, ph, pw;
-  int K;          // KH·KW·C
-  int64_t M;      // N·OH·OW
-  int64_t OHW;    // OH·OW
+  int K;        // KH·KW·C
+  int64_t M;    // N·OH·OW
+  int64_t OHW;  // OH·OW
   int64_t y_n, y_c, y_p;
-  bool pair;      // y_c == 1, O even and y 4-byte aligned: store two channels at once
-  bool relu;      // the epilogue applies a ReLU (forward only)
+  bool pair;  // y_c == 1, O even and y 4-byte aligned: store two channels at once
+  bool relu;  // the epilogue applies a ReLU (forward only)
   // The pool variant (a conv2d -> [relu ->] max_pool2d group, 2x2 windows of stride 2): row
   // m = 4·q + t of the GEMM is tap t = 2·dh + dw of pooled pixel q = (n, ph, pw), so M = 4·Q, y
   // and its element offsets describe the pooled output (p = ph·PW + pw), and the epilogue writes
@@ -355,8 +360,8 @@ template <class T, class TL, bool BT = false, class Ix = void>
 __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs<T> a) {
   constexpr bool kPool = !std::is_void_v<Ix>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* const As = reinterpret_cast<T*>(smem_raw);       // [STAGES][BM][LDS]
-  T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;   // [STAGES][BN][LDS], BT: [STAGES][BK][LDB_T]
+  T* const As = reinterpret_cast<T*>(smem_raw);      // [STAGES][BM][LDS]
+  T* const Bs = As + TL::STAGES * TL::BM * TL::LDS;  // [STAGES][BN][LDS], BT: [STAGES][BK][LDB_T]
   constexpr int kBStage = BT ? TL::BK * TL::LDB_T : TL::BN * TL::LDS;
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -414,7 +419,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     for (int i = 0; i < TL::A_ITERS; ++i) {
       const int row = crow + i * kRowStep;
       const int ih = a_ih[i] + kh, iw = a_iw[i] + kw;
-      const bool ok = kin && ((a_valid >> i) & 1u) && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+      const bool ok = kin && ((a_valid >> i) & 1u) &&
+                      static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
       // A zero-filled copy reads nothing, but still gets a valid address.
       const T* src = ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : a.x;
@@ -647,18 +653,18 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 // counters only say which block is last), no atomics on the data.
 template <class T>
 struct WgradArgs {
-  const T* dy;    // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
-  const T* x;     // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
-  float* part;    // [slices][O][J]
-  T* dw;          // (O, KH, KW, C) when w_nhwc, else (O, C, KH, KW)
+  const T* dy;     // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
+  const T* x;      // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
+  float* part;     // [slices][O][J]
+  T* dw;           // (O, KH, KW, C) when w_nhwc, else (O, C, KH, KW)
   unsigned* done;  // [tiles of O][tiles of J]: slices finished, zero between launches
   int64_t KHW;     // KH·KW
   bool w_nhwc;
   int H, W, C, O, KW, OW, sh, sw, ph, pw;
-  int J;          // KH·KW·C
-  int P;          // N·OH·OW
-  int OHW;        // OH·OW
-  int kt_per;     // K tiles per slice
+  int J;       // KH·KW·C
+  int P;       // N·OH·OW
+  int OHW;     // OH·OW
+  int kt_per;  // K tiles per slice
   // TF32: the k table over j (KTap.a, kh, kw), the element strides of dy along n, c, h, w and
   // of x along n, h, w.
   const KTap* tab;
@@ -669,7 +675,7 @@ template <class TL>
 struct WgradSmem {
   static constexpr int LDA = TL::BM + 8, LDB = TL::BN + 8;  // 16 bytes of padding per k row
   static constexpr int BYTES = TL::STAGES * TL::BK * (LDA + LDB) * 2;
-  static constexpr int CA = TL::BM / 8, CB = TL::BN / 8;    // 16-byte chunks per k row
+  static constexpr int CA = TL::BM / 8, CB = TL::BN / 8;  // 16-byte chunks per k row
   static constexpr int A_ITERS = TL::BK * CA / TL::THREADS, B_ITERS = TL::BK * CB / TL::THREADS;
   static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0, "fixed chunk column per thread");
   static_assert((TL::BK * CA) % TL::THREADS == 0 && (TL::BK * CB) % TL::THREADS == 0,
@@ -732,8 +738,8 @@ template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
   using S = WgradSmem<TL>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* const As = reinterpret_cast<T*>(smem_raw);        // [STAGES][BK][LDA]
-  T* const Bs = As + TL::STAGES * TL::BK * S::LDA;     // [STAGES][BK][LDB]
+  T* const As = reinterpret_cast<T*>(smem_raw);     // [STAGES][BK][LDA]
+  T* const Bs = As + TL::STAGES * TL::BK * S::LDA;  // [STAGES][BK][LDB]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -979,9 +985,13 @@ __global__ void stage_filter_kernel(const T* __restrict__ w, T* __restrict__ out
 enum class Dir { Fwd, BwdData };
 
 constexpr uint64_t kWsAlign = 256;
-uint64_t align_up(uint64_t v) { return (v + kWsAlign - 1) / kWsAlign * kWsAlign; }
+inline uint64_t align_up(uint64_t v) {
+  return (v + kWsAlign - 1) / kWsAlign * kWsAlign;
+}
 
-bool fits_i32(int64_t v) { return v >= 0 && v <= INT_MAX; }
+inline bool fits_i32(int64_t v) {
+  return v >= 0 && v <= INT_MAX;
+}
 
 template <class T>
 void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream_t s) {
@@ -1013,17 +1023,10 @@ struct KTable {
 };
 
 // The TF32 kernels need the cuda tf32 option (f32 on Tensor Cores is TF32), as cuBLASLt's do.
-void decline_unless_tf32(const CudaBackend& backend, const char* op) {
+inline void decline_unless_tf32(const CudaBackend& backend, const char* op) {
   PLX_DECLINE_UNLESS(backend.options().tf32,
                      "%s: f32 on Tensor Cores is TF32, and the cuda tf32 option is off", op);
 }
-
-// A fused conv2d -> [relu ->] max_pool2d group for the forward's pool variant: the group's
-// boundary slots, its pool node and whether a relu sits between the two.
-struct IgemmPool {
-  sdk::ConvMaxPoolSlots slots;
-  const NodeInfo* pool = nullptr;
-};
 
 template <class T, class TL, Dir D>
 class IgemmConvKernel final : public Kernel {
@@ -1035,7 +1038,7 @@ class IgemmConvKernel final : public Kernel {
   // windows of stride 2 (node: its conv), writing the pooled y and the indices; the pre-pool
   // tensor is never written.
   IgemmConvKernel(const NodeInfo& node, CudaBackend& backend, bool relu = false,
-                  const IgemmPool* pool = nullptr)
+                  const Pool* pool = nullptr)
       : device_(node.device()) {
     const char* op = D == Dir::Fwd ? "conv2d" : "conv2d_backward_data";
     PLX_REQUIRE(D == Dir::Fwd || !relu, "%s: only the forward convolution takes a ReLU", op);
@@ -1071,19 +1074,22 @@ class IgemmConvKernel final : public Kernel {
     if constexpr (kTf32) decline_unless_tf32(backend, op);
     PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
                        static_cast<long long>(g.groups));
-    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
-                       op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
+    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1,
+                       "%s: igemm handles dilation 1 only, not [%lld, %lld]", op,
+                       static_cast<long long>(g.dh), static_cast<long long>(g.dw));
     bool nhwc[3];
     for (int i = 0; i < 3; ++i) {
       const bool nchw_ok = sdk::is_contiguous(*all[i]);
       nhwc[i] = sdk::is_channels_last(*all[i]);
       PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
-                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last",
+                         op);
     }
     if (has_bias_) {
       const plx_tensor& b = node.input(2);
-      PLX_DECLINE_UNLESS(b.ndim == 1 && b.dtype == dtype_v<T> && (b.shape[0] <= 1 || b.strides[0] == 1),
-                         "%s: the bias must be contiguous and of the input's dtype", op);
+      PLX_DECLINE_UNLESS(
+          b.ndim == 1 && b.dtype == dtype_v<T> && (b.shape[0] <= 1 || b.strides[0] == 1),
+          "%s: the bias must be contiguous and of the input's dtype", op);
     }
 
     // The GEMM problem: an activation (N, Ca, Hi, Wi) convolved into an output `out`
@@ -1267,7 +1273,7 @@ class IgemmConvKernel final : public Kernel {
 
   // The pool variant's arguments (see IgemmArgs): the conv's output (N, O, Ho, Wo) pooled by
   // 2x2 windows of stride 2, whole windows only.
-  void set_pool(const IgemmPool& p, int64_t N, int64_t Ho, int64_t Wo, bool relu) {
+  void set_pool(const Pool& p, int64_t N, int64_t Ho, int64_t Wo, bool relu) {
     const NodeInfo& pool = *p.pool;
     const char* op = "conv2d+max_pool2d";
     auto stride = pool.attr_ints("stride");
@@ -1372,12 +1378,14 @@ class IgemmWgradKernel final : public Kernel {
       const bool nchw_ok = sdk::is_contiguous(*all[i]);
       nhwc[i] = sdk::is_channels_last(*all[i]);
       PLX_DECLINE_UNLESS(nchw_ok || nhwc[i],
-                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last", op);
+                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last",
+                         op);
     }
     PLX_DECLINE_UNLESS(g.groups == 1, "%s: igemm handles groups = 1 only, not %lld", op,
                        static_cast<long long>(g.groups));
-    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1, "%s: igemm handles dilation 1 only, not [%lld, %lld]",
-                       op, static_cast<long long>(g.dh), static_cast<long long>(g.dw));
+    PLX_DECLINE_UNLESS(g.dh == 1 && g.dw == 1,
+                       "%s: igemm handles dilation 1 only, not [%lld, %lld]", op,
+                       static_cast<long long>(g.dh), static_cast<long long>(g.dw));
     if constexpr (kTf32) decline_unless_tf32(backend, op);
     // 16 bits: 16-byte copies along both channel counts (TF32 gathers 4 bytes at a time, and
     // leaves a first layer's few input channels to the direct kernel).
@@ -1547,7 +1555,7 @@ void add_tile(KernelRegistry& r, plx_dtype d) {
 }
 
 template <class T>
-void add_dtype(KernelRegistry& r) {
+void add_tiles(KernelRegistry& r) {
   constexpr plx_dtype d = dtype_v<T>;
   add_tile<T, Tile128x128>(r, d);
   add_tile<T, Tile128x64>(r, d);
@@ -1558,9 +1566,9 @@ void add_dtype(KernelRegistry& r) {
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
 // its epilogue; `op` names the node or group in a decline.
 template <class T>
-std::unique_ptr<Kernel> make_fwd(const NodeInfo& conv, CudaBackend& backend,
-                                 const std::string& tile, bool relu, const IgemmPool* pool,
-                                 const char* op) {
+std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backend,
+                                       const std::string& tile, bool relu, const Pool* pool,
+                                       const char* op) {
   std::unique_ptr<Kernel> k;
   auto try_tile = [&]<class TL>(TL) {
     if (!k && tile == TL::name())
@@ -1571,50 +1579,4 @@ std::unique_ptr<Kernel> make_fwd(const NodeInfo& conv, CudaBackend& backend,
   return k;
 }
 
-// The same in the conv's dtype.
-std::unique_ptr<Kernel> make_fwd_of(plx_dtype dtype, const NodeInfo& conv, CudaBackend& backend,
-                                    const std::string& tile, bool relu, const IgemmPool* pool,
-                                    const char* op) {
-  switch (dtype) {
-    case PLX_F16:
-      return make_fwd<f16>(conv, backend, tile, relu, pool, op);
-    case PLX_BF16:
-      return make_fwd<bf16>(conv, backend, tile, relu, pool, op);
-    case PLX_F32:
-      return make_fwd<float>(conv, backend, tile, relu, pool, op);
-    default:
-      break;
-  }
-  throw sdk::Unsupported(sdk::format("%s: the igemm kernels take f16, bf16 or f32 (TF32), not %s",
-                                     op, dtype_name(dtype)));
-}
-
-}  // namespace
-
-std::unique_ptr<Kernel> make_igemm_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
-                                                 const sdk::Boundary& b, const std::string& tile,
-                                                 plx_dtype& dtype) {
-  IgemmPool p;
-  p.slots = sdk::conv_max_pool_slots(g, b);
-  PLX_DECLINE_UNLESS(tile.rfind("igemm_mma_", 0) == 0, "the host gave conv2d to %s, not igemm",
-                     tile.empty() ? "the default kernel" : tile.c_str());
-  const sdk::OwnedNodeInfo conv_info(g, p.slots.conv), pool_info(g, p.slots.pool);
-  const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
-  p.pool = &pool;
-  dtype = p.slots.dtype;
-  return make_fwd_of(dtype, conv, backend, tile, p.slots.relu >= 0, &p, "conv2d+max_pool2d");
-}
-
-std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
-                                        const std::string& tile, bool relu) {
-  return make_fwd_of(static_cast<plx_dtype>(node.input(0).dtype), node, backend, tile, relu,
-                     nullptr, "conv2d");
-}
-
-void register_igemm_conv(KernelRegistry& r) {
-  add_dtype<f16>(r);
-  add_dtype<bf16>(r);
-  add_dtype<float>(r);
-}
-
-}  // namespace plexus::cuda
+}  // namespace plexus::cuda::igemm

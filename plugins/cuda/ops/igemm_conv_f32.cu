@@ -1,0 +1,18 @@
+// The implicit-GEMM convolution candidates in f32 (TF32, mma.sync m16n8k8): ops/igemm_conv.cuh's
+// templates for this one dtype, a translation unit of their own so that nvcc builds the dtypes
+// in parallel.
+#include "ops/igemm_conv.cuh"
+
+namespace plexus::cuda::igemm {
+
+void add_f32(KernelRegistry& r) {
+  add_tiles<float>(r);
+}
+
+std::unique_ptr<Kernel> make_fwd_f32(const NodeInfo& conv, CudaBackend& backend,
+                                     const std::string& tile, bool relu, const Pool* pool,
+                                     const char* op) {
+  return make_fwd_tiles<float>(conv, backend, tile, relu, pool, op);
+}
+
+}  // namespace plexus::cuda::igemm
