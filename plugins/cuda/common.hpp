@@ -101,26 +101,40 @@ struct CudaOptions {
   bool conv_bias_activation = true;
 };
 
-// The counts of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
-// n counters (one per reduction: a tile's slices, say) in device memory, zero between launches,
-// owned by one kernel object; n = 0 holds none until one is moved in. One launch of it at a time
-// (the executor runs an executable's kernels on one stream).
-struct BlockCounter {
-  unsigned* p = nullptr;
-  explicit BlockCounter(int64_t n = 1) {
+// n elements of T in device memory owned by one kernel object: zeroed, or copied from the host,
+// when the object is created (never during a capture); n = 0 holds none (p null).
+template <class T>
+struct DeviceArray {
+  T* p = nullptr;
+  DeviceArray() = default;
+  explicit DeviceArray(int64_t n) {
     if (n <= 0) return;
-    const size_t bytes = static_cast<size_t>(n) * sizeof(unsigned);
+    const size_t bytes = static_cast<size_t>(n) * sizeof(T);
     PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
     PLX_CUDA_CHECK(cudaMemset(p, 0, bytes));
   }
-  ~BlockCounter() {
+  explicit DeviceArray(const std::vector<T>& host) {
+    if (host.empty()) return;
+    const size_t bytes = host.size() * sizeof(T);
+    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
+    PLX_CUDA_CHECK(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() {
     if (p) cudaFree(p);
   }
-  BlockCounter(BlockCounter&& o) noexcept : p(o.p) { o.p = nullptr; }
-  BlockCounter& operator=(BlockCounter&& o) noexcept {
+  DeviceArray(DeviceArray&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
     std::swap(p, o.p);
     return *this;
   }
+};
+
+// The counts of blocks a cross-block reduction's kernel keeps (last_block_arrives, device.cuh):
+// n counters (one per reduction: a tile's slices, say), zero between launches; n = 0 holds none
+// until one is moved in. One launch of it at a time (the executor runs an executable's kernels
+// on one stream).
+struct BlockCounter : DeviceArray<unsigned> {
+  explicit BlockCounter(int64_t n = 1) : DeviceArray<unsigned>(n) {}
 };
 
 // The per-device objects kernels share. Created on first use; handles are bound to a stream

@@ -1003,24 +1003,7 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
 }
 
 // The TF32 kernels' k table in device memory, made once when the kernel object is created.
-struct KTable {
-  KTap* p = nullptr;
-  KTable() = default;
-  explicit KTable(const std::vector<KTap>& t) {
-    if (t.empty()) return;
-    const size_t bytes = t.size() * sizeof(KTap);
-    PLX_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
-    PLX_CUDA_CHECK(cudaMemcpy(p, t.data(), bytes, cudaMemcpyHostToDevice));
-  }
-  ~KTable() {
-    if (p) cudaFree(p);
-  }
-  KTable(KTable&& o) noexcept : p(o.p) { o.p = nullptr; }
-  KTable& operator=(KTable&& o) noexcept {
-    std::swap(p, o.p);
-    return *this;
-  }
-};
+using KTable = DeviceArray<KTap>;
 
 // The TF32 kernels need the cuda tf32 option (f32 on Tensor Cores is TF32), as cuBLASLt's do.
 inline void decline_unless_tf32(const CudaBackend& backend, const char* op) {
