@@ -59,6 +59,11 @@ std::vector<GemmCase> gemm_cases(bool emulated) {
   lin({100, 72}, 10, true)->in_offset = 1;
   lin({130, 200}, 300, true)->out_offset = 1;
   lin({45, 64}, 48, true)->out_offset = 1;
+  // One output tile over a long K: split-K cuts it into 4 splits (on the emulator's 4 SMs and
+  // on an H100 alike), the last one a partial K tile. With 2 splits a counter left at 1 by the
+  // last block goes unseen (both blocks sum, the later one with every partial written); with 3
+  // or more the early "last" block reads a poisoned partial.
+  lin({24, 456}, 20, true);
   // Declined: rows of 10 elements are not 16-byte multiples.
   lin({4, 10}, 3, true)->decline = true;
 
@@ -85,6 +90,7 @@ std::vector<GemmCase> gemm_cases(bool emulated) {
   mm({3, 48, 40}, {48, 72}, 1, 0);
   mm({2, 48, 40}, {2, 72, 48}, 1, 1);
   mm({3, 40, 48}, {1, 48, 72}, 0, 0);
+  mm({2, 20, 520}, {2, 520, 24}, 0, 0);  // split-K per batch entry: 3 splits of 3 K tiles
   // Misaligned a (fallback), misaligned y.
   mm({96, 80}, {80, 136}, 0, 0)->in_offset = 1;
   mm({80, 96}, {136, 80}, 1, 1)->in_offset = 1;
