@@ -441,8 +441,9 @@ struct FusedAndPlain {
   std::unique_ptr<StepGraph> sg;
   TensorStore store_a, store_b;
   Executable a, b;
-  FusedAndPlain(Backend& gpu, plx_dtype compute, const LossScaling* loss_scaling, uint64_t seed)
-      : sg(step(compute, loss_scaling)),
+  FusedAndPlain(Backend& gpu, plx_dtype compute, const LossScaling* loss_scaling, uint64_t seed,
+                const std::string& optimizer = "sgd")
+      : sg(step(compute, loss_scaling, optimizer)),
         a(gpu, sg->graph, store_a, options(true, seed)),
         b(gpu, sg->graph, store_b, options(false, seed)) {}
   // The fused step's kernels, one a line (for INFO).
@@ -453,10 +454,11 @@ struct FusedAndPlain {
   }
 
  private:
-  static std::unique_ptr<StepGraph> step(plx_dtype compute, const LossScaling* loss_scaling) {
+  static std::unique_ptr<StepGraph> step(plx_dtype compute, const LossScaling* loss_scaling,
+                                         const std::string& optimizer) {
     const ModelSpec spec = builtin_model("convnet");
     OptimizerOptions opt;
-    opt.kind = "sgd";
+    opt.kind = optimizer;
     opt.momentum = 0.9;
     return build_step(runtime().ops(), spec, kBatch, spec.input_shape, true, opt, false, compute,
                       loss_scaling);
@@ -522,20 +524,59 @@ void check_cast_fusion(Backend& gpu) {
 // f16 loss scaling (build_step, f16, loss_scaling): the unscale and check of every gradient (its
 // cast to f32, a mul by 1/S, a sum, the sums added up) run as one multi-tensor kernel, the
 // updates read its check (skipped unless it is finite) and loss_scale_update moves the scale on
-// the device, in the updates' launch (their last block). The fused step follows the step node by node (to the tolerance the fused head
-// needs; the unscale itself is the mul's bits); a scale that overflows f16 makes the check
-// non-finite in both, so both skip the update (every tensor as it was) and halve the scale.
-void check_unscale_fusion(Backend& gpu) {
+// the device, in the updates' launch (their last block). The fused step follows the step node by
+// node (to the tolerance the fused head needs; the unscale itself is the mul's bits); a scale that
+// overflows f16 makes the check non-finite in both, so both skip the update (every tensor as it
+// was) and halve the scale. What each parameter moved since `before` (its values then, by name).
+std::map<std::string, std::vector<double>> moves(
+    const TensorStore& store, const std::map<std::string, std::vector<double>>& before) {
+  std::map<std::string, std::vector<double>> d;
+  for (const auto& [name, t] : store.all()) {
+    std::vector<double> v = t.to_doubles();
+    const std::vector<double>& b = before.at(name);
+    for (size_t i = 0; i < v.size(); ++i) v[i] -= b[i];
+    d[name] = std::move(v);
+  }
+  return d;
+}
+
+// The fused step's parameters moved as the plain step's did: the moves, not the values, held to
+// the tolerance (a step moves a parameter by a small fraction of itself, so the values alone
+// would hide one chunk of one tensor updated wrongly).
+void check_same_moves(const FusedAndPlain& p,
+                      const std::map<std::string, std::vector<double>>& before_a,
+                      const std::map<std::string, std::vector<double>>& before_b) {
+  const auto da = moves(p.store_a, before_a), db = moves(p.store_b, before_b);
+  for (const auto& [name, t] : p.store_b.all()) {
+    if (name.rfind(kLossScalerPrefix, 0) == 0) continue;
+    INFO("the move of " << name);
+    const Tensor want = from_doubles(db.at(name), t.shape(), PLX_F64);
+    const Tensor got = from_doubles(da.at(name), t.shape(), PLX_F64);
+    CHECK(compare_tensors(got, want, nmse_only(1e-4)) == "");
+  }
+}
+
+std::map<std::string, std::vector<double>> values(const TensorStore& store) {
+  std::map<std::string, std::vector<double>> v;
+  for (const auto& [name, t] : store.all()) v[name] = t.to_doubles();
+  return v;
+}
+
+// f16's loss scaling in a fused step with `optimizer` ("sgd" or "adamw"): the unscale and check
+// as one kernel, the updates as one with the loss scale's update in its last block. AdamW reads
+// the step count the loss scale's update moves, so a last block that came too early (a counter
+// left wrong by the launch before) would show in AdamW's moves.
+void check_unscale_fusion(Backend& gpu, const std::string& optimizer) {
   LossScaling scaling;
   scaling.window = 2;
-  FusedAndPlain p(gpu, PLX_F16, &scaling, 19);
+  FusedAndPlain p(gpu, PLX_F16, &scaling, 19, optimizer);
   Executable& a = p.a;
   Executable& b = p.b;
   int listed = -1, updates = -1, scalers = 0;
   bool scaler_joins = false;
   for (const auto& k : a.kernel_names()) {
     if (k.find("fused kernel 'multi_tensor_unscale_check'") != std::string::npos) listed = listed_nodes(k);
-    if (k.find("fused kernel 'multi_tensor_sgd'") != std::string::npos) {
+    if (k.find("fused kernel 'multi_tensor_" + optimizer + "'") != std::string::npos) {
       updates = listed_nodes(k);
       scaler_joins = k.find(", loss_scale]") != std::string::npos;
     }
@@ -558,9 +599,7 @@ void check_unscale_fusion(Backend& gpu) {
     INFO("loss scale " << scale);
     LossScaler s;
     s.scale = scale;
-    std::map<std::string, std::vector<double>> before_a, before_b;
-    for (const auto& [name, t] : p.store_a.all()) before_a[name] = t.to_doubles();
-    for (const auto& [name, t] : p.store_b.all()) before_b[name] = t.to_doubles();
+    const auto before_a = values(p.store_a), before_b = values(p.store_b);
     for (Executable* e : {&a, &b}) {
       write_loss_scaler(e == &a ? p.store_a : p.store_b, s, steps);
       e->tensor("x").copy_from_host(data.x.data());
@@ -591,6 +630,7 @@ void check_unscale_fusion(Backend& gpu) {
         CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
       }
     }
+    if (!skip) check_same_moves(p, before_a, before_b);
   }
   // Then the scale moves by itself, the fused step captured and replayed (`a` captures from its
   // second run): back to 1024 (one skipped step so far), it doubles after every 2 finite steps.
@@ -599,6 +639,7 @@ void check_unscale_fusion(Backend& gpu) {
   s.skipped = 1;
   write_loss_scaler(p.store_a, s, steps);
   write_loss_scaler(p.store_b, s, steps);
+  const auto before_a = values(p.store_a), before_b = values(p.store_b);
   const std::vector<std::vector<double>> want = {
       {1024, 0, 1024, 1, 1}, {1024, 0, 2048, 0, 1}, {2048, 0, 2048, 1, 1}, {2048, 0, 4096, 0, 1}};
   for (size_t i = 0; i < want.size(); ++i) {
@@ -618,13 +659,22 @@ void check_unscale_fusion(Backend& gpu) {
     INFO("after the replayed steps: " << name);
     CHECK(compare_tensors(p.store_a.get(name), t, nmse_only(1e-4)) == "");
   }
+  check_same_moves(p, before_a, before_b);
 }
 
 }  // namespace
 
 TEST_CASE("a fused cuda f16 step unscales and checks its gradients in one kernel", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  check_unscale_fusion(gpu);
+  check_unscale_fusion(gpu, "sgd");
+}
+
+TEST_CASE(
+    "a fused cuda f16 adamw step moves its loss scale and step count after every block has read "
+    "them",
+    "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  check_unscale_fusion(gpu, "adamw");
 }
 
 TEST_CASE("a fused cuda bf16 step runs its casts as multi-tensor kernels", "[cuda]") {
