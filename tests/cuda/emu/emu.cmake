@@ -164,7 +164,9 @@ set_tests_properties("cuda emulator, native kernels: cuda ops match the cpu refe
   SKIP_RETURN_CODE 77 TIMEOUT 900)
 
 # The kernels again with each warp running as far ahead as CUDA allows (PLEXUS_EMU_SCHEDULE):
-# a result that changes is a race on memory another warp writes without a barrier between. There
+# a result that changes is a race on memory another warp writes without a barrier between; and
+# with the blocks of each grid in a shuffled order (PLEXUS_EMU_BLOCKS), so that a block reading
+# what another writes, or a "last block" that is only the highest-numbered one, shows. There
 # cp.async and TMA copies land when they are issued (PLEXUS_EMU_CP_ASYNC=early), so a copy into a
 # pipeline stage that a warp behind (or a wgmma not yet retired) still reads changes what it
 # reads; in the runs above they land at their wait, so a stage read before its wait reads old
@@ -182,7 +184,8 @@ foreach(t
     "cuda max-pool kernels match the cpu in every layout mix")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early $<TARGET_FILE:plexus_tests> ${t})
+            PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early PLEXUS_EMU_BLOCKS=shuffle
+            $<TARGET_FILE:plexus_tests> ${t})
   set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()

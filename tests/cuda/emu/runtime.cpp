@@ -1138,22 +1138,65 @@ bool refused_in_capture(const char* what) {
   return true;
 }
 
+// The order the blocks of a grid run in, one after another (PLEXUS_EMU_BLOCKS): "forward" (x
+// fastest, then y, then z: the default), "reverse" (the last block first) or "shuffle" (a fixed
+// pseudo-random permutation per launch). The GPU runs blocks in no order it promises, and at
+// once. A result that depends on the order reads what another block of the same launch writes
+// with nothing between to order the two; and a cross-block reduction whose "last block" is
+// taken to be the highest-numbered one, not the last to arrive, is right only in forward order.
+Schedule block_schedule() {
+  static const Schedule s = [] {
+    const char* e = std::getenv("PLEXUS_EMU_BLOCKS");
+    const std::string v = e ? e : "";
+    if (v == "reverse") return Schedule::kReverse;
+    if (v == "shuffle") return Schedule::kShuffle;
+    if (!v.empty() && v != "forward")
+      std::fprintf(stderr,
+                   "cuda emulator: PLEXUS_EMU_BLOCKS=%s: expected forward, reverse or "
+                   "shuffle; running forward\n",
+                   v.c_str());
+    return Schedule::kForward;
+  }();
+  return s;
+}
+
+// The linear index of the i-th block of `n` to run.
+uint64_t block_order(uint64_t i, uint64_t n, uint64_t launch) {
+  switch (block_schedule()) {
+    case Schedule::kReverse:
+      return n - 1 - i;
+    case Schedule::kShuffle: {
+      // i -> (a i + c) mod n with a coprime to n: a permutation of 0..n-1, another each launch.
+      uint64_t a = 2654435761u % n;
+      while (std::gcd(a, n) != 1) ++a;
+      return (a * i + launch * 40503u) % n;
+    }
+    default:
+      return i;
+  }
+}
+
 void run_grid(const char* name, const Config& c, const std::function<void()>& thread) {
+  static thread_local uint64_t launches = 0;
   Block& b = block();
   const int nthreads = static_cast<int>(c.block.x * c.block.y * c.block.z);
   if (b.fibers.size() < static_cast<size_t>(nthreads)) b.fibers.resize(nthreads);
   b.warps.resize((nthreads + kWarp - 1) / kWarp);
-  b.smem.assign(c.smem, 0xFF);  // shared memory starts as garbage: NaN in every float type
   b.body = &thread;
   b.fault.clear();
   g_grid_dim = c.grid;
   g_block_dim = c.block;
-  for (unsigned z = 0; z < c.grid.z; ++z)
-    for (unsigned y = 0; y < c.grid.y; ++y)
-      for (unsigned x = 0; x < c.grid.x; ++x) {
-        g_block_idx = {x, y, z};
-        run_block(b, name, nthreads);
-      }
+  const uint64_t gx = c.grid.x, gxy = gx * c.grid.y, n = gxy * c.grid.z;
+  ++launches;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t j = block_order(i, n, launches);
+    g_block_idx = {static_cast<unsigned>(j % gx), static_cast<unsigned>(j / gx % c.grid.y),
+                   static_cast<unsigned>(j / gxy)};
+    // Shared memory starts as garbage (NaN in every float type) in every block, not as the
+    // block before left it.
+    b.smem.assign(c.smem, 0xFF);
+    run_block(b, name, nthreads);
+  }
 }
 
 void run_or_record(cudaStream_t s, std::function<void()> work) {
