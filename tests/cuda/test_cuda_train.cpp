@@ -521,13 +521,7 @@ void check_cast_fusion(Backend& gpu) {
   }
 }
 
-// f16 loss scaling (build_step, f16, loss_scaling): the unscale and check of every gradient (its
-// cast to f32, a mul by 1/S, a sum, the sums added up) run as one multi-tensor kernel, the
-// updates read its check (skipped unless it is finite) and loss_scale_update moves the scale on
-// the device, in the updates' launch (their last block). The fused step follows the step node by
-// node (to the tolerance the fused head needs; the unscale itself is the mul's bits); a scale that
-// overflows f16 makes the check non-finite in both, so both skip the update (every tensor as it
-// was) and halve the scale. What each parameter moved since `before` (its values then, by name).
+// What each tensor of `store` moved since `before` (its values then, by name).
 std::map<std::string, std::vector<double>> moves(
     const TensorStore& store, const std::map<std::string, std::vector<double>>& before) {
   std::map<std::string, std::vector<double>> d;
@@ -562,10 +556,15 @@ std::map<std::string, std::vector<double>> values(const TensorStore& store) {
   return v;
 }
 
-// f16's loss scaling in a fused step with `optimizer` ("sgd" or "adamw"): the unscale and check
-// as one kernel, the updates as one with the loss scale's update in its last block. AdamW reads
-// the step count the loss scale's update moves, so a last block that came too early (a counter
-// left wrong by the launch before) would show in AdamW's moves.
+// f16 loss scaling (build_step, f16, loss_scaling) with `optimizer` ("sgd" or "adamw"): the
+// unscale and check of every gradient (its cast to f32, a mul by 1/S, a sum, the sums added up)
+// run as one multi-tensor kernel, the updates read its check (skipped unless it is finite) and
+// loss_scale_update moves the scale on the device, in the updates' launch (their last block). The
+// fused step follows the step node by node (to the tolerance the fused head needs; the unscale
+// itself is the mul's bits); a scale that overflows f16 makes the check non-finite in both, so
+// both skip the update (every tensor as it was) and halve the scale. AdamW reads the step count
+// the loss scale's update moves, so a last block that came too early (a counter left wrong by
+// the launch before) shows in AdamW's moves.
 void check_unscale_fusion(Backend& gpu, const std::string& optimizer) {
   LossScaling scaling;
   scaling.window = 2;
