@@ -12,24 +12,22 @@ set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce c
 # include looks in the including file's folder, emu/, before the include path).
 set(emu_kernel_headers igemm_conv)
 set(emu_sources)
+set(emu_translations)  # source, then output
 foreach(f ${emu_kernel_files})
-  set(src ${cuda_dir}/ops/${f}.cu)
-  set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${f}.cpp)
-  add_custom_command(OUTPUT ${out}
-    COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${src} ${out}
-    DEPENDS ${emu_dir}/translate.py ${src}
-    COMMENT "CUDA emulator: translating ${f}")
-  list(APPEND emu_sources ${out})
+  list(APPEND emu_translations ${cuda_dir}/ops/${f}.cu ${CMAKE_CURRENT_BINARY_DIR}/emu/${f}.cpp)
 endforeach()
 foreach(f ${emu_kernel_headers})
-  set(src ${cuda_dir}/ops/${f}.cuh)
-  set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/ops/${f}.cuh)
+  list(APPEND emu_translations ${cuda_dir}/ops/${f}.cuh ${CMAKE_CURRENT_BINARY_DIR}/emu/ops/${f}.cuh)
+endforeach()
+while(emu_translations)
+  list(POP_FRONT emu_translations src out)
+  get_filename_component(name ${src} NAME)
   add_custom_command(OUTPUT ${out}
     COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${src} ${out}
     DEPENDS ${emu_dir}/translate.py ${src}
-    COMMENT "CUDA emulator: translating ${f}.cuh")
+    COMMENT "CUDA emulator: translating ${name}")
   list(APPEND emu_sources ${out})
-endforeach()
+endwhile()
 # One build of the emulator: its runtime library and the emulated CUDA plugin, in plugin folder
 # `dir` beside links to the CPU and MPI plugins, compiled with the extra `flags` (the memcheck
 # build's AddressSanitizer).

@@ -268,18 +268,21 @@ std::string describe(const Block& b, const char* name) {
 // drift apart between __syncthreads as far as CUDA allows). A kernel whose result depends on it reads shared or global memory another thread
 // writes without a barrier between: a race that the GPU's warp scheduler may or may not show.
 enum class Schedule { kForward, kReverse, kShuffle, kAhead };
+// The schedule environment variable `var` names ("forward" when unset); `ahead` whether "ahead"
+// is one it takes. Anything else is reported and runs forward.
+Schedule schedule_from_env(const char* var, bool ahead) {
+  const char* e = std::getenv(var);
+  const std::string v = e ? e : "";
+  if (v == "reverse") return Schedule::kReverse;
+  if (v == "shuffle") return Schedule::kShuffle;
+  if (ahead && v == "ahead") return Schedule::kAhead;
+  if (!v.empty() && v != "forward")
+    std::fprintf(stderr, "cuda emulator: %s=%s: expected %s; running forward\n", var, v.c_str(),
+                 ahead ? "forward, reverse, shuffle or ahead" : "forward, reverse or shuffle");
+  return Schedule::kForward;
+}
 Schedule schedule() {
-  static const Schedule s = [] {
-    const char* e = std::getenv("PLEXUS_EMU_SCHEDULE");
-    const std::string v = e ? e : "";
-    if (v == "reverse") return Schedule::kReverse;
-    if (v == "shuffle") return Schedule::kShuffle;
-    if (v == "ahead") return Schedule::kAhead;
-    if (!v.empty() && v != "forward")
-      std::fprintf(stderr, "cuda emulator: PLEXUS_EMU_SCHEDULE=%s: expected forward, reverse, "
-                           "shuffle or ahead; running forward\n", v.c_str());
-    return Schedule::kForward;
-  }();
+  static const Schedule s = schedule_from_env("PLEXUS_EMU_SCHEDULE", true);
   return s;
 }
 thread_local uint32_t g_pass = 0;
@@ -1145,18 +1148,7 @@ bool refused_in_capture(const char* what) {
 // with nothing between to order the two; and a cross-block reduction whose "last block" is
 // taken to be the highest-numbered one, not the last to arrive, is right only in forward order.
 Schedule block_schedule() {
-  static const Schedule s = [] {
-    const char* e = std::getenv("PLEXUS_EMU_BLOCKS");
-    const std::string v = e ? e : "";
-    if (v == "reverse") return Schedule::kReverse;
-    if (v == "shuffle") return Schedule::kShuffle;
-    if (!v.empty() && v != "forward")
-      std::fprintf(stderr,
-                   "cuda emulator: PLEXUS_EMU_BLOCKS=%s: expected forward, reverse or "
-                   "shuffle; running forward\n",
-                   v.c_str());
-    return Schedule::kForward;
-  }();
+  static const Schedule s = schedule_from_env("PLEXUS_EMU_BLOCKS", false);
   return s;
 }
 
