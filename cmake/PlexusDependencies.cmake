@@ -3,7 +3,9 @@
 
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(Boost 1.74 REQUIRED)  # Boost.DLL is header-only
+# Boost.DLL is header-only. CONFIG: Boost's own package file (Debian's 1.74 and Ubuntu's 1.83
+# both ship it); CMake 3.30 and later warn about, and will drop, the FindBoost module (CMP0167).
+find_package(Boost 1.74 REQUIRED CONFIG)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(ZLIB REQUIRED)  # gzip-compressed datasets (IDX .gz)
