@@ -1,6 +1,7 @@
 // plexus compare: the suite format, the built-in suite's coverage, the error statistics, rows a
 // backend cannot run or gets wrong, the step and train sections, and the command line's outputs
 // and exit codes.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
