@@ -6,11 +6,34 @@
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
 #   PHASES="build tests goals sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
+#   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs) and "racecheck" (three
+#   tests with last-block counters). The device allows 15 minutes a session, a fresh machine's
+#   start and this build (70 s) included: the first call of a session is best
+#   PHASES="build gputests goals goalprofile" with LIMIT=550 and timeout_s=585.
+#   "gputests" instead of "tests": only the tests that need the GPU (the CPU ones run in CI), each
+#   its own process under ctest with a time limit, so a hang or crash costs one test, not the call.
+#   TARGETS=all builds everything, the CUDA emulator's variants too (minutes on 16 cores); by
+#   default only what runs on the GPU is built.
 #   (benchmarks)   LIMIT=570 (seconds this call may take; see run_for)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
+# The device tool brings back at most 8 files from $OUT: the logs go to a folder of their own and
+# come back as one archive (logs.tgz) beside summary.txt, made on exit (also when a phase fails).
+DEST=${OUT:-$PWD/gpu-out}
+mkdir -p "$DEST"
+OUT=$(mktemp -d /tmp/plexus-gpu.XXXXXX)
+# A file over 16 MiB does not come back at all (the first GPU session lost every log so): logs
+# over 2 MiB keep their first and last MiB in the archive, and failures.txt (each failed test's
+# output, cut to 40 kB) comes back beside it on its own.
+pack() {
+  cp -f "$OUT/summary.txt" "$DEST/" 2> /dev/null
+  cp -f "$OUT/failures.txt" "$DEST/" 2> /dev/null
+  find "$OUT" -type f -size +2M | while read -r f; do
+    { head -c 1M "$f"; printf '\n[... cut by run_owed.sh ...]\n'; tail -c 1M "$f"; } > "$f.cut" && mv "$f.cut" "$f"
+  done
+  tar czf "$DEST/logs.tgz" -C "$OUT" . 2> /dev/null
+}
+trap pack EXIT
 PHASES=${PHASES:-"build tests goals sanitize compare kernels train tta torch"}
 EPOCHS=${EPOCHS:-3}
 DATA=$PWD/.deps/fashion-mnist
@@ -40,8 +63,18 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 if has build; then
   stamp build
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_PREFIX_PATH="$PWD/.deps" > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-  /usr/bin/time -f "build wall %e s" cmake --build $B -j16 > "$OUT/build.log" 2>&1 || { grep -E 'error' -A5 "$OUT/build.log" | head -80; exit 1; }
+    -DCMAKE_PREFIX_PATH="$PWD/.deps" -DPLEXUS_CUDA_EMULATOR=${EMULATOR:-OFF} > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+  targets=()
+  known=$(cmake --build $B --target help 2>/dev/null)
+  for t in plexus plexus_tests plexus_plugin_cpu plexus_plugin_cuda plexus_plugin_nccl \
+           plexus_plugin_mpi plexus_comm_conformance; do
+    grep -q "^$t:" <<< "$known" && targets+=(--target $t)
+  done
+  [[ ${TARGETS:-} == all ]] && targets=()
+  /usr/bin/time -f "build wall %e s" cmake --build $B -j16 "${targets[@]}" -- -k 0 > "$OUT/build.log" 2>&1 ||
+    grep -E 'error' -A5 "$OUT/build.log" | head -60
+  # A file that fails (a header gcc 13 wants, say) costs its own target, not the whole call.
+  [[ -x $B/bin/plexus ]] || { grep -E 'error' -A5 "$OUT/build.log" | head -80; exit 1; }
   tail -1 "$OUT/build.log" | tee -a "$OUT/summary.txt"
   $B/bin/plexus info > "$OUT/info.txt" 2>&1
   grep -A2 'cuda (plugin' "$OUT/info.txt" | tee -a "$OUT/summary.txt"
@@ -72,6 +105,22 @@ if has tests; then
   else
     echo "no mpirun on this machine: nccl conformance not run" | tee -a "$OUT/summary.txt"
   fi
+fi
+
+if has gputests; then
+  # Every test that touches the GPU: the [cuda] cases (names with cuda or nccl, the fused-group
+  # tests, the algorithm cache) and the SASS checks; the emulator's are CI's.
+  stamp "gpu tests (ctest, one process per test)"
+  run_for 240 ctest --test-dir $B -j4 --timeout 150 --output-on-failure \
+    -R 'cuda|nccl|algorithm cache|relu pair|relu group|conv \+ max-pool|HMMA|HGMMA' -E 'emulator' \
+    > "$OUT/gpu-tests.log" 2>&1
+  grep -E 'tests passed|Failed|\*\*\*|Not Run|Skipped' "$OUT/gpu-tests.log" | head -40 | tee -a "$OUT/summary.txt"
+  # Each failed test again, alone, its output cut to 40 kB (the op suite's can run to megabytes).
+  grep -oP '^\s*\d+ - \K.*(?= \(Failed\))' "$OUT/gpu-tests.log" | while read -r name; do
+    echo "==== $name" >> "$OUT/failures.txt"
+    run_for 60 ctest --test-dir $B -R "^$(sed 's/[][\.*^$()+?{}|]/\\&/g' <<< "$name")\$" \
+      --output-on-failure --timeout 50 2>&1 | head -c 40000 >> "$OUT/failures.txt"
+  done
 fi
 
 if has goals; then
@@ -110,6 +159,47 @@ if has goals; then
   tail -4 "$OUT/goal-torch-tta-short.log" | tee -a "$OUT/summary.txt"
 fi
 
+if has goalprofile; then
+  # Where the two speed goals' steps spend their time, kernel by kernel, and our GEMM tiles
+  # against cuBLASLt on the square shapes (the short form of the kernels phase).
+  # "nofusion": whole-batch convolution backwards instead of the chunked conv + pool groups
+  # (69% of the convnet bf16 step on 2026-11-28); "chunk256": those groups with 256 MiB chunks.
+  for model_batch_prec in 'simplecnn 128 f32' 'convnet 1024 bf16' 'convnet 1024 bf16 nofusion' \
+                          'convnet 1024 bf16 chunk256'; do
+    set -- $model_batch_prec
+    tag="$1-b$2-$3-profile${4:+-$4}"
+    extra=()
+    [[ ${4:-} == nofusion ]] && extra=(--set train.fusion=false)
+    [[ ${4:-} == chunk256 ]] && extra=(--set plugins.options.cuda.fuse_chunk_bytes=268435456)
+    stamp "plexus bench step: $tag"
+    run_for 120 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
+      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \
+      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+  done
+  stamp "plexus bench kernels: GEMMs in bf16"
+  run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
+    --gemm 1024,4096,8192,128x10x800,1024x256x6272 \
+    --json "$OUT/bench-kernels-gemm-bf16.json" > "$OUT/bench-kernels-gemm-bf16.log" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-bf16.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has racecheck; then
+  # The kernels with a last-block counter, under racecheck (shared memory hazards) one by one.
+  for t in "every cuda tensor core gemm candidate matches the cpu" \
+           "the classifier head fused on cuda matches the cpu" \
+           "a fused cuda f16 step unscales and checks its gradients in one kernel"; do
+    stamp "racecheck: $t"
+    log="$OUT/racecheck-$(echo "$t" | tr -c 'a-z0-9\n' - | cut -c1-40).log"
+    run_for 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/plexus_tests "$t" \
+      > "$log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    grep -E 'RACECHECK SUMMARY|hazard|test cases' "$log" | head -8 | tee -a "$OUT/summary.txt"
+  done
+fi
+
 if has sanitize; then
   for tool in memcheck racecheck; do
     stamp "compute-sanitizer $tool"
@@ -142,13 +232,13 @@ if has kernels; then
       --gemm 1024,2048,4096,8192,128x10x800,128x256x6272,1024x256x6272,1024x10x256 \
       --json "$OUT/bench-kernels-gemm-$dtype.json" > "$OUT/bench-kernels-gemm-$dtype.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
-    grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-$dtype.log" | tee -a "$OUT/summary.txt"
+    grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-$dtype.log" | tee -a "$OUT/summary.txt"
   done
   stamp "plexus bench kernels: GEMMs in tf32"
   run_for 300 $B/bin/plexus bench kernels --backend cuda --no-step --dtype f32 \
     --set train.precision=\"tf32\" --gemm 1024,4096,8192 \
     > "$OUT/bench-kernels-gemm-tf32.log" 2>&1
-  grep -E '^gemm|fastest' "$OUT/bench-kernels-gemm-tf32.log" | tee -a "$OUT/summary.txt"
+  grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-tf32.log" | tee -a "$OUT/summary.txt"
   for model in simplecnn convnet; do
     for batch in 128 1024; do
       tag="$model-b$batch-bf16"
