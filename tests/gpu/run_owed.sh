@@ -58,6 +58,19 @@ run_for() {
   timeout "$max" "$@"
 }
 
+# `plexus bench step` of configs/MODEL.toml on CUDA at BATCH in PREC, then any further arguments
+# (--set ...), under run_for MAX: its log and JSON as bench-step-TAG.*, its head in the summary.
+bench_step() {  # TAG MAX MODEL BATCH PREC [ARGS...]
+  local tag=$1 max=$2 model=$3 batch=$4 prec=$5
+  shift 5
+  stamp "plexus bench step: $tag"
+  run_for "$max" $B/bin/plexus bench step configs/$model.toml --backend cuda \
+    --set train.batch_size=$batch --set train.precision=\"$prec\" --set data.path=\"$DATA\" \
+    --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+}
+
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 
 if has build; then
@@ -171,12 +184,7 @@ if has goalprofile; then
     extra=()
     [[ ${4:-} == nofusion ]] && extra=(--set train.fusion=false)
     [[ ${4:-} == chunk256 ]] && extra=(--set plugins.options.cuda.fuse_chunk_bytes=268435456)
-    stamp "plexus bench step: $tag"
-    run_for 120 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
-      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \
-      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
-    echo "exit $?" | tee -a "$OUT/summary.txt"
-    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+    bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done
   stamp "plexus bench kernels: GEMMs in bf16"
   run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
@@ -271,26 +279,15 @@ if has kernels; then
     # f32 (TF32: the configs' tf32 option) the other convolutions on the TF32 igemm kernels and
     # the classifier's weight gradient on simt_16x16 (the twenty-third session's).
     [[ ${4:-} == native ]] && extra=(--set backend.kernels=\"native\")
-    stamp "plexus bench step: $tag"
-    run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
-      --set train.precision=\"$3\" --set data.path=\"$DATA\" --steps 20 --top 15 "${extra[@]}" \
-      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
-    echo "exit $?" | tee -a "$OUT/summary.txt"
-    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+    bench_step "$tag" 300 $1 $2 $3 "${extra[@]}"
   done
   # The layout planner (the nineteenth session's): a chain of convolutions with
   # train.channels_last on and off, on both kernel sides.
   for cl_side in 'true library' 'false library' 'true native' 'false native'; do
     set -- $cl_side
     tag="convchain-b512-bf16-channels-last-$1-$2"
-    stamp "plexus bench step: $tag"
-    run_for 300 $B/bin/plexus bench step configs/convnet.toml --backend cuda \
-      --set model.file=\"$PWD/tests/gpu/convchain.toml\" --set train.batch_size=512 \
-      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 20 --top 15 \
-      --set train.channels_last=$1 --set backend.kernels=\"$2\" \
-      --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
-    echo "exit $?" | tee -a "$OUT/summary.txt"
-    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+    bench_step "$tag" 300 convnet 512 bf16 --set model.file=\"$PWD/tests/gpu/convchain.toml\" \
+      --set train.channels_last=$1 --set backend.kernels=\"$2\"
   done
   # Through the pools (the twentieth session's NHWC max-pool): convnet b1024 and simplecnn b128
   # in bf16 with train.channels_last off against on (the default), library side.
@@ -298,13 +295,7 @@ if has kernels; then
                         'simplecnn 128 true'; do
     set -- $model_batch_cl
     tag="$1-b$2-bf16-channels-last-$3"
-    stamp "plexus bench step: $tag"
-    run_for 300 $B/bin/plexus bench step configs/$1.toml --backend cuda --set train.batch_size=$2 \
-      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 20 --top 15 \
-      --set train.channels_last=$3 --json "$OUT/bench-step-$tag.json" \
-      > "$OUT/bench-step-$tag.log" 2>&1
-    echo "exit $?" | tee -a "$OUT/summary.txt"
-    head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+    bench_step "$tag" 300 $1 $2 bf16 --set train.channels_last=$3
   done
   for side in library native auto; do
     tag="convnet-b1024-bf16-kernels-$side"
