@@ -11,7 +11,8 @@
 #   start and this build (70 s) included: the first call of a session is best
 #   PHASES="build gputests goals goalprofile" with LIMIT=550 and timeout_s=585.
 #   "gputests" instead of "tests": only the tests that need the GPU (the CPU ones run in CI), each
-#   its own process under ctest with a time limit, so a hang or crash costs one test, not the call.
+#   its own process under ctest with a time limit, so a hang or crash costs one test, not the call;
+#   their failures' output comes back on its own in failures.txt.
 #   TARGETS=all builds everything, the CUDA emulator's variants too (minutes on 16 cores); by
 #   default only what runs on the GPU is built.
 #   (benchmarks)   LIMIT=570 (seconds this call may take; see run_for)
@@ -87,7 +88,7 @@ if has build; then
   /usr/bin/time -f "build wall %e s" cmake --build $B -j16 "${targets[@]}" -- -k 0 > "$OUT/build.log" 2>&1 ||
     grep -E 'error' -A5 "$OUT/build.log" | head -60
   # A file that fails (a header gcc 13 wants, say) costs its own target, not the whole call.
-  [[ -x $B/bin/plexus ]] || { grep -E 'error' -A5 "$OUT/build.log" | head -80; exit 1; }
+  [[ -x $B/bin/plexus ]] || exit 1
   tail -1 "$OUT/build.log" | tee -a "$OUT/summary.txt"
   $B/bin/plexus info > "$OUT/info.txt" 2>&1
   grep -A2 'cuda (plugin' "$OUT/info.txt" | tee -a "$OUT/summary.txt"
@@ -128,12 +129,11 @@ if has gputests; then
     -R 'cuda|nccl|algorithm cache|relu pair|relu group|conv \+ max-pool|HMMA|HGMMA' -E 'emulator' \
     > "$OUT/gpu-tests.log" 2>&1
   grep -E 'tests passed|Failed|\*\*\*|Not Run|Skipped' "$OUT/gpu-tests.log" | head -40 | tee -a "$OUT/summary.txt"
-  # Each failed test again, alone, its output cut to 40 kB (the op suite's can run to megabytes).
-  grep -oP '^\s*\d+ - \K.*(?= \(Failed\))' "$OUT/gpu-tests.log" | while read -r name; do
-    echo "==== $name" >> "$OUT/failures.txt"
-    run_for 60 ctest --test-dir $B -R "^$(sed 's/[][\.*^$()+?{}|]/\\&/g' <<< "$name")\$" \
-      --output-on-failure --timeout 50 2>&1 | head -c 40000 >> "$OUT/failures.txt"
-  done
+  # Each failed, crashed or timed-out test's output as ctest printed it, cut to 40 kB a test (the
+  # op suite's can run to megabytes): from its result line to the next test's line.
+  awk '/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: /{keep = /\*\*\*/ && !/\*\*\*Skipped/; n = 0}
+       /^ *Start +[0-9]+: / || /tests passed, /{keep = 0}
+       keep && n < 40000 {print; n += length($0) + 1}' "$OUT/gpu-tests.log" > "$OUT/failures.txt"
 fi
 
 if has goals; then

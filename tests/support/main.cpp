@@ -7,15 +7,14 @@
 // Catch2's own exit code is the number of failed assertions (at most 255), so it cannot say
 // "skipped" by itself: v3 returns 4 when every test skipped, and also after 4 failed checks,
 // and either version returns 77 after 77. On the H100 a test with 4 failed checks was reported
-// skipped so. A listener therefore counts the run's failed assertions and skipped tests, and the
-// exit code is 77 only for a run with skips and no failure, never for one with a failure.
+// skipped so. A listener therefore counts the run's failed assertions, and the exit code is 77
+// only for a run with skips and no failure, never for one with a failure.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #if __has_include(<catch2/catch_session.hpp>)
 #include <catch2/catch_session.hpp>
-#include <catch2/catch_test_case_info.hpp>
 #include <catch2/reporters/catch_reporter_event_listener.hpp>
 #include <catch2/reporters/catch_reporter_registrars.hpp>
 #define PLX_CATCH3_MAIN 1
@@ -26,31 +25,18 @@
 
 namespace plexus::test {
 namespace {
-bool g_skipped = false;     // PLX_SKIP was called (v2; v3 counts its SKIPs itself)
-bool g_ran = false;         // a test run ended (not a listing or --help)
-uint64_t g_failed = 0;      // failed assertions in the run
+bool g_skipped = false;  // PLX_SKIP was called (v2; v3's SKIP is Catch2's own)
+uint64_t g_failed = 0;   // failed assertions in the run
 
 #ifdef PLX_CATCH3_MAIN
-uint64_t g_skipped_v3 = 0;  // test cases v3 counted as skipped
-
-class RunTotals : public Catch::EventListenerBase {
- public:
-  using Catch::EventListenerBase::EventListenerBase;
-  void testRunEnded(const Catch::TestRunStats& s) override {
-    g_ran = true;
-    g_failed = s.totals.assertions.failed;
-    g_skipped_v3 = s.totals.testCases.skipped;
-  }
-};
+using ListenerBase = Catch::EventListenerBase;
 #else
-struct RunTotals : Catch::TestEventListenerBase {
-  using Catch::TestEventListenerBase::TestEventListenerBase;
-  void testRunEnded(const Catch::TestRunStats& s) override {
-    g_ran = true;
-    g_failed = s.totals.assertions.failed;
-  }
-};
+using ListenerBase = Catch::TestEventListenerBase;
 #endif
+struct RunTotals : ListenerBase {
+  using ListenerBase::ListenerBase;
+  void testRunEnded(const Catch::TestRunStats& s) override { g_failed = s.totals.assertions.failed; }
+};
 CATCH_REGISTER_LISTENER(RunTotals)
 }  // namespace
 
@@ -59,13 +45,11 @@ void note_skipped(const char* why) {
   std::fprintf(stderr, "test skipped: %s\n", why);
 }
 
-// What the process returns, from Catch2's code and the run's totals.
+// What the process returns, from Catch2's code and the run's failed assertions.
 int exit_code(int rc) {
-  if (!g_ran) return rc;  // listing tests, --help, a bad command line: Catch2's own answer
-  if (g_failed > 0) return rc == 0 || rc == 4 || rc == 77 ? 1 : rc;
+  if (g_failed > 0) return rc == 77 ? 1 : rc;  // 77 failed checks must not read as a skip
 #ifdef PLX_CATCH3_MAIN
-  // 4 with no failed assertion: every selected test skipped.
-  if (rc == 4 && g_skipped_v3 > 0) return 77;
+  if (rc == 4) return 77;  // every selected test skipped (4 failed checks returned above)
 #else
   if (rc == 0 && g_skipped) return 77;
 #endif
