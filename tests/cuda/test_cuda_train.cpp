@@ -26,6 +26,7 @@
 #include "plexus/graph.hpp"
 #include "plexus/model.hpp"
 #include "plexus/optimizer.hpp"
+#include "plexus/runtime.hpp"
 #include "train/step_graph.hpp"
 #include "train/step_pipeline.hpp"
 
@@ -436,16 +437,28 @@ void check_fusion(Backend& gpu, bool bitwise) {
 
 // The trainer's convnet step (build_step, batch 8, SGD with momentum) in `compute`, twice on one
 // backend from one seed: `a` with the backend's fusion, `b` node by node.
+//
+// Both steps must compute the same forward bits up to the classifier: a 16-bit step routes its
+// gradients by comparisons (the max-pools' argmax, the ReLUs' masks) that values one rounding
+// apart flip, and a flipped route moves a whole gradient, far more than a rounding. So both run
+// the same library kernels on the same layouts: NCHW throughout (the fused step would plan other
+// layouts than the node-by-node one, whose lone casts cannot write a filter channels-last, and
+// cuDNN's NHWC kernels are not its NCHW ones), and no cuDNN fused convolution + bias + ReLU call
+// (another kernel than the convolution with its ReLU after it). The layout planner and the fused
+// call are tested on their own (test_cuda_layout.cpp; "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"). The backend is one
+// of its own runtime, with that plugin option.
 struct FusedAndPlain {
   static constexpr int64_t kBatch = 8;
+  std::unique_ptr<Runtime> rt;
   std::unique_ptr<StepGraph> sg;
   TensorStore store_a, store_b;
   Executable a, b;
-  FusedAndPlain(Backend& gpu, plx_dtype compute, const LossScaling* loss_scaling, uint64_t seed,
+  FusedAndPlain(plx_dtype compute, const LossScaling* loss_scaling, uint64_t seed,
                 const std::string& optimizer = "sgd")
-      : sg(step(compute, loss_scaling, optimizer)),
-        a(gpu, sg->graph, store_a, options(true, seed)),
-        b(gpu, sg->graph, store_b, options(false, seed)) {}
+      : rt(same_kernels_runtime()),
+        sg(step(*rt, compute, loss_scaling, optimizer)),
+        a(rt->backend("cuda"), sg->graph, store_a, options(true, seed)),
+        b(rt->backend("cuda"), sg->graph, store_b, options(false, seed)) {}
   // The fused step's kernels, one a line (for INFO).
   std::string kernels() const {
     std::string names;
@@ -454,19 +467,26 @@ struct FusedAndPlain {
   }
 
  private:
-  static std::unique_ptr<StepGraph> step(plx_dtype compute, const LossScaling* loss_scaling,
+  static std::unique_ptr<Runtime> same_kernels_runtime() {
+    RuntimeOptions o = plugin_dir_options();
+    o.plugins.options["cuda"]["conv_bias_activation"] = "false";
+    return std::make_unique<Runtime>(o);
+  }
+  static std::unique_ptr<StepGraph> step(Runtime& rt, plx_dtype compute,
+                                         const LossScaling* loss_scaling,
                                          const std::string& optimizer) {
     const ModelSpec spec = builtin_model("convnet");
     OptimizerOptions opt;
     opt.kind = optimizer;
     opt.momentum = 0.9;
-    return build_step(runtime().ops(), spec, kBatch, spec.input_shape, true, opt, false, compute,
+    return build_step(rt.ops(), spec, kBatch, spec.input_shape, true, opt, false, compute,
                       loss_scaling);
   }
   static ExecutableOptions options(bool fuse, uint64_t seed) {
     ExecutableOptions o;
     o.seed = seed;
     o.fuse = fuse;
+    o.channels_last = false;
     return o;
   }
 };
@@ -482,8 +502,8 @@ int listed_nodes(const std::string& kernel) {
 // update, which reads them in bf16 and widens them as the cast does, the logits' and dlogits'
 // inside the fused head. So the fused step follows the step node by node (to the tolerance the
 // other fused kernels, such as the head, need).
-void check_cast_fusion(Backend& gpu) {
-  FusedAndPlain p(gpu, PLX_BF16, nullptr, 17);
+void check_cast_fusion() {
+  FusedAndPlain p(PLX_BF16, nullptr, 17);
   const int64_t batch = FusedAndPlain::kBatch;
   Executable& a = p.a;
   Executable& b = p.b;
@@ -565,10 +585,10 @@ std::map<std::string, std::vector<double>> values(const TensorStore& store) {
 // both skip the update (every tensor as it was) and halve the scale. AdamW reads the step count
 // the loss scale's update moves, so a last block that came too early (a counter left wrong by
 // the launch before) shows in AdamW's moves.
-void check_unscale_fusion(Backend& gpu, const std::string& optimizer) {
+void check_unscale_fusion(const std::string& optimizer) {
   LossScaling scaling;
   scaling.window = 2;
-  FusedAndPlain p(gpu, PLX_F16, &scaling, 19, optimizer);
+  FusedAndPlain p(PLX_F16, &scaling, 19, optimizer);
   Executable& a = p.a;
   Executable& b = p.b;
   int listed = -1, updates = -1, scalers = 0;
@@ -665,7 +685,8 @@ void check_unscale_fusion(Backend& gpu, const std::string& optimizer) {
 
 TEST_CASE("a fused cuda f16 step unscales and checks its gradients in one kernel", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  check_unscale_fusion(gpu, "sgd");
+  (void)gpu;  // a runtime of its own (FusedAndPlain)
+  check_unscale_fusion("sgd");
 }
 
 TEST_CASE(
@@ -673,12 +694,14 @@ TEST_CASE(
     "them",
     "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  check_unscale_fusion(gpu, "adamw");
+  (void)gpu;
+  check_unscale_fusion("adamw");
 }
 
 TEST_CASE("a fused cuda bf16 step runs its casts as multi-tensor kernels", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  check_cast_fusion(gpu);
+  (void)gpu;
+  check_cast_fusion();
 }
 
 TEST_CASE("a fused cuda training step matches the step node by node", "[cuda]") {

@@ -4,7 +4,9 @@
 // the output shape the convolution gives, groups), each direction has a few algorithms that
 // differ in workspace and determinism (the non-deterministic ones sum in another order, so their
 // bits differ from the others') while the rest are refused, and the convolution is computed on
-// the host in f32 with one rounding to the output type; f32 data with any math type but
+// the host in f32 with one rounding to the output type, summing channels and taps in the order
+// the activation's layout gives (channels innermost in NHWC), so that NHWC and NCHW results
+// differ in their last bits as cuDNN's kernels for the two layouts do; f32 data with any math type but
 // CUDNN_FMA_MATH has its inputs rounded to TF32, as cuDNN may on Tensor Cores.
 //
 // cudnnConvolutionBiasActivationForward follows the cuDNN 7.5 developer guide's contract (the
@@ -228,22 +230,35 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
     terms.clear();
     return s;
   };
+  // The order of a forward or backward-data sum over (channel, tap) follows the layout of the
+  // activation it reads, as an implicit GEMM's K does: channels innermost in NHWC (tap by tap,
+  // each tap's channels in turn), taps innermost in NCHW. So the same convolution on NHWC and on
+  // NCHW tensors rounds differently in its last bits (in 16 bits, a unit in the last place here
+  // and there), as cuDNN's kernels for the two layouts do.
+  const bool channels_inner = (dir == Dir::Fwd ? g.x : g.y).format == CUDNN_TENSOR_NHWC;
+  auto taps = [&](int channels, auto&& term) {
+    if (channels_inner) {
+      for (int r = 0; r < R; ++r)
+        for (int s = 0; s < S; ++s)
+          for (int c = 0; c < channels; ++c) term(c, r, s);
+    } else {
+      for (int c = 0; c < channels; ++c)
+        for (int r = 0; r < R; ++r)
+          for (int s = 0; s < S; ++s) term(c, r, s);
+    }
+  };
   if (dir == Dir::Fwd) {
     for (int n = 0; n < N; ++n)
       for (int k = 0; k < K; ++k)
         for (int oh = 0; oh < OH; ++oh)
           for (int ow = 0; ow < OW; ++ow) {
             const int c0 = (k / Kg) * Cg;
-            for (int c = 0; c < Cg; ++c)
-              for (int r = 0; r < R; ++r) {
-                const int ih = oh * g.conv.u - g.conv.ph + r * g.conv.dh;
-                if (ih < 0 || ih >= H) continue;
-                for (int s = 0; s < S; ++s) {
-                  const int iw = ow * g.conv.v - g.conv.pw + s * g.conv.dw;
-                  if (iw < 0 || iw >= W) continue;
-                  add(in(xp, xi(n, c0 + c, ih, iw)) * in(wp, wi(k, c, r, s)));
-                }
-              }
+            taps(Cg, [&](int c, int r, int s) {
+              const int ih = oh * g.conv.u - g.conv.ph + r * g.conv.dh;
+              const int iw = ow * g.conv.v - g.conv.pw + s * g.conv.dw;
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) return;
+              add(in(xp, xi(n, c0 + c, ih, iw)) * in(wp, wi(k, c, r, s)));
+            });
             finish(yi(n, k, oh, ow), sum(), k);
           }
   } else if (dir == Dir::BwdData) {
@@ -252,16 +267,14 @@ void convolve(Dir dir, const Geometry& g, float alpha, float beta, const void* x
         for (int ih = 0; ih < H; ++ih)
           for (int iw = 0; iw < W; ++iw) {
             const int grp = ci / Cg, c = ci % Cg;
-            for (int k = grp * Kg; k < (grp + 1) * Kg; ++k)
-              for (int r = 0; r < R; ++r) {
-                const int th = ih + g.conv.ph - r * g.conv.dh;
-                if (th < 0 || th % g.conv.u != 0 || th / g.conv.u >= OH) continue;
-                for (int s = 0; s < S; ++s) {
-                  const int tw = iw + g.conv.pw - s * g.conv.dw;
-                  if (tw < 0 || tw % g.conv.v != 0 || tw / g.conv.v >= OW) continue;
-                  add(in(yp, yi(n, k, th / g.conv.u, tw / g.conv.v)) * in(wp, wi(k, c, r, s)));
-                }
-              }
+            taps(Kg, [&](int kk, int r, int s) {
+              const int k = grp * Kg + kk;
+              const int th = ih + g.conv.ph - r * g.conv.dh;
+              const int tw = iw + g.conv.pw - s * g.conv.dw;
+              if (th < 0 || th % g.conv.u != 0 || th / g.conv.u >= OH) return;
+              if (tw < 0 || tw % g.conv.v != 0 || tw / g.conv.v >= OW) return;
+              add(in(yp, yi(n, k, th / g.conv.u, tw / g.conv.v)) * in(wp, wi(k, c, r, s)));
+            });
             finish(xi(n, ci, ih, iw), sum());
           }
   } else {
