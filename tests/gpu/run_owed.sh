@@ -186,6 +186,16 @@ if has goalprofile; then
     [[ ${4:-} == chunk256 ]] && extra=(--set plugins.options.cuda.fuse_chunk_bytes=268435456)
     bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done
+  # Every candidate (our tiles, cuDNN, cuBLASLt) on each problem of the convnet bf16 step at
+  # batch 1024, the whole batch as the tuner times it: which side each convolution backward
+  # should be on, and by how much.
+  tag=convnet-b1024-bf16
+  stamp "plexus bench kernels: the $tag training step"
+  run_for 150 $B/bin/plexus bench kernels configs/convnet.toml --backend cuda \
+    --set train.batch_size=1024 --set train.precision=\"bf16\" --set data.path=\"$DATA\" \
+    --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
   run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
     --gemm 1024,4096,8192,128x10x800,1024x256x6272 \
