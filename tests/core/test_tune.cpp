@@ -241,3 +241,74 @@ TEST_CASE("a fused kernel runs its nodes on the kernels the host chose", "[cpu][
     CHECK_THAT(exe.kernel_names().at(0), PLX_CONTAINS("; s on " + choices[0].impl));
   }
 }
+
+// A fused group is tuned as a whole (executor.cpp create_group): where the backend makes another
+// fused kernel around a member's slower candidate (the test plugin's one-pass scale -> relu,
+// made only around test-scale-slow), the host times that kernel against the one around the
+// fastest candidate alone, or, where the backend declines that one, against the nodes one by one
+// on their fastest kernels; and keeps the faster, on disk too. The sleeps (3 and 6 ms against
+// microseconds) decide each outcome whatever this machine's load.
+TEST_CASE("a fused group is tuned as a whole around each candidate of its members",
+          "[cpu][tune][fusion]") {
+  struct Case {
+    const char* one_pass;
+    int relu_ms, one_pass_ms;
+    const char* kernel;  // the step's first kernel, "" for none fused
+    const char* scale_impl;
+  };
+  const Case cases[] = {
+      // The chain around test-scale runs the 3 ms relu; the one pass does not.
+      {"accept", 3, 0, "test-scale-relu-one-pass", "test-scale-slow"},
+      // No chain around test-scale: the one pass against scale and relu one by one.
+      {"decline", 3, 0, "test-scale-relu-one-pass", "test-scale-slow"},
+      // The one pass is the slow one: the chain, or no fusion at all.
+      {"accept", 0, 6, "test-chain", "test-scale"},
+      {"decline", 0, 6, "", "test-scale"},
+  };
+  const std::string cache =
+      (std::filesystem::temp_directory_path() / "plexus-test-group-tune.tsv").string();
+  for (const Case& c : cases) {
+    INFO("one_pass " << c.one_pass << ", relu " << c.relu_ms << " ms, one pass " << c.one_pass_ms
+                     << " ms");
+    std::filesystem::remove(cache);
+    // Twice with one cache file: the second runtime takes the first one's decision untimed.
+    for (int run = 0; run < 2; ++run) {
+      INFO("runtime " << run);
+      RuntimeOptions o = with_testdev(KernelSide::Auto, cache);
+      o.plugins.options["testgood"]["claims"] = "0,1";
+      o.plugins.options["testgood"]["one_pass"] = c.one_pass;
+      o.plugins.options["testgood"]["relu_ms"] = std::to_string(c.relu_ms);
+      o.plugins.options["testgood"]["one_pass_ms"] = std::to_string(c.one_pass_ms);
+      Runtime rt(o);
+      Backend& dev = rt.backend("testdev");
+      Graph g(rt.ops());
+      const Var x = g.input("x", {PLX_F32, {32}});
+      const Var s = g.add1("testgood.scale", {x}, {}, "s");
+      g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+      TensorStore store;
+      Executable exe(dev, g, store);
+      std::vector<float> xs(32);
+      for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 16;
+      exe.tensor("x").copy_from_host(xs.data());
+      exe.run();
+      exe.sync();
+      const std::vector<float> y = exe.tensor("y").to_vector<float>();
+      for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == std::max(0.0f, 2 * xs[i]));
+      const auto names = exe.kernel_names();
+      INFO("kernels:\n" << names.at(0) << "\n" << (names.size() > 1 ? names[1] : ""));
+      CHECK(exe.plan().fused_kernels == (*c.kernel ? 1 : 0));
+      if (*c.kernel) CHECK_THAT(names.at(0), PLX_CONTAINS("testdev/" + std::string(c.kernel)));
+      const auto choices = exe.kernel_choices();
+      REQUIRE(!choices.empty());
+      CHECK(choices[0].node == "s");
+      CHECK(choices[0].impl == c.scale_impl);
+      // Picked around its slower candidate: "tuned" with the group's timings, then "cached".
+      if (std::string(c.scale_impl) == "test-scale-slow") {
+        CHECK(choices[0].choice.how ==
+              (run == 0 ? KernelChoice::How::Tuned : KernelChoice::How::Cached));
+        if (run == 0) CHECK_THAT(names.at(0), PLX_CONTAINS("s=test-scale-slow"));
+      }
+    }
+  }
+  std::filesystem::remove(cache);
+}

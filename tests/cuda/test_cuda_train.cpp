@@ -469,6 +469,7 @@ struct FusedAndPlain {
  private:
   static std::unique_ptr<Runtime> same_kernels_runtime() {
     RuntimeOptions o = plugin_dir_options();
+    o.kernels = runtime().options().kernels;  // the suite's side, untimed (support/harness.cpp)
     o.plugins.options["cuda"]["conv_bias_activation"] = "false";
     return std::make_unique<Runtime>(o);
   }
@@ -491,9 +492,14 @@ struct FusedAndPlain {
   }
 };
 
-// The nodes a fused kernel's name lists ("fused kernel 'x' [n1, n2, ...]: ...").
+// The nodes a fused kernel's name lists ("fused kernel 'x' [n1, n2, ...]: ..."; what follows the
+// list, the members' kernels and their timings, has commas of its own).
 int listed_nodes(const std::string& kernel) {
-  return static_cast<int>(std::count(kernel.begin(), kernel.end(), ',')) + 1;
+  const size_t open = kernel.find(" ["), close = kernel.find("]: ");
+  if (open == std::string::npos || close == std::string::npos || close < open) return 0;
+  return static_cast<int>(std::count(kernel.begin() + static_cast<std::ptrdiff_t>(open),
+                                     kernel.begin() + static_cast<std::ptrdiff_t>(close), ',')) +
+         1;
 }
 
 // The trainer's mixed-precision step (build_step, bf16): its casts (each parameter to bf16,

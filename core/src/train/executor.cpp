@@ -284,6 +284,33 @@ struct Executable::AbiGraph {
   AbiGraph& operator=(const AbiGraph&) = delete;
 };
 
+namespace {
+
+// A fused kernel made by the backend for one set of member hints.
+struct MadeGroup {
+  plx_status status = PLX_ERR_UNSUPPORTED;
+  std::string why;  // the backend's reason, where it declined
+  const plx_kernel* kernel = nullptr;
+  void* state = nullptr;
+  uint64_t ws = 0;
+};
+
+// Another kernel a member node of a fused group could run on (a candidate the tuner timed for
+// it, other than its fastest): the backend may build a different fused kernel around it.
+struct MemberAlternative {
+  size_t slot = 0;    // the node's index in the group
+  size_t member = 0;  // its index in Fused::members
+  int32_t hint = 0;   // plx_graph_node.kernel_hint
+  std::string impl;
+  bool library = false;
+};
+
+// The tuner's margin for the backend's first choice (dispatch.cpp): an alternative replaces the
+// first fused kernel only when it takes at most this share of its time.
+constexpr double kGroupTuneMargin = 0.9;
+
+}  // namespace
+
 std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelFilter& accept) {
   const plx_backend& t = backend_.table();
   const auto& nodes = graph_.nodes();
@@ -293,16 +320,30 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first), for
   // the backend to run inside the fused kernel.
   f.members.clear();
+  std::vector<MemberAlternative> alts;
+  std::vector<std::vector<const plx_kernel*>> regs(f.nodes.size());  // members' kernels
+  std::vector<size_t> member_of(f.nodes.size(), 0);
+  std::vector<double> alone(f.nodes.size(), -1);  // each member's fastest time on its own
+  std::vector<std::vector<plx_tensor>> ins(f.nodes.size()), outs(f.nodes.size());
+  KernelTuner& tuner = backend_.runtime().tuner();
+  const bool tune_groups = options_.tune && tuner.side() == KernelSide::Auto;
+  auto kernel_index = [&](const plx_kernel* k) {
+    for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
+      if (t.get_kernel(t.ctx, i) == k) return i + 1;
+    return 0;
+  };
   for (size_t k = 0; k < f.nodes.size(); ++k) {
     const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
     if (!node.schema) continue;
-    std::vector<plx_tensor> nin, nout;
+    std::vector<plx_tensor>& nin = ins[k];
+    std::vector<plx_tensor>& nout = outs[k];
     for (Var v : node.inputs)
       nin.push_back(v.valid() ? ag.values[static_cast<size_t>(v.id)] : Tensor().view());
     for (Var v : node.outputs) nout.push_back(ag.values[static_cast<size_t>(v.id)]);
     const int32_t dt =
         nin.empty() ? PLX_F32 : nin[static_cast<size_t>(node.schema->type_input)].dtype;
-    if (backend_.kernels(node.schema->id, dt).size() < 2) continue;
+    const auto registered = backend_.kernels(node.schema->id, dt);
+    if (registered.size() < 2) continue;
     KernelResolution r;
     try {
       r = resolve_kernel(backend_, *node.schema, nin, nout, node.attrs, dev, options_.tune, accept);
@@ -311,8 +352,21 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
     }
     if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
     const plx_kernel* chosen = &r.kernel->kernel();
-    for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
-      if (t.get_kernel(t.ctx, i) == chosen) sub[k].kernel_hint = i + 1;
+    sub[k].kernel_hint = kernel_index(chosen);
+    regs[k].assign(registered.begin(), registered.end());
+    member_of[k] = f.members.size();
+    // The other candidates the tuner timed: a fused kernel around one of them may beat the one
+    // around the fastest alone (a kernel that also does a neighbour's pass, say).
+    if (tune_groups && r.choice.how == KernelChoice::How::Tuned) {
+      for (const CandidateTime& c : r.choice.times) {
+        if (c.ms < 0) continue;
+        alone[k] = alone[k] < 0 ? c.ms : std::min(alone[k], c.ms);
+        if (c.impl == (chosen->impl ? chosen->impl : "?")) continue;
+        for (const plx_kernel* cand : registered)
+          if (cand->impl && c.impl == cand->impl)
+            alts.push_back({k, f.members.size(), kernel_index(cand), c.impl, c.library});
+      }
+    }
     f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?", is_library_kernel(*chosen),
                          std::move(r.choice)});
   }
@@ -326,23 +380,154 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   std::vector<int32_t> in_ids, out_ids;
   for (Var v : f.in) in_ids.push_back(v.id);
   for (Var v : f.out) out_ids.push_back(v.id);
-  const plx_kernel* kernel = nullptr;
-  void* state = nullptr;
-  uint64_t ws = 0;
-  const plx_status s =
-      t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()), out_ids.data(),
-                     static_cast<int32_t>(out_ids.size()), &kernel, &state, &ws);
-  if (s == PLX_ERR_UNSUPPORTED) {
-    const std::string why = backend_.plugin().last_error();
+  auto make = [&]() {
+    MadeGroup m;
+    m.status = t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()),
+                              out_ids.data(), static_cast<int32_t>(out_ids.size()), &m.kernel,
+                              &m.state, &m.ws);
+    if (m.status == PLX_ERR_UNSUPPORTED) m.why = backend_.plugin().last_error();
+    if (m.status != PLX_OK && m.status != PLX_ERR_UNSUPPORTED)
+      backend_.fail(m.status, "preparing " + label);
+    if (m.status == PLX_OK && !m.kernel)
+      throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+    return m;
+  };
+  auto prepared = [&](const MadeGroup& m) {
+    return std::make_unique<PreparedKernel>(backend_, label, m.kernel, m.state, m.ws);
+  };
+
+  MadeGroup base = make();
+  std::unique_ptr<PreparedKernel> kernel =
+      base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
+  if (tune_groups && !f.members.empty()) {
+    // The group tuned as a whole: the fused kernel the backend makes around each member's
+    // other candidates, timed against the one around the fastest alone; where the backend
+    // declined that one, against the group's nodes one by one (each on its fastest kernel).
+    std::vector<plx_tensor> gin, gout;
+    for (int32_t id : in_ids) gin.push_back(ag.values[static_cast<size_t>(id)]);
+    for (int32_t id : out_ids) gout.push_back(ag.values[static_cast<size_t>(id)]);
+    std::string key = "fused|" + f.name;
+    for (size_t k = 0; k < f.nodes.size(); ++k) {
+      const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
+      if (node.schema)
+        key += " & " + tune_key(backend_, dev, *node.schema, ins[k], outs[k], node.attrs);
+    }
+    auto name_of = [&](const MemberAlternative* a) {
+      return a ? nodes[static_cast<size_t>(f.nodes[a->slot])].name + "=" + a->impl : "tuned";
+    };
+    const MemberAlternative* picked = nullptr;
+    MemberAlternative cached;
+    bool decided = false;
+    if (const auto hit = tuner.lookup(key)) {  // an earlier run's decision: "node=impl"
+      for (size_t k = 0; k < f.nodes.size() && !picked; ++k)
+        for (const plx_kernel* cand : regs[k]) {
+          cached = {k, member_of[k], kernel_index(cand), cand->impl ? cand->impl : "?",
+                    is_library_kernel(*cand)};
+          if (cand->impl && *hit == name_of(&cached)) {
+            picked = &cached;
+            break;
+          }
+        }
+      decided = picked || (*hit == "tuned" && kernel) || (*hit == "unfused" && !kernel);
+    }
+    std::vector<CandidateTime> times;
+    double best_ms = -1;
+    if (!decided && !alts.empty()) {
+      auto time_of = [&](const PreparedKernel& pk, CandidateTime& c) {
+        try {
+          c.ms = time_kernel(backend_, pk, gin, gout, dev);
+        } catch (const std::exception& e) {
+          c.ms = -1;
+          c.error = e.what();
+          spdlog::warn("{}: timing it as {} failed, so that is not a candidate: {}", label,
+                       c.impl, c.error);
+        }
+        return c.ms >= 0;
+      };
+      if (kernel) {
+        CandidateTime c;
+        c.impl = name_of(nullptr);
+        if (time_of(*kernel, c)) best_ms = c.ms;
+        times.push_back(c);
+      }
+      std::unique_ptr<PreparedKernel> best;
+      for (const MemberAlternative& a : alts) {
+        const int32_t keep = sub[a.slot].kernel_hint;
+        sub[a.slot].kernel_hint = a.hint;
+        MadeGroup m = make();
+        sub[a.slot].kernel_hint = keep;
+        if (m.status != PLX_OK) continue;
+        std::unique_ptr<PreparedKernel> pk = prepared(m);
+        CandidateTime c;
+        c.impl = name_of(&a);
+        c.library = a.library;
+        const bool timed = time_of(*pk, c);
+        times.push_back(c);
+        if (kernel && times.front().ms < 0) continue;  // the first could not be timed: it stays
+        if (timed &&
+            (best_ms < 0 || c.ms < best_ms * (picked || !kernel ? 1.0 : kGroupTuneMargin))) {
+          best_ms = c.ms;
+          picked = &a;
+          best = std::move(pk);
+        }
+      }
+      if (picked && !kernel) {
+        // The backend declined the group around the fastest kernels alone: the nodes would run
+        // one by one (or in smaller groups), which this group must beat.
+        double unfused = 0;
+        for (size_t k = 0; k < f.nodes.size() && unfused >= 0; ++k) {
+          const GraphNode& node = nodes[static_cast<size_t>(f.nodes[k])];
+          if (!node.schema) continue;
+          double ms = alone[k];
+          if (ms < 0) {
+            for (const CandidateTime& c :
+                 time_all_kernels(backend_, *node.schema, ins[k], outs[k], node.attrs, dev, 20))
+              if (c.ms >= 0) ms = ms < 0 ? c.ms : std::min(ms, c.ms);
+          }
+          unfused = ms < 0 ? -1 : unfused + ms;
+        }
+        CandidateTime c;
+        c.impl = "unfused";
+        c.ms = unfused;
+        times.push_back(c);
+        if (unfused >= 0 && best_ms >= unfused) picked = nullptr;
+      }
+      backend_.allocator(dev).release_cached();  // the scratch buffers are not the step's memory
+      tuner.remember(key, picked ? name_of(picked) : (kernel ? "tuned" : "unfused"), best_ms,
+                     times);
+      std::stable_sort(times.begin(), times.end(), [](const CandidateTime& a, const CandidateTime& b) {
+        if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
+        return a.ms < b.ms;
+      });
+      if (picked) kernel = std::move(best);
+    } else if (picked) {
+      const int32_t keep = sub[picked->slot].kernel_hint;
+      sub[picked->slot].kernel_hint = picked->hint;
+      MadeGroup m = make();
+      sub[picked->slot].kernel_hint = keep;
+      if (m.status == PLX_OK) kernel = prepared(m);
+      else picked = nullptr;
+    }
+    if (picked) {
+      MemberChoice& mc = f.members[picked->member];
+      mc.impl = picked->impl;
+      mc.library = picked->library;
+      mc.choice.how = decided ? KernelChoice::How::Cached : KernelChoice::How::Tuned;
+      mc.choice.key = key;
+      mc.choice.times = times;
+      spdlog::debug("fusion: {} with {} on {}, timed as a whole ({:.4f} ms)", label,
+                    nodes[static_cast<size_t>(f.nodes[picked->slot])].name, picked->impl,
+                    best_ms);
+    }
+  }
+  if (!kernel) {
+    const std::string why = base.why;
     spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label, why);
     return why.empty() ? "declined" : why;
   }
-  if (s != PLX_OK) backend_.fail(s, "preparing " + label);
-  if (!kernel)
-    throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
   spdlog::debug("fusion: {} runs as {}/{}", label, backend_.name(),
-                kernel->impl ? kernel->impl : "?");
-  f.kernel = std::make_unique<PreparedKernel>(backend_, label, kernel, state, ws);
+                kernel->kernel().impl ? kernel->kernel().impl : "?");
+  f.kernel = std::move(kernel);
   return "";
 }
 
