@@ -493,7 +493,8 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
         if (unfused >= 0 && best_ms >= unfused) picked = nullptr;
       }
       backend_.allocator(dev).release_cached();  // the scratch buffers are not the step's memory
-      tuner.remember(key, picked ? name_of(picked) : (kernel ? "tuned" : "unfused"), best_ms,
+      tuner.remember(key, picked ? name_of(picked) : (kernel ? "tuned" : "unfused"),
+                     std::max(best_ms, 0.0),  // -1: none could be timed
                      times);
       std::stable_sort(times.begin(), times.end(), [](const CandidateTime& a, const CandidateTime& b) {
         if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
