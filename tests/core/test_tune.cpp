@@ -306,7 +306,7 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
       if (std::string(c.scale_impl) == "test-scale-slow") {
         CHECK(choices[0].choice.how ==
               (run == 0 ? KernelChoice::How::Tuned : KernelChoice::How::Cached));
-        if (run == 0) CHECK_THAT(names.at(0), PLX_CONTAINS("s=test-scale-slow"));
+        if (run == 0) CHECK_THAT(names.at(0), PLX_CONTAINS("s:testgood.scale=test-scale-slow"));
       }
     }
   }

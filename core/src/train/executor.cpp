@@ -412,13 +412,16 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       if (node.schema)
         key += " & " + tune_key(backend_, dev, *node.schema, ins[k], outs[k], node.attrs);
     }
+    // "node:op=impl" (a gradient's data and weight nodes share the node's name).
     auto name_of = [&](const MemberAlternative* a) {
-      return a ? nodes[static_cast<size_t>(f.nodes[a->slot])].name + "=" + a->impl : "tuned";
+      if (!a) return std::string("tuned");
+      const GraphNode& node = nodes[static_cast<size_t>(f.nodes[a->slot])];
+      return node.name + ":" + node.schema->name + "=" + a->impl;
     };
     const MemberAlternative* picked = nullptr;
     MemberAlternative cached;
     bool decided = false;
-    if (const auto hit = tuner.lookup(key)) {  // an earlier run's decision: "node=impl"
+    if (const auto hit = tuner.lookup(key)) {  // an earlier run's decision: "node:op=impl"
       for (size_t k = 0; k < f.nodes.size() && !picked; ++k)
         for (const plx_kernel* cand : regs[k]) {
           cached = {k, member_of[k], kernel_index(cand), cand->impl ? cand->impl : "?",
@@ -500,6 +503,12 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
         if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
         return a.ms < b.ms;
       });
+      std::string listed;
+      for (const CandidateTime& c : times)
+        listed += (listed.empty() ? "" : ", ") + c.impl + " " +
+                  (c.ms >= 0 ? fmt::format("{:.4f} ms", c.ms) : std::string("failed"));
+      spdlog::debug("fusion: {} timed as a whole: {}; keeps {}", label, listed,
+                    picked ? name_of(picked) : (kernel ? "tuned" : "unfused"));
       if (picked) kernel = std::move(best);
     } else if (picked) {
       const int32_t keep = sub[picked->slot].kernel_hint;
