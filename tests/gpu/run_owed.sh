@@ -6,10 +6,11 @@
 # .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
 #   PHASES="build tests goals sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
-#   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs) and "racecheck" (three
+#   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs), "ncu" (Nsight Compute on
+#   our convolution kernels in the convnet bf16 step; after goalprofile) and "racecheck" (three
 #   tests with last-block counters). The device allows 15 minutes a session, a fresh machine's
 #   start and this build (70 s) included: the first call of a session is best
-#   PHASES="build gputests goals goalprofile" with LIMIT=550 and timeout_s=585.
+#   PHASES="build gputests goals goalprofile ncu" with LIMIT=550 and timeout_s=585.
 #   "gputests" instead of "tests": only the tests that need the GPU (the CPU ones run in CI), each
 #   its own process under ctest with a time limit, so a hang or crash costs one test, not the call;
 #   their failures' output comes back on its own in failures.txt.
@@ -162,6 +163,9 @@ if has goals; then
   stamp "goal bars: torch_graphs (CUDA-graphed steps)"
   run_for 240 python3 .deps/bench/torch_graphs.py "$DATA" > "$OUT/goal-torch-graphs.log" 2>&1
   grep train_graphed "$OUT/goal-torch-graphs.log" | tee -a "$OUT/summary.txt"
+  # cuDNN through PyTorch on each convolution of the two models, forward and backward: against
+  # `plexus bench kernels` (goalprofile), whether our cuDNN calls get what PyTorch's do.
+  grep '"what": "conv"' "$OUT/goal-torch-graphs.log" | tee -a "$OUT/summary.txt"
   stamp "goal bars: torch.compile convnet b1024 bf16"
   run_for 240 python3 .deps/bench/torch_anchor.py "$DATA" cuda --epochs 3 --batch 1024 \
     --models convnet --variants compile > "$OUT/goal-torch-compile.log" 2>&1
@@ -202,6 +206,29 @@ if has goalprofile; then
     --json "$OUT/bench-kernels-gemm-bf16.json" > "$OUT/bench-kernels-gemm-bf16.log" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-bf16.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has ncu; then
+  # Why our convolutions run at 24-58 TFLOP/s where cuDNN's forward reaches 254 (2026-11-28):
+  # Nsight Compute on the first launches of our igemm, direct and pool kernels in one convnet
+  # bf16 b1024 step (speed of light, memory, warp stalls, occupancy, launch), after the
+  # goalprofile phase has filled the tuning and cuDNN caches (so no candidate is timed here).
+  if command -v ncu > /dev/null; then
+    stamp "ncu: convnet b1024 bf16 step, igemm/direct/pool kernels"
+    run_for 200 ncu --clock-control none --target-processes all \
+      --kernel-name regex:'igemm|direct_|max_pool|chunk_accumulate|column_sum|channel_sum' \
+      --launch-count 14 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats --section SchedulerStats \
+      $B/bin/plexus bench step configs/convnet.toml --backend cuda --set train.batch_size=1024 \
+      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 1 --warmup 0 \
+      > "$OUT/ncu-convnet-b1024-bf16.log" 2>&1
+    echo "exit $?" | tee -a "$OUT/summary.txt"
+    grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit' \
+      "$OUT/ncu-convnet-b1024-bf16.log" | head -120 | tee -a "$OUT/summary.txt"
+  else
+    echo "no ncu on this machine" | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 if has racecheck; then
