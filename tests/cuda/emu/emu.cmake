@@ -19,6 +19,27 @@ endforeach()
 foreach(f ${emu_kernel_headers})
   list(APPEND emu_translations ${cuda_dir}/ops/${f}.cuh ${CMAKE_CURRENT_BINARY_DIR}/emu/ops/${f}.cuh)
 endforeach()
+# nvcc contracts a * b + c into a fused multiply-add unless told otherwise (--fmad=true), so
+# the GPU rounds such expressions once where the host, by default, rounds twice: the emulated
+# kernels are built to contract alike where this machine has FMA (the _rn intrinsics still
+# round each operation, plx_emu.hpp), so that a test holding a kernel's bits to the CPU's, or a
+# fused kernel's to the unfused ones', sees what the GPU gives.
+include(CheckCXXSourceRuns)
+set(CMAKE_REQUIRED_FLAGS "-mfma")
+check_cxx_source_runs([=[
+#include <immintrin.h>
+int main() {
+  volatile float a = 1.5f, b = 2.0f, c = 0.25f;
+  __m128 r = _mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c));
+  return _mm_cvtss_f32(r) == 3.25f ? 0 : 1;
+}]=] PLEXUS_EMU_HOST_FMA)
+unset(CMAKE_REQUIRED_FLAGS)
+set(emu_contract_flags -ffp-contract=off)
+if(PLEXUS_EMU_HOST_FMA)
+  set(emu_contract_flags -mfma -ffp-contract=fast)
+else()
+  message(STATUS "CUDA emulator: no FMA on this host; the emulated kernels round a * b + c twice")
+endif()
 while(emu_translations)
   list(POP_FRONT emu_translations src out)
   get_filename_component(name ${src} NAME)
@@ -27,6 +48,7 @@ while(emu_translations)
     DEPENDS ${emu_dir}/translate.py ${src}
     COMMENT "CUDA emulator: translating ${name}")
   list(APPEND emu_sources ${out})
+  set_source_files_properties(${out} PROPERTIES COMPILE_OPTIONS "${emu_contract_flags}")
 endwhile()
 # One build of the emulator: its runtime library and the emulated CUDA plugin, in plugin folder
 # `dir` beside links to the CPU and MPI plugins, compiled with the extra `flags` (the memcheck

@@ -209,18 +209,27 @@ inline T atomicOr(T* p, T v) {
   return old;
 }
 
-// ---- arithmetic intrinsics (built with -ffp-contract=off: no fused multiply-adds unless asked) ----
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
+// ---- arithmetic intrinsics ----
+// The kernels are built with -ffp-contract=fast where the host has FMA (emu.cmake), as nvcc
+// contracts a * b + c into one fused multiply-add by default; the _rn intrinsics are what CUDA
+// code writes to forbid that, so each result passes through an empty asm that the compiler
+// cannot see into and so cannot fuse with its neighbour.
+template <class T>
+inline T plx_emu_rounded(T v) {
+  asm volatile("" : "+x"(v));
+  return v;
+}
+inline float __fadd_rn(float a, float b) { return plx_emu_rounded(a + b); }
+inline float __fsub_rn(float a, float b) { return plx_emu_rounded(a - b); }
+inline float __fmul_rn(float a, float b) { return plx_emu_rounded(a * b); }
+inline float __fdiv_rn(float a, float b) { return plx_emu_rounded(a / b); }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __frcp_rn(float a) { return plx_emu_rounded(1.0f / a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline double __dadd_rn(double a, double b) { return a + b; }
-inline double __dsub_rn(double a, double b) { return a - b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
-inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dadd_rn(double a, double b) { return plx_emu_rounded(a + b); }
+inline double __dsub_rn(double a, double b) { return plx_emu_rounded(a - b); }
+inline double __dmul_rn(double a, double b) { return plx_emu_rounded(a * b); }
+inline double __ddiv_rn(double a, double b) { return plx_emu_rounded(a / b); }
 inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 inline long long __double2ll_rn(double a) { return std::llrint(a); }
