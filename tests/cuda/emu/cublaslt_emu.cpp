@@ -3,7 +3,7 @@
 // every argument is checked as the library documents it (layout sizes against the transposes,
 // leading dimensions, batch counts, attribute sizes, the bias type, the alignment an algorithm
 // was chosen for, its workspace), and the product is computed on the host in f32 with one
-// rounding to D's type.
+// rounding to D's type; a call with an epilogue sums K in another order than one without.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -321,16 +321,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       const int64_t oa = z * la.stride, ob = z * lb.stride, oc = z * lc.stride, od = z * ld.stride;
       for (uint64_t j = 0; j < p.n; ++j)
         for (uint64_t i = 0; i < p.m; ++i) {
-          float s = 0.0f;
+          // A kernel with an epilogue is another kernel than the plain one: it sums K in
+          // blocks of 32, each block's sum added to the total (the plain one in one run), so
+          // their bits differ in the last place here and there, as cuBLASLt's do.
+          float s = 0.0f, part = 0.0f;
+          const uint64_t block = o.epilogue == CUBLASLT_EPILOGUE_DEFAULT ? p.k + 1 : 32;
           for (uint64_t kk = 0; kk < p.k; ++kk) {
+            if (kk % block == 0) s += part, part = 0.0f;
             const int64_t ia = o.transa == CUBLAS_OP_N ? static_cast<int64_t>(i + kk * la.ld)
                                                        : static_cast<int64_t>(kk + i * la.ld);
             const int64_t ib = o.transb == CUBLAS_OP_N ? static_cast<int64_t>(kk + j * lb.ld)
                                                        : static_cast<int64_t>(j + kk * lb.ld);
             float x = plx_emu::load_elem(A, oa + ia, ta), y = plx_emu::load_elem(B, ob + ib, ta);
             if (tf) x = plx_emu::tf32_round(x), y = plx_emu::tf32_round(y);
-            s += x * y;
+            part += x * y;
           }
+          s += part;
           float v = al * s;
           // beta = 0: C is not read (it may hold anything, NaN included).
           if (be != 0.0f) v += be * plx_emu::load_elem(C, oc + static_cast<int64_t>(i + j * lc.ld), td);
