@@ -123,7 +123,8 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
        {70, 64},
        {40, 64}},
       {"conv2d",
-       {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32", "igemm_mma_128x32x32"},
+       {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32", "igemm_mma_128x32x32",
+        "igemm_mma_64x128x32", "igemm_mma_256x32x32"},
        {6, 16, 9, 9},
        {24, 16, 3, 3}},
       {"conv2d", {"direct"}, {5, 1, 11, 9}, {20, 1, 3, 3}}};

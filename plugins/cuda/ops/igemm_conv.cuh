@@ -114,6 +114,14 @@ using Tile128x128 = Tile<128, 128, 32, 64, 32, 3>;  // 8 warps, 60 KiB shared (o
 using Tile128x64 = Tile<128, 64, 32, 64, 32, 3>;    // 4 warps, 45 KiB
 using Tile64x64 = Tile<64, 64, 32, 32, 32, 4>;      // 4 warps, 40 KiB
 using Tile128x32 = Tile<128, 32, 32, 32, 32, 3>;    // 4 warps, 37.5 KiB
+// Two shapes for the narrow sides of our models' backward passes (twenty-sixth session, after
+// the H100's profile put convnet's conv2 backward at 24 TFLOP/s on 128x32 and 128x128 tiles):
+// a weight gradient with O = 64 (M) fills only half of a 128-row tile, so 64 rows with 32x64
+// warp tiles (as many mma per fragment load as 128x128's 64x32); backward data into C = 32
+// channels (N) gets 32x32 warp tiles from 128x32, so 256 rows with 64x32 warp tiles. TF32 wants
+// a row per thread (THREADS a multiple of BM), so 256x32 is for 16 bits only.
+using Tile64x128 = Tile<64, 128, 32, 32, 64, 3>;    // 4 warps, 45 KiB
+using Tile256x32 = Tile<256, 32, 32, 64, 32, 3>;    // 4 warps, 67.5 KiB (opt-in); f16/bf16
 
 // ---- the GEMM problem ----
 //
@@ -1129,7 +1137,9 @@ class IgemmConvKernel final : public Kernel {
     // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
     // extent, whose 16-byte chunks the copies take.
     bt_ = !kTf32 && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
-    smem_ = kTf32 ? Tf32Tile<TL>::SMEM : bt_ ? TL::SMEM_T : TL::SMEM;
+    // (if constexpr: Tf32Tile is only instantiated for f32; the 256x32 tile has no TF32 form.)
+    if constexpr (kTf32) smem_ = Tf32Tile<TL>::SMEM;
+    else smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);
@@ -1332,7 +1342,11 @@ template <class T, class TL>
 class IgemmWgradKernel final : public Kernel {
   using S = WgradSmem<TL>;
   static constexpr bool kTf32 = std::is_same_v<T, float>;
-  static constexpr int kSmem = kTf32 ? Tf32Tile<TL>::W_SMEM : S::BYTES;
+  static constexpr int smem_bytes() {
+    if constexpr (kTf32) return Tf32Tile<TL>::W_SMEM;
+    else return S::BYTES;
+  }
+  static constexpr int kSmem = smem_bytes();
 
  public:
   IgemmWgradKernel(const NodeInfo& node, CudaBackend& backend) : device_(node.device()) {
@@ -1412,7 +1426,8 @@ class IgemmWgradKernel final : public Kernel {
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
 
     // Split K so that about two blocks per SM are in flight, each slice at least 4 K tiles.
-    const int64_t bk = kTf32 ? Tf32Tile<TL>::BK : TL::BK;
+    int64_t bk = TL::BK;
+    if constexpr (kTf32) bk = Tf32Tile<TL>::BK;
     const int64_t KT = (P + bk - 1) / bk;
     const int64_t want = 2 * std::max(1, ctx.prop.multiProcessorCount);
     int64_t slices = std::clamp<int64_t>((want + tiles_m * tiles_n - 1) / (tiles_m * tiles_n), 1,
@@ -1544,6 +1559,8 @@ void add_tiles(KernelRegistry& r) {
   add_tile<T, Tile128x64>(r, d);
   add_tile<T, Tile64x64>(r, d);
   add_tile<T, Tile128x32>(r, d);
+  add_tile<T, Tile64x128>(r, d);
+  if constexpr (!std::is_same_v<T, float>) add_tile<T, Tile256x32>(r, d);
 }
 
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
@@ -1558,6 +1575,8 @@ std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backen
       k = std::make_unique<IgemmConvKernel<T, TL, Dir::Fwd>>(conv, backend, relu, pool);
   };
   try_tile(Tile128x128{}), try_tile(Tile128x64{}), try_tile(Tile64x64{}), try_tile(Tile128x32{});
+  try_tile(Tile64x128{});
+  if constexpr (!std::is_same_v<T, float>) try_tile(Tile256x32{});
   if (!k) throw sdk::Unsupported(sdk::format("%s: no igemm tile named '%s'", op, tile.c_str()));
   return k;
 }
