@@ -308,6 +308,17 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
               (run == 0 ? KernelChoice::How::Tuned : KernelChoice::How::Cached));
         if (run == 0) CHECK_THAT(names.at(0), PLX_CONTAINS("s:testgood.scale=test-scale-slow"));
       }
+      // A graph prepared without timing (ExecutableOptions::tune off, as the layout planner
+      // remakes groups) still takes the cached decision.
+      if (run == 1) {
+        ExecutableOptions untimed;
+        untimed.tune = false;
+        TensorStore store2;
+        Executable exe2(dev, g, store2, untimed);
+        CHECK(exe2.plan().fused_kernels == (*c.kernel ? 1 : 0));
+        if (*c.kernel)
+          CHECK_THAT(exe2.kernel_names().at(0), PLX_CONTAINS("testdev/" + std::string(c.kernel)));
+      }
     }
   }
   std::filesystem::remove(cache);

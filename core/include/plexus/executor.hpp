@@ -140,6 +140,9 @@ class Executable {
     std::string node, op, impl;
     bool library = false;
     KernelChoice choice;
+    // A member of a fused group kept around another candidate than its fastest alone: the
+    // group's timings as a whole (docs/training.md).
+    std::vector<CandidateTime> group_times;
   };
   std::vector<KernelReport> kernel_choices() const;
 

@@ -89,7 +89,10 @@ struct MemberChoice {
   int32_t node = -1;
   std::string impl;
   bool library = false;
-  KernelChoice choice;
+  KernelChoice choice;  // the node's own: its candidates timed alone
+  // Where the group was timed as a whole and kept around another of this node's candidates than
+  // its fastest alone: the group's timings ("tuned" the one around the fastest alone).
+  std::vector<CandidateTime> group_times;
 };
 
 struct Executable::Step {
@@ -399,7 +402,9 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   MadeGroup base = make();
   std::unique_ptr<PreparedKernel> kernel =
       base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
-  if (tune_groups && !f.members.empty()) {
+  // A cached decision holds wherever the side is "auto" (the layout planner remakes groups
+  // without timing); timing needs `tune`.
+  if (tuner.side() == KernelSide::Auto && !f.members.empty()) {
     // The group tuned as a whole: the fused kernel the backend makes around each member's
     // other candidates, timed against the one around the fastest alone; where the backend
     // declined that one, against the group's nodes one by one (each on its fastest kernel).
@@ -435,7 +440,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
     }
     std::vector<CandidateTime> times;
     double best_ms = -1;
-    if (!decided && !alts.empty()) {
+    if (!decided && tune_groups && !alts.empty()) {
       auto time_of = [&](const PreparedKernel& pk, CandidateTime& c) {
         try {
           c.ms = time_kernel(backend_, pk, gin, gout, dev);
@@ -522,9 +527,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       MemberChoice& mc = f.members[picked->member];
       mc.impl = picked->impl;
       mc.library = picked->library;
-      mc.choice.how = decided ? KernelChoice::How::Cached : KernelChoice::How::Tuned;
-      mc.choice.key = key;
-      mc.choice.times = times;
+      mc.group_times = times;  // empty where the decision came from the cache
       spdlog::debug("fusion: {} with {} on {}, timed as a whole ({:.4f} ms)", label,
                     nodes[static_cast<size_t>(f.nodes[picked->slot])].name, picked->impl,
                     best_ms);
@@ -1411,8 +1414,15 @@ std::vector<std::string> Executable::kernel_names() const {
       return "";
     };
     what += how(st.choice);
-    for (const MemberChoice& m : st.members)
+    for (const MemberChoice& m : st.members) {
       what += "; " + graph_.nodes()[static_cast<size_t>(m.node)].name + " on " + m.impl + how(m.choice);
+      if (!m.group_times.empty()) {
+        KernelChoice group;
+        group.how = KernelChoice::How::Tuned;
+        group.times = m.group_times;
+        what += ", for the group as a whole" + how(group);
+      }
+    }
     out.push_back(std::move(what));
   }
   return out;
@@ -1424,7 +1434,7 @@ std::vector<Executable::KernelReport> Executable::kernel_choices() const {
     for (const MemberChoice& m : st.members) {
       const GraphNode& node = graph_.nodes()[static_cast<size_t>(m.node)];
       if (m.choice.how != KernelChoice::How::Only)
-        out.push_back({node.name, node.schema->name, m.impl, m.library, m.choice});
+        out.push_back({node.name, node.schema->name, m.impl, m.library, m.choice, m.group_times});
     }
     if (st.choice.how == KernelChoice::How::Only) continue;
     const GraphNode& node = graph_.nodes()[static_cast<size_t>(st.node)];

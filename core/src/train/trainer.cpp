@@ -732,6 +732,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
               if (t.ms >= 0) times.add(t.impl, t.ms);
             c.add("ms", times);
           }
+          if (!r.group_times.empty()) {
+            JsonObject times;
+            for (const CandidateTime& t : r.group_times)
+              if (t.ms >= 0) times.add(t.impl, t.ms);
+            c.add("group_ms", times);
+          }
           choices.push(c);
         }
       }
