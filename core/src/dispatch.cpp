@@ -225,11 +225,7 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
                 dtype_name(dtype), backend.name(), r.choice.times[best].impl,
                 r.choice.times[best].ms, accepted.size());
   r.kernel = std::move(accepted[best]);
-  std::stable_sort(r.choice.times.begin(), r.choice.times.end(),
-                   [](const CandidateTime& a, const CandidateTime& b) {
-                     if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
-                     return a.ms < b.ms;
-                   });
+  sort_fastest_first(r.choice.times);
   return r;
 }
 

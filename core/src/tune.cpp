@@ -292,6 +292,13 @@ std::string tune_key(const Backend& backend, int32_t device, const OpSchema& sch
 
 // ---- timing ----
 
+void sort_fastest_first(std::vector<CandidateTime>& times) {
+  std::stable_sort(times.begin(), times.end(), [](const CandidateTime& a, const CandidateTime& b) {
+    if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
+    return a.ms < b.ms;
+  });
+}
+
 double time_kernel(Backend& backend, const PreparedKernel& kernel,
                    const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                    int32_t device, double budget_ms) {

@@ -5,6 +5,7 @@
 // depend on this machine's load), remembers it on disk, and a second runtime takes it from there
 // without timing; "native" and "library" force a side without timing; eager calls follow the
 // cache or the order; a corrupt cache file is reported by file and line and ignored.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -55,6 +56,26 @@ Prepared prepare_scale(Runtime& rt, int64_t n) {
   for (int64_t i = 0; i < n; ++i) REQUIRE(p.y[static_cast<size_t>(i)] == 2 * xs[static_cast<size_t>(i)]);
   return p;
 }
+
+// y = relu(scale(x)) over 32 elements on testdev (nodes "s" and "r"), for the fusion tests.
+struct ScaleRelu {
+  Graph g;
+  std::vector<float> xs;
+  explicit ScaleRelu(Runtime& rt) : g(rt.ops()), xs(32) {
+    const Var x = g.input("x", {PLX_F32, {32}});
+    const Var s = g.add1("testgood.scale", {x}, {}, "s");
+    g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 16;
+  }
+  // Runs `exe` `runs` times on xs and requires y = max(0, 2x).
+  void run(Executable& exe, int runs) const {
+    exe.tensor("x").copy_from_host(xs.data());
+    for (int r = 0; r < runs; ++r) exe.run();
+    exe.sync();
+    const std::vector<float> y = exe.tensor("y").to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == std::max(0.0f, 2 * xs[i]));
+  }
+};
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path);
@@ -215,21 +236,12 @@ TEST_CASE("a fused kernel runs its nodes on the kernels the host chose", "[cpu][
     auto slow_calls = reinterpret_cast<int64_t (*)()>(
         dev.table().get_proc_address(dev.table().ctx, "testgood.slow_scale_calls"));
     REQUIRE(slow_calls != nullptr);
-    Graph g(rt.ops());
-    const Var x = g.input("x", {PLX_F32, {32}});
-    const Var s = g.add1("testgood.scale", {x}, {}, "s");
-    g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+    const ScaleRelu sr(rt);
     TensorStore store;
-    Executable exe(dev, g, store);
+    Executable exe(dev, sr.g, store);
     REQUIRE(exe.plan().fused_kernels == 1);
     const int64_t before = slow_calls();
-    std::vector<float> xs(32);
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 16;
-    exe.tensor("x").copy_from_host(xs.data());
-    for (int run = 0; run < 3; ++run) exe.run();
-    exe.sync();
-    const std::vector<float> y = exe.tensor("y").to_vector<float>();
-    for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == std::max(0.0f, 2 * xs[i]));
+    sr.run(exe, 3);
     // The library side runs the slow kernel; auto and native the fast one.
     CHECK(slow_calls() - before == (side == KernelSide::Library ? 3 : 0));
     const auto choices = exe.kernel_choices();
@@ -281,19 +293,10 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
       o.plugins.options["testgood"]["one_pass_ms"] = std::to_string(c.one_pass_ms);
       Runtime rt(o);
       Backend& dev = rt.backend("testdev");
-      Graph g(rt.ops());
-      const Var x = g.input("x", {PLX_F32, {32}});
-      const Var s = g.add1("testgood.scale", {x}, {}, "s");
-      g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+      const ScaleRelu sr(rt);
       TensorStore store;
-      Executable exe(dev, g, store);
-      std::vector<float> xs(32);
-      for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 16;
-      exe.tensor("x").copy_from_host(xs.data());
-      exe.run();
-      exe.sync();
-      const std::vector<float> y = exe.tensor("y").to_vector<float>();
-      for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == std::max(0.0f, 2 * xs[i]));
+      Executable exe(dev, sr.g, store);
+      sr.run(exe, 1);
       const auto names = exe.kernel_names();
       INFO("kernels:\n" << names.at(0) << "\n" << (names.size() > 1 ? names[1] : ""));
       CHECK(exe.plan().fused_kernels == (*c.kernel ? 1 : 0));
@@ -314,7 +317,7 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
         ExecutableOptions untimed;
         untimed.tune = false;
         TensorStore store2;
-        Executable exe2(dev, g, store2, untimed);
+        Executable exe2(dev, sr.g, store2, untimed);
         CHECK(exe2.plan().fused_kernels == (*c.kernel ? 1 : 0));
         if (*c.kernel)
           CHECK_THAT(exe2.kernel_names().at(0), PLX_CONTAINS("testdev/" + std::string(c.kernel)));

@@ -398,6 +398,14 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   auto prepared = [&](const MadeGroup& m) {
     return std::make_unique<PreparedKernel>(backend_, label, m.kernel, m.state, m.ws);
   };
+  // The group with one member on another of its candidates (the others on their own).
+  auto make_with = [&](const MemberAlternative& a) {
+    const int32_t keep = sub[a.slot].kernel_hint;
+    sub[a.slot].kernel_hint = a.hint;
+    MadeGroup m = make();
+    sub[a.slot].kernel_hint = keep;
+    return m;
+  };
 
   MadeGroup base = make();
   std::unique_ptr<PreparedKernel> kernel =
@@ -460,10 +468,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       }
       std::unique_ptr<PreparedKernel> best;
       for (const MemberAlternative& a : alts) {
-        const int32_t keep = sub[a.slot].kernel_hint;
-        sub[a.slot].kernel_hint = a.hint;
-        MadeGroup m = make();
-        sub[a.slot].kernel_hint = keep;
+        const MadeGroup m = make_with(a);
         if (m.status != PLX_OK) continue;
         std::unique_ptr<PreparedKernel> pk = prepared(m);
         CandidateTime c;
@@ -504,10 +509,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       tuner.remember(key, picked ? name_of(picked) : (kernel ? "tuned" : "unfused"),
                      std::max(best_ms, 0.0),  // -1: none could be timed
                      times);
-      std::stable_sort(times.begin(), times.end(), [](const CandidateTime& a, const CandidateTime& b) {
-        if ((a.ms < 0) != (b.ms < 0)) return b.ms < 0;
-        return a.ms < b.ms;
-      });
+      sort_fastest_first(times);
       std::string listed;
       for (const CandidateTime& c : times)
         listed += (listed.empty() ? "" : ", ") + c.impl + " " +
@@ -516,10 +518,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
                     picked ? name_of(picked) : (kernel ? "tuned" : "unfused"));
       if (picked) kernel = std::move(best);
     } else if (picked) {
-      const int32_t keep = sub[picked->slot].kernel_hint;
-      sub[picked->slot].kernel_hint = picked->hint;
-      MadeGroup m = make();
-      sub[picked->slot].kernel_hint = keep;
+      const MadeGroup m = make_with(*picked);
       if (m.status == PLX_OK) kernel = prepared(m);
       else picked = nullptr;
     }

@@ -726,18 +726,15 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
           c.add("node", r.node).add("op", r.op).add("kernel", r.impl)
               .add("side", std::string(r.library ? "library" : "native"))
               .add("how", std::string(choice_how_name(r.choice.how)));
-          if (!r.choice.times.empty()) {
+          auto add_ms = [&](const char* key, const std::vector<CandidateTime>& ts) {
+            if (ts.empty()) return;
             JsonObject times;
-            for (const CandidateTime& t : r.choice.times)
+            for (const CandidateTime& t : ts)
               if (t.ms >= 0) times.add(t.impl, t.ms);
-            c.add("ms", times);
-          }
-          if (!r.group_times.empty()) {
-            JsonObject times;
-            for (const CandidateTime& t : r.group_times)
-              if (t.ms >= 0) times.add(t.impl, t.ms);
-            c.add("group_ms", times);
-          }
+            c.add(key, times);
+          };
+          add_ms("ms", r.choice.times);
+          add_ms("group_ms", r.group_times);
           choices.push(c);
         }
       }
