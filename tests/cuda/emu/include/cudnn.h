@@ -4,10 +4,16 @@
 // alpha and beta (y is not read when beta = 0), a few algorithms per direction that differ in
 // workspace and determinism (the others are refused), the heuristic and the measuring Find*Ex,
 // the fused convolution, bias and activation (RELU or IDENTITY) with its activation descriptor,
-// and calls enqueued on the handle's stream.
+// and calls enqueued on the handle's stream. Then the part of cuDNN 9's backend (graph) API that
+// ops/conv_graph.cpp calls: tensor, convolution and pointwise descriptors, the three convolution
+// operations, a graph of one convolution or of a forward convolution, a bias ADD and an optional
+// RELU_FWD, the heuristic's engine configurations and their engines' notes, execution plans,
+// variant packs and cudnnBackendExecute. Names and values are cuDNN 9's; only what the plugin
+// uses is declared.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda_runtime.h"
 
@@ -207,3 +213,146 @@ cudnnStatus_t cudnnConvolutionBiasActivationForward(
     cudnnConvolutionFwdAlgo_t algo, void* ws, size_t ws_bytes, const void* alpha2,
     cudnnTensorDescriptor_t zd, const void* z, cudnnTensorDescriptor_t biasd, const void* bias,
     cudnnActivationDescriptor_t act, cudnnTensorDescriptor_t yd, void* y);
+
+// The backend (graph) API.
+typedef void* cudnnBackendDescriptor_t;
+
+typedef enum {
+  CUDNN_POINTWISE_ADD = 0,
+  CUDNN_POINTWISE_RELU_FWD = 100,
+} cudnnPointwiseMode_t;
+
+typedef enum {
+  CUDNN_ATTR_POINTWISE_MODE = 0,
+  CUDNN_ATTR_POINTWISE_MATH_PREC = 1,
+
+  CUDNN_ATTR_CONVOLUTION_COMP_TYPE = 100,
+  CUDNN_ATTR_CONVOLUTION_CONV_MODE = 101,
+  CUDNN_ATTR_CONVOLUTION_DILATIONS = 102,
+  CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES = 103,
+  CUDNN_ATTR_CONVOLUTION_POST_PADDINGS = 104,
+  CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS = 105,
+  CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS = 106,
+
+  CUDNN_ATTR_ENGINEHEUR_MODE = 200,
+  CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH = 201,
+  CUDNN_ATTR_ENGINEHEUR_RESULTS = 202,
+
+  CUDNN_ATTR_ENGINECFG_ENGINE = 300,
+  CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE = 303,
+
+  CUDNN_ATTR_EXECUTION_PLAN_HANDLE = 400,
+  CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401,
+  CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402,
+
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA = 700,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA = 701,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA = 706,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA = 707,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC = 708,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W = 709,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX = 710,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY = 711,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA = 712,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA = 713,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC = 714,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW = 715,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X = 716,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY = 717,
+
+  CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR = 750,
+  CUDNN_ATTR_OPERATION_POINTWISE_XDESC = 751,
+  CUDNN_ATTR_OPERATION_POINTWISE_BDESC = 752,
+  CUDNN_ATTR_OPERATION_POINTWISE_YDESC = 753,
+
+  CUDNN_ATTR_OPERATIONGRAPH_HANDLE = 800,
+  CUDNN_ATTR_OPERATIONGRAPH_OPS = 801,
+
+  CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT = 900,
+  CUDNN_ATTR_TENSOR_DATA_TYPE = 901,
+  CUDNN_ATTR_TENSOR_DIMENSIONS = 902,
+  CUDNN_ATTR_TENSOR_STRIDES = 903,
+  CUDNN_ATTR_TENSOR_UNIQUE_ID = 906,
+  CUDNN_ATTR_TENSOR_IS_VIRTUAL = 907,
+
+  CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS = 1000,
+  CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS = 1001,
+  CUDNN_ATTR_VARIANT_PACK_WORKSPACE = 1003,
+
+  CUDNN_ATTR_ENGINE_GLOBAL_INDEX = 1301,
+  CUDNN_ATTR_ENGINE_NUMERICAL_NOTE = 1303,
+  CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE = 1305,
+} cudnnBackendAttributeName_t;
+
+typedef enum {
+  CUDNN_TYPE_HANDLE = 0,
+  CUDNN_TYPE_DATA_TYPE = 1,
+  CUDNN_TYPE_BOOLEAN = 2,
+  CUDNN_TYPE_INT64 = 3,
+  CUDNN_TYPE_FLOAT = 4,
+  CUDNN_TYPE_DOUBLE = 5,
+  CUDNN_TYPE_VOID_PTR = 6,
+  CUDNN_TYPE_CONVOLUTION_MODE = 7,
+  CUDNN_TYPE_HEUR_MODE = 8,
+  CUDNN_TYPE_NUMERICAL_NOTE = 11,
+  CUDNN_TYPE_POINTWISE_MODE = 14,
+  CUDNN_TYPE_BACKEND_DESCRIPTOR = 15,
+  CUDNN_TYPE_BEHAVIOR_NOTE = 19,
+} cudnnBackendAttributeType_t;
+
+typedef enum {
+  CUDNN_BACKEND_POINTWISE_DESCRIPTOR = 0,
+  CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR = 1,
+  CUDNN_BACKEND_ENGINE_DESCRIPTOR = 2,
+  CUDNN_BACKEND_ENGINECFG_DESCRIPTOR = 3,
+  CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR = 4,
+  CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR = 11,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR = 12,
+  CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR = 13,
+  CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15,
+  CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR = 16,
+  CUDNN_BACKEND_TENSOR_DESCRIPTOR = 17,
+} cudnnBackendDescriptorType_t;
+
+typedef enum {
+  CUDNN_NUMERICAL_NOTE_TENSOR_CORE = 0,
+  CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS = 1,
+  CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC = 4,
+  CUDNN_NUMERICAL_NOTE_TYPE_COUNT = 10,
+} cudnnBackendNumericalNote_t;
+
+typedef enum {
+  CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION = 0,
+  CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER = 1,
+  CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER = 2,
+  CUDNN_BEHAVIOR_NOTE_TYPE_COUNT = 5,
+} cudnnBackendBehaviorNote_t;
+
+typedef enum {
+  CUDNN_HEUR_MODE_INSTANT = 0,
+  CUDNN_HEUR_MODE_B = 1,
+  CUDNN_HEUR_MODE_FALLBACK = 2,
+  CUDNN_HEUR_MODE_A = 3,
+} cudnnBackendHeurMode_t;
+
+cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type,
+                                           cudnnBackendDescriptor_t* descriptor);
+cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
+                                       cudnnBackendAttributeName_t name,
+                                       cudnnBackendAttributeType_t type, int64_t elementCount,
+                                       const void* arrayOfElements);
+cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+                                       cudnnBackendAttributeName_t name,
+                                       cudnnBackendAttributeType_t type,
+                                       int64_t requestedElementCount, int64_t* elementCount,
+                                       void* arrayOfElements);
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+                                  cudnnBackendDescriptor_t variantPack);
