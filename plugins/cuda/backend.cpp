@@ -50,7 +50,9 @@ void throw_cudnn(cudnnStatus_t s, const char* expr, const char* file, int line) 
       sdk::format("cuDNN error %s in %s%s%s", cudnnGetErrorString(s),
                   where(expr, file, line).c_str(), detail[0] ? ": " : "", detail);
   if (s == CUDNN_STATUS_ALLOC_FAILED) throw sdk::OutOfMemory(msg);
-  if (s == CUDNN_STATUS_NOT_SUPPORTED) throw sdk::Unsupported(msg);
+  // cuDNN 9 groups its codes by the thousand: every 3xxx is a kind of "not supported".
+  if (static_cast<int>(s) / 1000 == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED) / 1000)
+    throw sdk::Unsupported(msg);
   throw sdk::BackendError(msg);
 }
 

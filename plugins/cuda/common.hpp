@@ -246,6 +246,7 @@ void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_simt_gemm(KernelRegistry& r);    // matmul, linear: the SIMT kernel, any shape
 void register_conv(KernelRegistry& r);         // conv2d and its backward ops (cuDNN)
+void register_conv_graph(KernelRegistry& r);   // the same on cuDNN's graph API (ops/conv_graph.cpp)
 
 // The fused linear -> relu (ops/gemm.cpp); sets the kernel's flags.
 std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphView& g,
@@ -254,6 +255,10 @@ std::unique_ptr<Kernel> make_linear_relu(CudaBackend& backend, const sdk::GraphV
 // (cudnnConvolutionBiasActivationForward, ops/conv.cpp), for a fused conv2d -> relu; declines
 // (sdk::Unsupported) where there is no bias or cuDNN does not take the call.
 std::unique_ptr<Kernel> make_cudnn_conv_relu(const NodeInfo& node, CudaBackend& backend);
+// The same pair as one graph of cuDNN's graph API (convolution, bias ADD, RELU_FWD;
+// ops/conv_graph.cpp), for a conv the host gave to "cudnn_graph"; declines where cuDNN has no
+// engine for that graph.
+std::unique_ptr<Kernel> make_cudnn_graph_conv_relu(const NodeInfo& node, CudaBackend& backend);
 
 // The registering backend, for kernels whose constructor takes (const NodeInfo&, CudaBackend&).
 // Registration functions add such kernels with r.add<K, CudaBackend>(...).

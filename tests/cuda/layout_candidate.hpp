@@ -41,10 +41,12 @@ inline Tensor poisoned(Backend& gpu, const Shape& s, plx_dtype d, bool channels_
 // Creates kernel `k` for the node and, if it accepts, runs it `times` times, each time into
 // outputs and a workspace poisoned again (so a kernel whose state goes wrong after its first
 // call, a cross-block counter left set, say, leaves the last run's outputs unwritten). Returns
-// the decline reason, or "" when it ran (the outputs then hold its last result).
+// the decline reason, or "" when it ran (the outputs then hold its last result). `workspace`, if
+// given, receives the workspace the kernel asked for.
 inline std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kernel* k,
                                  const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                                 const Attrs& attrs, int times = 1) {
+                                 const Attrs& attrs, int times = 1,
+                                 uint64_t* workspace = nullptr) {
   const Attrs full = s.complete_attrs(attrs);
   const AttrPack pack(full);
   std::vector<plx_tensor> in_views, out_views;
@@ -73,6 +75,7 @@ inline std::string run_candidate(Backend& gpu, const OpSchema& s, const plx_kern
   }
   INFO("create failed: " << gpu.kernel_plugin(k).last_error());
   REQUIRE(st == PLX_OK);
+  if (workspace) *workspace = ws;
   PreparedKernel pk(gpu, "op '" + s.name + "'", k, state, ws);
   Tensor wsbuf;
   if (ws > 0) wsbuf = Tensor::empty(gpu, {static_cast<int64_t>(ws)}, PLX_U8);

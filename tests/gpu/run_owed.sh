@@ -195,11 +195,15 @@ if has goalprofile; then
   # should be on, and by how much.
   tag=convnet-b1024-bf16
   stamp "plexus bench kernels: the $tag training step"
+  # (--log-level debug: each cudnn_graph kernel's engines, timed, and the one it kept.)
   run_for 150 $B/bin/plexus bench kernels configs/convnet.toml --backend cuda \
     --set train.batch_size=1024 --set train.precision=\"bf16\" --set data.path=\"$DATA\" \
+    --log-level debug \
     --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
+  grep -E 'on the graph API|cuda.conv\] conv2d.*(ms, workspace|no plan|skipped)' \
+    "$OUT/bench-kernels-$tag.log" | sort | uniq -c | sort -rn | head -60 | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
   run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
     --gemm 1024,4096,8192,128x10x800,1024x256x6272 \

@@ -44,6 +44,7 @@
 
 #include "common.hpp"
 #include "ops/conv_algo_cache.hpp"
+#include "ops/cudnn_conv_common.hpp"
 #include "ops/direct_conv.hpp"
 #include "ops/gemm_bias.hpp"
 #include "ops/igemm_conv.hpp"
@@ -56,7 +57,13 @@ constexpr const char* kLog = "cuda.conv";
 // A deterministic algorithm is taken over a faster non-deterministic one within this factor.
 constexpr float kDeterministicSlack = 1.05f;
 
-enum class Dir { Fwd, BwdData, BwdFilter };
+using dnn::Dir;
+using dnn::HandleOnStream;
+using dnn::layout_name;
+using dnn::ScratchBuffer;
+using dnn::ScratchStream;
+using dnn::dnn_type;
+using dnn::op_name;
 
 // ---- cuDNN descriptor owners (destruction cannot fail usefully, so errors are dropped) ----
 
@@ -76,64 +83,6 @@ using ActivationDesc = DnnDesc<cudnnActivationDescriptor_t, cudnnCreateActivatio
                                cudnnDestroyActivationDescriptor>;
 using ConvDesc = DnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
                          cudnnDestroyConvolutionDescriptor>;
-
-// Device memory owned for the length of an algorithm search in create().
-struct ScratchBuffer {
-  void* p = nullptr;
-  ScratchBuffer() = default;
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-  ~ScratchBuffer() {
-    if (p) cudaFree(p);
-  }
-  // False (with the runtime's error cleared) when the memory is not there.
-  bool allocate(size_t bytes) {
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) == cudaSuccess) return true;
-    (void)cudaGetLastError();
-    p = nullptr;
-    return false;
-  }
-};
-struct ScratchStream {
-  cudaStream_t s = nullptr;
-  ScratchStream() { PLX_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ScratchStream(const ScratchStream&) = delete;
-  ScratchStream& operator=(const ScratchStream&) = delete;
-  ~ScratchStream() { cudaStreamDestroy(s); }
-};
-// Binds a cuDNN handle to a scratch stream for a scope and back to the default stream after,
-// however the scope ends: the handle must not keep a stream that is about to be destroyed (every
-// call sets its own stream anyway).
-struct HandleOnStream {
-  cudnnHandle_t h;
-  HandleOnStream(cudnnHandle_t handle, cudaStream_t s) : h(handle) {
-    PLX_CUDNN_CHECK(cudnnSetStream(h, s));
-  }
-  HandleOnStream(const HandleOnStream&) = delete;
-  HandleOnStream& operator=(const HandleOnStream&) = delete;
-  ~HandleOnStream() { cudnnSetStream(h, nullptr); }
-};
-
-cudnnDataType_t dnn_type(plx_dtype d) {
-  switch (d) {
-    case PLX_F32:
-      return CUDNN_DATA_FLOAT;
-    case PLX_F16:
-      return CUDNN_DATA_HALF;
-    case PLX_BF16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      break;
-  }
-  throw sdk::Unsupported(
-      sdk::format("cuDNN kernels take f32, f16 or bf16, not %s", plexus::dtype_name(d)));
-}
-
-// ---- layouts ----
-
-const char* layout_name(bool nhwc) {
-  return nhwc ? "nhwc" : "nchw";
-}
 
 // ---- per-direction cuDNN entry points ----
 
@@ -255,25 +204,7 @@ struct Api<Dir::BwdFilter> {
   }
 };
 
-const char* op_name(Dir d) {
-  switch (d) {
-    case Dir::Fwd:
-      return "conv2d";
-    case Dir::BwdData:
-      return "conv2d_backward_data";
-    case Dir::BwdFilter:
-      return "conv2d_backward_weight";
-  }
-  return "conv2d";
-}
-
-// ---- the geometry (the CPU plugin's checks) ----
-
-using ConvGeom = sdk::Conv2dParams;
-
-std::array<int64_t, 4> shape4(const plx_tensor& t) {
-  return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
-}
+// ---- the geometry ----
 
 bool fits_int(int64_t v) {
   return v >= 0 && v <= INT_MAX;
@@ -335,76 +266,23 @@ class ConvKernel final : public Kernel {
       : device_(node.device()), relu_(relu) {
     const char* op = op_name(D);
     PLX_REQUIRE(D == Dir::Fwd || !relu, "%s: only the forward convolution takes a ReLU", op);
-    // The tensors by role: x (N, C, H, W), w (O, C/groups, KH, KW), y (N, O, OH, OW).
-    const plx_tensor* x = nullptr;
-    const plx_tensor* w = nullptr;
-    const plx_tensor* y = nullptr;
-    if constexpr (D == Dir::Fwd) {
-      x = &node.input(0), w = &node.input(1), y = &node.output(0);
-      has_bias_ = node.has_input(2);
-    } else if constexpr (D == Dir::BwdData) {
-      y = &node.input(0), w = &node.input(1), x = &node.output(0);
-    } else {
-      y = &node.input(0), x = &node.input(1), w = &node.output(0);
-    }
-    PLX_REQUIRE(x->ndim == 4 && w->ndim == 4 && y->ndim == 4, "%s: x, w and y must be 4-D", op);
-    // The backward ops take the forward's x (w) shape from an attribute, as the CPU plugin does.
-    std::array<int64_t, 4> x_shape = shape4(*x), w_shape = shape4(*w);
-    if constexpr (D != Dir::Fwd) {
-      const char* attr = D == Dir::BwdData ? "input_shape" : "weight_shape";
-      const std::vector<int64_t> v = node.attr_ints(attr);
-      PLX_REQUIRE(v.size() == 4, "%s: %s must have 4 values", op, attr);
-      std::array<int64_t, 4>& dst = D == Dir::BwdData ? x_shape : w_shape;
-      for (size_t i = 0; i < 4; ++i) dst[i] = v[i];
-    }
-    const ConvGeom g(x_shape.data(), w_shape.data(), node);
-    const int64_t want_y[4] = {g.N, g.O, g.OH, g.OW};
-    for (int i = 0; i < 4; ++i) {
-      PLX_REQUIRE(y->shape[i] == want_y[i],
-                  "%s: dy/y has shape %s, the convolution gives (%lld, "
-                  "%lld, %lld, %lld)",
-                  op, sdk::shape_string(*y).c_str(), static_cast<long long>(g.N),
-                  static_cast<long long>(g.O), static_cast<long long>(g.OH),
-                  static_cast<long long>(g.OW));
-      PLX_REQUIRE(x->shape[i] == x_shape[static_cast<size_t>(i)] &&
-                      w->shape[i] == w_shape[static_cast<size_t>(i)],
-                  "%s: tensor shapes differ from the shape attributes", op);
-    }
-
-    dtype_ = static_cast<plx_dtype>(y->dtype);
-    elem_ = plexus::dtype_size(dtype_);
+    const dnn::ConvProblem p(node, D);
+    const sdk::Conv2dParams& g = p.g;
+    const plx_tensor* all[3] = {p.x, p.w, p.y};
+    dtype_ = p.dtype;
+    elem_ = p.elem;
     const cudnnDataType_t dt = dnn_type(dtype_);
-    const plx_tensor& out = D == Dir::Fwd ? *y : (D == Dir::BwdData ? *x : *w);
-    out_elems_ = numel(out);
-    N_ = g.N, O_ = g.O, OHW_ = g.OH * g.OW;
-
-    // Layouts: channels-last where a tensor is only that, NCHW otherwise; a tensor that is both
-    // (a size-1 dimension makes the two coincide) follows the others.
-    const plx_tensor* all[3] = {x, w, y};
-    bool prefer_nhwc = false;
-    for (const plx_tensor* t : all)
-      prefer_nhwc = prefer_nhwc || (!sdk::is_contiguous(*t) && sdk::is_channels_last(*t));
-    bool nhwc[3];
-    for (int i = 0; i < 3; ++i) {
-      const bool nchw_ok = sdk::is_contiguous(*all[i]), nhwc_ok = sdk::is_channels_last(*all[i]);
-      PLX_DECLINE_UNLESS(nchw_ok || nhwc_ok,
-                         "%s: a tensor's strides are neither NCHW contiguous nor channels-last",
-                         op);
-      nhwc[i] = prefer_nhwc ? nhwc_ok : !nchw_ok;
-    }
-    x_nhwc_ = nhwc[0], w_nhwc_ = nhwc[1], y_nhwc_ = nhwc[2];
-    if (has_bias_) {
-      const plx_tensor& b = node.input(2);
-      PLX_DECLINE_UNLESS(b.ndim == 1 && (b.shape[0] <= 1 || b.strides[0] == 1),
-                         "%s: the bias must be contiguous", op);
-    }
+    out_elems_ = p.out_elems;
+    N_ = p.N, O_ = p.O, OHW_ = p.OHW;
+    x_nhwc_ = p.x_nhwc, w_nhwc_ = p.w_nhwc, y_nhwc_ = p.y_nhwc;
+    has_bias_ = p.has_bias;
 
     PLX_DECLINE_UNLESS(!relu_ || has_bias_,
                        "conv2d+relu: cuDNN's fused call needs a bias; the pair runs as a chain");
     // Nothing to compute: an empty output, or an empty sum (y = bias or 0).
     if (out_elems_ == 0) return;
-    x_elems_ = numel(*x), w_elems_ = numel(*w), y_elems_ = numel(*y);
-    trivial_ = x_elems_ == 0 || w_elems_ == 0 || y_elems_ == 0;
+    x_elems_ = p.x_elems, w_elems_ = p.w_elems, y_elems_ = p.y_elems;
+    trivial_ = p.trivial;
     PLX_DECLINE_UNLESS(!(relu_ && trivial_), "conv2d+relu: an empty sum; the pair runs as a chain");
     if (trivial_) return;
 
@@ -469,19 +347,8 @@ class ConvKernel final : public Kernel {
       return false;
     };
     if (opt.benchmark) {
-      conv_cache::KeyParts k;
-      k.op = A::key;
-      k.dtype = plexus::dtype_name(dtype_);
-      k.x = {g.N, g.C, g.H, g.W};
-      k.w = {g.O, g.C / g.groups, g.KH, g.KW};
-      k.y = {g.N, g.O, g.OH, g.OW};
-      k.x_layout = layout_name(x_nhwc_);
-      k.w_layout = layout_name(w_nhwc_);
-      k.y_layout = layout_name(y_nhwc_);
-      k.stride = {g.sh, g.sw}, k.padding = {g.ph, g.pw}, k.dilation = {g.dh, g.dw};
-      k.groups = g.groups;
-      k.math = static_cast<int32_t>(asked);
-      const std::string key = conv_cache::make_key(k);
+      const std::string key =
+          conv_cache::make_key(dnn::cache_key(p, A::key, static_cast<int32_t>(asked)));
       conv_cache::AlgoCache& cache = conv_cache::shared_cache(opt.algo_cache, cache_header());
       std::lock_guard<std::mutex> lock(ctx_->mu);
       if (const auto c = cache.find(key); c && take(*c)) {
@@ -707,8 +574,10 @@ void register_conv(KernelRegistry& r) {
     r.add<ConvKernel<Dir::BwdFilter>, CudaBackend>("conv2d_backward_weight", d, "cudnn",
                                                    f | PLX_KERNEL_LIBRARY, l);
   }
-  // The plugin's own Tensor Core kernels come after cuDNN: the first accepting kernel stays
+  // cuDNN's graph API next (ops/conv_graph.cpp): the legacy calls stay the default, the tuner
+  // times both. Then the plugin's own Tensor Core kernels: the first accepting kernel stays
   // cuDNN's until the autotuner (or backend.kernels = "native") chooses otherwise.
+  register_conv_graph(r);
   register_igemm_conv(r);
   // Then the direct kernels for few input taps (the first layer), which the igemm ones decline.
   register_direct_conv(r);

@@ -558,6 +558,9 @@ std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphVie
       if (!backend.options().conv_bias_activation) return nullptr;
       layer = make_cudnn_conv_relu(node, backend);
       name = "conv2d+relu:cudnn-bias-activation";
+    } else if (!linear && impl == "cudnn_graph") {
+      layer = make_cudnn_graph_conv_relu(node, backend);
+      name = "conv2d+relu:cudnn_graph-fused";
     } else if (linear && impl.starts_with("mma_sync_")) {
       layer = make_mma_linear(node, backend, impl, MmaAct::Relu);
 #ifdef PLEXUS_CUDA_WGMMA

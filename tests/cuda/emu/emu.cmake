@@ -69,7 +69,8 @@ function(plexus_emu_variant suffix dir flags)
   set(plugin plexus_plugin_cuda_emu${suffix})
   add_library(${plugin} MODULE ${emu_sources}
     ${cuda_dir}/backend.cpp ${cuda_dir}/ops/fusion.cpp ${cuda_dir}/ops/conv_pool.cpp
-    ${cuda_dir}/ops/gemm.cpp ${cuda_dir}/ops/conv.cpp ${cuda_dir}/ops/conv_algo_cache.cpp
+    ${cuda_dir}/ops/gemm.cpp ${cuda_dir}/ops/conv.cpp ${cuda_dir}/ops/conv_graph.cpp
+    ${cuda_dir}/ops/conv_algo_cache.cpp
     ${cuda_dir}/ops/igemm_conv.cpp)
   # The emulator's cuda_runtime.h, cuda_fp16.h, ... come first: no CUDA toolkit header is used.
   target_include_directories(${plugin} BEFORE PRIVATE ${emu_dir}/include)
@@ -134,6 +135,10 @@ foreach(t
     "cuda igemm convolution candidates match the cpu reference"
     "cuda igemm convolution candidates are deterministic"
     "cuda igemm convolution candidates decline what they do not handle"
+    "cuda cudnn_graph convolutions match the cpu reference in every layout mix"
+    "cuda cudnn_graph convolutions run tensors that are not 16-byte aligned"
+    "cuda cudnn_graph convolutions keep to the engines their op and options allow"
+    "a conv2d -> relu pair given to cudnn_graph runs as one fused graph"
     "cuda direct convolutions match the cpu reference in every layout mix"
     "cuda direct convolutions are deterministic"
     "cuda direct convolutions decline what they do not handle"
@@ -238,6 +243,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
       "cuda max-pool kernels match the cpu in every layout mix"
       "cuda direct convolutions match the cpu reference in every layout mix"
+      "cuda cudnn_graph convolutions match the cpu reference in every layout mix"
+      "cuda cudnn_graph convolutions run tensors that are not 16-byte aligned"
       "cuda igemm convolution candidates match the cpu reference"
       "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
       "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
