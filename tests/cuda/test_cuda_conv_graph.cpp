@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/compare.hpp"
+#include "cuda/conv_geometry.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/layout_candidate.hpp"
 #include "cuda/pinned_kernel.hpp"
@@ -26,17 +27,11 @@
 using namespace plexus;
 using namespace plexus::test;
 using namespace plexus::test::layout_candidate;
+using namespace plexus::test::conv_geo;
 
 namespace {
 
 constexpr const char* kImpl = "cudnn_graph";
-
-struct Geo {
-  Shape x;  // N, C, H, W
-  int64_t o, kh, kw;
-  Ints stride, padding, dilation;
-  int64_t groups;
-};
 
 // convnet's second layer at a small batch; stride 2 with a rectangular filter and mixed padding;
 // dilation; two groups; a 1x1 with odd channels; an empty batch.
@@ -52,41 +47,8 @@ const std::vector<Geo>& geometries() {
   return g;
 }
 
-Attrs geo_attrs(const Geo& g) {
-  return Attrs{{"stride", g.stride}, {"padding", g.padding}, {"dilation", g.dilation},
-               {"groups", g.groups}};
-}
-
-Shape out_shape(const Geo& g) {
-  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.dilation[0] * (g.kh - 1) - 1) / g.stride[0] + 1;
-  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.dilation[1] * (g.kw - 1) - 1) / g.stride[1] + 1;
-  return {g.x[0], g.o, oh, ow};
-}
-
-std::string describe(const Geo& g) {
-  auto s = [](const std::vector<int64_t>& v) {
-    std::string r = "(";
-    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
-    return r + ")";
-  };
-  return "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) + "x" +
-         std::to_string(g.kw) + " stride " + s(g.stride) + " padding " + s(g.padding) +
-         " dilation " + s(g.dilation) + " groups " + std::to_string(g.groups);
-}
-
 const plx_kernel* graph_kernel(Backend& gpu, const std::string& op, plx_dtype d) {
-  const OpSchema& s = runtime().ops().get(op);
-  for (const plx_kernel* k : gpu.kernels(s.id, d))
-    if (k->impl && std::string(k->impl) == kImpl) return k;
-  return nullptr;
-}
-
-struct Layouts {
-  bool x, w, y;
-};
-std::string layout_name(const Layouts& l) {
-  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
-  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
+  return kernel_by_impl(gpu, op, d, kImpl);
 }
 
 // Runs the cudnn_graph kernel of `op` for one node into `out` and compares with `want`. Returns
@@ -123,7 +85,7 @@ TEST_CASE("cuda cudnn_graph convolutions match the cpu reference in every layout
   int ran = 0, declined = 0;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
     for (const Geo& g : geometries()) {
-      const Shape w_shape = {g.o, g.x[1] / g.groups, g.kh, g.kw};
+      const Shape w_shape = conv_geo::w_shape(g);
       const Shape y_shape = out_shape(g);
       const Tensor x = random_tensor(g.x, d, ++seed);
       const Tensor w = random_tensor(w_shape, d, ++seed);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/compare.hpp"
+#include "cuda/conv_geometry.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/fused_pair.hpp"
 #include "cuda/layout_candidate.hpp"
@@ -23,16 +24,11 @@
 using namespace plexus;
 using namespace plexus::test;
 using namespace plexus::test::layout_candidate;
+using namespace plexus::test::conv_geo;
 
 namespace {
 
 constexpr const char* kImpl = "direct";
-
-struct Geo {
-  Shape x;  // N, C, H, W
-  int64_t o, kh, kw;
-  Ints stride, padding, dilation;
-};
 
 // The first layers of convnet (padding 1, 32 channels) and simplecnn (no padding, 16), at a batch
 // whose pixel count leaves a ragged last tile; an RGB-like stem with stride 2; K = 32 (the
@@ -52,43 +48,8 @@ const std::vector<Geo>& geometries() {
   return g;
 }
 
-Attrs geo_attrs(const Geo& g) {
-  return Attrs{{"stride", g.stride},
-               {"padding", g.padding},
-               {"dilation", g.dilation},
-               {"groups", int64_t{1}}};
-}
-
-Shape out_shape(const Geo& g) {
-  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.dilation[0] * (g.kh - 1) - 1) / g.stride[0] + 1;
-  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.dilation[1] * (g.kw - 1) - 1) / g.stride[1] + 1;
-  return {g.x[0], g.o, oh, ow};
-}
-
-std::string describe(const Geo& g) {
-  auto s = [](const std::vector<int64_t>& v) {
-    std::string r = "(";
-    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
-    return r + ")";
-  };
-  return "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) + "x" +
-         std::to_string(g.kw) + " stride " + s(g.stride) + " padding " + s(g.padding) +
-         " dilation " + s(g.dilation);
-}
-
 const plx_kernel* direct_kernel(Backend& gpu, const std::string& op, plx_dtype d) {
-  const OpSchema& s = runtime().ops().get(op);
-  for (const plx_kernel* k : gpu.kernels(s.id, d))
-    if (k->impl && std::string(k->impl) == kImpl) return k;
-  return nullptr;
-}
-
-struct Layouts {
-  bool x, w, y;
-};
-std::string layout_name(const Layouts& l) {
-  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
-  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
+  return kernel_by_impl(gpu, op, d, kImpl);
 }
 
 // Runs the direct kernel of `op` for one node; it must accept; compares with `want`.
@@ -265,6 +226,7 @@ TEST_CASE(
     "kernel",
     "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
+  (void)probe;  // the runtimes below are each case's own
   struct C {
     Shape x;
     int64_t o;
@@ -346,6 +308,7 @@ TEST_CASE(
     "a first layer with its relu and max pool runs as one direct kernel with the unfused bits",
     "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
+  (void)probe;  // the runtimes below are each case's own
   struct C {
     Shape x;
     int64_t o;
@@ -424,6 +387,7 @@ TEST_CASE(
     "kernel",
     "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
+  (void)probe;  // the runtimes below are each case's own
   struct C {
     Shape x;
     int64_t o;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/compare.hpp"
+#include "cuda/conv_geometry.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/fused_pair.hpp"
 #include "cuda/layout_candidate.hpp"
@@ -24,16 +25,11 @@
 using namespace plexus;
 using namespace plexus::test;
 using namespace plexus::test::layout_candidate;
+using namespace plexus::test::conv_geo;
 
 namespace {
 
 constexpr const char* kPrefix = "igemm_";
-
-struct Geo {
-  Shape x;  // N, C, H, W
-  int64_t o, kh, kw;
-  Ints stride, padding;
-};
 
 // Our models' convolutions (simplecnn's and convnet's second and third layers, at a small
 // batch) and shapes that leave ragged edges in M = N·OH·OW, in O, in K = KH·KW·C and in the
@@ -64,27 +60,6 @@ const std::vector<Geo>& tf32_geometries() {
   return g;
 }
 
-Attrs geo_attrs(const Geo& g) {
-  return Attrs{{"stride", g.stride}, {"padding", g.padding}, {"dilation", Ints{1, 1}},
-               {"groups", int64_t{1}}};
-}
-
-Shape out_shape(const Geo& g) {
-  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.kh) / g.stride[0] + 1;
-  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.kw) / g.stride[1] + 1;
-  return {g.x[0], g.o, oh, ow};
-}
-
-std::string describe(const Geo& g) {
-  auto s = [](const Shape& v) {
-    std::string r = "(";
-    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
-    return r + ")";
-  };
-  return "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) + "x" +
-         std::to_string(g.kw) + " stride " + s(g.stride) + " padding " + s(g.padding);
-}
-
 std::vector<const plx_kernel*> candidates(Backend& gpu, const OpSchema& s, plx_dtype d) {
   std::vector<const plx_kernel*> out;
   for (const plx_kernel* k : gpu.kernels(s.id, d))
@@ -94,16 +69,8 @@ std::vector<const plx_kernel*> candidates(Backend& gpu, const OpSchema& s, plx_d
 
 // Layout mixes: (x, w, y) channels-last or not. All NCHW is what the executor hands today;
 // all channels-last is the fast path; the mixed ones exercise each staging step alone.
-struct Layouts {
-  bool x, w, y;
-};
 const Layouts kLayouts[] = {
     {false, false, false}, {true, true, true}, {true, false, false}, {false, true, true}};
-
-std::string layout_name(const Layouts& l) {
-  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
-  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
-}
 
 // Runs every candidate of `op` for one node; checks that each one accepts when `must_accept`,
 // and compares each result with `want`.

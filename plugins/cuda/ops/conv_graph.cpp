@@ -169,6 +169,41 @@ BackendDesc pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const 
   return op;
 }
 
+// A convolution operation's descriptor type and attribute names by role: x (dx), w (dw), y (dy).
+struct OpAttrs {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+constexpr OpAttrs op_attrs(Dir d) {
+  switch (d) {
+    case Dir::Fwd:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case Dir::BwdData:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+    case Dir::BwdFilter:
+      break;
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+}
+
 // The operation graph of problem `p` in direction D: the convolution with `beta` (1 where the
 // output already holds the bias), then the epilogue's pointwise operations (forward only).
 // Throws sdk::Unsupported where cuDNN refuses the graph.
@@ -201,32 +236,15 @@ Graph build_graph(cudnnHandle_t h, const dnn::ConvProblem& p, float beta, Epilog
   conv.finalize();
 
   const float alpha = 1.0f;
+  const OpAttrs at = op_attrs(D);
   std::optional<BackendDesc> op;
-  if constexpr (D == Dir::Fwd) {
-    op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else if constexpr (D == Dir::BwdData) {
-    op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else {
-    op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y);
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  }
+  op.emplace(at.type);
+  op->set_desc(at.x, x);
+  op->set_desc(at.w, w);
+  op->set_desc(at.y, y);
+  op->set_desc(at.conv, conv);
+  op->set(at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
+  op->set(at.beta, CUDNN_TYPE_FLOAT, 1, &beta);
   const cudnnStatus_t st = op->try_finalize();
   PLX_DECLINE_UNLESS(st == CUDNN_STATUS_SUCCESS, "%s: cuDNN's graph API refuses the operation: %s",
                      dnn::op_name(D), last_error(st).c_str());

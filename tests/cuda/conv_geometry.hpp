@@ -1,0 +1,74 @@
+// One convolution's geometry for the tests of the CUDA plugin's convolution candidates
+// (test_igemm_conv.cpp, test_direct_conv.cpp, test_cuda_conv_graph.cpp): the node's shapes and
+// attributes, a description for failure messages, the layout mixes of x, w and y, and a
+// registered kernel by its impl name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plexus/attrs.hpp"
+#include "plexus/backend.hpp"
+#include "plexus/op_schema.hpp"
+#include "plexus/tensor.hpp"
+#include "support/harness.hpp"
+
+namespace plexus::test::conv_geo {
+
+struct Geo {
+  Shape x;  // N, C, H, W
+  int64_t o, kh, kw;
+  Ints stride, padding;
+  Ints dilation = {1, 1};
+  int64_t groups = 1;
+};
+
+inline Attrs geo_attrs(const Geo& g) {
+  return Attrs{{"stride", g.stride}, {"padding", g.padding}, {"dilation", g.dilation},
+               {"groups", g.groups}};
+}
+
+inline Shape w_shape(const Geo& g) {
+  return {g.o, g.x[1] / g.groups, g.kh, g.kw};
+}
+
+inline Shape out_shape(const Geo& g) {
+  const int64_t oh = (g.x[2] + 2 * g.padding[0] - g.dilation[0] * (g.kh - 1) - 1) / g.stride[0] + 1;
+  const int64_t ow = (g.x[3] + 2 * g.padding[1] - g.dilation[1] * (g.kw - 1) - 1) / g.stride[1] + 1;
+  return {g.x[0], g.o, oh, ow};
+}
+
+inline std::string describe(const Geo& g) {
+  auto s = [](const std::vector<int64_t>& v) {
+    std::string r = "(";
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+    return r + ")";
+  };
+  std::string d = "x" + s(g.x) + " o " + std::to_string(g.o) + " k " + std::to_string(g.kh) +
+                  "x" + std::to_string(g.kw) + " stride " + s(g.stride) + " padding " +
+                  s(g.padding);
+  if (g.dilation != Ints{1, 1}) d += " dilation " + s(g.dilation);
+  if (g.groups != 1) d += " groups " + std::to_string(g.groups);
+  return d;
+}
+
+// Which of x, w and y are channels-last.
+struct Layouts {
+  bool x, w, y;
+};
+inline std::string layout_name(const Layouts& l) {
+  auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
+  return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);
+}
+
+// The backend's kernel of `op` in dtype `d` whose impl is `impl`, or null.
+inline const plx_kernel* kernel_by_impl(Backend& gpu, const std::string& op, plx_dtype d,
+                                        const std::string& impl) {
+  const OpSchema& s = runtime().ops().get(op);
+  for (const plx_kernel* k : gpu.kernels(s.id, d))
+    if (k->impl && impl == k->impl) return k;
+  return nullptr;
+}
+
+}  // namespace plexus::test::conv_geo
