@@ -170,9 +170,9 @@ TEST_CASE("cuda cudnn_graph convolutions run tensors that are not 16-byte aligne
 }
 
 // The engine a kernel takes follows its op and the plugin's options. Without `benchmark` it is
-// the heuristic's first usable one, and with TF32 off an f32 convolution must not be a Tensor
-// Core (TF32) engine: its results then hold to f32's tolerance, which TF32's rounding of the
-// inputs does not meet. With conv_workspace = 0 every kernel takes an engine without workspace.
+// the heuristic's first usable one (not a runtime-compiled one, for a plain convolution), and
+// with TF32 off an f32 convolution must not be a Tensor Core (TF32) engine: its results then
+// hold to f32's tolerance, which TF32's rounding of the inputs does not meet. With conv_workspace = 0 every kernel takes an engine without workspace.
 // With `benchmark` on, the measured choice of each op goes into the algorithm cache file under
 // keys of its own.
 TEST_CASE("cuda cudnn_graph convolutions keep to the engines their op and options allow",
@@ -240,8 +240,9 @@ TEST_CASE("cuda cudnn_graph convolutions keep to the engines their op and option
         INFO(diff);
         CHECK(diff.empty());
         if (st.no_workspace) CHECK(ws == 0);
-        // On the emulator the heuristic's first engine needs workspace (and is a TF32 one,
-        // which f32 with TF32 off leaves out for the second, which needs none).
+        // On the emulator the heuristic ranks first a runtime-compiled engine without workspace
+        // (left out: plain convolutions do not compile engines), then one with workspace that
+        // rounds f32 to TF32 (left out for f32, whose TF32 is off, for one without workspace).
         if (emulated && std::string(st.what) == "the heuristic's first")
           CHECK((ws == 0) == (d == PLX_F32));
       }

@@ -15,9 +15,10 @@
 //
 // The engine: each kernel builds its operation graph at creation, asks the heuristic
 // (CUDNN_HEUR_MODE_A, FALLBACK where A has nothing) for its configurations, and leaves out those
-// whose numerical notes do not fit the op: engines that down-convert their inputs, Tensor Core
-// (TF32) engines for f32 when the plugin's tf32 option is off, non-deterministic engines for the
-// forward (conv2d claims PLX_KERNEL_DETERMINISTIC). Of the rest, those whose execution plan
+// whose notes do not fit the op: engines that down-convert their inputs, Tensor Core (TF32)
+// engines for f32 when the plugin's tf32 option is off, non-deterministic engines for the
+// forward (conv2d claims PLX_KERNEL_DETERMINISTIC), runtime-compiled engines for a plain
+// convolution (their compilation costs seconds per plan; fused graphs need them). Of the rest, those whose execution plan
 // cuDNN finalizes within `conv_workspace` are timed on scratch buffers when the plugin's
 // `benchmark` option is on (the first kMaxTimed of them, in the heuristic's order; a
 // deterministic backward engine within 5% of the fastest is preferred), and the fastest kept;
@@ -372,23 +373,35 @@ struct Plan {
   float ms = -1.0f;  // measured
 };
 
-// Why a configuration does not fit the op, or "" where it does.
-const char* unfit(const Notes& n, Dir d, plx_dtype dtype, bool tf32) {
+// What a kernel asks of an engine: its direction, data type, whether TF32 is allowed, and
+// whether its graph is fused (conv + ADD [+ RELU_FWD]).
+struct Want {
+  Dir dir;
+  plx_dtype dtype;
+  bool tf32, fused;
+};
+
+// Why a configuration does not fit the op, or "" where it does. Runtime-compiled engines are
+// left to fused graphs, which need them: compiling one takes seconds at creation, and PyTorch
+// leaves them out of its plain convolutions too.
+const char* unfit(const Notes& n, const Want& w) {
   if (n.down_convert) return "it down-converts its inputs";
   if (n.reorder) return "it wants int8x32 reordered operands";
-  if (dtype == PLX_F32 && !tf32 && n.tensor_core) return "TF32 is off";
-  if (d == Dir::Fwd && n.nondeterministic) return "the forward keeps to deterministic engines";
+  if (w.dtype == PLX_F32 && !w.tf32 && n.tensor_core) return "TF32 is off";
+  if (w.dir == Dir::Fwd && n.nondeterministic) return "the forward keeps to deterministic engines";
+  if (!w.fused && n.runtime_compiled) return "runtime compilation is kept for fused graphs";
   return "";
 }
 
 // The plan of configuration `cfg` at `position`, or nullopt (with why in the debug log) where it
 // does not fit, cuDNN does not finalize it, or it wants more workspace than `limit`.
-std::optional<Plan> make_plan(cudnnHandle_t h, BackendDesc cfg, int32_t position, Dir d,
-                              plx_dtype dtype, bool tf32, uint64_t limit) {
+std::optional<Plan> make_plan(cudnnHandle_t h, BackendDesc cfg, int32_t position, const Want& w,
+                              uint64_t limit) {
+  const Dir d = w.dir;
   Plan p;
   p.notes = notes_of(cfg);
   p.position = position;
-  if (const char* why = unfit(p.notes, d, dtype, tf32); why[0]) {
+  if (const char* why = unfit(p.notes, w); why[0]) {
     PLX_LOG(PLX_LOG_DEBUG, kLog, "%s: %s skipped: %s", dnn::op_name(d), p.notes.text().c_str(),
             why);
     return std::nullopt;
@@ -530,6 +543,7 @@ class GraphConvKernel final : public Kernel {
   }
 
   Epilogue epilogue() const { return Epilogue{fused_bias_, relu_}; }
+  Want want() const { return Want{D, p_.dtype, tf32_, fused_bias_}; }
   float beta() const { return D == Dir::Fwd && p_.has_bias && !fused_bias_ ? 1.0f : 0.0f; }
 
   // Builds graph_ and chooses plan_: cached, measured or the heuristic's first usable plan.
@@ -547,7 +561,7 @@ class GraphConvKernel final : public Kernel {
       if (const auto c = cache->find(key); c && c->algo >= 0 &&
                                              c->algo < static_cast<int32_t>(cfgs.size())) {
         if (auto p = make_plan(ctx_->dnn, std::move(cfgs[static_cast<size_t>(c->algo)]), c->algo,
-                               D, p_.dtype, tf32_, limit_)) {
+                               want(), limit_)) {
           plan_ = std::move(p);
           return "cached";
         }
@@ -558,8 +572,8 @@ class GraphConvKernel final : public Kernel {
     for (size_t i = 0; i < cfgs.size(); ++i) {
       if (!cache && !usable.empty()) break;
       if (cache && usable.size() >= static_cast<size_t>(kMaxTimed)) break;
-      if (auto p = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), D, p_.dtype,
-                             tf32_, limit_))
+      if (auto p = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), want(),
+                             limit_))
         usable.push_back(std::move(*p));
     }
     PLX_DECLINE_UNLESS(!usable.empty(),
@@ -657,8 +671,8 @@ class GraphConvKernel final : public Kernel {
     std::vector<BackendDesc> cfgs = heuristic_configs(*unaligned_graph_.graph);
     // The aligned plan's workspace is what the host set aside; one that needs more cannot run.
     for (size_t i = 0; i < cfgs.size() && !unaligned_plan_; ++i)
-      unaligned_plan_ = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), D,
-                                  p_.dtype, tf32_, static_cast<uint64_t>(plan_->workspace));
+      unaligned_plan_ = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), want(),
+                                  static_cast<uint64_t>(plan_->workspace));
     PLX_REQUIRE(unaligned_plan_,
                 "%s: cuDNN has no engine for tensors that are not %lld-byte aligned within the "
                 "workspace set aside",

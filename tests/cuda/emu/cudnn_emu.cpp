@@ -736,13 +736,14 @@ cudnnStatus_t cudnnConvolutionBiasActivationForward(
 // of a (1, K, 1, 1) bias and an optional RELU_FWD (its input virtual f32 too); anything else is
 // NOT_SUPPORTED.
 //
-// The heuristic ranks four emulated engines (global indices): 0, implicit GEMM with a workspace of
+// The heuristic ranks five emulated engines (global indices): 0, implicit GEMM with a workspace of
 // 8 x C/groups x R x S bytes, deterministic, Tensor Cores (f32 inputs rounded to TF32), the only
 // one that runs the fused graph, and only on packed NHWC x and y in f16 or bf16 (with the
 // runtime-compilation note); 1, no workspace, full f32 for f32 data, its backward convolutions
 // non-deterministic (summed in the other order); 2, computed as 1 in the deterministic order but
-// noted DOWN_CONVERT_INPUTS; 3, listed but refused by every execution plan. A fused graph gets
-// engines 0 and 3 only. The arithmetic is convolve()'s, so a graph gives the bits of the legacy
+// noted DOWN_CONVERT_INPUTS; 3, listed but refused by every execution plan; 4, ranked first for
+// a plain convolution, computed as 0 without workspace but noted RUNTIME_COMPILATION (callers
+// may keep such engines for fused graphs). A fused graph gets engines 0 and 3 only. The arithmetic is convolve()'s, so a graph gives the bits of the legacy
 // call with the same sum order and rounding. cudnnBackendExecute checks that the variant pack gives
 // every non-virtual tensor of the graph an aligned pointer and the plan's workspace, then enqueues
 // the work on the handle's stream as run() does (the workspace filled with 0xA5 first). A
@@ -1458,7 +1459,7 @@ bool packed_nhwc(const BTensor& t) {
 }
 std::vector<int> engines_for(const Problem& p) {
   if (p.fused) return {0, 3};
-  return {0, 1, 2, 3};
+  return {4, 0, 1, 2, 3};
 }
 int64_t engine_workspace(const Problem& p, int e) {
   return e == 0 ? 8 * static_cast<int64_t>(p.g.w.d[1]) * p.g.w.d[2] * p.g.w.d[3] : 0;
@@ -1466,13 +1467,14 @@ int64_t engine_workspace(const Problem& p, int e) {
 std::vector<cudnnBackendNumericalNote_t> numerical_notes(const Problem& p, int e) {
   const bool f32 = p.g.x.type == CUDNN_DATA_FLOAT;
   std::vector<cudnnBackendNumericalNote_t> n;
-  if (e == 0 || ((e == 1 || e == 2) && !f32)) n.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+  if (e == 0 || e == 4 || ((e == 1 || e == 2) && !f32))
+    n.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
   if (e == 1 && p.dir != Dir::Fwd) n.push_back(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
   if (e == 2) n.push_back(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
   return n;
 }
 std::vector<cudnnBackendBehaviorNote_t> behavior_notes(const Problem& p, int e) {
-  if (e == 0 && p.fused) return {CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
+  if ((e == 0 && p.fused) || e == 4) return {CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
   return {};
 }
 // Why engine e cannot run the graph; empty where it can.
@@ -1750,7 +1752,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     return fail(CUDNN_STATUS_BAD_PARAM, f + "the plan needs " + std::to_string(need) +
                                             " bytes of workspace and the variant pack has none");
   Geometry g = p.g;
-  g.tf32 = plan->engine == 0 && g.x.type == CUDNN_DATA_FLOAT;
+  g.tf32 = (plan->engine == 0 || plan->engine == 4) && g.x.type == CUDNN_DATA_FLOAT;
   const bool rev = plan->engine == 1 && p.dir != Dir::Fwd;
   Epilogue ep;
   if (p.fused) {
