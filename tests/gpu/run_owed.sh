@@ -202,7 +202,7 @@ if has goalprofile; then
     --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
-  grep -E 'on the graph API|cuda.conv\] conv2d.*(ms, workspace|no plan|skipped)' \
+  grep -E 'on the graph API|graph API failed|cuda.conv\] conv2d.*(ms, workspace|no plan|skipped)' \
     "$OUT/bench-kernels-$tag.log" | sort | uniq -c | sort -rn | head -60 | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
   run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
