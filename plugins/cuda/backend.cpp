@@ -374,7 +374,7 @@ class CudaPlugin final : public sdk::Plugin {
  public:
   explicit CudaPlugin(const sdk::HostContext& host) {
     host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace", "fuse_chunk_bytes",
-                        "pool_bias", "conv_bias_activation"});
+                        "pool_bias", "conv_bias_activation", "graph_api"});
     CudaOptions o;
     o.tf32 = option_bool(host, "tf32", false);
     o.benchmark = option_bool(host, "benchmark", true);
@@ -390,6 +390,7 @@ class CudaPlugin final : public sdk::Plugin {
     o.fuse_chunk_bytes = static_cast<uint64_t>(chunk);
     o.pool_bias = option_bool(host, "pool_bias", true);
     o.conv_bias_activation = option_bool(host, "conv_bias_activation", true);
+    o.graph_api = option_bool(host, "graph_api", true);
     auto& b = add_backend(std::make_unique<CudaBackend>(std::move(o)));
     if (b.device_count() == 0)
       PLX_LOG(PLX_LOG_DEBUG, "cuda", "%s", b.unavailable_reason().c_str());

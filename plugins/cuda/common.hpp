@@ -99,6 +99,9 @@ struct CudaOptions {
   // A conv2d's bias (and a ReLU after it) in cudnnConvolutionBiasActivationForward where cuDNN
   // takes it (false: the bias written first and the ReLU's own kernel, to time the two).
   bool conv_bias_activation = true;
+  // The convolutions' cudnn_graph candidates (ops/conv_graph.cpp); false: they decline, and the
+  // legacy cuDNN calls and the plugin's own kernels take the nodes.
+  bool graph_api = true;
 };
 
 // n elements of T in device memory owned by one kernel object: zeroed, or copied from the host,

@@ -174,7 +174,7 @@ TEST_CASE("cuda cudnn_graph convolutions run tensors that are not 16-byte aligne
 // with TF32 off an f32 convolution must not be a Tensor Core (TF32) engine: its results then
 // hold to f32's tolerance, which TF32's rounding of the inputs does not meet. With conv_workspace = 0 every kernel takes an engine without workspace.
 // With `benchmark` on, the measured choice of each op goes into the algorithm cache file under
-// keys of its own.
+// keys of its own. With graph_api = false the candidates decline.
 TEST_CASE("cuda cudnn_graph convolutions keep to the engines their op and options allow",
           "[cuda]") {
   PLX_REQUIRE_CUDA(probe);
@@ -247,6 +247,20 @@ TEST_CASE("cuda cudnn_graph convolutions keep to the engines their op and option
           CHECK((ws == 0) == (d == PLX_F32));
       }
     }
+  }
+  // graph_api = false: the candidates decline, naming the option.
+  {
+    RuntimeOptions o = plugin_dir_options();
+    o.plugins.options["cuda"]["graph_api"] = "false";
+    Runtime rt(o);
+    Backend& gpu = rt.backend("cuda");
+    const Tensor x = random_tensor(g.x, PLX_BF16, 51), w = random_tensor(w_shape, PLX_BF16, 52);
+    const plx_kernel* k = graph_kernel(gpu, "conv2d", PLX_BF16);
+    REQUIRE(k != nullptr);
+    Tensor out = poisoned(gpu, y_shape, PLX_BF16, false);
+    const std::string why = run_candidate(gpu, rt.ops().get("conv2d"), k,
+                                          {x.to(gpu), w.to(gpu), Tensor()}, {out}, geo);
+    CHECK_THAT(why, PLX_CONTAINS("the plugin's graph_api option"));
   }
   std::ifstream f(dir / "algos.tsv");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

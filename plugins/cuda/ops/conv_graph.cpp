@@ -454,10 +454,12 @@ class GraphConvKernel final : public Kernel {
                        "chain");
     PLX_DECLINE_UNLESS(!(relu_ && p_.trivial),
                        "conv2d+relu: an empty sum; the pair runs as a chain");
+    const CudaOptions& opt = backend.options();
+    PLX_DECLINE_UNLESS(opt.graph_api, "%s: cudnn_graph is off (the plugin's graph_api option)",
+                       op);
     if (p_.trivial) return;
     use_device(device_);
     ctx_ = &backend.context(device_);
-    const CudaOptions& opt = backend.options();
     tf32_ = opt.tf32;
     limit_ = opt.conv_workspace;
     std::lock_guard<std::mutex> lock(ctx_->mu);
