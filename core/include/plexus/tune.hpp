@@ -116,13 +116,13 @@ std::string tune_key(const Backend& backend, int32_t device, const OpSchema& sch
                      const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                      const Attrs& attrs);
 
+// Fastest first, the untimed (ms < 0) last, ties in their order.
+void sort_fastest_first(std::vector<CandidateTime>& times);
+
 // Runs `kernel` on zero-filled scratch buffers with the descriptors' shapes and strides (and its
 // workspace) on the device's stream, timed with the backend's events: one warm-up run, then runs
 // until about `budget_ms` has passed (at least 3, at most 100). Returns the median milliseconds
 // per run. Throws what the kernel throws.
-// Fastest first, the untimed (ms < 0) last, ties in their order.
-void sort_fastest_first(std::vector<CandidateTime>& times);
-
 double time_kernel(Backend& backend, const PreparedKernel& kernel,
                    const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                    int32_t device, double budget_ms = 20);

@@ -349,7 +349,8 @@ class ConvKernel final : public Kernel {
     if (opt.benchmark) {
       const std::string key =
           conv_cache::make_key(dnn::cache_key(p, A::key, static_cast<int32_t>(asked)));
-      conv_cache::AlgoCache& cache = conv_cache::shared_cache(opt.algo_cache, cache_header());
+      conv_cache::AlgoCache& cache =
+          conv_cache::shared_cache(opt.algo_cache, dnn::cache_header(*ctx_));
       std::lock_guard<std::mutex> lock(ctx_->mu);
       if (const auto c = cache.find(key); c && take(*c)) {
         chosen = true, how = "cached";
@@ -442,14 +443,6 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  // The header of the algorithm cache file for this device and these libraries.
-  std::string cache_header() const {
-    int runtime = 0;
-    PLX_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    return conv_cache::header_line(ctx_->prop.name, ctx_->prop.major, ctx_->prop.minor,
-                                   static_cast<uint64_t>(cudnnGetVersion()), runtime);
-  }
-
   // y = act(alpha1 * conv(x, w) + alpha2 * z + bias) with z = y (alpha2 = 0: cuDNN's callers'
   // common use; y is not read then).
   cudnnStatus_t run_fused(cudnnHandle_t h, const Ptrs& p, const void* bias, void* ws,

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <iterator>
 #include <memory>
@@ -124,10 +125,11 @@ struct Epilogue {
   bool relu = false;  // then max(0, .)
 };
 
-// One operation graph with what its descriptors need kept alive, and the uids of the tensors a
-// call passes (the virtual ones excluded).
+// One operation graph with what its descriptors need kept alive (a deque: the epilogue's
+// operations refer to tensors already in it), and the uids of the tensors a call passes (the
+// virtual ones excluded).
 struct Graph {
-  std::vector<BackendDesc> parts;
+  std::deque<BackendDesc> parts;
   std::optional<BackendDesc> graph;
   std::vector<int64_t> uids;
 };
@@ -155,7 +157,7 @@ BackendDesc tensor(int64_t uid, cudnnDataType_t dt, const std::array<int64_t, 4>
 }
 
 BackendDesc pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const BackendDesc* b,
-                         const BackendDesc& y, std::vector<BackendDesc>& parts) {
+                         const BackendDesc& y, std::deque<BackendDesc>& parts) {
   BackendDesc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   pw.set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
@@ -214,8 +216,6 @@ Graph build_graph(cudnnHandle_t h, const dnn::ConvProblem& p, float beta, Epilog
   const sdk::Conv2dParams& g = p.g;
   const cudnnDataType_t dt = dnn::dnn_type(p.dtype);
   Graph gr;
-  // The epilogue's operations point at tensors kept in gr.parts: no reallocation while it grows.
-  gr.parts.reserve(16);
   const std::array<int64_t, 4> xd{g.N, g.C, g.H, g.W}, wd{g.O, g.C / g.groups, g.KH, g.KW},
       yd{g.N, g.O, g.OH, g.OW};
   const bool fused = ep.bias || ep.relu;
@@ -238,18 +238,17 @@ Graph build_graph(cudnnHandle_t h, const dnn::ConvProblem& p, float beta, Epilog
 
   const float alpha = 1.0f;
   const OpAttrs at = op_attrs(D);
-  std::optional<BackendDesc> op;
-  op.emplace(at.type);
-  op->set_desc(at.x, x);
-  op->set_desc(at.w, w);
-  op->set_desc(at.y, y);
-  op->set_desc(at.conv, conv);
-  op->set(at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
-  op->set(at.beta, CUDNN_TYPE_FLOAT, 1, &beta);
-  const cudnnStatus_t st = op->try_finalize();
+  BackendDesc op(at.type);
+  op.set_desc(at.x, x);
+  op.set_desc(at.w, w);
+  op.set_desc(at.y, y);
+  op.set_desc(at.conv, conv);
+  op.set(at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
+  op.set(at.beta, CUDNN_TYPE_FLOAT, 1, &beta);
+  const cudnnStatus_t st = op.try_finalize();
   PLX_DECLINE_UNLESS(st == CUDNN_STATUS_SUCCESS, "%s: cuDNN's graph API refuses the operation: %s",
                      dnn::op_name(D), last_error(st).c_str());
-  std::vector<cudnnBackendDescriptor_t> ops{op->get()};
+  std::vector<cudnnBackendDescriptor_t> ops{op.get()};
   gr.uids = {kX, kW};
   if (fused) {
     // conv -> [ADD bias ->] [RELU ->] y, through virtual f32 tensors.
@@ -284,7 +283,7 @@ Graph build_graph(cudnnHandle_t h, const dnn::ConvProblem& p, float beta, Epilog
   PLX_DECLINE_UNLESS(gs == CUDNN_STATUS_SUCCESS, "%s%s: cuDNN's graph API refuses the graph: %s",
                      dnn::op_name(D), ep.relu ? "+bias+relu" : ep.bias ? "+bias" : "",
                      last_error(gs).c_str());
-  for (BackendDesc* d : {&x, &w, &y, &conv, &*op}) gr.parts.push_back(std::move(*d));
+  for (BackendDesc* d : {&x, &w, &y, &conv, &op}) gr.parts.push_back(std::move(*d));
   gr.graph.emplace(std::move(graph));
   return gr;
 }
@@ -393,9 +392,10 @@ const char* unfit(const Notes& n, const Want& w) {
   return "";
 }
 
-// The plan of configuration `cfg` at `position`, or nullopt (with why in the debug log) where it
-// does not fit, cuDNN does not finalize it, or it wants more workspace than `limit`.
-std::optional<Plan> make_plan(cudnnHandle_t h, BackendDesc cfg, int32_t position, const Want& w,
+// The plan of configuration `cfg` at `position` (which it then owns), or nullopt (with why in
+// the debug log, `cfg` left as it was) where it does not fit, cuDNN does not finalize it, or it
+// wants more workspace than `limit`.
+std::optional<Plan> make_plan(cudnnHandle_t h, BackendDesc& cfg, int32_t position, const Want& w,
                               uint64_t limit) {
   const Dir d = w.dir;
   Plan p;
@@ -423,6 +423,13 @@ std::optional<Plan> make_plan(cudnnHandle_t h, BackendDesc cfg, int32_t position
   p.cfg.emplace(std::move(cfg));
   p.plan.emplace(std::move(plan));
   return p;
+}
+
+// The pointers of x (dx), w (dw), y (dy) and the bias in the order of `uids`.
+std::vector<void*> by_uid(const std::vector<int64_t>& uids, void* x, void* w, void* y, void* b) {
+  std::vector<void*> out;
+  for (int64_t u : uids) out.push_back(u == kX ? x : u == kW ? w : u == kY ? y : b);
+  return out;
 }
 
 // Runs `plan` with these device pointers (by uid) on the handle's current stream.
@@ -511,7 +518,7 @@ class GraphConvKernel final : public Kernel {
             cudaMemsetAsync(out, 0, static_cast<size_t>(p_.out_elems) * p_.elem, stream));
       return;
     }
-    std::vector<void*> ptrs = pointers(c);
+    const std::vector<void*> ptrs = pointers(c);
     bool aligned = true;
     for (void* q : ptrs) aligned = aligned && reinterpret_cast<uintptr_t>(q) % kAlignment == 0;
     std::lock_guard<std::mutex> lock(ctx_->mu);
@@ -531,16 +538,15 @@ class GraphConvKernel final : public Kernel {
   }
 
  private:
-  // The call's pointers in the order of graph_.uids.
+  // The call's pointers in the order of graph_.uids (the unaligned graph's are the same).
   std::vector<void*> pointers(const KernelCall& c) const {
-    if constexpr (D == Dir::Fwd) {
-      if (fused_bias_) return {c.in(0).data, c.in(1).data, c.in(2).data, c.out(0).data};
-      return {c.in(0).data, c.in(1).data, c.out(0).data};
-    } else if constexpr (D == Dir::BwdData) {
-      return {c.out(0).data, c.in(1).data, c.in(0).data};  // x = dx, w, y = dy
-    } else {
-      return {c.in(1).data, c.out(0).data, c.in(0).data};  // x, w = dw, y = dy
-    }
+    if constexpr (D == Dir::Fwd)
+      return by_uid(graph_.uids, c.in(0).data, c.in(1).data, c.out(0).data,
+                    fused_bias_ ? c.in(2).data : nullptr);
+    else if constexpr (D == Dir::BwdData)
+      return by_uid(graph_.uids, c.out(0).data, c.in(1).data, c.in(0).data, nullptr);
+    else
+      return by_uid(graph_.uids, c.in(1).data, c.out(0).data, c.in(0).data, nullptr);
   }
 
   // Chooses the graph and its plan: with the ReLU, with the bias ADD (where an engine runs it),
@@ -572,24 +578,22 @@ class GraphConvKernel final : public Kernel {
                        dnn::op_name(D));
     const std::string key = conv_cache::make_key(dnn::cache_key(p_, cache_op(ep), math_code()));
     conv_cache::AlgoCache* cache =
-        opt.benchmark ? &conv_cache::shared_cache(opt.algo_cache, cache_header()) : nullptr;
+        opt.benchmark ? &conv_cache::shared_cache(opt.algo_cache, dnn::cache_header(*ctx_)) : nullptr;
     if (cache) {
       if (const auto c = cache->find(key); c && c->algo >= 0 &&
                                              c->algo < static_cast<int32_t>(cfgs.size())) {
-        if (auto p = make_plan(ctx_->dnn, std::move(cfgs[static_cast<size_t>(c->algo)]), c->algo,
-                               want(), limit_)) {
+        if (auto p = make_plan(ctx_->dnn, cfgs[static_cast<size_t>(c->algo)], c->algo, want(),
+                               limit_)) {
           plan_ = std::move(p);
           return "cached";
         }
-        cfgs = heuristic_configs(*graph_.graph);  // the moved-from one is gone
       }
     }
     std::vector<Plan> usable;
     for (size_t i = 0; i < cfgs.size(); ++i) {
       if (!cache && !usable.empty()) break;
       if (cache && usable.size() >= static_cast<size_t>(kMaxTimed)) break;
-      if (auto p = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), want(),
-                             limit_))
+      if (auto p = make_plan(ctx_->dnn, cfgs[i], static_cast<int32_t>(i), want(), limit_))
         usable.push_back(std::move(*p));
     }
     PLX_DECLINE_UNLESS(!usable.empty(),
@@ -631,14 +635,7 @@ class GraphConvKernel final : public Kernel {
     const dnn::HandleOnStream bound(ctx_->dnn, stream.s);
     // Defined inputs: garbage could hold NaNs or denormals and time differently.
     for (int i = 0; i < 4; ++i) PLX_CUDA_CHECK(cudaMemsetAsync(buf[i].p, 0, bytes[i], stream.s));
-    std::vector<void*> ptrs;
-    if constexpr (D == Dir::Fwd) {
-      ptrs = {buf[0].p, buf[1].p};
-      if (fused_bias_) ptrs.push_back(buf[3].p);
-      ptrs.push_back(buf[2].p);
-    } else {
-      ptrs = {buf[0].p, buf[1].p, buf[2].p};
-    }
+    const std::vector<void*> ptrs = by_uid(graph_.uids, buf[0].p, buf[1].p, buf[2].p, buf[3].p);
     cudaEvent_t ev[2];
     PLX_CUDA_CHECK(cudaEventCreate(&ev[0]));
     PLX_CUDA_CHECK(cudaEventCreate(&ev[1]));
@@ -687,7 +684,7 @@ class GraphConvKernel final : public Kernel {
     std::vector<BackendDesc> cfgs = heuristic_configs(*unaligned_graph_.graph);
     // The aligned plan's workspace is what the host set aside; one that needs more cannot run.
     for (size_t i = 0; i < cfgs.size() && !unaligned_plan_; ++i)
-      unaligned_plan_ = make_plan(ctx_->dnn, std::move(cfgs[i]), static_cast<int32_t>(i), want(),
+      unaligned_plan_ = make_plan(ctx_->dnn, cfgs[i], static_cast<int32_t>(i), want(),
                                   static_cast<uint64_t>(plan_->workspace));
     PLX_REQUIRE(unaligned_plan_,
                 "%s: cuDNN has no engine for tensors that are not %lld-byte aligned within the "
@@ -708,13 +705,6 @@ class GraphConvKernel final : public Kernel {
   // What the engine search was allowed, for the cache key: TF32 or not (16 bits: always Tensor
   // Cores).
   int32_t math_code() const { return p_.dtype == PLX_F32 && !tf32_ ? 1 : 0; }
-
-  std::string cache_header() const {
-    int runtime = 0;
-    PLX_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    return conv_cache::header_line(ctx_->prop.name, ctx_->prop.major, ctx_->prop.minor,
-                                   static_cast<uint64_t>(cudnnGetVersion()), runtime);
-  }
 
   int32_t device_;
   dnn::ConvProblem p_;

@@ -180,6 +180,14 @@ struct ConvProblem {
   }
 };
 
+// The header of the algorithm cache file for this device and these libraries.
+inline std::string cache_header(const DeviceContext& ctx) {
+  int runtime = 0;
+  PLX_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return conv_cache::header_line(ctx.prop.name, ctx.prop.major, ctx.prop.minor,
+                                 static_cast<uint64_t>(cudnnGetVersion()), runtime);
+}
+
 // The algorithm cache's key for this problem: `op` names the API and direction, `math` what the
 // search was allowed (the legacy API's cudnnMathType_t; the graph API's own code).
 inline conv_cache::KeyParts cache_key(const ConvProblem& p, const char* op, int32_t math) {

@@ -1552,15 +1552,16 @@ void add_tile(KernelRegistry& r, plx_dtype d) {
   r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f, l);
 }
 
+// Calls f(TL{}) for each tile of dtype T, in registration order (256x32 has no TF32 form).
+template <class T, class F>
+void for_each_tile(F&& f) {
+  f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
+  if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});
+}
+
 template <class T>
 void add_tiles(KernelRegistry& r) {
-  constexpr plx_dtype d = dtype_v<T>;
-  add_tile<T, Tile128x128>(r, d);
-  add_tile<T, Tile128x64>(r, d);
-  add_tile<T, Tile64x64>(r, d);
-  add_tile<T, Tile128x32>(r, d);
-  add_tile<T, Tile64x128>(r, d);
-  if constexpr (!std::is_same_v<T, float>) add_tile<T, Tile256x32>(r, d);
+  for_each_tile<T>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
 }
 
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
@@ -1574,9 +1575,7 @@ std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backen
     if (!k && tile == TL::name())
       k = std::make_unique<IgemmConvKernel<T, TL, Dir::Fwd>>(conv, backend, relu, pool);
   };
-  try_tile(Tile128x128{}), try_tile(Tile128x64{}), try_tile(Tile64x64{}), try_tile(Tile128x32{});
-  try_tile(Tile64x128{});
-  if constexpr (!std::is_same_v<T, float>) try_tile(Tile256x32{});
+  for_each_tile<T>(try_tile);
   if (!k) throw sdk::Unsupported(sdk::format("%s: no igemm tile named '%s'", op, tile.c_str()));
   return k;
 }

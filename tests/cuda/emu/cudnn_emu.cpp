@@ -1072,28 +1072,19 @@ cudnnStatus_t set_pointwise(Backend& d, const Call& c, const void* a) {
 // What an operation's attribute sets: a tensor role (0, 1, 2), the convolution or pointwise
 // descriptor (3), alpha (4), beta (5); -1 where the operation has no such attribute.
 int op_slot(cudnnBackendDescriptorType_t k, cudnnBackendAttributeName_t a) {
+  // A convolution's six attributes follow its ALPHA in the order alpha, beta, conv, w (dw),
+  // x (dx), y (dy) in every direction.
+  cudnnBackendAttributeName_t alpha;
   switch (k) {
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR:
-      if (a >= CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA &&
-          a <= CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y) {
-        static const int slot[] = {4, 5, 3, 1, 0, 2};  // alpha, beta, conv, w, x, y
-        return slot[a - CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA];
-      }
-      return -1;
+      alpha = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA;
+      break;
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR:
-      if (a >= CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA &&
-          a <= CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY) {
-        static const int slot[] = {4, 5, 3, 1, 0, 2};  // alpha, beta, conv, w, dx, dy
-        return slot[a - CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA];
-      }
-      return -1;
+      alpha = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA;
+      break;
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR:
-      if (a >= CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA &&
-          a <= CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY) {
-        static const int slot[] = {4, 5, 3, 1, 0, 2};  // alpha, beta, conv, dw, x, dy
-        return slot[a - CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA];
-      }
-      return -1;
+      alpha = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA;
+      break;
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
       if (a >= CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR &&
           a <= CUDNN_ATTR_OPERATION_POINTWISE_YDESC)
@@ -1104,6 +1095,9 @@ int op_slot(cudnnBackendDescriptorType_t k, cudnnBackendAttributeName_t a) {
     default:
       return -1;
   }
+  static const int slot[] = {4, 5, 3, 1, 0, 2};
+  const int i = static_cast<int>(a) - static_cast<int>(alpha);
+  return i >= 0 && i < 6 ? slot[i] : -1;
 }
 
 cudnnStatus_t set_op(Backend& d, const Call& c, const void* a) {
