@@ -17,6 +17,7 @@
 //   so every gradient and update is checked with f32 tolerances whatever the batch.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -377,6 +378,102 @@ void check_capture(Backend& gpu, bool capturable) {
   }
 }
 
+// A step run with work around it (Executable::Around), as StepPipeline runs it: each of two
+// slots' device staging copied into the step's inputs (held in one block, ExecutableOptions::
+// input_block: one copy), the loss copied out to the slot's host buffer. Where the backend
+// captures and the host buffers are pinned, the copies are recorded with the step, one graph per
+// slot, and later runs replay them: the staging is rewritten before every run, so a replay that
+// left its copies out (or used the other slot's addresses) would give the step before's loss.
+void check_capture_around(Backend& gpu, bool capturable) {
+  const int64_t batch = 8;
+  const Step s = convnet_step(batch, false, false, false);
+  TensorStore store_a, store_b;
+  ExecutableOptions ea, eb;
+  ea.seed = eb.seed = 23;
+  ea.input_block = {"x", "labels", kLearningRateInput, "no such input"};
+  eb.capture = false;
+  Executable a(gpu, *s.graph, store_a, ea);
+  Executable b(gpu, *s.graph, store_b, eb);
+
+  // The block: each input at a multiple of 256 bytes, in the order named.
+  const Tensor& block = a.input_block();
+  REQUIRE(block.defined());
+  const uint64_t xb = static_cast<uint64_t>(batch) * 28 * 28 * sizeof(float);
+  const uint64_t lb = (static_cast<uint64_t>(batch) * sizeof(int32_t) + 255) / 256 * 256;
+  CHECK(block.nbytes() == xb + lb + 256);
+  auto offset = [&](const char* name) {
+    return static_cast<const unsigned char*>(a.tensor(name).data()) -
+           static_cast<const unsigned char*>(block.data());
+  };
+  CHECK(offset("x") == 0);
+  CHECK(offset("labels") == static_cast<std::ptrdiff_t>(xb));
+  CHECK(offset(kLearningRateInput) == static_cast<std::ptrdiff_t>(xb + lb));
+  CHECK_FALSE(b.input_block().defined());
+
+  const bool pinned = gpu.device(0).caps & PLX_CAP_PINNED;
+  MemoryBlock* host[2] = {nullptr, nullptr};
+  std::vector<float> pageable[2] = {std::vector<float>(1), std::vector<float>(1)};
+  Tensor staging[2];
+  for (int v = 0; v < 2; ++v) {
+    staging[v] = Tensor::zeros(gpu, {static_cast<int64_t>(block.nbytes())}, PLX_U8, 0);
+    if (pinned) host[v] = gpu.allocator(0, PLX_MEM_PINNED).allocate(sizeof(float), a.stream());
+  }
+  auto out = [&](int v) { return pinned ? static_cast<float*>(host[v]->ptr) : pageable[v].data(); };
+  int around_calls = 0;
+  for (int i = 0; i < 6; ++i) {
+    const int v = i % 2;
+    const Batch data = make_batch(batch, 500 + static_cast<uint64_t>(i));
+    const double lr = 0.05 * (1 + i);
+    // The slot's staging holds this step's inputs where the block has them.
+    std::vector<unsigned char> bytes(static_cast<size_t>(block.nbytes()), 0);
+    std::memcpy(bytes.data(), data.x.data(), xb);
+    std::memcpy(bytes.data() + xb, data.labels.data(), data.labels.size() * sizeof(int32_t));
+    const float lr32 = static_cast<float>(lr);
+    std::memcpy(bytes.data() + xb + lb, &lr32, sizeof lr32);
+    staging[v].copy_from_host(bytes.data());
+    *out(v) = -1.0f;
+
+    Executable::Around around;
+    around.variant = v;
+    around.capturable = pinned;
+    around.before = [&, v] {
+      ++around_calls;
+      gpu.copy(0, block.data(), staging[v].data(), block.nbytes(), PLX_COPY_D2D, a.stream());
+    };
+    around.after = [&, v] {
+      gpu.copy(0, out(v), a.tensor("loss_value").data(), sizeof(float), PLX_COPY_D2H, a.stream());
+    };
+    CHECK(a.captures(around) == capturable);
+    a.run(around);
+    a.sync();
+    feed(b, data, lr);
+    b.run();
+    b.sync();
+    const double want = loss_of(b);
+    INFO("step " << i << " (slot " << v << "): around " << *out(v) << ", fed " << want);
+    CHECK(std::isfinite(want));
+    CHECK(std::fabs(*out(v) - want) <= 1e-5 * std::fabs(want) + 1e-6);
+    CHECK(std::fabs(loss_of(a) - want) <= 1e-5 * std::fabs(want) + 1e-6);
+  }
+  // Captured: the work ran in the first (op by op) run and in each slot's recording; the other
+  // three runs replayed it.
+  CHECK(around_calls == (capturable ? 3 : 6));
+  CHECK(a.replaying() == capturable);
+  for (const std::string& p : s.params) {
+    INFO(p);
+    CHECK(compare_tensors(store_a.get(p), store_b.get(p), nmse_only(1e-10)) == "");
+  }
+  for (MemoryBlock* h : host)
+    if (h) gpu.allocator(0, PLX_MEM_PINNED).free(h);
+
+  // A name that is no input is refused, naming it.
+  ExecutableOptions bad;
+  bad.input_block = {"labels", s.params.front()};
+  TensorStore store_c;
+  CHECK_THROWS_WITH(Executable(gpu, *s.graph, store_c, bad),
+                    PLX_CONTAINS("'" + s.params.front() + "'") && PLX_CONTAINS("not an input"));
+}
+
 // The step with fusion (the backend's multi-tensor SGD update; conv2d+relu, linear+relu and the
 // classifier head as one kernel each) against the same step node by node on the same backend.
 // `bitwise`: the fused kernels run the very same arithmetic (the CPU's do, but for the bias
@@ -734,6 +831,12 @@ TEST_CASE("a captured cuda training step replays like the uncaptured one", "[cud
   check_capture(gpu, true);
 }
 
+TEST_CASE("a cuda step captures each slot's copies around it in a graph of its own", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  cuda::Tf32Off tf32_off(gpu);
+  check_capture_around(gpu, true);
+}
+
 // The same three checks with the CPU as the backend under test: they run here, so the graph
 // building, the decision inspection and the node-by-node replay are known to work before a GPU
 // machine sees them.
@@ -741,5 +844,6 @@ TEST_CASE("the convnet step comparisons pass with the cpu backend under test", "
   SECTION("end to end") { check_step_matches_cpu(cpu()); }
   SECTION("node by node") { check_nodes_match_cpu(cpu()); }
   SECTION("captured against uncaptured") { check_capture(cpu(), false); }
+  SECTION("work around the step, not captured") { check_capture_around(cpu(), false); }
   SECTION("fused against node by node") { check_fusion(cpu(), true); }
 }

@@ -101,6 +101,10 @@ struct ExecutableOptions {
   // fused kernel may both write and read one of them or hold one back past other nodes, and each
   // is written to memory.
   std::vector<Var> exchanged;
+  // Inputs to allocate together, in this order, each at a multiple of 256 bytes (as the
+  // allocator aligns every tensor): whoever fills them from one staging buffer then needs one
+  // copy (StepPipeline: the labels and the step's scalars). Names the graph lacks are skipped.
+  std::vector<std::string> input_block;
 };
 
 class Executable {
@@ -126,10 +130,23 @@ class Executable {
   // Enqueues one step on the backend's stream (does not wait). The first run goes op by op;
   // where the backend can capture and every kernel is capturable, the second run records the
   // step and every later run replays it.
-  void run();
+  void run() { run(Around{}); }
+  // Work the caller enqueues on stream() just before and just after the step: a pipeline slot's
+  // copies in and out. Where it only enqueues capturable stream work (`capturable`: kernels that
+  // promise it, copies between device and pinned memory) and the step is captured, it is
+  // recorded with the step, one graph per `variant` (each variant's work has its own addresses),
+  // and a replay runs it and the step as one launch. Otherwise it runs around the step each time.
+  struct Around {
+    int32_t variant = 0;
+    std::function<void()> before, after;
+    bool capturable = false;
+  };
+  void run(const Around& around);
   // Waits for the stream.
   void sync();
-  bool replaying() const { return graph_handle_ != nullptr; }
+  bool replaying() const { return !graphs_.empty(); }
+  // Whether `around` would be recorded with the step (for reports and tests).
+  bool captures(const Around& around) const { return around.capturable && can_capture_; }
 
   // "conv1 conv2d: cpu/im2col_blas" per kernel, for reports; a choice among several kernels
   // says how it was made: "(tuned: a 0.12 ms, b 0.31 ms)", "(cached)", "(ordered)".
@@ -165,6 +182,8 @@ class Executable {
   int32_t first_reader_kernel(Var v) const;
   // The stream the step runs on.
   plx_stream stream() const { return stream_; }
+  // The block of ExecutableOptions::input_block's inputs (bytes); undefined without one.
+  const Tensor& input_block() const { return input_block_; }
 
  private:
   struct Fused;     // a group of nodes the backend runs as one kernel
@@ -187,7 +206,7 @@ class Executable {
   MemoryPlan plan_;
   std::vector<Tensor> tensors_;  // per value id (undefined for none)
   std::vector<plx_tensor> descs_;  // per value id: the ABI descriptor kernels are created with
-  Tensor arena_, workspace_;
+  Tensor arena_, workspace_, input_block_;
   struct Step;  // a node ready to run: kernel and ABI views
   std::vector<Step> steps_;
   std::vector<int32_t> pos_;      // per node: where it runs (a fused node at its group's last)
@@ -201,7 +220,8 @@ class Executable {
   plx_stream stream_ = nullptr;
   int64_t runs_ = 0;
   bool can_capture_ = false;
-  void* graph_handle_ = nullptr;
+  // Captured graphs by variant (-1: the step alone, with its work around it outside).
+  std::vector<std::pair<int32_t, void*>> graphs_;
 };
 
 }  // namespace plexus

@@ -631,12 +631,36 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
   tensors_.resize(nv);
   for (size_t i = 0; i < nv; ++i) descs_.push_back(make_desc(graph_.values()[i].desc, dev));
 
+  // Inputs placed together (ExecutableOptions::input_block): their offsets in one block.
+  std::vector<int64_t> block_at(nv, -1);
+  uint64_t block_bytes = 0;
+  for (const std::string& name : options_.input_block) {
+    const Var v = graph_.find(name);
+    if (!v.valid()) continue;
+    const GraphValue& gv = graph_.value(v);
+    if (gv.kind != ValueKind::Input)
+      throw Error("ExecutableOptions::input_block: '" + name + "' is a " +
+                  value_kind_name(gv.kind) + ", not an input");
+    if (block_at[static_cast<size_t>(v.id)] >= 0)
+      throw Error("ExecutableOptions::input_block: '" + name + "' is named twice");
+    block_at[static_cast<size_t>(v.id)] = static_cast<int64_t>(block_bytes);
+    block_bytes += (desc_bytes(gv.desc) + 255) / 256 * 256;
+  }
+  if (block_bytes) {
+    input_block_ = Tensor::zeros(backend_, {static_cast<int64_t>(block_bytes)}, PLX_U8, dev);
+    plan_.persistent_bytes += block_bytes;
+  }
+
   // Persistent values: inputs and constants belong to this executable; parameters and states
   // to the store, created and initialised here if this is the first graph to use them.
   for (size_t i = 0; i < nv; ++i) {
     const GraphValue& v = graph_.values()[i];
     switch (v.kind) {
       case ValueKind::Input:
+        if (block_at[i] >= 0) {
+          tensors_[i] = input_block_.alias(v.desc.dtype, v.desc.shape, static_cast<uint64_t>(block_at[i]));
+          break;
+        }
         tensors_[i] = Tensor::zeros(backend_, v.desc.shape, v.desc.dtype, dev);
         plan_.persistent_bytes += desc_bytes(v.desc);
         break;
@@ -1080,7 +1104,7 @@ Executable::~Executable() {
   } catch (...) {
     // Destruction must not throw; the error already reached whoever ran the step.
   }
-  if (graph_handle_) backend_.table().graph_destroy(backend_.table().ctx, graph_handle_);
+  for (auto& [variant, g] : graphs_) backend_.table().graph_destroy(backend_.table().ctx, g);
 }
 
 void Executable::plan_memory() {
@@ -1362,25 +1386,38 @@ void Executable::add_hook(int32_t k, HookPoint when, std::function<void()> fn, b
   if (!capturable) can_capture_ = false;
 }
 
-void Executable::run() {
+void Executable::run(const Around& around) {
   const plx_backend& t = backend_.table();
-  if (graph_handle_) {
-    backend_.check(t.graph_launch(t.ctx, graph_handle_, stream_), "graph_launch");
+  const bool inside = captures(around);  // the work around is recorded with the step
+  const int32_t key = inside ? around.variant : -1;
+  void* graph = nullptr;
+  for (const auto& [variant, g] : graphs_)
+    if (variant == key) graph = g;
+  auto step = [&] {
+    if (inside && around.before) around.before();
+    run_nodes();
+    if (inside && around.after) around.after();
+  };
+  if (!inside && around.before) around.before();
+  if (graph) {
+    backend_.check(t.graph_launch(t.ctx, graph, stream_), "graph_launch");
   } else if (can_capture_ && runs_ >= 1) {
-    // The first run went op by op (kernels may set themselves up); record the second.
+    // The first run went op by op (kernels may set themselves up); record the next of each variant.
     backend_.check(t.capture_begin(t.ctx, stream_), "capture_begin");
     try {
-      run_nodes();
+      step();
     } catch (...) {
       void* g = nullptr;
       if (t.capture_end(t.ctx, stream_, &g) == PLX_OK && g) t.graph_destroy(t.ctx, g);
       throw;
     }
-    backend_.check(t.capture_end(t.ctx, stream_, &graph_handle_), "capture_end");
-    backend_.check(t.graph_launch(t.ctx, graph_handle_, stream_), "graph_launch");
+    backend_.check(t.capture_end(t.ctx, stream_, &graph), "capture_end");
+    graphs_.emplace_back(key, graph);
+    backend_.check(t.graph_launch(t.ctx, graph, stream_), "graph_launch");
   } else {
-    run_nodes();
+    step();
   }
+  if (!inside && around.after) around.after();
   ++runs_;
 }
 

@@ -37,6 +37,12 @@ std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistr
   return std::move(r.kernel);
 }
 
+std::vector<std::string> step_input_names(bool resident) {
+  std::vector<std::string> names = {"labels", kLearningRateInput, kStepInput, kLossScaleInput};
+  if (!resident) names.insert(names.begin(), "x");
+  return names;
+}
+
 ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
                            const data::Dataset& ds, int64_t n) {
   int64_t d = 1;  // values per sample
@@ -98,12 +104,52 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   rows_ = labels_.numel();
   x_bytes_ = x_.nbytes();
   labels_bytes_ = labels_.nbytes();
-  // Slot input layout: x (or the sample indices) | labels | lr | step | loss scale, 8-byte
-  // aligned. The labels come from the host either way (a few bytes a row):
-  // gathering them on the device would cost two launches a step (a gather and a cast to i32).
-  labels_at_ = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : x_bytes_;
-  scalars_at_ = (labels_at_ + labels_bytes_ + 7) / 8 * 8;
-  in_bytes_ = scalars_at_ + kScalars * sizeof(float);
+  // Slot input layout: the sample indices (resident data) | the inputs the step reads as they
+  // are: x (batches from the host), the labels and the scalars (lr, step, loss scale). The labels
+  // come from the host either way (a few bytes a row): gathering them on the device would cost
+  // two launches a step (a gather and a cast to i32). Where the executable holds those inputs in
+  // one block (ExecutableOptions::input_block, step_input_names), the slot mirrors the block and
+  // one copy fills them all; otherwise each is copied on its own.
+  std::vector<Tensor*> fed = {&labels_};
+  if (!resident_) fed.insert(fed.begin(), &x_);
+  for (Tensor* t : {&lr_, &step_, &scale_})
+    if (t->defined()) fed.push_back(t);
+  const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : 0;
+  const Tensor& block = exe.input_block();
+  auto inside = [&](const Tensor* t) {
+    const auto* b = static_cast<const unsigned char*>(block.data());
+    const auto* p = static_cast<const unsigned char*>(t->data());
+    return block.defined() && p >= b && p + t->nbytes() <= b + block.nbytes();
+  };
+  bool one_block = true;
+  for (const Tensor* t : fed) one_block = one_block && inside(t);
+  std::vector<uint64_t> at(fed.size());
+  if (one_block) {
+    const uint64_t base = (head + 255) / 256 * 256;
+    for (size_t k = 0; k < fed.size(); ++k)
+      at[k] = base + static_cast<uint64_t>(static_cast<const unsigned char*>(fed[k]->data()) -
+                                           static_cast<const unsigned char*>(block.data()));
+    copies_.push_back({block.data(), base, block.nbytes()});
+    in_bytes_ = base + block.nbytes();
+  } else {
+    uint64_t end = head;
+    for (size_t k = 0; k < fed.size(); ++k) {
+      at[k] = (end + 7) / 8 * 8;
+      end = at[k] + fed[k]->nbytes();
+      copies_.push_back({fed[k]->data(), at[k], fed[k]->nbytes()});
+    }
+    in_bytes_ = end;
+  }
+  auto where = [&](const Tensor& t) -> uint64_t {
+    for (size_t k = 0; k < fed.size(); ++k)
+      if (fed[k] == &t) return at[k];
+    return 0;
+  };
+  x_at_ = resident_ ? 0 : where(x_);
+  labels_at_ = where(labels_);
+  lr_at_ = lr_.defined() ? where(lr_) : 0;
+  step_at_ = step_.defined() ? where(step_) : 0;
+  scale_at_ = scale_.defined() ? where(scale_) : 0;
   // Slot output layout: loss | (pad) | predictions | the loss scale's report.
   report_at_ = sizeof(float) * 2 + pred_.nbytes();
   out_bytes_ = report_at_ + (report_.defined() ? report_.nbytes() : 0);
@@ -127,7 +173,6 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
       }
       s.staging = Tensor::empty(backend, {static_cast<int64_t>(in_bytes_)}, PLX_U8, device);
       s.staged = backend.create_event(device);
-      s.consumed = backend.create_event(device);
       s.done = backend.create_event(device);
     }
     if (resident_) {
@@ -143,6 +188,9 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
       const uint64_t ws = gather_images_->workspace_bytes();
       if (ws) workspace_ = Tensor::empty(backend, {static_cast<int64_t>(ws)}, PLX_U8, device);
     }
+    // A slot's copies in and out (and the gather) are recorded with the captured step where all
+    // of it is stream work a graph can hold: copies to and from pinned memory, a capturable gather.
+    capture_io_ = pinned && (!gather_images_ || (gather_images_->kernel().flags & PLX_KERNEL_CAPTURABLE));
   } catch (...) {
     release();
     throw;
@@ -168,9 +216,8 @@ void StepPipeline::release() noexcept {
   }
   for (Slot& s : slots_) {
     backend_.destroy_event(s.staged);
-    backend_.destroy_event(s.consumed);
     backend_.destroy_event(s.done);
-    s.staged = s.consumed = s.done = nullptr;
+    s.staged = s.done = nullptr;
     if (s.pinned_in || s.pinned_out) {
       auto& pa = backend_.allocator(device_, PLX_MEM_PINNED);
       if (s.pinned_in) pa.free(s.pinned_in);
@@ -187,9 +234,8 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   if (b.rows != rows_) throw Error("step pipeline: batch of " + std::to_string(b.rows) +
                                    " rows for a step of " + std::to_string(rows_));
   Slot& s = slots_[next_];
-  // The slot's last copy must be through before its buffers are written again.
-  if (s.used) backend_.sync_event(s.consumed);
-  s.used = true;
+  // The slot is free: launch() refuses a third step in flight, so the slot's last step was
+  // collected (its event `done` waited for), and its copies and reads of the staging are over.
   // A run of steps is timed from the first launch's start: a backend that runs the step as it
   // is launched (the CPU) would otherwise have it done before the clock starts, and a run of
   // one step (train.max_steps = 1) reported tens of millions of images/s.
@@ -207,52 +253,58 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   } else {
     if (b.images.size() * sizeof(float) != x_bytes_)
       throw Error("step pipeline: the batch has no images (data.resident mismatch)");
-    std::memcpy(s.in, b.images.data(), x_bytes_);
+    std::memcpy(s.in + x_at_, b.images.data(), x_bytes_);
   }
   if (b.labels.size() * sizeof(int32_t) != labels_bytes_)
     throw Error("step pipeline: the batch's labels do not fill the step's");
   std::memcpy(s.in + labels_at_, b.labels.data(), labels_bytes_);
-  const uint64_t off = scalars_at_;
   // Under loss scaling AdamW's step count is the step's own state (a skipped step is no
   // optimizer step), and the graph has no input "step".
-  const float scalars[kScalars] = {
-      static_cast<float>(lr), static_cast<float>(step),
-      b.global_real > 0 ? 1.0f / static_cast<float>(b.global_real) : 0.0f};
-  std::memcpy(s.in + off, scalars, sizeof scalars);
+  auto put = [&](const Tensor& t, uint64_t at, double v) {
+    const float f = static_cast<float>(v);
+    if (t.defined()) std::memcpy(s.in + at, &f, sizeof f);
+  };
+  put(lr_, lr_at_, lr);
+  put(step_, step_at_, step);
+  put(scale_, scale_at_, b.global_real > 0 ? 1.0 / static_cast<double>(b.global_real) : 0.0);
   s.labels.assign(b.labels.begin(), b.labels.end());
   s.real = b.real;
   s.index = b.index;
   s.lr = lr;
 
-  // Copy stream: host slot -> device staging. Compute stream: staging -> the step's inputs.
+  // Host slot -> device staging: a batch's images on the copy stream, so that they go up while
+  // the step before runs; with the data resident, the slot's few bytes on the compute stream
+  // (an event wait between the streams would cost more than the copy). Then on the compute
+  // stream: staging -> the step's inputs, the step, its results -> the host slot; all of it
+  // captured as one graph per slot where capture_io_ holds.
   unsigned char* stage = static_cast<unsigned char*>(s.staging.data());
-  backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, copy_);
-  backend_.record(s.staged, copy_);
-  backend_.wait(compute_, s.staged);
-  if (resident_) {
-    const plx_tensor idx = s.staging.alias(PLX_I32, {rows_}, 0).view();
-    const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
-    void* ws = workspace_.defined() ? workspace_.data() : nullptr;
-    const plx_tensor gi[2] = {resident_->images.view(), idx};
-    const plx_tensor go = x_.reshape({rows_, d}).view();
-    gather_images_->run(gi, 2, &go, 1, ws, compute_);
-  } else {
-    backend_.copy(device_, x_.data(), stage, x_bytes_, PLX_COPY_D2D, compute_);
+  if (!resident_) {
+    backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, copy_);
+    backend_.record(s.staged, copy_);
+    backend_.wait(compute_, s.staged);
   }
-  backend_.copy(device_, labels_.data(), stage + labels_at_, labels_bytes_, PLX_COPY_D2D, compute_);
-  if (lr_.defined()) backend_.copy(device_, lr_.data(), stage + off, sizeof(float), PLX_COPY_D2D, compute_);
-  if (step_.defined())
-    backend_.copy(device_, step_.data(), stage + off + sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
-  if (scale_.defined())
-    backend_.copy(device_, scale_.data(), stage + off + 2 * sizeof(float), sizeof(float), PLX_COPY_D2D, compute_);
-  backend_.record(s.consumed, compute_);
-
-  exe_.run();
-
-  backend_.copy(device_, s.out, loss_.data(), sizeof(float), PLX_COPY_D2H, compute_);
-  backend_.copy(device_, s.out + 2 * sizeof(float), pred_.data(), pred_.nbytes(), PLX_COPY_D2H, compute_);
-  if (report_.defined())
-    backend_.copy(device_, s.out + report_at_, report_.data(), report_.nbytes(), PLX_COPY_D2H, compute_);
+  Executable::Around around;
+  around.variant = next_;
+  around.capturable = capture_io_;
+  around.before = [&] {
+    if (resident_) {
+      backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, compute_);
+      const plx_tensor idx = s.staging.alias(PLX_I32, {rows_}, 0).view();
+      const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
+      void* ws = workspace_.defined() ? workspace_.data() : nullptr;
+      const plx_tensor gi[2] = {resident_->images.view(), idx};
+      const plx_tensor go = x_.reshape({rows_, d}).view();
+      gather_images_->run(gi, 2, &go, 1, ws, compute_);
+    }
+    for (const Copy& c : copies_) backend_.copy(device_, c.dst, stage + c.at, c.bytes, PLX_COPY_D2D, compute_);
+  };
+  around.after = [&] {
+    backend_.copy(device_, s.out, loss_.data(), sizeof(float), PLX_COPY_D2H, compute_);
+    backend_.copy(device_, s.out + 2 * sizeof(float), pred_.data(), pred_.nbytes(), PLX_COPY_D2H, compute_);
+    if (report_.defined())
+      backend_.copy(device_, s.out + report_at_, report_.data(), report_.nbytes(), PLX_COPY_D2H, compute_);
+  };
+  exe_.run(around);
   backend_.record(s.done, compute_);
   next_ = (next_ + 1) % kSlots;
   ++in_flight_;

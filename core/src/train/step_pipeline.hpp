@@ -5,11 +5,14 @@
 // - a pinned host buffer the batch (or, with the data set resident on the device, just its sample
 //   indices and labels) and the step's scalars (lr, step) are written into;
 // - a device staging buffer the copy stream fills from it, so the copy of batch n+1 overlaps the
-//   step on batch n;
+//   step on batch n (with the data set resident: the compute stream, the copy being a few bytes);
 // - a pinned buffer the step's loss and predictions come back into, read when its event is done.
 // Events order it all: the compute stream waits for the slot's copy, then moves the staged batch
-// into the step's fixed input tensors (a device-to-device copy, so a captured step replays with
-// the same addresses), runs the step, and copies its results out.
+// into the step's fixed input tensors (a gather from the resident data set and one
+// device-to-device copy, so a captured step replays with the same addresses), runs the step,
+// and copies its results out. Where the backend captures the step, that work is captured with it,
+// one graph per slot: with the data set resident a step costs the host one graph launch and an
+// event (batches from the host: a copy, an event and a wait besides).
 //
 // On a backend without streams (the CPU) every copy completes at once and the same code runs in
 // order, which is how the tests exercise it.
@@ -108,6 +111,10 @@ std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistr
                                                const std::vector<Tensor>& out, int32_t device,
                                                const std::string& what);
 
+// The step's inputs StepPipeline fills from each slot, for ExecutableOptions::input_block: held
+// in one block they arrive in one copy. `resident`: x is gathered on the device, not among them.
+std::vector<std::string> step_input_names(bool resident);
+
 class StepPipeline : public StepRunner {
  public:
   // `resident` may be null (batches come from the host). The executable's graph has inputs "x"
@@ -136,7 +143,6 @@ class StepPipeline : public StepRunner {
 
  private:
   static constexpr int kSlots = 2;
-  static constexpr int kScalars = 3;  // lr, step, loss scale
   static constexpr int kReport = 5;   // loss_scale_update's report
   struct Slot {
     MemoryBlock* pinned_in = nullptr;   // or host_in when the backend has no pinned memory
@@ -145,8 +151,7 @@ class StepPipeline : public StepRunner {
     unsigned char* in = nullptr;
     unsigned char* out = nullptr;
     Tensor staging;  // device copy of `in`
-    plx_event staged = nullptr, consumed = nullptr, done = nullptr;
-    bool used = false;
+    plx_event staged = nullptr, done = nullptr;
     std::vector<int32_t> labels;
     int64_t real = 0, index = 0;
     double lr = 0;
@@ -164,8 +169,16 @@ class StepPipeline : public StepRunner {
   Tensor report_;
   uint64_t x_bytes_ = 0, labels_bytes_ = 0, in_bytes_ = 0, out_bytes_ = 0;
   uint64_t report_at_ = 0;  // where the report lands in a slot's output
-  // Where the labels and the scalars start in a slot's input (after x or the indices).
-  uint64_t labels_at_ = 0, scalars_at_ = 0;
+  // Where each input lies in a slot's input (the sample indices at 0), and the device copies
+  // that move them from the staging into the step's inputs (one where they share a block).
+  uint64_t x_at_ = 0, labels_at_ = 0, lr_at_ = 0, step_at_ = 0, scale_at_ = 0;
+  struct Copy {
+    void* dst;
+    uint64_t at, bytes;
+  };
+  std::vector<Copy> copies_;
+  // The slot's copies and gather are recorded with the captured step (Executable::Around).
+  bool capture_io_ = false;
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.
   std::unique_ptr<PreparedKernel> gather_images_;

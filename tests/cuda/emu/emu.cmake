@@ -163,6 +163,7 @@ foreach(t
     "a cuda convnet training step matches the cpu step"
     "every node of a cuda convnet training step matches the cpu op on its inputs"
     "a captured cuda training step replays like the uncaptured one"
+    "a cuda step captures each slot's copies around it in a graph of its own"
     "a fused cuda bf16 step runs its casts as multi-tensor kernels"
     "a fused cuda f16 step unscales and checks its gradients in one kernel"
     "a fused cuda f16 adamw step moves its loss scale and step count after every block has read them"

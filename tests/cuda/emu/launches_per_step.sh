@@ -8,8 +8,11 @@
 #   e.g. tests/cuda/emu/launches_per_step.sh convnet bf16 --set train.batch_size=64
 #
 # Run from the checkout after building (build/bin/plexus, build/emu-plugins). Prints
-# "MODEL PRECISION: N launches per step"; with PLEXUS_LAUNCH_LIST=1 also the kernels of one step
-# (the lines whose count grew from 3 steps to 4). A kernel launched through a variable is
+# "MODEL PRECISION: N launches per step, M host operations per step", where M counts what the
+# host itself puts on a stream per step (PLEXUS_EMU_HOST_TRACE: launches, copies, library calls,
+# event records and waits, graph launches; not what a captured graph replays); with
+# PLEXUS_LAUNCH_LIST=1 also the kernels of one step and the host's operations (the lines whose
+# count grew from 3 steps to 4). A kernel launched through a variable is
 # traced by the variable's name: `kernel_` lines are the mma.sync GEMM (ops/mma_gemm.cu, MmaPlan),
 # the models' linear layers on the native side.
 set -euo pipefail
@@ -20,7 +23,7 @@ trap 'rm -rf "$work"' EXIT
 trace() {  # steps, then the extra --set arguments
   local n=$1
   shift
-  PLEXUS_EMU_TRACE="$work/trace-$n.txt" build/bin/plexus train "configs/$model.toml" \
+  PLEXUS_EMU_TRACE="$work/trace-$n.txt" PLEXUS_EMU_HOST_TRACE="$work/host-$n.txt" build/bin/plexus train "configs/$model.toml" \
     --set backend.name=\"cuda\" --set 'plugins.paths=["build/emu-plugins"]' \
     --set train.max_steps="$n" --set train.eval=false --set data.limit=1280 \
     --set backend.kernels=\"library\" --set plugins.options.cuda.benchmark=false \
@@ -33,8 +36,13 @@ trace $steps "$@"
 trace $((steps + 1)) "$@"
 a=$(wc -l < "$work/trace-$steps.txt")
 b=$(wc -l < "$work/trace-$((steps + 1)).txt")
-echo "$model $precision: $((b - a)) launches per step"
+ha=$(wc -l < "$work/host-$steps.txt")
+hb=$(wc -l < "$work/host-$((steps + 1)).txt")
+echo "$model $precision: $((b - a)) launches per step, $((hb - ha)) host operations per step"
 if [[ ${PLEXUS_LAUNCH_LIST:-0} == 1 ]]; then
-  diff <(sort "$work/trace-$steps.txt" | uniq -c) <(sort "$work/trace-$((steps + 1)).txt" | uniq -c) |
-    sed -n 's/^> *[0-9]* //p'
+  for f in trace host; do
+    echo "-- ${f} lines that grew from $steps steps to $((steps + 1)) (count at $((steps + 1))):"
+    diff <(sort "$work/$f-$steps.txt" | uniq -c) <(sort "$work/$f-$((steps + 1)).txt" | uniq -c) |
+      sed -n 's/^> *//p' || true  # diff exits 1 when the traces differ
+  done
 fi

@@ -1206,10 +1206,34 @@ FILE* trace_file() {
   return trace;
 }
 
+// PLEXUS_EMU_HOST_TRACE=file: one line per operation the host puts on a stream itself (a launch,
+// a copy, a memset, a library call, an event record or wait, a graph launch), not those a capture
+// records: what a step costs the host and the stream's queue.
+void host_trace(cudaStream_t s, const char* what) {
+  static FILE* f = [] {
+    const char* name = std::getenv("PLEXUS_EMU_HOST_TRACE");
+    return name && *name ? std::fopen(name, "w") : nullptr;
+  }();
+  if (!f || (s && s->capture)) return;
+  std::fprintf(f, "%s\n", what);
+  std::fflush(f);
+}
+
+// Whether [p, p + bytes) lies in memory the runtime allocated (device, pinned or managed).
+bool runtime_memory(const void* p, size_t bytes) {
+  const auto* q = static_cast<const unsigned char*>(p);
+  for (const auto& [base, size] : g_allocs) {
+    const auto* b = static_cast<const unsigned char*>(base);
+    if (q >= b && q + bytes <= b + size) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void submit_launch(const char* name, const void* fn, const Config& c, std::function<void()> thread) {
   std::lock_guard<std::mutex> lock(g_mu);
+  host_trace(c.stream, name);
   const unsigned long long nthreads = 1ull * c.block.x * c.block.y * c.block.z;
   if (nthreads == 0 || nthreads > 1024 || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
       c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.grid.x > 2147483647u) {
@@ -1250,14 +1274,16 @@ void submit_launch(const char* name, const void* fn, const Config& c, std::funct
   });
 }
 
-cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char*) {
+cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* what) {
   std::lock_guard<std::mutex> lock(g_mu);
+  host_trace(s, what);
   run_or_record(s, std::move(work));
   return cudaSuccess;
 }
 
 void submit_library_call(cudaStream_t s, std::function<void()> work, const char* name) {
   std::lock_guard<std::mutex> lock(g_mu);
+  host_trace(s, name);
   const std::string call = name;
   if (FILE* trace = trace_file()) {
     run_or_record(s, [trace, call] {
@@ -1423,6 +1449,17 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (!bytes) return cudaSuccess;
+  {
+    // A graph's copy node takes device, pinned or managed memory; a copy from or to pageable
+    // memory is left out of captures here (refused, and the capture invalidated).
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (s && s->capture && (!plx_emu::runtime_memory(dst, bytes) || !plx_emu::runtime_memory(src, bytes))) {
+      s->capture->invalid = true;
+      if (s->capture->why.empty()) s->capture->why = "cudaMemcpyAsync of pageable host memory";
+      std::fprintf(stderr, "cuda emulator: cudaMemcpyAsync of pageable host memory during a stream capture\n");
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+  }
   return plx_emu::submit_work(s, [=] { std::memmove(dst, src, bytes); }, "cudaMemcpyAsync");
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
@@ -1456,6 +1493,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   std::lock_guard<std::mutex> lock(g_mu);
+  plx_emu::host_trace(s, "cudaStreamWaitEvent");
   // Waiting on an event recorded in a capture pulls the stream into that capture, as in CUDA.
   if (s && e->capture && !s->capture) {
     s->capture = e->capture;
@@ -1474,6 +1512,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(g_mu);
+  plx_emu::host_trace(s, "cudaEventRecord");
   if (s && s->capture) {
     e->capture = s->capture;
     // Timing events inside a graph take their time when the graph runs that far.
@@ -1534,6 +1573,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (!exec) return fail(cudaErrorInvalidValue);
   std::unique_lock<std::mutex> lock(g_mu);
+  plx_emu::host_trace(s, "cudaGraphLaunch");
   if (s && s->capture) {
     s->capture->work.push_back([exec] {
       for (const auto& w : exec->work) w();

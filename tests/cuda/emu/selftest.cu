@@ -383,9 +383,12 @@ int main() {
     *p = 0;
     cudaStream_t s;
     EXPECT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    int* pinned = nullptr;
+    EXPECT(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(int)) == cudaSuccess);
+    int& v = *pinned;
     EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
     add_one_kernel<<<2, 32, 0, s>>>(p);
-    int v = 5;
+    v = 5;
     EXPECT(cudaMemcpyAsync(p, &v, sizeof v, cudaMemcpyDefault, s) == cudaSuccess);
     add_one_kernel<<<1, 32, 0, s>>>(p);
     EXPECT(*p == 0);  // recorded, not run
@@ -409,8 +412,21 @@ int main() {
     EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
     EXPECT(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
     EXPECT(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    // So does a copy from or to pageable memory (a graph's copies take pinned memory), either way.
+    int pageable = 3;
+    EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    EXPECT(cudaMemcpyAsync(p, &pageable, sizeof pageable, cudaMemcpyDefault, s) == cudaErrorStreamCaptureUnsupported);
+    EXPECT(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    EXPECT(cudaMemcpyAsync(&pageable, p, sizeof pageable, cudaMemcpyDefault, s) == cudaErrorStreamCaptureUnsupported);
+    EXPECT(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    EXPECT(pageable == 3);
+    // Outside a capture the copy runs.
+    EXPECT(cudaMemcpyAsync(&pageable, p, sizeof pageable, cudaMemcpyDefault, s) == cudaSuccess);
+    EXPECT(pageable == 11);
     (void)cudaGetLastError();
     cudaStreamDestroy(s);
+    cudaFreeHost(pinned);
     cudaFree(p);
   }
   {

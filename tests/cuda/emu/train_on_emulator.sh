@@ -2,8 +2,9 @@
 # The trainer on the emulated CUDA plugin against the CPU (ctest runs it; see emu.cmake):
 #   train_on_emulator.sh PLEXUS COMPARE EMU_PLUGIN_DIR WORKDIR
 # trains SimpleCNN for 6 steps on the CPU and on the emulated CUDA plugin (resident data gathered
-# on the device, the step captured and replayed, the fused kernels, a checkpoint read back from
-# the device) and holds their losses and final checkpoints to each other; then the same in bf16
+# on the device, the step captured and replayed with the pipeline's copies, the fused kernels, a
+# checkpoint read back from the device) and holds their losses and final checkpoints to each
+# other, and the same run uncaptured and with batches from the host to it exactly; then the same in bf16
 # and in f16 with loss scaling on the emulator alone, which must train (finite, falling losses)
 # and, for f16, start at a loss scale of 65536. Those runs take the library side (the emulator's
 # stand-ins for cuBLASLt and cuDNN): the tuner would time every candidate on the CPU, minutes for
@@ -35,6 +36,17 @@ echo "== emulated cuda, f32, the bias in the convolution"
   --set output.dir=\"$work/cuda-conv-bias\"
 echo "== compare, exactly"
 "$compare" "$work/cuda" "$work/cuda-conv-bias" --rtol 0 --atol 0
+# The pipeline's copies and gather are captured with the step, one graph per slot: the same run
+# with the step uncaptured (every copy on its own) and with the batches from the host instead of
+# gathered on the device must give the same bits.
+for variant in "graph_capture:train.graph_capture=false" "host_batches:data.resident=\"off\""; do
+  echo "== emulated cuda, f32, ${variant#*:}"
+  "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+    --set plugins.options.cuda.tf32=false --set "${variant#*:}" \
+    --set output.dir=\"$work/cuda-${variant%%:*}\"
+  echo "== compare, exactly"
+  "$compare" "$work/cuda" "$work/cuda-${variant%%:*}" --rtol 0 --atol 0
+done
 for p in bf16 f16; do
   echo "== emulated cuda, $p"
   "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
@@ -53,6 +65,20 @@ if sys.argv[2] == "f16":
 print(sys.argv[2], "losses", " ".join(f"{x:.4f}" for x in losses))
 PY
 done
+# f16's loss scale report comes back with the loss, inside the captured graph: uncaptured, the
+# same bits and the same scale.
+echo "== emulated cuda, f16, train.graph_capture=false"
+"$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+  --set train.precision=\"f16\" --set train.graph_capture=false --set output.dir=\"$work/cuda-f16-uncaptured\"
+echo "== compare, exactly"
+"$compare" "$work/cuda-f16" "$work/cuda-f16-uncaptured" --rtol 0 --atol 0
+python3 - "$work/cuda-f16/metrics.jsonl" "$work/cuda-f16-uncaptured/metrics.jsonl" <<'PY'
+import json, sys
+scales = [[(s["loss_scale"], s["skipped"]) for s in map(json.loads, filter(str.strip, open(f)))
+           if s.get("type") == "step"] for f in sys.argv[1:]]
+assert scales[0] == scales[1] and len(scales[0]) == 6, scales
+print("f16 loss scales alike, captured and not:", scales[0][0])
+PY
 # Mixed precision with AdamW against the cpu: the fused step reads the bf16 gradients in the
 # multi-tensor update and casts dlogits back in the head. Held loosely (a sum in another order
 # may round a bf16 value the other way), which still catches an update misreading gradients.
