@@ -391,23 +391,25 @@ void check_capture_around(Backend& gpu, bool capturable) {
   ExecutableOptions ea, eb;
   ea.seed = eb.seed = 23;
   ea.input_block = {"x", "labels", kLearningRateInput, "no such input"};
+  ea.input_block_head = 100;  // room for the caller's own bytes first (256 with the alignment)
   eb.capture = false;
   Executable a(gpu, *s.graph, store_a, ea);
   Executable b(gpu, *s.graph, store_b, eb);
 
-  // The block: each input at a multiple of 256 bytes, in the order named.
+  // The block: the head, then each input at a multiple of 256 bytes, in the order named.
   const Tensor& block = a.input_block();
   REQUIRE(block.defined());
   const uint64_t xb = static_cast<uint64_t>(batch) * 28 * 28 * sizeof(float);
   const uint64_t lb = (static_cast<uint64_t>(batch) * sizeof(int32_t) + 255) / 256 * 256;
-  CHECK(block.nbytes() == xb + lb + 256);
+  const uint64_t x_at = 256;
+  CHECK(block.nbytes() == x_at + xb + lb + 256);
   auto offset = [&](const char* name) {
     return static_cast<const unsigned char*>(a.tensor(name).data()) -
            static_cast<const unsigned char*>(block.data());
   };
-  CHECK(offset("x") == 0);
-  CHECK(offset("labels") == static_cast<std::ptrdiff_t>(xb));
-  CHECK(offset(kLearningRateInput) == static_cast<std::ptrdiff_t>(xb + lb));
+  CHECK(offset("x") == static_cast<std::ptrdiff_t>(x_at));
+  CHECK(offset("labels") == static_cast<std::ptrdiff_t>(x_at + xb));
+  CHECK(offset(kLearningRateInput) == static_cast<std::ptrdiff_t>(x_at + xb + lb));
   CHECK_FALSE(b.input_block().defined());
 
   const bool pinned = gpu.device(0).caps & PLX_CAP_PINNED;
@@ -426,10 +428,10 @@ void check_capture_around(Backend& gpu, bool capturable) {
     const double lr = 0.05 * (1 + i);
     // The slot's staging holds this step's inputs where the block has them.
     std::vector<unsigned char> bytes(static_cast<size_t>(block.nbytes()), 0);
-    std::memcpy(bytes.data(), data.x.data(), xb);
-    std::memcpy(bytes.data() + xb, data.labels.data(), data.labels.size() * sizeof(int32_t));
+    std::memcpy(bytes.data() + x_at, data.x.data(), xb);
+    std::memcpy(bytes.data() + x_at + xb, data.labels.data(), data.labels.size() * sizeof(int32_t));
     const float lr32 = static_cast<float>(lr);
-    std::memcpy(bytes.data() + xb + lb, &lr32, sizeof lr32);
+    std::memcpy(bytes.data() + x_at + xb + lb, &lr32, sizeof lr32);
     staging[v].copy_from_host(bytes.data());
     *out(v) = -1.0f;
 

@@ -105,6 +105,9 @@ struct ExecutableOptions {
   // allocator aligns every tensor): whoever fills them from one staging buffer then needs one
   // copy (StepPipeline: the labels and the step's scalars). Names the graph lacks are skipped.
   std::vector<std::string> input_block;
+  // Bytes at the start of the block for the caller's own data (StepPipeline: the sample indices
+  // it gathers the images by), so that one copy fills those too; the inputs follow, 256-aligned.
+  uint64_t input_block_head = 0;
 };
 
 class Executable {
@@ -182,7 +185,8 @@ class Executable {
   int32_t first_reader_kernel(Var v) const;
   // The stream the step runs on.
   plx_stream stream() const { return stream_; }
-  // The block of ExecutableOptions::input_block's inputs (bytes); undefined without one.
+  // The block of ExecutableOptions::input_block's inputs (bytes, its head first); undefined
+  // without one.
   const Tensor& input_block() const { return input_block_; }
 
  private:

@@ -633,7 +633,8 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
 
   // Inputs placed together (ExecutableOptions::input_block): their offsets in one block.
   std::vector<int64_t> block_at(nv, -1);
-  uint64_t block_bytes = 0;
+  const uint64_t head = (options_.input_block_head + 255) / 256 * 256;
+  uint64_t block_bytes = head;
   for (const std::string& name : options_.input_block) {
     const Var v = graph_.find(name);
     if (!v.valid()) continue;
@@ -646,7 +647,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     block_at[static_cast<size_t>(v.id)] = static_cast<int64_t>(block_bytes);
     block_bytes += (desc_bytes(gv.desc) + 255) / 256 * 256;
   }
-  if (block_bytes) {
+  if (block_bytes > head) {
     input_block_ = Tensor::zeros(backend_, {static_cast<int64_t>(block_bytes)}, PLX_U8, dev);
     plan_.persistent_bytes += block_bytes;
   }

@@ -1,7 +1,10 @@
 #include "step_pipeline.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include <spdlog/spdlog.h>
 
 #include "plexus/error.hpp"
 #include "plexus/op_schema.hpp"
@@ -37,10 +40,10 @@ std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistr
   return std::move(r.kernel);
 }
 
-std::vector<std::string> step_input_names(bool resident) {
-  std::vector<std::string> names = {"labels", kLearningRateInput, kStepInput, kLossScaleInput};
-  if (!resident) names.insert(names.begin(), "x");
-  return names;
+void place_step_inputs(ExecutableOptions& eo, bool resident, int64_t rows) {
+  eo.input_block = {"labels", kLearningRateInput, kStepInput, kLossScaleInput};
+  if (!resident) eo.input_block.insert(eo.input_block.begin(), "x");
+  eo.input_block_head = resident ? static_cast<uint64_t>(rows) * sizeof(int32_t) : 0;
 }
 
 ResidentData make_resident(Backend& backend, int32_t device, const data::Loader& loader,
@@ -108,28 +111,36 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   // are: x (batches from the host), the labels and the scalars (lr, step, loss scale). The labels
   // come from the host either way (a few bytes a row): gathering them on the device would cost
   // two launches a step (a gather and a cast to i32). Where the executable holds those inputs in
-  // one block (ExecutableOptions::input_block, step_input_names), the slot mirrors the block and
-  // one copy fills them all; otherwise each is copied on its own.
+  // one block (ExecutableOptions::input_block, place_step_inputs), the slot mirrors the block:
+  // - with the data resident and the block's head holding the indices, the slot is uploaded
+  //   straight into the block on the compute stream (a kilobyte; direct_);
+  // - otherwise into a staging buffer on the copy stream, and one copy moves it into the block;
+  // without a block each input is copied on its own.
   std::vector<Tensor*> fed = {&labels_};
   if (!resident_) fed.insert(fed.begin(), &x_);
   for (Tensor* t : {&lr_, &step_, &scale_})
     if (t->defined()) fed.push_back(t);
   const uint64_t head = resident_ ? static_cast<uint64_t>(rows_) * sizeof(int32_t) : 0;
   const Tensor& block = exe.input_block();
-  auto inside = [&](const Tensor* t) {
+  auto block_offset = [&](const Tensor* t) -> int64_t {  // -1: not inside the block
+    if (!block.defined()) return -1;
     const auto* b = static_cast<const unsigned char*>(block.data());
     const auto* p = static_cast<const unsigned char*>(t->data());
-    return block.defined() && p >= b && p + t->nbytes() <= b + block.nbytes();
+    return p >= b && p + t->nbytes() <= b + block.nbytes() ? p - b : -1;
   };
   bool one_block = true;
-  for (const Tensor* t : fed) one_block = one_block && inside(t);
+  uint64_t lowest = UINT64_MAX;
+  for (const Tensor* t : fed) {
+    const int64_t o = block_offset(t);
+    one_block = one_block && o >= 0;
+    if (o >= 0) lowest = std::min(lowest, static_cast<uint64_t>(o));
+  }
+  direct_ = resident_ && one_block && lowest >= head;
   std::vector<uint64_t> at(fed.size());
   if (one_block) {
-    const uint64_t base = (head + 255) / 256 * 256;
-    for (size_t k = 0; k < fed.size(); ++k)
-      at[k] = base + static_cast<uint64_t>(static_cast<const unsigned char*>(fed[k]->data()) -
-                                           static_cast<const unsigned char*>(block.data()));
-    copies_.push_back({block.data(), base, block.nbytes()});
+    const uint64_t base = direct_ ? 0 : (head + 255) / 256 * 256;
+    for (size_t k = 0; k < fed.size(); ++k) at[k] = base + static_cast<uint64_t>(block_offset(fed[k]));
+    if (!direct_) copies_.push_back({block.data(), base, block.nbytes()});
     in_bytes_ = base + block.nbytes();
   } else {
     uint64_t end = head;
@@ -171,7 +182,7 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
         s.in = s.host_in.data();
         s.out = s.host_out.data();
       }
-      s.staging = Tensor::empty(backend, {static_cast<int64_t>(in_bytes_)}, PLX_U8, device);
+      if (!direct_) s.staging = Tensor::empty(backend, {static_cast<int64_t>(in_bytes_)}, PLX_U8, device);
       s.staged = backend.create_event(device);
       s.done = backend.create_event(device);
     }
@@ -182,7 +193,7 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
                               "data resident (set data.resident = \"off\" to gather on the host)");
       };
       const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
-      const Tensor idx = slots_[0].staging.alias(PLX_I32, {rows_}, 0);
+      const Tensor idx = indices(slots_[0]);
       gather_images_ = prepare(backend, ops, "embedding", {}, {resident_->images, idx},
                                {x_.reshape({rows_, d})}, device);
       const uint64_t ws = gather_images_->workspace_bytes();
@@ -191,6 +202,11 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
     // A slot's copies in and out (and the gather) are recorded with the captured step where all
     // of it is stream work a graph can hold: copies to and from pinned memory, a capturable gather.
     capture_io_ = pinned && (!gather_images_ || (gather_images_->kernel().flags & PLX_KERNEL_CAPTURABLE));
+    spdlog::debug("step pipeline: {} bytes a slot {}, {} device cop{} a step; {}", in_bytes_,
+                  direct_ ? "uploaded into the step's input block"
+                          : resident_ ? "staged on the compute stream" : "staged on a copy stream",
+                  copies_.size(), copies_.size() == 1 ? "y" : "ies",
+                  capture_io_ ? "captured with the step where it is captured" : "not captured");
   } catch (...) {
     release();
     throw;
@@ -198,6 +214,10 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
 }
 
 StepPipeline::~StepPipeline() { release(); }
+
+Tensor StepPipeline::indices(const Slot& s) const {
+  return (direct_ ? exe_.input_block() : s.staging).alias(PLX_I32, {rows_}, 0);
+}
 
 uint64_t StepPipeline::device_bytes() const {
   uint64_t n = 0;
@@ -277,7 +297,7 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   // (an event wait between the streams would cost more than the copy). Then on the compute
   // stream: staging -> the step's inputs, the step, its results -> the host slot; all of it
   // captured as one graph per slot where capture_io_ holds.
-  unsigned char* stage = static_cast<unsigned char*>(s.staging.data());
+  unsigned char* stage = static_cast<unsigned char*>(direct_ ? exe_.input_block().data() : s.staging.data());
   if (!resident_) {
     backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, copy_);
     backend_.record(s.staged, copy_);
@@ -289,7 +309,7 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
   around.before = [&] {
     if (resident_) {
       backend_.copy(device_, stage, s.in, in_bytes_, PLX_COPY_H2D, compute_);
-      const plx_tensor idx = s.staging.alias(PLX_I32, {rows_}, 0).view();
+      const plx_tensor idx = indices(s).view();
       const int64_t d = x_.numel() / std::max<int64_t>(rows_, 1);
       void* ws = workspace_.defined() ? workspace_.data() : nullptr;
       const plx_tensor gi[2] = {resident_->images.view(), idx};

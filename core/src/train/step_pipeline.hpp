@@ -111,9 +111,10 @@ std::unique_ptr<PreparedKernel> prepare_kernel(Backend& backend, const OpRegistr
                                                const std::vector<Tensor>& out, int32_t device,
                                                const std::string& what);
 
-// The step's inputs StepPipeline fills from each slot, for ExecutableOptions::input_block: held
-// in one block they arrive in one copy. `resident`: x is gathered on the device, not among them.
-std::vector<std::string> step_input_names(bool resident);
+// Sets eo.input_block to the step's inputs StepPipeline fills from each slot, so that one copy
+// fills them all: the labels and scalars, x when batches come from the host (`resident` false),
+// and with the data set resident a head for the sample indices of `rows` rows.
+void place_step_inputs(ExecutableOptions& eo, bool resident, int64_t rows);
 
 class StepPipeline : public StepRunner {
  public:
@@ -150,7 +151,7 @@ class StepPipeline : public StepRunner {
     std::vector<unsigned char> host_in, host_out;
     unsigned char* in = nullptr;
     unsigned char* out = nullptr;
-    Tensor staging;  // device copy of `in`
+    Tensor staging;  // device copy of `in` (none when it goes straight into the input block)
     plx_event staged = nullptr, done = nullptr;
     std::vector<int32_t> labels;
     int64_t real = 0, index = 0;
@@ -179,6 +180,10 @@ class StepPipeline : public StepRunner {
   std::vector<Copy> copies_;
   // The slot's copies and gather are recorded with the captured step (Executable::Around).
   bool capture_io_ = false;
+  // Resident data and one input block with the indices' head: a slot is uploaded into the block
+  // itself, where the gather reads the indices.
+  bool direct_ = false;
+  Tensor indices(const Slot& s) const;  // the sample indices the gather reads
   int64_t rows_ = 0;
   // Resident data: gather kernels (embedding) and the label cast.
   std::unique_ptr<PreparedKernel> gather_images_;

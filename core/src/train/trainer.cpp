@@ -426,7 +426,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   eo.capture = cfg.get_bool("train.graph_capture");
   eo.fuse = cfg.get_bool("train.fusion");
   eo.channels_last = cfg.get_bool("train.channels_last");
-  eo.input_block = step_input_names(resident);  // what StepPipeline fills from one copy
+  place_step_inputs(eo, resident, local_batch);  // what StepPipeline fills from one copy
   // The steps' memory is measured from here: the peak in use above what was in use before.
   backend.sync(device);
   backend.allocator(device).reset_peaks();
