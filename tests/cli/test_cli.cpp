@@ -393,6 +393,7 @@ TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][c
   REQUIRE(r.status == 0);
   CHECK_THAT(r.output, PLX_CONTAINS("Training step of model 'simplecnn', batch 8, f32, on cpu"));
   CHECK_THAT(r.output, PLX_CONTAINS("the step run as the trainer runs it"));
+  CHECK_THAT(r.output, PLX_CONTAINS("the step fed by the trainer's pipeline"));
   CHECK_THAT(r.output, PLX_CONTAINS("by kernel (slowest first, top 3)"));
   CHECK_THAT(r.output, PLX_CONTAINS("by op:"));
   CHECK_THAT(r.output, PLX_CONTAINS("memory plan: activations "));
@@ -401,6 +402,7 @@ TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][c
   CHECK(j.at("model").string == "simplecnn");
   CHECK(j.at("arena_bytes").number > 0);
   CHECK(j.at("persistent_bytes").number > 0);
+  CHECK(j.at("pipeline_ms").number > 0);  // a wall-clock time: the steps took some time
   const auto& ks = j.at("kernels").items;
   REQUIRE(ks.size() > 5);
   double ms = 0, share = 0;
@@ -430,6 +432,7 @@ TEST_CASE("plexus bench step says where the training step's time goes", "[cpu][c
   const plexus::JsonValue j16 = plexus::parse_json(read_text(json16));
   const auto& k16 = j16.at("kernels").items;
   REQUIRE(k16.size() > ks.size());
+  CHECK(j16.at("pipeline_ms").number > 0);  // loss scaling's report read back with the loss
   bool check = false;
   for (const auto& k : k16) check = check || k.at("kernel").string.find("grad_check") != std::string::npos;
   CHECK(check);

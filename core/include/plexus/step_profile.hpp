@@ -39,6 +39,9 @@ struct StepProfile {
   double op_by_op_ms = 0;    // median of the instrumented runs, first event to last
   double step_ms = 0;        // median of the trainer's way of running it (replayed if captured)
   bool captured = false;     // whether the trainer's way replays a captured graph
+  // Wall-clock time a step with the trainer's pipeline around it (uploads, the resident data's
+  // gather, results read back; two steps in flight), the host's work included.
+  double pipeline_ms = 0;
   // The step's memory plan (summed over f16's two graphs): activations after reuse, the
   // kernels' scratch, and the parameters, optimizer states and inputs.
   uint64_t arena_bytes = 0, workspace_bytes = 0, persistent_bytes = 0;

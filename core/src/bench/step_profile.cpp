@@ -1,6 +1,7 @@
 #include "plexus/step_profile.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <random>
 
 #include "../train/step_graph.hpp"
+#include "../train/step_pipeline.hpp"
 #include "plexus/backend.hpp"
 #include "plexus/comm_bench.hpp"  // median()
 #include "plexus/error.hpp"
@@ -171,6 +173,50 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
     p.step_ms = median(t);
     p.captured = exe.replaying();
   }
+
+  // The trainer's pipeline around the step (step_pipeline.hpp): random images resident on the
+  // device, each batch's sample indices and labels uploaded, two steps in flight, the loss and
+  // predictions read back; wall-clock time a step over the timed runs, the host's work included.
+  {
+    ExecutableOptions peo = eo;
+    peo.capture = cfg.get_bool("train.graph_capture");
+    place_step_inputs(peo, true, p.batch);
+    Executable exe(backend, graph, store, peo);
+    feed(exe, graph, spec.classes, lr, eo.seed);
+    int64_t d = 1;
+    for (int64_t x : sample) d *= x;
+    const int64_t n = 4 * p.batch;
+    std::mt19937_64 rng(eo.seed + 7);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> images(static_cast<size_t>((n + 1) * d), 0.0f);
+    for (int64_t i = 0; i < n * d; ++i) images[static_cast<size_t>(i)] = u(rng);
+    ResidentData resident;
+    resident.rows = n;
+    resident.images = Tensor::from_host(backend, images.data(), {n + 1, d}, PLX_F32, dev);
+    LossScaler scaler;
+    scaler.scale = scaling.init;
+    const bool scaled = graph.find(kLossScaleReport).valid();
+    StepPipeline pipe(backend, dev, exe, rt.ops(), &resident, scaled ? &scaler : nullptr);
+    data::Batch b;
+    b.rows = b.real = b.global_real = p.batch;
+    for (int64_t r = 0; r < p.batch; ++r) {
+      b.samples.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
+      b.labels.push_back(static_cast<int32_t>(r % std::max<int64_t>(spec.classes, 1)));
+    }
+    auto run = [&](int steps) {
+      for (int i = 0; i < steps; ++i) {
+        if (pipe.full()) pipe.collect();
+        b.index = i;
+        pipe.launch(b, lr, i + 1);
+      }
+      while (pipe.in_flight() > 0) pipe.collect();
+    };
+    run(o.warmup + 2);  // the first runs set up capture
+    const auto t0 = std::chrono::steady_clock::now();
+    run(o.steps);
+    p.pipeline_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                    o.steps;
+  }
   return p;
 }
 
@@ -179,6 +225,8 @@ void print_step_profile(std::ostream& out, const StepProfile& p, int top) {
       << ", on " << p.backend << " (" << p.device << "): medians of " << p.steps << " runs\n";
   out << "  the step run as the trainer runs it" << (p.captured ? " (captured, replayed)" : "")
       << ": " << ms_text(p.step_ms) << " ms\n";
+  out << "  the step fed by the trainer's pipeline (resident data, two steps in flight, wall clock): "
+      << ms_text(p.pipeline_ms) << " ms\n";
   out << "  op by op with an event after each kernel: " << ms_text(p.op_by_op_ms)
       << " ms; the kernels' medians add up to " << ms_text(p.kernels_ms) << " ms over "
       << p.kernels.size() << " kernels\n";
@@ -239,6 +287,7 @@ std::string step_profile_json(const StepProfile& p) {
       .add("steps", static_cast<int64_t>(p.steps))
       .add("step_ms", p.step_ms)
       .add("captured", p.captured)
+      .add("pipeline_ms", p.pipeline_ms)
       .add("op_by_op_ms", p.op_by_op_ms)
       .add("kernels_ms", p.kernels_ms)
       .add("arena_bytes", static_cast<int64_t>(p.arena_bytes))
