@@ -4,7 +4,8 @@
 # trains SimpleCNN for 6 steps on the CPU and on the emulated CUDA plugin (resident data gathered
 # on the device, the step captured and replayed with the pipeline's copies, the fused kernels, a
 # checkpoint read back from the device) and holds their losses and final checkpoints to each
-# other, and the same run uncaptured and with batches from the host to it exactly; then the same in bf16
+# other, and the same run uncaptured and with batches from the host to it exactly; one epoch
+# evaluated on the test set (captured and not, against the CPU's evaluation); then the same in bf16
 # and in f16 with loss scaling on the emulator alone, which must train (finite, falling losses)
 # and, for f16, start at a loss scale of 65536. Those runs take the library side (the emulator's
 # stand-ins for cuBLASLt and cuDNN): the tuner would time every candidate on the CPU, minutes for
@@ -47,6 +48,31 @@ for variant in "graph_capture:train.graph_capture=false" "host_batches:data.resi
   echo "== compare, exactly"
   "$compare" "$work/cuda" "$work/cuda-${variant%%:*}" --rtol 0 --atol 0
 done
+# Evaluation on the test set runs through a pipeline of its own (resident test images, its
+# graph captured with the slot's copies): captured and not, the same bits; against the CPU's
+# evaluation after the same training, the same accuracy within a few images.
+for where in cpu cuda-captured cuda-uncaptured; do
+  echo "== $where, f32, evaluated"
+  case $where in
+    cpu) args=(--set backend.name=\"cpu\") ;;
+    cuda-captured) args=("${emu_args[@]}" --set plugins.options.cuda.tf32=false) ;;
+    cuda-uncaptured) args=("${emu_args[@]}" --set plugins.options.cuda.tf32=false --set train.graph_capture=false) ;;
+  esac
+  "$plexus" train configs/simplecnn.toml "${args[@]}" "${common[@]}" --set train.eval=true --set train.max_steps=0 --set train.epochs=1 \
+    --set output.dir=\"$work/eval-$where\"
+done
+python3 - "$work"/eval-{cpu,cuda-captured,cuda-uncaptured}/metrics.jsonl <<'PY'
+import json, sys
+def evals(f):
+    return [(s["test_loss"], s["test_accuracy"]) for s in map(json.loads, filter(str.strip, open(f)))
+            if s.get("type") == "epoch" and "test_accuracy" in s]
+cpu, cap, uncap = map(evals, sys.argv[1:])
+assert cap and len(cap) == len(cpu) == len(uncap), (cpu, cap, uncap)
+assert cap == uncap, f"captured {cap} against uncaptured {uncap}"
+for (lc, ac), (lg, ag) in zip(cpu, cap):
+    assert abs(ac - ag) <= 0.002 and abs(lc - lg) <= 1e-3 * abs(lc), f"cpu {cpu} against cuda {cap}"
+print("evaluation alike: cpu", cpu, "cuda", cap)
+PY
 for p in bf16 f16; do
   echo "== emulated cuda, $p"
   "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
