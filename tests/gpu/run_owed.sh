@@ -150,7 +150,7 @@ if has goals; then
     run_for 200 $B/bin/plexus train "$@" --set backend.name=cuda --set data.path=\"$DATA\" \
       --set logging.progress=plain --set output.dir=\"$OUT/runs/goal-$tag\" > "$OUT/goal-$tag.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
-    grep -E 'img/s|target test accuracy' "$OUT/goal-$tag.log" | tail -4 | tee -a "$OUT/summary.txt"
+    grep -E 'img/s|target test accuracy|capturing the work around' "$OUT/goal-$tag.log" | tail -5 | tee -a "$OUT/summary.txt"
   }
   goal_train simplecnn-b128 configs/simplecnn.toml --set train.epochs=3 --set train.batch_size=128 \
     --set train.eval=false

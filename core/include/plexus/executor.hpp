@@ -148,8 +148,12 @@ class Executable {
   // Waits for the stream.
   void sync();
   bool replaying() const { return !graphs_.empty(); }
-  // Whether `around` would be recorded with the step (for reports and tests).
-  bool captures(const Around& around) const { return around.capturable && can_capture_; }
+  // Whether `around` would be recorded with the step (for reports and tests). A capture that
+  // fails with the work around inside it (the backend refusing a copy, say) is not fatal: a
+  // warning, and from then on that work runs outside the step's graph.
+  bool captures(const Around& around) const {
+    return around.capturable && can_capture_ && !around_refused_;
+  }
 
   // "conv1 conv2d: cpu/im2col_blas" per kernel, for reports; a choice among several kernels
   // says how it was made: "(tuned: a 0.12 ms, b 0.31 ms)", "(cached)", "(ordered)".
@@ -201,6 +205,7 @@ class Executable {
   // read them take it, creating those kernels again for the new strides (see the .cpp).
   void plan_layouts();
   void run_nodes();
+  void run_step(const Around& around, bool inside);  // `inside`: recorded with the step
   void plan_memory();
 
   Backend& backend_;
@@ -224,6 +229,7 @@ class Executable {
   plx_stream stream_ = nullptr;
   int64_t runs_ = 0;
   bool can_capture_ = false;
+  bool around_refused_ = false;  // capturing the work around the step failed once
   // Captured graphs by variant (-1: the step alone, with its work around it outside).
   std::vector<std::pair<int32_t, void*>> graphs_;
 };

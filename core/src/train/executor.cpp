@@ -1388,8 +1388,28 @@ void Executable::add_hook(int32_t k, HookPoint when, std::function<void()> fn, b
 }
 
 void Executable::run(const Around& around) {
+  if (captures(around)) {
+    bool recorded = false;  // this variant's graph exists: a failure now is no capture's
+    for (const auto& [variant, g] : graphs_) recorded = recorded || variant == around.variant;
+    if (recorded || runs_ == 0) return run_step(around, true);
+    try {
+      run_step(around, true);
+      return;
+    } catch (const std::exception& e) {
+      // Capturing the step with the work around it failed. Run that work outside the graph from
+      // now on rather than fail the run; an error that does not come from the capture (the step
+      // itself) comes back from the run below.
+      around_refused_ = true;
+      spdlog::warn("capturing the work around the step with it failed ({}); it runs outside the "
+                   "step's graph from now on",
+                   e.what());
+    }
+  }
+  run_step(around, false);
+}
+
+void Executable::run_step(const Around& around, bool inside) {
   const plx_backend& t = backend_.table();
-  const bool inside = captures(around);  // the work around is recorded with the step
   const int32_t key = inside ? around.variant : -1;
   void* graph = nullptr;
   for (const auto& [variant, g] : graphs_)
