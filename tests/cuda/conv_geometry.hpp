@@ -1,7 +1,7 @@
 // One convolution's geometry for the tests of the CUDA plugin's convolution candidates
 // (test_igemm_conv.cpp, test_direct_conv.cpp, test_cuda_conv_graph.cpp): the node's shapes and
-// attributes, a description for failure messages, the layout mixes of x, w and y, and a
-// registered kernel by its impl name.
+// attributes, a description for failure messages, random inputs with the CPU's results for each
+// of the three ops, the layout mixes of x, w and y, and a registered kernel by its impl name.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "plexus/attrs.hpp"
 #include "plexus/backend.hpp"
+#include "plexus/dispatch.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/tensor.hpp"
 #include "support/harness.hpp"
@@ -51,6 +52,33 @@ inline std::string describe(const Geo& g) {
   if (g.dilation != Ints{1, 1}) d += " dilation " + s(g.dilation);
   if (g.groups != 1) d += " groups " + std::to_string(g.groups);
   return d;
+}
+
+// One node's random inputs (NCHW, on the CPU) and the CPU's results of conv2d without and with
+// the bias, conv2d_backward_data and conv2d_backward_weight on them, with each op's attributes.
+// Draws x, w, b and dy in that order from seeds ++seed.
+struct ConvCase {
+  Shape w_shape, y_shape;
+  Tensor x, w, b, dy;
+  Attrs geo, bd_attrs, bw_attrs;  // conv2d's; with input_shape; with weight_shape
+  Tensor want_y, want_yb, want_dx, want_dw;
+};
+inline ConvCase make_case(const Geo& g, plx_dtype d, uint64_t& seed) {
+  ConvCase c;
+  c.w_shape = w_shape(g);
+  c.y_shape = out_shape(g);
+  c.x = random_tensor(g.x, d, ++seed);
+  c.w = random_tensor(c.w_shape, d, ++seed);
+  c.b = random_tensor({g.o}, d, ++seed);
+  c.dy = random_tensor(c.y_shape, d, ++seed);
+  c.geo = c.bd_attrs = c.bw_attrs = geo_attrs(g);
+  c.bd_attrs.set("input_shape", Ints(g.x));
+  c.bw_attrs.set("weight_shape", Ints(c.w_shape));
+  c.want_y = call(cpu(), "conv2d", {c.x, c.w, Tensor()}, c.geo)[0];
+  c.want_yb = call(cpu(), "conv2d", {c.x, c.w, c.b}, c.geo)[0];
+  c.want_dx = call(cpu(), "conv2d_backward_data", {c.dy, c.w}, c.bd_attrs)[0];
+  c.want_dw = call(cpu(), "conv2d_backward_weight", {c.dy, c.x}, c.bw_attrs)[0];
+  return c;
 }
 
 // Which of x, w and y are channels-last.

@@ -85,38 +85,26 @@ TEST_CASE("cuda cudnn_graph convolutions match the cpu reference in every layout
   int ran = 0, declined = 0;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
     for (const Geo& g : geometries()) {
-      const Shape w_shape = conv_geo::w_shape(g);
-      const Shape y_shape = out_shape(g);
-      const Tensor x = random_tensor(g.x, d, ++seed);
-      const Tensor w = random_tensor(w_shape, d, ++seed);
-      const Tensor b = random_tensor({g.o}, d, ++seed);
-      const Tensor dy = random_tensor(y_shape, d, ++seed);
-      const Attrs geo = geo_attrs(g);
-      Attrs bd_attrs = geo, bw_attrs = geo;
-      bd_attrs.set("input_shape", Ints(g.x));
-      bw_attrs.set("weight_shape", Ints(w_shape));
-      const Tensor want_y = call(cpu(), "conv2d", {x, w, Tensor()}, geo)[0];
-      const Tensor want_yb = call(cpu(), "conv2d", {x, w, b}, geo)[0];
-      const Tensor want_dx = call(cpu(), "conv2d_backward_data", {dy, w}, bd_attrs)[0];
-      const Tensor want_dw = call(cpu(), "conv2d_backward_weight", {dy, x}, bw_attrs)[0];
+      const ConvCase c = make_case(g, d, seed);
       const int64_t taps = g.x[1] / g.groups * g.kh * g.kw;
-      const int64_t pixels = std::max<int64_t>(1, y_shape[0] * y_shape[2] * y_shape[3]);
+      const int64_t pixels = std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]);
       for (int mix = 0; mix < 8; ++mix) {
         const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
         const bool mixed = mix != 0 && mix != 7;
         const std::string what = describe(g) + ", " + layout_name(l);
-        const Tensor gx = on_gpu(gpu, x, l.x), gw = on_gpu(gpu, w, l.w);
-        const Tensor gdy = on_gpu(gpu, dy, l.y);
+        const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);
+        const Tensor gdy = on_gpu(gpu, c.dy, l.y);
         const bool runs[] = {
-            check_graph(gpu, "conv2d", d, {gx, gw, Tensor()}, poisoned(gpu, y_shape, d, l.y), geo,
-                        want_y, taps, what, mixed),
-            check_graph(gpu, "conv2d", d, {gx, gw, b.to(gpu)}, poisoned(gpu, y_shape, d, l.y),
-                        geo, want_yb, taps + 1, what + ", bias", mixed),
+            check_graph(gpu, "conv2d", d, {gx, gw, Tensor()}, poisoned(gpu, c.y_shape, d, l.y),
+                        c.geo, c.want_y, taps, what, mixed),
+            check_graph(gpu, "conv2d", d, {gx, gw, c.b.to(gpu)}, poisoned(gpu, c.y_shape, d, l.y),
+                        c.geo, c.want_yb, taps + 1, what + ", bias", mixed),
             // dx in x's layout from dy in y's; dw in w's layout.
             check_graph(gpu, "conv2d_backward_data", d, {gdy, gw}, poisoned(gpu, g.x, d, l.x),
-                        bd_attrs, want_dx, g.o / g.groups * g.kh * g.kw, what, mixed),
+                        c.bd_attrs, c.want_dx, g.o / g.groups * g.kh * g.kw, what, mixed),
             check_graph(gpu, "conv2d_backward_weight", d, {gdy, gx},
-                        poisoned(gpu, w_shape, d, l.w), bw_attrs, want_dw, pixels, what, mixed)};
+                        poisoned(gpu, c.w_shape, d, l.w), c.bw_attrs, c.want_dw, pixels, what,
+                        mixed)};
         for (bool r : runs) (r ? ran : declined) += 1;
       }
     }
@@ -172,9 +160,10 @@ TEST_CASE("cuda cudnn_graph convolutions run tensors that are not 16-byte aligne
 // The engine a kernel takes follows its op and the plugin's options. Without `benchmark` it is
 // the heuristic's first usable one (not a runtime-compiled one, for a plain convolution), and
 // with TF32 off an f32 convolution must not be a Tensor Core (TF32) engine: its results then
-// hold to f32's tolerance, which TF32's rounding of the inputs does not meet. With conv_workspace = 0 every kernel takes an engine without workspace.
-// With `benchmark` on, the measured choice of each op goes into the algorithm cache file under
-// keys of its own. With graph_api = false the candidates decline.
+// hold to f32's tolerance, which TF32's rounding of the inputs does not meet. With conv_workspace =
+// 0 every kernel takes an engine without workspace. With `benchmark` on, the measured choice of
+// each op goes into the algorithm cache file under keys of its own. With graph_api = false the
+// candidates decline.
 TEST_CASE("cuda cudnn_graph convolutions keep to the engines their op and options allow",
           "[cuda]") {
   PLX_REQUIRE_CUDA(probe);

@@ -78,32 +78,21 @@ TEST_CASE("cuda direct convolutions match the cpu reference in every layout mix"
   int runs = 0;
   for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
     for (const Geo& g : geometries()) {
-      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
-      const Shape y_shape = out_shape(g);
-      const Tensor x = random_tensor(g.x, d, ++seed);
-      const Tensor w = random_tensor(w_shape, d, ++seed);
-      const Tensor b = random_tensor({g.o}, d, ++seed);
-      const Tensor dy = random_tensor(y_shape, d, ++seed);
-      const Attrs geo = geo_attrs(g);
-      Attrs bw_attrs = geo;
-      bw_attrs.set("weight_shape", Ints(w_shape));
-      const Tensor want_y = call(cpu(), "conv2d", {x, w, Tensor()}, geo)[0];
-      const Tensor want_yb = call(cpu(), "conv2d", {x, w, b}, geo)[0];
-      const Tensor want_dw = call(cpu(), "conv2d_backward_weight", {dy, x}, bw_attrs)[0];
+      const ConvCase c = make_case(g, d, seed);
       const int64_t taps = g.x[1] * g.kh * g.kw;
-      const int64_t pixels = std::max<int64_t>(1, y_shape[0] * y_shape[2] * y_shape[3]);
+      const int64_t pixels = std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]);
       for (int mix = 0; mix < 8; ++mix) {
         const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
         const std::string what = describe(g) + ", " + layout_name(l);
-        const Tensor gx = on_gpu(gpu, x, l.x), gw = on_gpu(gpu, w, l.w);
-        const Tensor gdy = on_gpu(gpu, dy, l.y);
-        check_direct(gpu, "conv2d", d, {gx, gw, Tensor()}, y_shape, l.y, geo, want_y, taps + 1,
-                     what);
-        check_direct(gpu, "conv2d", d, {gx, gw, b.to(gpu)}, y_shape, l.y, geo, want_yb, taps + 1,
-                     what + ", bias");
+        const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);
+        const Tensor gdy = on_gpu(gpu, c.dy, l.y);
+        check_direct(gpu, "conv2d", d, {gx, gw, Tensor()}, c.y_shape, l.y, c.geo, c.want_y,
+                     taps + 1, what);
+        check_direct(gpu, "conv2d", d, {gx, gw, c.b.to(gpu)}, c.y_shape, l.y, c.geo, c.want_yb,
+                     taps + 1, what + ", bias");
         // dw in w's layout, from dy in y's.
-        check_direct(gpu, "conv2d_backward_weight", d, {gdy, gx}, w_shape, l.w, bw_attrs, want_dw,
-                     pixels, what);
+        check_direct(gpu, "conv2d_backward_weight", d, {gdy, gx}, c.w_shape, l.w, c.bw_attrs,
+                     c.want_dw, pixels, what);
         runs += 3;
       }
     }

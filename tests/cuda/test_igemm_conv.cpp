@@ -116,39 +116,24 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
     std::vector<Geo> geos = geometries();
     if (d == PLX_F32) geos.insert(geos.end(), tf32_geometries().begin(), tf32_geometries().end());
     for (const Geo& g : geos) {
-      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
-      const Shape y_shape = out_shape(g);
-      const Tensor x = random_tensor(g.x, d, ++seed);
-      const Tensor w = random_tensor(w_shape, d, ++seed);
-      const Tensor b = random_tensor({g.o}, d, ++seed);
-      const Tensor dy = random_tensor(y_shape, d, ++seed);
-      const Attrs geo = geo_attrs(g);
-      Attrs bd_attrs = geo;
-      bd_attrs.set("input_shape", Ints(g.x));
-      Attrs bw_attrs = geo;
-      bw_attrs.set("weight_shape", Ints(w_shape));
-      // The CPU reference, once per node.
-      const Tensor want_y = call(cpu(), "conv2d", {x, w, Tensor()}, geo)[0];
-      const Tensor want_yb = call(cpu(), "conv2d", {x, w, b}, geo)[0];
-      const Tensor want_dx = call(cpu(), "conv2d_backward_data", {dy, w}, bd_attrs)[0];
-      const Tensor want_dw = call(cpu(), "conv2d_backward_weight", {dy, x}, bw_attrs)[0];
+      const ConvCase c = make_case(g, d, seed);
       const bool stride1 = g.stride[0] == 1 && g.stride[1] == 1;
       for (const Layouts& l : kLayouts) {
         const std::string what = describe(g) + ", " + layout_name(l);
-        const Tensor gx = on_gpu(gpu, x, l.x), gw = on_gpu(gpu, w, l.w);
-        const Tensor gdy = on_gpu(gpu, dy, l.y);
-        const Tensor gb = b.to(gpu);
-        check_candidates(gpu, "conv2d", d, {gx, gw, Tensor()}, y_shape, l.y, geo, want_y,
+        const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);
+        const Tensor gdy = on_gpu(gpu, c.dy, l.y);
+        const Tensor gb = c.b.to(gpu);
+        check_candidates(gpu, "conv2d", d, {gx, gw, Tensor()}, c.y_shape, l.y, c.geo, c.want_y,
                          g.x[1] * g.kh * g.kw + 1, true, what, &ran_fwd);
-        check_candidates(gpu, "conv2d", d, {gx, gw, gb}, y_shape, l.y, geo, want_yb,
+        check_candidates(gpu, "conv2d", d, {gx, gw, gb}, c.y_shape, l.y, c.geo, c.want_yb,
                          g.x[1] * g.kh * g.kw + 1, true, what + ", bias", &ran_fwd);
         // Backward data: stride 1 only (dx as a convolution of dy); dx in x's layout.
-        check_candidates(gpu, "conv2d_backward_data", d, {gdy, gw}, g.x, l.x, bd_attrs, want_dx,
+        check_candidates(gpu, "conv2d_backward_data", d, {gdy, gw}, g.x, l.x, c.bd_attrs, c.want_dx,
                          g.o * g.kh * g.kw, stride1, what, &ran_bd);
         // Backward weight: dw in w's layout.
-        check_candidates(gpu, "conv2d_backward_weight", d, {gdy, gx}, w_shape, l.w, bw_attrs,
-                         want_dw, std::max<int64_t>(1, y_shape[0] * y_shape[2] * y_shape[3]), true,
-                         what, &ran_bw);
+        check_candidates(
+            gpu, "conv2d_backward_weight", d, {gdy, gx}, c.w_shape, l.w, c.bw_attrs, c.want_dw,
+            std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]), true, what, &ran_bw);
       }
     }
   }
