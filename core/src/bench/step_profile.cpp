@@ -181,8 +181,7 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
     ExecutableOptions peo = eo;
     peo.capture = cfg.get_bool("train.graph_capture");
     place_step_inputs(peo, true, p.batch);
-    Executable exe(backend, graph, store, peo);
-    feed(exe, graph, spec.classes, lr, eo.seed);
+    Executable exe(backend, graph, store, peo);  // the pipeline writes every input itself
     int64_t d = 1;
     for (int64_t x : sample) d *= x;
     const int64_t n = 4 * p.batch;

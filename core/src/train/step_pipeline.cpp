@@ -165,14 +165,15 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
   report_at_ = sizeof(float) * 2 + pred_.nbytes();
   out_bytes_ = report_at_ + (report_.defined() ? report_.nbytes() : 0);
   compute_ = backend.stream(device);
-  copy_ = backend.create_stream(device);
+  // A copy stream only for batches from the host; resident data's few bytes go up on compute_.
+  if (!resident_) copy_ = backend.create_stream(device);
 
   const bool pinned = backend.device(device).caps & PLX_CAP_PINNED;
   try {
     for (Slot& s : slots_) {
       if (pinned) {
         auto& pa = backend.allocator(device, PLX_MEM_PINNED);
-        s.pinned_in = pa.allocate(in_bytes_, copy_);
+        s.pinned_in = pa.allocate(in_bytes_, copy_ ? copy_ : compute_);
         s.pinned_out = pa.allocate(out_bytes_, compute_);
         s.in = static_cast<unsigned char*>(s.pinned_in->ptr);
         s.out = static_cast<unsigned char*>(s.pinned_out->ptr);
@@ -183,7 +184,7 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
         s.out = s.host_out.data();
       }
       if (!direct_) s.staging = Tensor::empty(backend, {static_cast<int64_t>(in_bytes_)}, PLX_U8, device);
-      s.staged = backend.create_event(device);
+      if (copy_) s.staged = backend.create_event(device);
       s.done = backend.create_event(device);
     }
     if (resident_) {
