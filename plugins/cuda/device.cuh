@@ -127,8 +127,8 @@ __device__ __forceinline__ A block_sum(A v, A* shared) {
 }
 // Cross-block reductions in one launch: every thread of every block calls this after writing
 // its block's partial results; true, for the whole block, in the last of `blocks` blocks to
-// arrive, which may then read every block's partials (through volatile: another block wrote
-// them in this launch) and must reset *done to 0 for the next launch (BlockCounter, common.hpp,
+// arrive, which may then read every block's partials (through volatile or __ldcg, not L1:
+// another block wrote them in this launch) and must reset *done to 0 for the next launch (BlockCounter, common.hpp,
 // owns it). The count only says which block is last, so the results stay deterministic.
 __device__ __forceinline__ bool last_block_arrives(unsigned* done, unsigned blocks) {
   __shared__ bool last;
@@ -138,6 +138,100 @@ __device__ __forceinline__ bool last_block_arrives(unsigned* done, unsigned bloc
   __syncthreads();
   if (last) __threadfence();
   return last;
+}
+
+// ---- split reductions finished inside the launch ----
+//
+// S blocks ("slices") each write an f32 partial of the same elements: slice z's partial of
+// element i lies at part[z·zstride + off(i)] (off(i) < 0: no element). The slices' sums are
+// finished in the launch, deterministically, in two levels, so that no block reads all S
+// partials (the first version's last block read them one dependent load at a time, a tail that
+// ran on one SM after the others had finished): the slices are grouped G = ⌈√S⌉ at a time; the
+// last slice of group g to finish adds the group's partials in slice order into its first slot,
+// and the last group to finish adds the group sums in group order. The result depends on S
+// only, never on which block finishes when; for S <= 3 it is the slices' sum in slice order.
+//
+// Counters: split_sum_counters(S) per reduction, zero before the first launch (BlockCounter) and
+// left zero by every launch.
+__host__ __device__ constexpr unsigned split_sum_group(unsigned S) {
+  unsigned g = 1;
+  while (g * g < S) ++g;
+  return g;
+}
+__host__ __device__ constexpr unsigned split_sum_counters(unsigned S) {
+  const unsigned g = split_sum_group(S), groups = (S + g - 1) / g;
+  return groups > 1 ? groups + 1 : 1;
+}
+
+// For each element i < count of this thread (i = threadIdx.x + k·blockDim.x), the sum of
+// part[z·zstride + off(i)] over z = z0, z0 + dz, ... (n terms) in that order, from 0.f, passed
+// to out(i, off(i), sum). Four elements at a time with four slices read ahead (L2 loads, not
+// L1: other blocks wrote them in this launch), so up to 16 loads are in flight per thread.
+template <class Off, class Out>
+__device__ __forceinline__ void block_ordered_sums(const float* part, int64_t zstride, unsigned z0,
+                                                   unsigned n, unsigned dz, int count, Off off,
+                                                   Out out) {
+  constexpr int kE = 2, kA = 4;
+  const int threads = static_cast<int>(blockDim.x);
+  for (int base = static_cast<int>(threadIdx.x); base < count; base += kE * threads) {
+    int64_t o[kE];
+    float s[kE];
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int i = base + e * threads;
+      o[e] = i < count ? off(i) : int64_t{-1};
+      s[e] = 0.f;
+    }
+    unsigned k = 0;
+    for (; k + kA <= n; k += kA) {
+      float v[kA][kE];
+#pragma unroll
+      for (int a = 0; a < kA; ++a)
+#pragma unroll
+        for (int e = 0; e < kE; ++e)
+          v[a][e] = o[e] >= 0
+                        ? __ldcg(part + static_cast<int64_t>(z0 + (k + a) * dz) * zstride + o[e])
+                        : 0.f;
+#pragma unroll
+      for (int a = 0; a < kA; ++a)
+#pragma unroll
+        for (int e = 0; e < kE; ++e) s[e] += v[a][e];
+    }
+    for (; k < n; ++k)
+#pragma unroll
+      for (int e = 0; e < kE; ++e)
+        if (o[e] >= 0) s[e] += __ldcg(part + static_cast<int64_t>(z0 + k * dz) * zstride + o[e]);
+#pragma unroll
+    for (int e = 0; e < kE; ++e)
+      if (o[e] >= 0) out(base + e * threads, o[e], s[e]);
+  }
+}
+
+// Every thread of slice z's block calls this after writing its partials; in the block that
+// finishes the reduction it calls out(i, off(i), sum) for every element and returns true (that
+// block may then do more of the launch's last work), elsewhere it returns false.
+template <class Off, class Out>
+__device__ __forceinline__ bool split_sum(unsigned* counters, float* part, int64_t zstride,
+                                          unsigned S, unsigned z, int count, Off off, Out out) {
+  const unsigned G = split_sum_group(S), groups = (S + G - 1) / G;
+  if (groups > 1) {
+    const unsigned g = z / G, first = g * G, n = min(S, first + G) - first;
+    if (!last_block_arrives(counters + g, n)) return false;
+    if (n > 1)
+      block_ordered_sums(part, zstride, first, n, 1, count, off,
+                         [&](int, int64_t o, float s) {
+                           part[static_cast<int64_t>(first) * zstride + o] = s;
+                         });
+    if (threadIdx.x == 0) counters[g] = 0;
+  }
+  unsigned* const final_count = counters + (groups > 1 ? groups : 0);
+  if (!last_block_arrives(final_count, groups > 1 ? groups : S)) return false;
+  if (groups > 1)
+    block_ordered_sums(part, zstride, 0, groups, G, count, off, out);
+  else
+    block_ordered_sums(part, zstride, 0, S, 1, count, off, out);
+  if (threadIdx.x == 0) *final_count = 0;
+  return true;
 }
 
 template <class A>

@@ -22,12 +22,13 @@
 // Weight gradient. dw[o, k] = Σ_m dy[m, o] · patch[m, k] over all N·OH·OW pixels: block b sums
 // the pixels of its chunk of tiles, each tile's dy (TP x O) and receptive fields (TP x K) staged
 // in shared memory as f32, each thread owning up to R of the O·K sums (consecutive threads on
-// consecutive k); the last block to finish (a counter the kernel owns) adds the per-chunk f32
-// partials in chunk order and rounds once into dw's dtype and layout. One launch. In the fused
+// consecutive k); the per-chunk f32 partials are added in the launch by split_sum (device.cuh:
+// in groups of about √chunks, then the groups, in a fixed order; counters the kernel owns) and
+// rounded once into dw's dtype and layout. One launch. In the fused
 // group relu_backward -> {sum, conv2d_backward_weight} (a first layer's backward, where nothing
 // reads dx) the same launch masks dy by relu's y > 0 as it stages it and sums it per channel
 // beside dw (the bias gradient, a tap whose value is 1), so the masked gradient is never
-// written. No atomics on the data (the counter only says which block is last), a fixed summation
+// written. No atomics on the data (the counters only say which block is last), a fixed summation
 // order, launch geometry fixed at creation: deterministic. Nothing allocated or synchronised:
 // capturable.
 //
@@ -75,7 +76,7 @@ struct DirectArgs {
   T* dwt;           // dw (O, C, KH, KW)
   T* db;            // (O): the bias gradient, Σ of dy per channel, where Kb = K + 1
   float* part;      // (chunks, O·Kb) f32 partials
-  unsigned* done;   // blocks finished (last_block_arrives)
+  unsigned* done;   // split_sum's counters
   // With the max pool's backward before it (unpooling): y is the pooled gradient (N, O, PH, PW)
   // and y_n/y_c/y_p its strides; pool_idx the pool's indices, laid out by i_n/i_c/i_p, i32
   // positions or u8 window taps (pool_u8); windows pkh x pkw, stride = kernel, no padding or
@@ -402,8 +403,8 @@ __global__ void __launch_bounds__(kBlock)
 // Block b: the tiles [b·tiles_per_chunk, (b+1)·tiles_per_chunk) into part[b, :], thread i
 // owning sums i, i + blockDim, ... (R of them at most): (o, k) = dw[o, k] for k < K, and with a
 // bias gradient (o, K) = db[o], as a tap whose value is 1. dy is masked by relu_y > 0 where the
-// block runs relu_backward too. The last block to finish adds the partials in chunk order and
-// writes dw and db, rounded once.
+// block runs relu_backward too. split_sum adds the partials and its last block writes dw and db,
+// rounded once.
 template <class T, int R>
 __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T> a) {
   extern __shared__ __align__(16) unsigned char direct_smem[];
@@ -457,21 +458,18 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
     const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
     if (e < sums) a.part[static_cast<int64_t>(blockIdx.x) * sums + e] = acc[j];
   }
-  if (!last_block_arrives(a.done, gridDim.x)) return;
-  const volatile float* vp = a.part;
   const int khw = a.KH * a.KW;
-  for (int e = threadIdx.x; e < sums; e += blockDim.x) {
-    float s = 0.f;
-    for (unsigned c = 0; c < gridDim.x; ++c) s += vp[static_cast<int64_t>(c) * sums + e];
-    const int o = e / a.Kb, k = e - o * a.Kb;
-    if (k == a.K) {
-      store(a.db, o, s);
-    } else {
-      const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
-      store(a.dwt, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w, s);
-    }
-  }
-  if (threadIdx.x == 0) *a.done = 0;
+  split_sum(
+      a.done, a.part, sums, gridDim.x, blockIdx.x, sums, [](int e) { return int64_t{e}; },
+      [&](int e, int64_t, float s) {
+        const int o = e / a.Kb, k = e - o * a.Kb;
+        if (k == a.K) {
+          store(a.db, o, s);
+        } else {
+          const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+          store(a.dwt, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w, s);
+        }
+      });
 }
 
 // ---- kernels ----
@@ -751,6 +749,7 @@ class DirectWgradKernel final : public Kernel {
     a_.tiles_per_chunk = std::max<int64_t>(ceil_div(a_.tiles, chunks_), 1);
     chunks_ = std::max<int64_t>(ceil_div(a_.tiles, a_.tiles_per_chunk), 1);
     sums_ = sums;
+    done_ = BlockCounter(split_sum_counters(static_cast<unsigned>(chunks_)));
   }
 
   // The per-chunk f32 partials.

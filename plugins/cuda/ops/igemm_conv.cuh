@@ -656,16 +656,17 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 // As[k][m] and Bs[k][n], and ldmatrix.trans turns 8x8 blocks of it into the row-major A and
 // column-major B fragments. K is long (10^5 pixels and more) and the output small, so the K range
 // is split over gridDim.z slices; each slice writes its f32 partial tile to the workspace, and
-// the last slice of a tile to finish (a counter per output tile, reset by that block) adds the
-// tile's partials in slice order and rounds them once into dw: one launch, deterministic (the
-// counters only say which block is last), no atomics on the data.
+// the slices' sum is finished in the launch by split_sum (device.cuh: groups of about √slices
+// summed by the last slice of each group to finish, then the groups by the last group), rounded
+// once into dw: one launch, deterministic (the counters only say which block is last), no
+// atomics on the data.
 template <class T>
 struct WgradArgs {
   const T* dy;     // NHWC (N, OH, OW, O), O % 8 == 0, 16-byte aligned
   const T* x;      // NHWC (N, H, W, C), C % 8 == 0, 16-byte aligned
   float* part;     // [slices][O][J]
   T* dw;           // (O, KH, KW, C) when w_nhwc, else (O, C, KH, KW)
-  unsigned* done;  // [tiles of O][tiles of J]: slices finished, zero between launches
+  unsigned* done;  // [tiles of O][tiles of J][split_sum_counters(slices)], zero between launches
   int64_t KHW;     // KH·KW
   bool w_nhwc;
   int H, W, C, O, KW, OW, sh, sw, ph, pw;
@@ -692,13 +693,12 @@ struct WgradSmem {
 
 // The end of a weight-gradient block: its slice's partial tile to the workspace, f32, two
 // columns per store where J is even (j is: then j + 1 < J, and the pair is 8-byte aligned); then,
-// in the tile's last slice to finish, dw = Σ over slices 0..S-1, in that order, of the partials,
-// rounded once into w's layout (channels-last (O, KH, KW, C) is the partials' own order, else (O,
-// C, KH, KW)).
+// in the block that finishes the tile's split_sum, dw = the slices' sum rounded once into w's
+// layout (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
 template <class T, class TL>
 __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
                                              const float (&acc)[TL::MI][TL::NI][4], int m0, int n0,
-                                             int wm, int wn, int lane, int tid) {
+                                             int wm, int wn, int lane) {
   float* const part = a.part + static_cast<int64_t>(blockIdx.z) * a.O * a.J;
 #pragma unroll
   for (int i = 0; i < TL::MI; ++i) {
@@ -721,24 +721,24 @@ __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
     }
   }
 
-  unsigned* const done = a.done + blockIdx.y * gridDim.x + blockIdx.x;
-  if (!last_block_arrives(done, gridDim.z)) return;
-  const volatile float* vp = a.part;
-  const int64_t total = static_cast<int64_t>(a.O) * a.J;
-  for (int e = tid; e < TL::BM * TL::BN; e += TL::THREADS) {
-    const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
-    if (o >= a.O || j >= a.J) continue;
-    const int64_t i = static_cast<int64_t>(o) * a.J + j;
-    float sum = 0.f;
-    for (unsigned z = 0; z < gridDim.z; ++z) sum += vp[z * total + i];
-    int64_t dst = i;
-    if (!a.w_nhwc) {
-      const int64_t tap = j / a.C, c = j - tap * a.C;
-      dst = static_cast<int64_t>(o) * a.J + c * a.KHW + tap;
-    }
-    a.dw[dst] = from_accum<T>(sum);
-  }
-  if (tid == 0) *done = 0;
+  // The slices' sum (split_sum: two levels, in a fixed order), rounded once into dw.
+  unsigned* const counters =
+      a.done + (blockIdx.y * gridDim.x + blockIdx.x) * split_sum_counters(gridDim.z);
+  split_sum(
+      counters, a.part, static_cast<int64_t>(a.O) * a.J, gridDim.z, blockIdx.z, TL::BM * TL::BN,
+      [&](int e) -> int64_t {
+        const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
+        return o < a.O && j < a.J ? static_cast<int64_t>(o) * a.J + j : -1;
+      },
+      [&](int, int64_t i, float sum) {
+        int64_t dst = i;
+        if (!a.w_nhwc) {
+          const int64_t o = i / a.J, j = i - o * a.J;
+          const int64_t tap = j / a.C, c = j - tap * a.C;
+          dst = o * a.J + c * a.KHW + tap;
+        }
+        a.dw[dst] = from_accum<T>(sum);
+      });
 }
 
 // Grid: x over O tiles, y over J tiles, z over K slices.
@@ -843,7 +843,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
             for (int j = 0; j < TL::NI; ++j) mma_16816<T>(acc[i][j], af[i], bf[j]);
         }
       });
-  wgrad_finish<T, TL>(a, acc, m0, n0, wm, wn, lane, tid);
+  wgrad_finish<T, TL>(a, acc, m0, n0, wm, wn, lane);
 }
 
 // TF32 weight gradient: the same GEMM, slices and last-slice sum, gathering 4 bytes at a time
@@ -938,7 +938,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
             for (int j = 0; j < TL::NI; ++j) mma_1688_tf32(acc[i][j], af[i], bf[j]);
         }
       });
-  wgrad_finish<float, TL>(a, acc, m0, n0, wm, wn, lane, tid);
+  wgrad_finish<float, TL>(a, acc, m0, n0, wm, wn, lane);
 }
 
 // ---- staging kernels (layout conversion into the workspace) ----
@@ -1449,7 +1449,8 @@ class IgemmWgradKernel final : public Kernel {
     a_.w_nhwc = nhwc[1];
     grid_ = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
                  static_cast<unsigned>(slices));
-    done_ = BlockCounter(tiles_m * tiles_n);  // one per output tile
+    // split_sum's counters, per output tile.
+    done_ = BlockCounter(tiles_m * tiles_n * split_sum_counters(static_cast<unsigned>(slices)));
 
     if constexpr (kTf32) {
       // dy and x read in place in their layouts; j = tap·C + c through the k table.

@@ -251,10 +251,11 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
     __syncwarp();  // every lane is done with z before the next row overwrites it
   }
 
-  // The last block to finish reduces what all wrote: the loss (as ce_reduce) and db (the
-  // blocks' sums in block order, each block's its warps' in warp order). Deterministic for a
-  // given grid. It resets the counter for the next launch.
+  // The block that finishes reduces what all wrote: db (the blocks' sums added by split_sum,
+  // device.cuh, each block's its warps' in warp order) and the loss (as ce_reduce).
+  // Deterministic for a given grid. The counters are left zero for the next launch.
   if (!a.done) return;  // a kernel argument: uniform
+  bool last;
   if (dbo) {
     __syncthreads();  // every warp's sums are in dbw
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -262,20 +263,16 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
       for (int w8 = 0; w8 < kWarps; ++w8) t += dbw[w8 * C + c];
       a.db_part[static_cast<int64_t>(blockIdx.x) * C + c] = t;
     }
+    last = split_sum(
+        a.done, a.db_part, C, gridDim.x, blockIdx.x, static_cast<int>(C),
+        [](int c) { return int64_t{c}; }, [&](int, int64_t c, float t) { store(dbo, c, t); });
+  } else {
+    last = last_block_arrives(a.done, gridDim.x);
+    if (last && threadIdx.x == 0) *a.done = 0;
   }
-  if (!last_block_arrives(a.done, gridDim.x)) return;
-  if (a.loss_out)
+  if (last && a.loss_out)
     ce_reduce_block<TC, L>(a.row_loss, labels, static_cast<TC*>(a.loss_out), a.n, a.ignore,
                            a.reduction == Reduction::kMean);
-  if (dbo) {
-    const volatile float* part = a.db_part;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      float t = 0.f;
-      for (unsigned b = 0; b < gridDim.x; ++b) t += part[static_cast<int64_t>(b) * C + c];
-      store(dbo, c, t);
-    }
-  }
-  if (threadIdx.x == 0) *a.done = 0;
 }
 
 
@@ -307,7 +304,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     // zero between launches (each launch's last block resets it), so it lives as long as the
     // kernel, not in the workspace.
     last_reduces_ = (p_.reduction != Reduction::kNone && s.loss >= 0) || s.db >= 0;
-    if (last_reduces_) done_.emplace();
+    if (last_reduces_) done_.emplace(s.db >= 0 ? split_sum_counters(grid_) : 1);
     row_loss_bytes_ = p_.reduction == Reduction::kNone
                           ? 0
                           : (static_cast<uint64_t>(s.n) * sizeof(float) + 255) / 256 * 256;

@@ -32,8 +32,9 @@
 //   ("simt_16x16", registered last) for the shapes every tile declines, so that the native side
 //   has a kernel for every GEMM.
 // - Split-K (the "mma_sync_32x32x64_splitk" candidate, for outputs too small to fill the
-//   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and the last
-//   split of each output tile to finish adds the tile's splits in order and applies the epilogue.
+//   device): grid z also spans K splits, each writing raw f32 sums to the workspace, and
+//   split_sum (device.cuh) adds each output tile's splits in a fixed order in the launch; the
+//   block that finishes applies the epilogue.
 //   No atomics on the data.
 // - Deterministic (each output is summed in a fixed order that depends only on the shape) and
 //   capturable (compute() only launches). Shared memory beyond 48 KiB is opted into once, at
@@ -123,10 +124,10 @@ struct MmaArgs {
   float alpha;
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
   // Split-K: grid z is batch x splits, split s sums K in [s·k_split, (s + 1)·k_split) into
-  // partial[(s·batch + z) M N ...] (f32, no epilogue), and the last split of each output tile to
-  // finish (done: a counter per batch entry and tile, zero between launches) adds the tile's
-  // splits in split order and applies the epilogue. Without it: splits = 1, k_split >= K,
-  // partial and done unused.
+  // partial[(s·batch + z) M N ...] (f32, no epilogue), and split_sum adds each output tile's
+  // splits (done: split_sum_counters(splits) per batch entry and tile, zero between launches);
+  // its last block applies the epilogue. Without it: splits = 1, k_split >= K, partial and done
+  // unused.
   int64_t batch;
   int64_t k_split;  // a multiple of BK
   int32_t splits;
@@ -408,24 +409,25 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
         }
       }
     }
-    // The tile's last split to finish: y = act(alpha · the splits' sum in split order + bias),
-    // one rounding, as the unsplit epilogue computes it from its one sum.
-    unsigned* const done = p.done + (z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    if (!last_block_arrives(done, static_cast<unsigned>(p.splits))) return;
-    const volatile float* vp = p.partial;
-    const int64_t slice = p.batch * M * N;
+    // The tile's split sums (split_sum, device.cuh: two levels in a fixed order), then
+    // y = act(alpha · sum + bias), one rounding, as the unsplit epilogue computes it from its one
+    // sum.
+    unsigned* const counters = p.done + ((z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) *
+                                            split_sum_counters(static_cast<unsigned>(p.splits));
     const T* bias = static_cast<const T*>(p.bias);
-    for (int e = tid; e < BM * BN; e += C::kThreads) {
-      const int64_t row = m0 + e / BN, col = n0 + e % BN;
-      if (row >= M || col >= N) continue;
-      const int64_t i = z * M * N + row * N + col;
-      float v = 0.f;
-      for (int32_t sp = 0; sp < p.splits; ++sp) v += vp[sp * slice + i];
-      v *= p.alpha;
-      if (bias) v += to_accum<T>(bias[col]);
-      Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
-    }
-    if (tid == 0) *done = 0;
+    split_sum(
+        counters, p.partial, p.batch * M * N, static_cast<unsigned>(p.splits),
+        static_cast<unsigned>(split), BM * BN,
+        [&](int e) -> int64_t {
+          const int64_t row = m0 + e / BN, col = n0 + e % BN;
+          return row < M && col < N ? z * M * N + row * N + col : -1;
+        },
+        [&](int e, int64_t, float v) {
+          const int64_t row = m0 + e / BN, col = n0 + e % BN;
+          v *= p.alpha;
+          if (bias) v += to_accum<T>(bias[col]);
+          Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
+        });
   } else {
     const T* bias = static_cast<const T*>(p.bias);
 #pragma unroll
@@ -619,7 +621,7 @@ class MmaPlan {
                          static_cast<long long>(s.batch));
       workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
                    sizeof(float);
-      done_ = BlockCounter(blocks);
+      done_ = BlockCounter(blocks * split_sum_counters(static_cast<unsigned>(splits_)));
     }
     kernel_ = pick_kernel<T, TL, ACT, SPLIT>(s.a_kmajor, s.b_kmajor);
     // Once per kernel and device: the attribute stays set for every later launch.
@@ -659,7 +661,7 @@ class MmaPlan {
   int32_t splits_ = 1;
   int64_t k_split_ = 0;
   uint64_t workspace_ = 0;
-  BlockCounter done_{0};  // split-K: one finished-split count per batch entry and output tile
+  BlockCounter done_{0};  // split-K: split_sum counters per batch entry and output tile
 };
 
 // The SIMT kernel as a candidate of its own (kSimtName): every shape the GEMM problem

@@ -290,9 +290,9 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __r
 // A gradient written with its sum per channel (the bias gradient of the convolution it flows
 // into), in one launch: block (c, s) writes channel c's planes of images s, s + splits, ... (each
 // element F::at(plane, e) rounded to T) and sums what it wrote (the rounded values, as a sum node
-// reads them) in f32; the last block to finish (a counter the kernel owns, reset by that block)
-// adds each channel's `splits` partial sums in order. Deterministic. One launch per counter at a
-// time (the kernel object owns it; launches run in stream order).
+// reads them) in f32; each channel's `splits` partial sums are added by split_sum (device.cuh;
+// counters the kernel object owns, split_sum_counters(splits) per channel). Deterministic. One
+// launch per counter at a time (launches run in stream order).
 template <class T, class I, class F>
 __global__ void __launch_bounds__(kBlock)
     channel_sum_kernel(const F f, T* __restrict__ dx, I channels, I images, I HW, float* part,
@@ -311,14 +311,11 @@ __global__ void __launch_bounds__(kBlock)
   }
   acc = block_sum(acc, shared_sum);
   if (threadIdx.x == 0) part[static_cast<int64_t>(c) * splits + s] = acc;
-  if (!last_block_arrives(done, gridDim.x * gridDim.y)) return;
-  const volatile float* vp = part;
-  for (I ch = static_cast<I>(threadIdx.x); ch < channels; ch += static_cast<I>(blockDim.x)) {
-    float t = 0.0f;
-    for (I k = 0; k < splits; ++k) t += vp[static_cast<int64_t>(ch) * splits + k];
-    db[ch] = from_accum<T>(t);
-  }
-  if (threadIdx.x == 0) *done = 0;
+  // Channel c's split sums (split_sum, per channel), rounded once into db[c].
+  split_sum(
+      done + static_cast<int64_t>(c) * split_sum_counters(gridDim.y), part, 1, gridDim.y,
+      blockIdx.y, 1, [&](int) { return static_cast<int64_t>(c) * splits; },
+      [&](int, int64_t, float t) { db[c] = from_accum<T>(t); });
 }
 
 // channel_sum_kernel's elements: max_pool2d_backward's dx (max_pool_gather), dx NCHW.
@@ -349,8 +346,8 @@ struct ReluGrad {
 // layer's bias gradient, ReluCols) and for a channels-last gradient, whose channel sums are the
 // column sums of (N·H·W, C) (ReluCols, PoolCols). Blocks of 32 columns x 8 row lanes (writes
 // coalesced along the columns) over (column tiles, row splits); each writes its columns' partial
-// sums (of the rounded values, as a sum node reads them), and the last block to finish adds the
-// splits in order for every column (deterministic) and resets the counter.
+// sums (of the rounded values, as a sum node reads them), and split_sum adds each column tile's
+// splits (device.cuh; split_sum_counters(splits) counters per column tile; deterministic).
 constexpr int kColTile = 32, kRowLanes = kBlock / kColTile;
 template <class T, class F>
 __global__ void __launch_bounds__(kBlock)
@@ -376,14 +373,12 @@ __global__ void __launch_bounds__(kBlock)
     for (int k = 0; k < kRowLanes; ++k) t += lanes[k][tx];
     part[sp * cols + col] = t;
   }
-  if (!last_block_arrives(done, gridDim.x * gridDim.y)) return;
-  const volatile float* vp = part;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float t = 0.0f;
-    for (int64_t k = 0; k < splits; ++k) t += vp[k * cols + c];
-    db[c] = from_accum<T>(t);
-  }
-  if (threadIdx.x == 0) *done = 0;
+  // The column tile's split sums (split_sum, per tile), rounded once into db.
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kColTile;
+  split_sum(
+      done + blockIdx.x * split_sum_counters(gridDim.y), part, cols, gridDim.y, blockIdx.y,
+      kColTile, [&](int i) { return col0 + i < cols ? col0 + i : int64_t{-1}; },
+      [&](int, int64_t c, float t) { db[c] = from_accum<T>(t); });
 }
 
 // column_sum_kernel's elements: relu_backward's, dy where y > 0 else 0 (in f32, as ReluBackward),
@@ -408,20 +403,33 @@ struct PoolCols {
   }
 };
 
-// column_sum_kernel's row splits: about two blocks per SM over the column tiles, each split
-// at least kRowLanes rows (and at most 65535 splits).
+// The column and channel sums stream their gradient once, so they want many loads in flight:
+// about kSumBlocksPerSm blocks of kBlock threads per SM (a full SM), whose split sums split_sum
+// adds in about √splits steps. (Two blocks per SM until the twenty-ninth session, when the last
+// block still read every split's sum alone.)
+constexpr int64_t kSumBlocksPerSm = 8;
+
+// column_sum_kernel's row splits: about kSumBlocksPerSm blocks per SM over the column tiles,
+// each split at least kRowLanes rows (and at most 65535 splits).
 unsigned column_sum_splits(int sms, int64_t rows, int64_t cols) {
   const int64_t tiles = std::max<int64_t>((cols + kColTile - 1) / kColTile, 1);
-  return static_cast<unsigned>(std::clamp<int64_t>((int64_t{2} * std::max(sms, 1) + tiles - 1) / tiles, 1,
+  return static_cast<unsigned>(std::clamp<int64_t>((kSumBlocksPerSm * std::max(sms, 1) + tiles - 1) / tiles, 1,
                                                    std::clamp<int64_t>(rows / kRowLanes, 1, 65535)));
 }
 
-// The grid of channel_sum_kernel: about two blocks per SM over all channels, each with at least
-// one image (and at most 65535 splits, the grid's y limit).
+// The grid of channel_sum_kernel: about kSumBlocksPerSm blocks per SM over all channels, each
+// with at least one image (and at most 65535 splits, the grid's y limit).
 unsigned channel_sum_splits(int sms, int64_t channels, int64_t images) {
   return static_cast<unsigned>(std::clamp<int64_t>(
-      (int64_t{2} * std::max(sms, 1) + channels - 1) / std::max<int64_t>(channels, 1), 1,
+      (kSumBlocksPerSm * std::max(sms, 1) + channels - 1) / std::max<int64_t>(channels, 1), 1,
       std::clamp<int64_t>(images, 1, 65535)));
+}
+
+// split_sum's counters for column_sum_kernel (per column tile) or channel_sum_kernel (per
+// channel) over `splits`.
+BlockCounter sum_counters(bool columns, int64_t channels, unsigned splits) {
+  const int64_t owners = columns ? (channels + kColTile - 1) / kColTile : channels;
+  return BlockCounter(std::max<int64_t>(owners, 1) * split_sum_counters(splits));
 }
 
 // y = avg_pool2d(x); one thread per output element.
@@ -612,6 +620,7 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
     g_.in_nhwc = nhwc_or_decline(node.output(0), op, "dx");
     splits_ = g_.in_nhwc ? column_sum_splits(sms, images_ * g_.H * g_.W, channels_)
                          : channel_sum_splits(sms, channels_, images_);
+    done_ = sum_counters(g_.in_nhwc, channels_, splits_);
   }
 
   // The partial sums, channels x splits.
@@ -703,6 +712,7 @@ class ReluBackwardSumKernel final : public Kernel {
     }
     PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "relu_backward+sum: too many channels");
     splits_ = rows_ ? column_sum_splits(sms, images_, channels_) : channel_sum_splits(sms, channels_, images_);
+    done_ = sum_counters(rows_, channels_, splits_);
   }
 
   uint64_t workspace_bytes() const override {

@@ -124,6 +124,27 @@ add_dependencies(plexus_tests plexus_cuda_emu_selftest)
 add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
   COMMAND plexus_cuda_emu_selftest)
 
+# split_sum (plugins/cuda/device.cuh), the in-launch finish of the plugin's split reductions, as
+# a kernel of its own: its order bit for bit, one finishing block and counters left zero, with
+# the blocks of each grid run forward, in reverse and shuffled.
+set(split_sum_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/split_sum_test.cpp)
+add_custom_command(OUTPUT ${split_sum_cpp}
+  COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/split_sum_test.cu
+          ${split_sum_cpp}
+  DEPENDS ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/split_sum_test.cu
+          ${cuda_dir}/device.cuh
+  COMMENT "CUDA emulator: translating split_sum_test.cu")
+add_executable(plexus_cuda_split_sum_test ${split_sum_cpp})
+target_include_directories(plexus_cuda_split_sum_test BEFORE PRIVATE ${emu_dir}/include)
+target_include_directories(plexus_cuda_split_sum_test PRIVATE ${cuda_dir})
+target_compile_definitions(plexus_cuda_split_sum_test PRIVATE PLEXUS_CUDA_EMU=1)
+target_link_libraries(plexus_cuda_split_sum_test PRIVATE plexus_cuda_emu_runtime)
+add_dependencies(plexus_tests plexus_cuda_split_sum_test)
+foreach(order forward reverse shuffle)
+  add_test(NAME "cuda emulator: split_sum adds the slices in its fixed order, blocks ${order}"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_EMU_BLOCKS=${order} $<TARGET_FILE:plexus_cuda_split_sum_test>)
+endforeach()
+
 # The CUDA tests, against the emulated plugin. (Run one by one: a skipped test would turn a
 # whole-suite run into a skip.)
 foreach(t
@@ -214,6 +235,24 @@ foreach(t
             $<TARGET_FILE:plexus_tests> ${t})
   set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 900)
+endforeach()
+
+# The kernels whose grids follow the SM count (split-K GEMMs, weight gradients, bias sums: each
+# finished by split_sum in the launch) again on an emulated device of 37 SMs, blocks shuffled:
+# more slices than the 4-SM default makes (up to a few hundred), so both of split_sum's levels
+# and its uneven last group run in every one of them.
+foreach(t
+    "every cuda tensor core gemm candidate matches the cpu"
+    "cuda direct convolutions match the cpu reference in every layout mix"
+    "the relu backward of a first layer with its bias sum and weight gradient runs as one direct kernel"
+    "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
+    "conv + max-pool fused on cuda matches the cpu"
+    "relu_backward with its sum over rows fused on cuda matches the cpu"
+    "the classifier head fused on cuda matches the cpu")
+  add_test(NAME "cuda emulator, 37 SMs: ${t}"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+            PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
+  set_tests_properties("cuda emulator, 37 SMs: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
 
 # The communicator conformance suite over the emulator's NCCL, one rank, bootstrapped over MPI.

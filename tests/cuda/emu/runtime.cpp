@@ -1369,6 +1369,24 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   return cudaSuccess;
 }
 
+namespace {
+// The emulated device's SM count: 4, or PLEXUS_EMU_SMS (1 to 1024; anything else is reported).
+int emulated_sms() {
+  static const int n = [] {
+    const char* e = std::getenv("PLEXUS_EMU_SMS");
+    if (!e || !*e) return 4;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end || v < 1 || v > 1024) {
+      std::fprintf(stderr, "cuda emulator: PLEXUS_EMU_SMS=%s: expected 1 to 1024; using 4\n", e);
+      return 4;
+    }
+    return static_cast<int>(v);
+  }();
+  return n;
+}
+}  // namespace
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device != 0) return fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
@@ -1385,7 +1403,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->maxGridSize[1] = p->maxGridSize[2] = 65535;
   p->major = 9;
   p->minor = 0;
-  p->multiProcessorCount = 4;  // few "SMs": grids sized by SM count stay small on the CPU
+  // Few "SMs", so that grids sized by the SM count stay small on the CPU; PLEXUS_EMU_SMS sets
+  // another count (1 to 1024), so that kernels sized by it run with many more blocks.
+  p->multiProcessorCount = emulated_sms();
   p->l2CacheSize = 50 << 20;
   p->maxThreadsPerMultiProcessor = 2048;
   return cudaSuccess;

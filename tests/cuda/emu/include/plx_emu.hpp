@@ -116,6 +116,9 @@ inline size_t __cvta_generic_to_shared(const void* p) { return ::plx_emu::shared
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 inline void __threadfence_system() {}
+// Cache-hinted loads (__ldcg: through L2 only) are plain loads here: blocks run one at a time.
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
 [[noreturn]] inline void __trap() { ::plx_emu::trap("__trap()"); }
 
 template <class T>
