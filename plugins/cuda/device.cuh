@@ -165,46 +165,55 @@ __host__ __device__ constexpr unsigned split_sum_counters(unsigned S) {
 
 // For each element i < count of this thread (i = threadIdx.x + k·blockDim.x), the sum of
 // part[z·zstride + off(i)] over z = z0, z0 + dz, ... (n terms) in that order, from 0.f, passed
-// to out(i, off(i), sum). Four elements at a time with four slices read ahead (L2 loads, not
-// L1: other blocks wrote them in this launch), so up to 16 loads are in flight per thread.
-template <class Off, class Out>
-__device__ __forceinline__ void block_ordered_sums(const float* part, int64_t zstride, unsigned z0,
-                                                   unsigned n, unsigned dz, int count, Off off,
-                                                   Out out) {
-  constexpr int kE = 2, kA = 4;
+// to out(i, off(i), sum); kE elements at a time with kA slices read ahead, through L2 (not L1:
+// other blocks wrote them in this launch). kE·kA = 8 loads in flight per thread: more made ptxas
+// spill in some of the kernels that use it.
+template <int kE, int kA, class Off, class Out>
+__device__ __forceinline__ void ordered_sums_batched(const float* part, int64_t zstride,
+                                                     unsigned z0, unsigned n, unsigned dz,
+                                                     int count, Off off, Out out) {
   const int threads = static_cast<int>(blockDim.x);
+  const int64_t step = static_cast<int64_t>(dz) * zstride;
   for (int base = static_cast<int>(threadIdx.x); base < count; base += kE * threads) {
     int64_t o[kE];
+    const float* p[kE];  // element e's partial of the next slice to read
     float s[kE];
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int i = base + e * threads;
       o[e] = i < count ? off(i) : int64_t{-1};
+      p[e] = part + static_cast<int64_t>(z0) * zstride + (o[e] >= 0 ? o[e] : 0);
       s[e] = 0.f;
     }
-    unsigned k = 0;
-    for (; k + kA <= n; k += kA) {
+    for (unsigned k = 0; k < n; k += kA) {  // the last round may hold fewer than kA slices
       float v[kA][kE];
 #pragma unroll
       for (int a = 0; a < kA; ++a)
 #pragma unroll
-        for (int e = 0; e < kE; ++e)
-          v[a][e] = o[e] >= 0
-                        ? __ldcg(part + static_cast<int64_t>(z0 + (k + a) * dz) * zstride + o[e])
-                        : 0.f;
+        for (int e = 0; e < kE; ++e) v[a][e] = o[e] >= 0 && k + a < n ? __ldcg(p[e] + a * step) : 0.f;
 #pragma unroll
       for (int a = 0; a < kA; ++a)
 #pragma unroll
-        for (int e = 0; e < kE; ++e) s[e] += v[a][e];
-    }
-    for (; k < n; ++k)
+        for (int e = 0; e < kE; ++e)
+          if (k + a < n) s[e] += v[a][e];
 #pragma unroll
-      for (int e = 0; e < kE; ++e)
-        if (o[e] >= 0) s[e] += __ldcg(part + static_cast<int64_t>(z0 + k * dz) * zstride + o[e]);
+      for (int e = 0; e < kE; ++e) p[e] += kA * step;
+    }
 #pragma unroll
     for (int e = 0; e < kE; ++e)
       if (o[e] >= 0) out(base + e * threads, o[e], s[e]);
   }
+}
+// ... with every thread's loads in flight for one element when the block has a thread per
+// element (a column tile's 32 sums, a channel's one), two elements otherwise.
+template <class Off, class Out>
+__device__ __forceinline__ void block_ordered_sums(const float* part, int64_t zstride, unsigned z0,
+                                                   unsigned n, unsigned dz, int count, Off off,
+                                                   Out out) {
+  if (count <= static_cast<int>(blockDim.x))
+    ordered_sums_batched<1, 4>(part, zstride, z0, n, dz, count, off, out);
+  else
+    ordered_sums_batched<2, 4>(part, zstride, z0, n, dz, count, off, out);
 }
 
 // Every thread of slice z's block calls this after writing its partials; in the block that

@@ -142,9 +142,12 @@ int main() {
   int order_differs = 0;
   const unsigned sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 10, 16, 17, 26, 37, 64, 100, 264};
   for (unsigned S : sizes) {
+    // A thread per element or fewer (one element at a time, four slices ahead), and more
+    // elements than threads (two at a time): one pair partly past the end, then several.
     run(S, 1, 32, &order_differs);
-    run(S, 45, 64, &order_differs);  // more elements than threads: a thread takes several
-    run(S, 300, 32, &order_differs); // and more than four batches of them
+    run(S, 200, 256, &order_differs);
+    run(S, 45, 32, &order_differs);
+    run(S, 300, 32, &order_differs);
   }
   // The values must tell the two orders apart, or the bit-for-bit checks above prove nothing.
   EXPECT(order_differs > 1000, "only %d sums differ between the two orders", order_differs);

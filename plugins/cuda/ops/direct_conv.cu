@@ -55,6 +55,7 @@ constexpr int kMaxChannels = 256;         // O
 constexpr int kFwdTile = 64;              // TP: output pixels per forward tile
 constexpr int kWgradTile = 32;            // TP: pixels per weight-gradient tile
 constexpr int kWgradMaxSums = 16;         // R: dw sums per thread (O·K <= R·kBlock)
+constexpr int64_t kWgradBlocksPerSm = 8;  // the weight gradient's chunks: blocks per SM
 constexpr uint64_t kMaxSmem = 48 * 1024;  // no opt-in needed below this
 
 bool fits_i32(int64_t v) {
@@ -741,10 +742,14 @@ class DirectWgradKernel final : public Kernel {
     smem_ = wgrad_smem_bytes(kWgradTile, a_.O, a_.K, a_.Kp);
     PLX_DECLINE_UNLESS(smem_ <= kMaxSmem, "%s: direct would need %llu bytes of shared memory", op,
                        static_cast<unsigned long long>(smem_));
-    // Chunks: about two blocks per SM, each at least 4 tiles, none empty; one with no pixel
-    // (N = 0), whose zero partials make dw and db zero.
+    // Chunks: about kWgradBlocksPerSm blocks per SM, each at least 4 tiles, none empty; one
+    // with no pixel (N = 0), whose zero partials make dw and db zero. A tile's staging is two
+    // dependent rounds of global loads between barriers, so a block is latency-bound: many
+    // resident blocks (about 7 KiB of shared memory each) hide it, and split_sum's finish grows
+    // with √chunks only. (Two per SM until the twenty-ninth session, when the last block added
+    // every chunk's partials alone.)
     a_.tiles = ceil_div(a_.M, kWgradTile);
-    const int64_t target = 2 * static_cast<int64_t>(sm_count(backend, device_));
+    const int64_t target = kWgradBlocksPerSm * static_cast<int64_t>(sm_count(backend, device_));
     chunks_ = std::clamp<int64_t>(std::min(target, ceil_div(a_.tiles, 4)), 1, INT_MAX);
     a_.tiles_per_chunk = std::max<int64_t>(ceil_div(a_.tiles, chunks_), 1);
     chunks_ = std::max<int64_t>(ceil_div(a_.tiles, a_.tiles_per_chunk), 1);
