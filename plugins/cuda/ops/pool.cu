@@ -360,6 +360,7 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t r0 = rows * sp / splits, r1 = rows * (sp + 1) / splits;
   float acc = 0.0f;
   if (col < cols)
+#pragma unroll (F::kRowsAhead)  // rows' loads in flight per thread (the sum keeps its order)
     for (int64_t r = r0 + lane; r < r1; r += kRowLanes) {
       const int64_t i = r * cols + col;
       const T v = from_accum<T>(f.at(r, col, i));
@@ -385,6 +386,7 @@ __global__ void __launch_bounds__(kBlock)
 // dy, y and dx laid out alike.
 template <class T>
 struct ReluCols {
+  static constexpr int kRowsAhead = 4;  // two loads an element: cheap to unroll
   const T* dy;
   const T* y;
   __device__ float at(int64_t, int64_t, int64_t i) const {
@@ -394,6 +396,7 @@ struct ReluCols {
 // ... and max_pool2d_backward's, dx channels-last: row n·H·W + e, column c (max_pool_gather).
 template <class T, class Ix>
 struct PoolCols {
+  static constexpr int kRowsAhead = 1;  // a window gather an element: unrolled, ptxas spills
   const T* dy;
   const Ix* idx;
   PoolGeom g;
