@@ -206,6 +206,7 @@ class Executable {
   void plan_layouts();
   void run_nodes();
   void run_step(const Around& around, bool inside);  // `inside`: recorded with the step
+  void* graph_of(int32_t key) const;  // the captured graph of variant `key`, or null
   void plan_memory();
 
   Backend& backend_;

@@ -182,8 +182,7 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
     peo.capture = cfg.get_bool("train.graph_capture");
     place_step_inputs(peo, true, p.batch);
     Executable exe(backend, graph, store, peo);  // the pipeline writes every input itself
-    int64_t d = 1;
-    for (int64_t x : sample) d *= x;
+    const int64_t d = shape_numel(sample);
     const int64_t n = 4 * p.batch;
     std::mt19937_64 rng(eo.seed + 7);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);

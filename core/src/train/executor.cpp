@@ -633,7 +633,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
 
   // Inputs placed together (ExecutableOptions::input_block): their offsets in one block.
   std::vector<int64_t> block_at(nv, -1);
-  const uint64_t head = (options_.input_block_head + 255) / 256 * 256;
+  const uint64_t head = align_up(options_.input_block_head, kArenaAlign);
   uint64_t block_bytes = head;
   for (const std::string& name : options_.input_block) {
     const Var v = graph_.find(name);
@@ -645,7 +645,7 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
     if (block_at[static_cast<size_t>(v.id)] >= 0)
       throw Error("ExecutableOptions::input_block: '" + name + "' is named twice");
     block_at[static_cast<size_t>(v.id)] = static_cast<int64_t>(block_bytes);
-    block_bytes += (desc_bytes(gv.desc) + 255) / 256 * 256;
+    block_bytes += align_up(desc_bytes(gv.desc), kArenaAlign);
   }
   if (block_bytes > head) {
     input_block_ = Tensor::zeros(backend_, {static_cast<int64_t>(block_bytes)}, PLX_U8, dev);
@@ -1389,9 +1389,8 @@ void Executable::add_hook(int32_t k, HookPoint when, std::function<void()> fn, b
 
 void Executable::run(const Around& around) {
   if (captures(around)) {
-    bool recorded = false;  // this variant's graph exists: a failure now is no capture's
-    for (const auto& [variant, g] : graphs_) recorded = recorded || variant == around.variant;
-    if (recorded || runs_ == 0) return run_step(around, true);
+    // Once this variant's graph exists, a failure is no capture's.
+    if (graph_of(around.variant) || runs_ == 0) return run_step(around, true);
     try {
       run_step(around, true);
       return;
@@ -1408,12 +1407,16 @@ void Executable::run(const Around& around) {
   run_step(around, false);
 }
 
+void* Executable::graph_of(int32_t key) const {
+  for (const auto& [variant, g] : graphs_)
+    if (variant == key) return g;
+  return nullptr;
+}
+
 void Executable::run_step(const Around& around, bool inside) {
   const plx_backend& t = backend_.table();
   const int32_t key = inside ? around.variant : -1;
-  void* graph = nullptr;
-  for (const auto& [variant, g] : graphs_)
-    if (variant == key) graph = g;
+  void* graph = graph_of(key);
   auto step = [&] {
     if (inside && around.before) around.before();
     run_nodes();

@@ -151,16 +151,16 @@ StepPipeline::StepPipeline(Backend& backend, int32_t device, Executable& exe, co
     }
     in_bytes_ = end;
   }
-  auto where = [&](const Tensor& t) -> uint64_t {
+  auto where = [&](const Tensor& t) -> uint64_t {  // 0 for an input the slot does not carry
     for (size_t k = 0; k < fed.size(); ++k)
       if (fed[k] == &t) return at[k];
     return 0;
   };
-  x_at_ = resident_ ? 0 : where(x_);
+  x_at_ = where(x_);
   labels_at_ = where(labels_);
-  lr_at_ = lr_.defined() ? where(lr_) : 0;
-  step_at_ = step_.defined() ? where(step_) : 0;
-  scale_at_ = scale_.defined() ? where(scale_) : 0;
+  lr_at_ = where(lr_);
+  step_at_ = where(step_);
+  scale_at_ = where(scale_);
   // Slot output layout: loss | (pad) | predictions | the loss scale's report.
   report_at_ = sizeof(float) * 2 + pred_.nbytes();
   out_bytes_ = report_at_ + (report_.defined() ? report_.nbytes() : 0);

@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
     last = split_sum(
         a.done, a.db_part, C, gridDim.x, blockIdx.x, static_cast<int>(C),
         [](int c) { return int64_t{c}; }, [&](int, int64_t c, float t) { store(dbo, c, t); });
-  } else {
+  } else {  // the loss alone: only the finishing block to find (split_sum with no element
+            // spills registers here, read with -Xptxas -v)
     last = last_block_arrives(a.done, gridDim.x);
     if (last && threadIdx.x == 0) *a.done = 0;
   }
