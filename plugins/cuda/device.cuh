@@ -73,6 +73,35 @@ inline T* ptr(const plx_tensor& t) {
   return static_cast<T*>(t.data);
 }
 
+// ---- division by a divisor fixed at kernel creation ----
+//
+// Index math in 32 bits (n < 2^31, as every kernel's I = int32_t path guarantees): a GPU has no
+// integer divider, and n / d with d only known at run time costs about twenty instructions,
+// where an elementwise kernel's whole body is a few dozen. With d known when the kernel is
+// created, the quotient is a multiply-high, an add and a shift (Granlund and Montgomery,
+// "Division by invariant integers using multiplication", PLDI 1994): s = ⌈log2 d⌉ and
+// m = ⌊2^32·(2^s − d) / d⌋ + 1 (< 2^32), then n / d = (umulhi(n, m) + n) >> s, exact for every
+// n < 2^31 (the add cannot overflow: umulhi(n, m) < n). d = 1 gives m = 1, s = 0.
+// tests/cuda/fast_div_test.cu checks it against `/` for divisors and numerators at the edges.
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+  FastDiv() = default;
+  // d in [1, 2^31); anything else keeps the divisor 1 (a kernel's int64 path, which does not
+  // use it).
+  explicit FastDiv(int64_t divisor) {
+    if (divisor < 1 || divisor >= (int64_t{1} << 31)) return;
+    d = static_cast<uint32_t>(divisor);
+    while ((uint64_t{1} << s) < d) ++s;
+    m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
+  // q = n / d and r = n − q·d.
+  __device__ __forceinline__ void divmod(uint32_t n, uint32_t& q, uint32_t& r) const {
+    q = div(n);
+    r = n - q * d;
+  }
+};
+
 // ---- launch geometry ----
 constexpr int kBlock = 256;
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped so that huge n

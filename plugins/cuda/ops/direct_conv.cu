@@ -96,7 +96,19 @@ struct DirectArgs {
   bool y_nhwc;  // y's channels are innermost: threads walk channels first
   bool relu;
   int64_t tiles, tiles_per_chunk;
+  // The divisions of the per-tile index math by K, O, Kb, OH·OW and OW (device.cuh's FastDiv: a
+  // tile's few FMAs per thread were outnumbered by its divisions' instructions); m32: every
+  // pixel index m < 2^31, so fill_pixels may divide it in 32 bits.
+  FastDiv fK, fO, fKb, fOHW, fOW;
+  bool m32;
 };
+
+// n / d and n % d in 32 bits, n >= 0 (FastDiv f divides by d).
+__device__ __forceinline__ void fast_divmod(int n, const FastDiv& f, int& q, int& r) {
+  uint32_t uq, ur;
+  f.divmod(static_cast<uint32_t>(n), uq, ur);
+  q = static_cast<int>(uq), r = static_cast<int>(ur);
+}
 
 // Shared-memory tables common to both kernels: per tap (c, kh, kw) -> x offset c·x_c and the
 // filter-row offsets kh·dh, kw·dw; per pixel of the tile, its image's x and y offsets and its
@@ -131,10 +143,18 @@ __device__ __forceinline__ void fill_pixels(const DirectArgs<T>& a, const PixelT
   for (int p = threadIdx.x; p < TP; p += blockDim.x) {
     const int64_t m = m0 + p;
     if (m >= a.M) break;
-    const int64_t n = m / a.OHW;
-    const int64_t r = m - n * a.OHW;
-    const int oh = static_cast<int>(r / a.OW),
-              ow = static_cast<int>(r - oh * static_cast<int64_t>(a.OW));
+    int64_t n, r;
+    int oh, ow;
+    if (a.m32) {
+      int ni, ri;
+      fast_divmod(static_cast<int>(m), a.fOHW, ni, ri);
+      n = ni, r = ri;
+      fast_divmod(ri, a.fOW, oh, ow);
+    } else {
+      n = m / a.OHW;
+      r = m - n * a.OHW;
+      oh = static_cast<int>(r / a.OW), ow = static_cast<int>(r - oh * static_cast<int64_t>(a.OW));
+    }
     t.x_base[p] = n * a.x_n;
     t.ih0[p] = oh * a.sh - a.ph;
     t.iw0[p] = ow * a.sw - a.pw;
@@ -175,7 +195,8 @@ __device__ __forceinline__ void gather_patches(const DirectArgs<T>& a, const Pix
                                                const int* pos = nullptr) {
   const int total = TP * a.K;
   for (int e = threadIdx.x; e < total; e += blockDim.x) {
-    const int p = e / a.K, k = e - p * a.K;
+    int p, k;
+    fast_divmod(e, a.fK, p, k);
     float v = 0.f;
     if (pos ? pos[p] >= 0 : m0 + p < a.M) {
       const int ih = t.ih0[p] + t.tap_h[k], iw = t.iw0[p] + t.tap_w[k];
@@ -226,8 +247,7 @@ __device__ __forceinline__ void stage_tile(const DirectArgs<T>& a, const PixelTa
 template <class T>
 __device__ __forceinline__ void y_element(const DirectArgs<T>& a, int e, int TP, int& p, int& o) {
   if (a.y_nhwc) {
-    p = e / a.O;
-    o = e - p * a.O;
+    fast_divmod(e, a.fO, p, o);
   } else {
     o = e / TP;
     p = e - o * TP;
@@ -447,7 +467,8 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
     for (int j = 0; j < R; ++j) {
       const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
       if (e < sums) {
-        const int o = e / a.Kb, k = e - o * a.Kb;
+        int o, k;
+        fast_divmod(e, a.fKb, o, k);
         float s = acc[j];
         for (int p = 0; p < TP; ++p) s += dys[p * a.O + o] * patch[p * a.Kp + k];
         acc[j] = s;
@@ -519,6 +540,9 @@ DirectArgs<T> direct_args(const NodeInfo& node, const plx_tensor& x, const plx_t
   a.Kp = static_cast<int>(K | 1);
   a.M = g.N * g.OH * g.OW;
   a.OHW = g.OH * g.OW;
+  a.fK = FastDiv(a.K), a.fO = FastDiv(a.O), a.fKb = FastDiv(a.Kb);
+  a.fOHW = FastDiv(a.OHW), a.fOW = FastDiv(a.OW);
+  a.m32 = a.M < (int64_t{1} << 31);
   int64_t s[4];
   canonical_strides(xs, x_nhwc, s);
   a.x_n = s[0], a.x_c = s[1], a.x_h = s[2], a.x_w = s[3];
@@ -733,6 +757,7 @@ class DirectWgradKernel final : public Kernel {
     }
     if (unpool.pool) set_unpool(unpool, op);
     a_.Kb = a_.K + (db ? 1 : 0);
+    a_.fKb = FastDiv(a_.Kb);
     a_.Kp = a_.Kb | 1;
     const int64_t sums = static_cast<int64_t>(a_.O) * a_.Kb;
     PLX_DECLINE_UNLESS(sums <= kWgradMaxSums * kBlock,

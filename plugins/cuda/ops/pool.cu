@@ -16,7 +16,11 @@
 // no atomics and no scratch, so the results are bit-identical run to run.
 //
 // Indices: element positions are decomposed in 32-bit arithmetic when every index fits (the
-// common case; 64-bit division costs several times more), else in 64-bit.
+// common case; 64-bit division costs several times more), else in 64-bit. In 32 bits the
+// divisions by the tensor's sizes are FastDiv's (device.cuh: a multiply-high, an add and a
+// shift, where `/` costs about twenty instructions), and the 2x2 windows of stride 2 that our
+// models pool with find their window and tap with shifts (PoolGeom::win2): these kernels are a
+// few loads and a store per element, so the index math was most of their instructions.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -43,6 +47,11 @@ struct PoolGeom {
   // (forward) or dx (backward), the output side y (forward) or dy (backward); the indices, and
   // the fused ReLU's y (relu_backward + max_pool2d_backward), have the output side's shape.
   int32_t in_nhwc, out_nhwc, idx_nhwc, relu_nhwc;
+  // 2x2 windows, stride 2, no padding, dilation 1 (max pooling): input (ih, iw) is tap
+  // 2·(ih & 1) + (iw & 1) of window (ih >> 1, iw >> 1) alone, when that window exists.
+  int32_t win2;
+  // The sizes as divisors for the 32-bit kernels (I = int32_t); unused in 64 bits.
+  FastDiv fC, fH, fW, fOH, fOW, fHW;
 };
 
 // x (N, C, H, W), y (N, C, OH, OW); mirrors the CPU plugin's checks.
@@ -67,6 +76,10 @@ PoolGeom make_geom(const int64_t* x, const int64_t* y, const NodeInfo& node, boo
   g.C = x[1];
   g.include_pad = 0;
   g.in_nhwc = g.out_nhwc = g.idx_nhwc = g.relu_nhwc = 0;
+  g.win2 = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 &&
+           g.dh == 1 && g.dw == 1;
+  g.fC = FastDiv(g.C), g.fH = FastDiv(g.H), g.fW = FastDiv(g.W);
+  g.fOH = FastDiv(g.OH), g.fOW = FastDiv(g.OW), g.fHW = FastDiv(g.H * g.W);
   return g;
 }
 
@@ -139,20 +152,33 @@ template <class I>
 __device__ __forceinline__ Plane<I> plane_of(int32_t nhwc, I n, I c, I C, I H, I W) {
   return nhwc ? Plane<I>{n * H * W * C + c, W * C, C} : Plane<I>{(n * C + c) * H * W, W, I(1)};
 }
-// Element i of such a tensor, counted in its memory order, as (n, c, h, w).
+// q = n / d, r = n % d for n >= 0: FastDiv f (whose divisor is d) in 32 bits, `/` in 64.
 template <class I>
-__device__ __forceinline__ void unflatten(int32_t nhwc, I i, I C, I H, I W, I& n, I& c, I& h,
-                                          I& w) {
-  if (nhwc) {
-    c = i % C;
-    I t = i / C;
-    w = t % W, t /= W;
-    h = t % H, n = t / H;
+__device__ __forceinline__ void divmod(I n, I d, const FastDiv& f, I& q, I& r) {
+  if constexpr (sizeof(I) == 4) {
+    uint32_t uq, ur;
+    f.divmod(static_cast<uint32_t>(n), uq, ur);
+    q = static_cast<I>(uq), r = static_cast<I>(ur);
   } else {
-    w = i % W;
-    I t = i / W;
-    h = t % H, t /= H;
-    c = t % C, n = t / C;
+    q = n / d;
+    r = n - q * d;
+  }
+}
+// Element i of such a tensor, counted in its memory order, as (n, c, h, w); fC, fH, fW divide
+// by C, H, W.
+template <class I>
+__device__ __forceinline__ void unflatten(int32_t nhwc, I i, I C, I H, I W, const FastDiv& fC,
+                                          const FastDiv& fH, const FastDiv& fW, I& n, I& c, I& h,
+                                          I& w) {
+  I t;
+  if (nhwc) {
+    divmod<I>(i, C, fC, t, c);
+    divmod<I>(t, W, fW, t, w);
+    divmod<I>(t, H, fH, n, h);
+  } else {
+    divmod<I>(i, W, fW, t, w);
+    divmod<I>(t, H, fH, t, h);
+    divmod<I>(t, C, fC, n, c);
   }
 }
 
@@ -183,6 +209,9 @@ struct PoolIndex<int32_t> {
   __device__ static bool names(int32_t v, I here, I, I, const PoolGeom&) {
     return static_cast<I>(v) == here;
   }
+  // The same for a win2 window, where `here` is tap `tap` of it.
+  template <class I>
+  __device__ static bool names_tap(int32_t v, I here, I) { return static_cast<I>(v) == here; }
 };
 template <>
 struct PoolIndex<uint8_t> {
@@ -196,6 +225,8 @@ struct PoolIndex<uint8_t> {
     const I iw = ow * static_cast<I>(g.sw) - static_cast<I>(g.pw) + kw * static_cast<I>(g.dw);
     return ih * static_cast<I>(g.W) + iw == here;
   }
+  template <class I>
+  __device__ static bool names_tap(uint8_t v, I, I tap) { return static_cast<I>(v) == tap; }
 };
 
 // y, indices = max_pool2d(x); one thread per output element, in y's memory order. `relu_out`
@@ -211,14 +242,20 @@ __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y, Ix* 
   const I dh = static_cast<I>(g.dh), dw = static_cast<I>(g.dw);
   PLX_POOL_LOOP(I, i, total) {
     I n, c, oh, ow;
-    unflatten<I>(g.out_nhwc, i, C, OH, OW, n, c, oh, ow);
+    unflatten<I>(g.out_nhwc, i, C, OH, OW, g.fC, g.fOH, g.fOW, n, c, oh, ow);
     const Plane<I> src = plane_of<I>(g.in_nhwc, n, c, C, H, W);
     const I h0 = oh * static_cast<I>(g.sh) - static_cast<I>(g.ph);  // row of tap 0
     const I w0 = ow * static_cast<I>(g.sw) - static_cast<I>(g.pw);
-    // The taps that fall inside the input.
+    // The taps that fall inside the input (win2: what taps() gives, without its divisions).
     I kh_lo, kh_hi, kw_lo, kw_hi;
-    taps<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), dh, kh, H, kh_lo, kh_hi);
-    taps<I>(ow, static_cast<I>(g.sw), static_cast<I>(g.pw), dw, kw, W, kw_lo, kw_hi);
+    if (g.win2) {
+      kh_lo = kw_lo = 0;
+      kh_hi = pool_axis::clamp_to<I>(H - h0, 0, 2);
+      kw_hi = pool_axis::clamp_to<I>(W - w0, 0, 2);
+    } else {
+      taps<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), dh, kh, H, kh_lo, kh_hi);
+      taps<I>(ow, static_cast<I>(g.sw), static_cast<I>(g.pw), dw, kw, W, kw_lo, kw_hi);
+    }
     // A window of padding only (possible with dilation) gives -inf and index -1, which the
     // backward op never matches. The index is the position h·W + w in the plane whatever the
     // layout.
@@ -257,11 +294,21 @@ __device__ __forceinline__ float max_pool_gather(const T* __restrict__ dy,
   const Plane<I> dp = plane_of<I>(g.out_nhwc, n, c, C, OH, OW);
   const Plane<I> ip = g.idx_nhwc == g.out_nhwc ? dp : plane_of<I>(g.idx_nhwc, n, c, C, OH, OW);
   const Plane<I> rp = g.relu_nhwc == g.out_nhwc ? dp : plane_of<I>(g.relu_nhwc, n, c, C, OH, OW);
+  const I here = ih * W + iw;
+  if (g.win2) {  // one window at most, found with shifts (the same sum: 0 + its dy, or 0)
+    const I oh = ih >> 1, ow = iw >> 1;
+    float sum = 0.0f;
+    if (oh < OH && ow < OW &&
+        PoolIndex<Ix>::names_tap(idx[ip.at(oh, ow)], here, ((ih & 1) << 1) | (iw & 1))) {
+      const float v = to_accum<T>(dy[dp.at(oh, ow)]);
+      sum += relu_y && !(to_accum<T>(relu_y[rp.at(oh, ow)]) > 0.0f) ? 0.0f : v;
+    }
+    return sum;
+  }
   // The windows whose extent covers (ih, iw).
   I oh_lo, oh_hi, ow_lo, ow_hi;
   windows<I>(ih, static_cast<I>(g.sh), static_cast<I>(g.ph), ext_h, OH, oh_lo, oh_hi);
   windows<I>(iw, static_cast<I>(g.sw), static_cast<I>(g.pw), ext_w, OW, ow_lo, ow_hi);
-  const I here = ih * W + iw;
   float sum = 0.0f;
   for (I oh = oh_lo; oh < oh_hi; ++oh)
     for (I ow = ow_lo; ow < ow_hi; ++ow) {
@@ -282,7 +329,7 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __r
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), C = static_cast<I>(g.C);
   PLX_POOL_LOOP(I, i, total) {
     I n, c, ih, iw;
-    unflatten<I>(g.in_nhwc, i, C, H, W, n, c, ih, iw);
+    unflatten<I>(g.in_nhwc, i, C, H, W, g.fC, g.fH, g.fW, n, c, ih, iw);
     dx[i] = from_accum<T>(max_pool_gather<T, I, Ix>(dy, idx, g, n, c, ih, iw, relu_y));
   }
 }
@@ -325,8 +372,10 @@ struct PoolGrad {
   const Ix* idx;
   PoolGeom g;
   __device__ float at(I plane, I e) const {
-    const I W = static_cast<I>(g.W), C = static_cast<I>(g.C);
-    return max_pool_gather<T, I, Ix>(dy, idx, g, plane / C, plane % C, e / W, e % W, nullptr);
+    I n, c, h, w;
+    divmod<I>(plane, static_cast<I>(g.C), g.fC, n, c);
+    divmod<I>(e, static_cast<I>(g.W), g.fW, h, w);
+    return max_pool_gather<T, I, Ix>(dy, idx, g, n, c, h, w, nullptr);
   }
 };
 // ... and relu_backward's: dy where y > 0, else 0 (in f32, as ReluBackward).
@@ -393,16 +442,19 @@ struct ReluCols {
     return to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f;
   }
 };
-// ... and max_pool2d_backward's, dx channels-last: row n·H·W + e, column c (max_pool_gather).
-template <class T, class Ix>
+// ... and max_pool2d_backward's, dx channels-last: row n·H·W + e, column c (max_pool_gather),
+// its indices in I (int32_t when every element's fits, as the other pool kernels choose).
+template <class T, class Ix, class I>
 struct PoolCols {
   static constexpr int kRowsAhead = 1;  // a window gather an element: unrolled, ptxas spills
   const T* dy;
   const Ix* idx;
   PoolGeom g;
   __device__ float at(int64_t r, int64_t c, int64_t) const {
-    const int64_t hw = g.H * g.W, e = r % hw;
-    return max_pool_gather<T, int64_t, Ix>(dy, idx, g, r / hw, c, e / g.W, e % g.W, nullptr);
+    I n, e, h, w;
+    divmod<I>(static_cast<I>(r), static_cast<I>(g.H * g.W), g.fHW, n, e);
+    divmod<I>(e, static_cast<I>(g.W), g.fW, h, w);
+    return max_pool_gather<T, I, Ix>(dy, idx, g, n, static_cast<I>(c), h, w, nullptr);
   }
 };
 
@@ -442,8 +494,9 @@ __global__ void avg_pool_kernel(const T* __restrict__ x, T* __restrict__ y, Pool
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const bool include_pad = g.include_pad != 0;
   PLX_POOL_LOOP(I, i, total) {
-    const I ow = i % OW, t = i / OW;
-    const I oh = t % OH, plane = t / OH;
+    I ow, oh, t, plane;
+    divmod<I>(i, OW, g.fOW, t, ow);
+    divmod<I>(t, OH, g.fOH, plane, oh);
     const T* src = x + plane * (H * W);  // (H, W)
     I h_lo, h_hi, w_lo, w_hi;
     const I nh = avg_extent<I>(oh, static_cast<I>(g.sh), static_cast<I>(g.ph), static_cast<I>(g.kh),
@@ -470,8 +523,9 @@ __global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
   const bool include_pad = g.include_pad != 0;
   PLX_POOL_LOOP(I, i, total) {
-    const I iw = i % W, t = i / W;
-    const I ih = t % H, plane = t / H;
+    I iw, ih, t, plane;
+    divmod<I>(i, W, g.fW, t, iw);
+    divmod<I>(t, H, g.fH, plane, ih);
     const I out_base = plane * (OH * OW);
     I oh_lo, oh_hi, ow_lo, ow_hi;
     windows<I>(ih, sh, ph, kh, OH, oh_lo, oh_hi);
@@ -654,8 +708,12 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
         return;
       }
       const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
-      column_sum_kernel<T, PoolCols<T, Ix>><<<grid, kBlock, 0, s>>>(
-          PoolCols<T, Ix>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
+      if (fits_i32(std::max(rows * channels_, g_.planes * g_.OH * g_.OW)))
+        column_sum_kernel<T, PoolCols<T, Ix, int32_t>><<<grid, kBlock, 0, s>>>(
+            PoolCols<T, Ix, int32_t>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
+      else
+        column_sum_kernel<T, PoolCols<T, Ix, int64_t>><<<grid, kBlock, 0, s>>>(
+            PoolCols<T, Ix, int64_t>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }

@@ -145,6 +145,24 @@ foreach(order forward reverse shuffle)
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_EMU_BLOCKS=${order} $<TARGET_FILE:plexus_cuda_split_sum_test>)
 endforeach()
 
+# FastDiv (plugins/cuda/device.cuh), the 32-bit division by a fixed divisor of the pool
+# kernels' index math, against `/` and `%` at the edges of its range.
+set(fast_div_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/fast_div_test.cpp)
+add_custom_command(OUTPUT ${fast_div_cpp}
+  COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/fast_div_test.cu
+          ${fast_div_cpp}
+  DEPENDS ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/fast_div_test.cu
+          ${cuda_dir}/device.cuh
+  COMMENT "CUDA emulator: translating fast_div_test.cu")
+add_executable(plexus_cuda_fast_div_test ${fast_div_cpp})
+target_include_directories(plexus_cuda_fast_div_test BEFORE PRIVATE ${emu_dir}/include)
+target_include_directories(plexus_cuda_fast_div_test PRIVATE ${cuda_dir})
+target_compile_definitions(plexus_cuda_fast_div_test PRIVATE PLEXUS_CUDA_EMU=1)
+target_link_libraries(plexus_cuda_fast_div_test PRIVATE plexus_cuda_emu_runtime)
+add_dependencies(plexus_tests plexus_cuda_fast_div_test)
+add_test(NAME "cuda emulator: FastDiv quotients and remainders equal the divide and modulo operators"
+  COMMAND plexus_cuda_fast_div_test)
+
 # The CUDA tests, against the emulated plugin. (Run one by one: a skipped test would turn a
 # whole-suite run into a skip.)
 foreach(t

@@ -265,6 +265,9 @@ inline double rsqrt(double a) { return 1.0 / std::sqrt(a); }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(static_cast<unsigned>(v)); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
+inline unsigned __umulhi(unsigned a, unsigned b) {
+  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
 
 // CUDA's global min/max for the integer types (device code calls them unqualified).
 #define PLX_EMU_MINMAX(T)                               \
