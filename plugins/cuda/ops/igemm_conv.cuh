@@ -161,6 +161,9 @@ struct IgemmArgs {
   // filter's along the GEMM's n (o for the forward, c for backward data).
   const KTap* tab;
   int64_t xs_n, xs_h, xs_w, ws_n;
+  // k = tap·C + c and tap = kh·KW + kw, split in the K loop by these (device.cuh's FastDiv: a
+  // multiply-high where `/` is about twenty instructions, twice per K tile and row copied).
+  FastDiv fC, fKW;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -203,6 +206,9 @@ __device__ __forceinline__ uint8_t pool_index(int32_t, int tap, bool none, uint8
 // relu_mask; with relu_mask the ReLU runs on the maximum and the index is none where y is not
 // > 0 (as the chunked group and the direct kernel run it). So y and the indices are the unfused
 // kernels' bits. M is 4·Q and m0 a multiple of 4: a window's rows are all real or all past M.
+// The pooled pixel's position is decomposed once per row (MI·2 rows a thread), not per element:
+// the divisions by PHW and PW were most of this epilogue's instructions when they sat inside the
+// channel loop (docs/kernels.md).
 template <class T, class TL, class Ix>
 __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
                                                     const float (&acc)[TL::MI][TL::NI][4],
@@ -210,21 +216,38 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
   T* const y = a.y;
   Ix* const idx = static_cast<Ix*>(a.idx);
   const int t = (lane >> 2) & 3;  // this lane's tap in its window
+  float bias[TL::NI][2];
 #pragma unroll
   for (int j = 0; j < TL::NI; ++j) {
     const int o0 = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-    float bias[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      bias[e] = a.bias && o0 + e < a.O ? to_accum<T>(a.bias[o0 + e]) : 0.f;
+      bias[j][e] = a.bias && o0 + e < a.O ? to_accum<T>(a.bias[o0 + e]) : 0.f;
+  }
 #pragma unroll
-    for (int i = 0; i < TL::MI; ++i) {
+  for (int i = 0; i < TL::MI; ++i) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      const bool row_in = m < a.M;
+      // This row's pooled pixel q = (n, ph, pw): y's and the indices' offsets at channel 0 and
+      // the window's top-left position oh·OW + ow (rows past M store nothing).
+      int64_t y_row = 0, i_row = 0;
+      int32_t pos0 = 0;
+      if (row_in) {
+        const int64_t q = m >> 2;
+        const int64_t n = q / a.PHW, p = q - n * a.PHW;
+        const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
+        y_row = n * a.y_n + p * a.y_p;
+        i_row = n * a.i_n + p * a.i_p;
+        pos0 = 2 * ph * a.OW + 2 * pw;
+      }
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int o0 = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[e]));
+          float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[j][e]));
           if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
           int bt = t;
 #pragma unroll
@@ -234,14 +257,11 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
             if (pool_beats(ov, ot, v, bt)) v = ov, bt = ot;
           }
           const int o = o0 + e;
-          if (t != 0 || m >= a.M || o >= a.O) continue;
+          if (t != 0 || !row_in || o >= a.O) continue;
           const float out = to_accum<T>(from_accum<T>(a.relu_after && !(v > 0.f) ? 0.f : v));
-          const int64_t q = m >> 2;
-          const int64_t n = q / a.PHW, p = q - n * a.PHW;
-          y[n * a.y_n + o * a.y_c + p * a.y_p] = from_accum<T>(out);
-          const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
-          const int32_t pos = (2 * ph + (bt >> 1)) * a.OW + 2 * pw + (bt & 1);
-          idx[n * a.i_n + o * a.i_c + p * a.i_p] =
+          y[y_row + o * a.y_c] = from_accum<T>(out);
+          const int32_t pos = pos0 + (bt >> 1) * a.OW + (bt & 1);
+          idx[i_row + o * a.i_c] =
               pool_index(pos, bt, a.relu_mask && !(out > 0.f), static_cast<Ix*>(nullptr));
         }
       }
@@ -415,23 +435,24 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
     const bool kin = k < a.K;  // K % 8 == 0: a chunk is wholly inside K or wholly past it
-    int c = 0, kh = 0, kw = 0;
+    uint32_t c = 0, kh = 0, kw = 0;
     if (kin) {
-      const int tap = k / a.C;
-      c = k - tap * a.C;
-      kh = tap / a.KW;
-      kw = tap - kh * a.KW;
+      uint32_t tap;
+      a.fC.divmod(static_cast<uint32_t>(k), tap, c);
+      a.fKW.divmod(tap, kh, kw);
     }
     T* const as = As + st * TL::BM * TL::LDS;
 #pragma unroll
     for (int i = 0; i < TL::A_ITERS; ++i) {
       const int row = crow + i * kRowStep;
-      const int ih = a_ih[i] + kh, iw = a_iw[i] + kw;
+      const int ih = a_ih[i] + static_cast<int>(kh), iw = a_iw[i] + static_cast<int>(kw);
       const bool ok = kin && ((a_valid >> i) & 1u) &&
                       static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
       // A zero-filled copy reads nothing, but still gets a valid address.
-      const T* src = ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : a.x;
+      const T* src =
+          ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + static_cast<int>(c)
+             : a.x;
       cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
     }
     T* const bs = Bs + st * kBStage;
@@ -445,8 +466,11 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
         const bool ok = bn_in && kr < a.K;
         const T* src = a.w;
         if (ok) {
-          const int tap = kr / a.C, kc = kr - tap * a.C;
-          const int kh = tap / a.KW, kw = tap - kh * a.KW;
+          uint32_t tap, ukc, ukh, ukw;
+          a.fC.divmod(static_cast<uint32_t>(kr), tap, ukc);
+          a.fKW.divmod(tap, ukh, ukw);
+          const int kc = static_cast<int>(ukc), kh = static_cast<int>(ukh),
+                    kw = static_cast<int>(ukw);
           src =
               a.w +
               ((static_cast<int64_t>(kc) * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O +
@@ -647,6 +671,37 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   igemm_store<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
 }
 
+// ---- pixels along the weight gradient's K ----
+//
+// The weight gradient's K runs over output pixels p = (n·OH + oh)·OW + ow. A thread copies the
+// same rows of every K tile, so its pixels move BK on per tile: PixelStep is BK in (n, oh, ow)
+// units, and advance() adds it with at most one carry per digit (q + BK mod OHW < 2·OHW), in
+// place of two divisions per row and tile. p past the last pixel gives n >= N, which the copies
+// test through p < P.
+struct PixelPos {
+  int n, oh, ow;
+};
+struct PixelStep {
+  int n, oh, ow;
+};
+__device__ __forceinline__ PixelPos pixel_pos(int p, int OHW, int OW) {
+  const int n = p / OHW, q = p - n * OHW;
+  const int oh = q / OW;
+  return {n, oh, q - oh * OW};
+}
+__device__ __forceinline__ PixelStep pixel_step(int bk, int OHW, int OW) {
+  const PixelPos s = pixel_pos(bk, OHW, OW);
+  return {s.n, s.oh, s.ow};
+}
+__device__ __forceinline__ PixelPos advance(PixelPos p, const PixelStep& s, int OH, int OW) {
+  p.ow += s.ow;
+  p.oh += s.oh;
+  p.n += s.n;
+  if (p.ow >= OW) p.ow -= OW, ++p.oh;
+  if (p.oh >= OH) p.oh -= OH, ++p.n;
+  return p;
+}
+
 // ---- the weight-gradient kernel ----
 //
 // dw[o, kh, kw, c] = Σ over pixels p = (n, oh, ow) of dy[n, oh, ow, o]·x[n, oh·sh-ph+kh,
@@ -673,6 +728,7 @@ struct WgradArgs {
   int J;       // KH·KW·C
   int P;       // N·OH·OW
   int OHW;     // OH·OW
+  int OH;
   int kt_per;  // K tiles per slice
   // TF32: the k table over j (KTap.a, kh, kw), the element strides of dy along n, c, h, w and
   // of x along n, h, w.
@@ -775,6 +831,15 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
     bkw = tap - bkh * a.KW;
   }
 
+  // The pixel (n, oh, ow) of each B row this thread copies, for the slice's first K tile;
+  // load_tile steps it one K tile on (pipelined_k_loop loads the tiles in order, each once), so
+  // the K loop divides nothing.
+  const PixelStep step = pixel_step(TL::BK, a.OHW, a.OW);
+  PixelPos bpix[S::B_ITERS];
+#pragma unroll
+  for (int i = 0; i < S::B_ITERS; ++i)
+    bpix[i] = pixel_pos(kt0 * TL::BK + b_crow + i * kBStep, a.OHW, a.OW);
+
   auto load_tile = [&](int st, int kt) {
     T* const as = As + st * TL::BK * S::LDA;
 #pragma unroll
@@ -790,18 +855,15 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
     for (int i = 0; i < S::B_ITERS; ++i) {
       const int r = b_crow + i * kBStep;
       const int p = kt * TL::BK + r;
-      bool ok = jin && p < a.P;
-      const T* src = a.x;
-      if (ok) {
-        const int n = p / a.OHW;
-        const int q = p - n * a.OHW;
-        const int oh = q / a.OW, ow = q - oh * a.OW;
-        const int ih = oh * a.sh - a.ph + bkh, iw = ow * a.sw - a.pw + bkw;
-        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-        if (ok) src = a.x + ((static_cast<int64_t>(n) * a.H + ih) * a.W + iw) * a.C + bc;
-      }
+      const PixelPos px = bpix[i];
+      const int ih = px.oh * a.sh - a.ph + bkh, iw = px.ow * a.sw - a.pw + bkw;
+      const bool ok = jin && p < a.P &&
+                      static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                      static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+      const T* src =
+          ok ? a.x + ((static_cast<int64_t>(px.n) * a.H + ih) * a.W + iw) * a.C + bc : a.x;
       cp_async16(smem_addr(bs + r * S::LDB + b_ccol * 8), src, ok);
+      bpix[i] = advance(px, step, a.OH, a.OW);
     }
   };
 
@@ -871,18 +933,20 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
 
   const int kr = tid % G::BK, cc = tid / G::BK;
+  // This thread's pixel, stepped one K tile on per load (as in the 16-bit kernel).
+  const PixelStep step = pixel_step(G::BK, a.OHW, a.OW);
+  PixelPos pix = pixel_pos(kt0 * G::BK + kr, a.OHW, a.OW);
   auto load_tile = [&](int st, int kt) {
     const int p = kt * G::BK + kr;
     const bool pin = p < a.P;
     int64_t dy_pix = 0, x_pix = 0;
     int ih0 = 0, iw0 = 0;
     if (pin) {
-      const int n = p / a.OHW, q = p - n * a.OHW;
-      const int oh = q / a.OW, ow = q - oh * a.OW;
-      dy_pix = n * a.ds_n + oh * a.ds_h + ow * a.ds_w;
-      ih0 = oh * a.sh - a.ph, iw0 = ow * a.sw - a.pw;
-      x_pix = n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
+      dy_pix = pix.n * a.ds_n + pix.oh * a.ds_h + pix.ow * a.ds_w;
+      ih0 = pix.oh * a.sh - a.ph, iw0 = pix.ow * a.sw - a.pw;
+      x_pix = pix.n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
     }
+    pix = advance(pix, step, a.OH, a.OW);
     float* const as = As + st * G::BK * G::LDA_K;
     float* const bs = Bs + st * G::BK * G::LDB_K;
 #pragma unroll
@@ -1161,6 +1225,7 @@ class IgemmConvKernel final : public Kernel {
     a_.sh = static_cast<int>(sh), a_.sw = static_cast<int>(sw);
     a_.ph = static_cast<int>(ph), a_.pw = static_cast<int>(pw);
     a_.K = static_cast<int>(K);
+    a_.fC = FastDiv(Ca), a_.fKW = FastDiv(g.KW);
     a_.M = M;
     a_.OHW = Ho * Wo;
     a_.relu = relu;
@@ -1444,6 +1509,7 @@ class IgemmWgradKernel final : public Kernel {
     a_.J = static_cast<int>(J);
     a_.P = static_cast<int>(P);
     a_.OHW = static_cast<int>(g.OH * g.OW);
+    a_.OH = static_cast<int>(g.OH);
     a_.kt_per = static_cast<int>(kt_per);
     a_.KHW = g.KH * g.KW;
     a_.w_nhwc = nhwc[1];
