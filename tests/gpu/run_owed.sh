@@ -16,6 +16,11 @@
 #   their failures' output comes back on its own in failures.txt.
 #   TARGETS=all builds everything, the CUDA emulator's variants too (minutes on 16 cores); by
 #   default only what runs on the GPU is built.
+#   "ab": the goal steps (`plexus bench step`, convnet b1024 bf16 and simplecnn b128 f32) of this
+#   tree against an earlier commit's, in turns, in the same call: stage that commit's source on
+#   the dev machine first (`rm -rf .deps/base-src && mkdir -p .deps/base-src && git archive
+#   COMMIT | tar -x -C .deps/base-src`, COMMIT as docs/gpu-owed.md says); it builds in
+#   build-gpu-base (about 70 s more on 16 cores). Put it after "build".
 #   (benchmarks)   LIMIT=570 (seconds this call may take; see run_for)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -93,6 +98,35 @@ if has build; then
   tail -1 "$OUT/build.log" | tee -a "$OUT/summary.txt"
   $B/bin/plexus info > "$OUT/info.txt" 2>&1
   grep -A2 'cuda (plugin' "$OUT/info.txt" | tee -a "$OUT/summary.txt"
+fi
+
+if has ab; then
+  # A change's worth on the GPU, measured against the commit before it in one call (a ratio
+  # across calls or machines says little): both builds' goal steps, base then head, twice.
+  if [[ -f .deps/base-src/CMakeLists.txt ]]; then
+    stamp "ab: build the base (.deps/base-src)"
+    BB=build-gpu-base
+    cmake -S .deps/base-src -B $BB -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DCMAKE_PREFIX_PATH="$PWD/.deps" -DPLEXUS_CUDA_EMULATOR=OFF > "$OUT/configure-base.log" 2>&1
+    run_for 200 cmake --build $BB -j16 --target plexus plexus_plugin_cpu plexus_plugin_cuda \
+      > "$OUT/build-base.log" 2>&1
+    tail -1 "$OUT/build-base.log" | tee -a "$OUT/summary.txt"
+    if [[ -x $BB/bin/plexus ]]; then
+      for round in 1 2; do
+        for side in base head; do
+          saved=$B
+          [[ $side == base ]] && B=$BB
+          # Each side its own tuning cache (round 1 fills it, round 2 runs what it chose).
+          cache=(--set backend.tune_cache=\"$OUT/tune-$side.cache\")
+          bench_step "ab-$side-$round-convnet-b1024-bf16" 90 convnet 1024 bf16 "${cache[@]}"
+          bench_step "ab-$side-$round-simplecnn-b128-f32" 60 simplecnn 128 f32 "${cache[@]}"
+          B=$saved
+        done
+      done
+    fi
+  else
+    echo "ab: no .deps/base-src staged, skipped" | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 if has tests; then
