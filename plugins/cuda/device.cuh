@@ -100,6 +100,12 @@ struct FastDiv {
     q = div(n);
     r = n - q * d;
   }
+  // The same for the kernels' int indices, n >= 0.
+  __device__ __forceinline__ void divmod(int n, int& q, int& r) const {
+    const uint32_t uq = div(static_cast<uint32_t>(n));
+    q = static_cast<int>(uq);
+    r = n - q * static_cast<int>(d);
+  }
 };
 
 // ---- launch geometry ----

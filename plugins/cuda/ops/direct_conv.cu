@@ -103,13 +103,6 @@ struct DirectArgs {
   bool m32;
 };
 
-// n / d and n % d in 32 bits, n >= 0 (FastDiv f divides by d).
-__device__ __forceinline__ void fast_divmod(int n, const FastDiv& f, int& q, int& r) {
-  uint32_t uq, ur;
-  f.divmod(static_cast<uint32_t>(n), uq, ur);
-  q = static_cast<int>(uq), r = static_cast<int>(ur);
-}
-
 // Shared-memory tables common to both kernels: per tap (c, kh, kw) -> x offset c·x_c and the
 // filter-row offsets kh·dh, kw·dw; per pixel of the tile, its image's x and y offsets and its
 // window's top-left corner.
@@ -147,9 +140,9 @@ __device__ __forceinline__ void fill_pixels(const DirectArgs<T>& a, const PixelT
     int oh, ow;
     if (a.m32) {
       int ni, ri;
-      fast_divmod(static_cast<int>(m), a.fOHW, ni, ri);
+      a.fOHW.divmod(static_cast<int>(m), ni, ri);
       n = ni, r = ri;
-      fast_divmod(ri, a.fOW, oh, ow);
+      a.fOW.divmod(ri, oh, ow);
     } else {
       n = m / a.OHW;
       r = m - n * a.OHW;
@@ -196,7 +189,7 @@ __device__ __forceinline__ void gather_patches(const DirectArgs<T>& a, const Pix
   const int total = TP * a.K;
   for (int e = threadIdx.x; e < total; e += blockDim.x) {
     int p, k;
-    fast_divmod(e, a.fK, p, k);
+    a.fK.divmod(e, p, k);
     float v = 0.f;
     if (pos ? pos[p] >= 0 : m0 + p < a.M) {
       const int ih = t.ih0[p] + t.tap_h[k], iw = t.iw0[p] + t.tap_w[k];
@@ -247,7 +240,7 @@ __device__ __forceinline__ void stage_tile(const DirectArgs<T>& a, const PixelTa
 template <class T>
 __device__ __forceinline__ void y_element(const DirectArgs<T>& a, int e, int TP, int& p, int& o) {
   if (a.y_nhwc) {
-    fast_divmod(e, a.fO, p, o);
+    a.fO.divmod(e, p, o);
   } else {
     o = e / TP;
     p = e - o * TP;
@@ -468,7 +461,7 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
       const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
       if (e < sums) {
         int o, k;
-        fast_divmod(e, a.fKb, o, k);
+        a.fKb.divmod(e, o, k);
         float s = acc[j];
         for (int p = 0; p < TP; ++p) s += dys[p * a.O + o] * patch[p * a.Kp + k];
         acc[j] = s;

@@ -199,6 +199,20 @@ __device__ __forceinline__ uint8_t pool_index(int32_t, int tap, bool none, uint8
   return none ? 255 : static_cast<uint8_t>(tap);
 }
 
+// The bias of this lane's accumulator columns (two channels per 8-column mma tile j), in f32; 0
+// without a bias or past O.
+template <class T, class TL>
+__device__ __forceinline__ void load_bias(const IgemmArgs<T>& a, int n0, int wn, int lane,
+                                          float (&bias)[TL::NI][2]) {
+#pragma unroll
+  for (int j = 0; j < TL::NI; ++j) {
+    const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
+  }
+}
+
 // The pool variant's epilogue. Rows 4q..4q+3 of a 16-row mma tile are the window of one pooled
 // pixel, held by lanes whose lane / 4 differ in the two low bits: two xor shuffles (4, 8) give
 // every lane of the four the window's winner. Each value is what the unfused conv stores (bias
@@ -217,13 +231,7 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
   Ix* const idx = static_cast<Ix*>(a.idx);
   const int t = (lane >> 2) & 3;  // this lane's tap in its window
   float bias[TL::NI][2];
-#pragma unroll
-  for (int j = 0; j < TL::NI; ++j) {
-    const int o0 = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      bias[j][e] = a.bias && o0 + e < a.O ? to_accum<T>(a.bias[o0 + e]) : 0.f;
-  }
+  load_bias<T, TL>(a, n0, wn, lane, bias);
 #pragma unroll
   for (int i = 0; i < TL::MI; ++i) {
 #pragma unroll
@@ -277,13 +285,7 @@ __device__ __forceinline__ void igemm_epilogue(const IgemmArgs<T>& a,
                                                const float (&acc)[TL::MI][TL::NI][4], int64_t m0,
                                                int n0, int wm, int wn, int lane) {
   float bias[TL::NI][2];
-#pragma unroll
-  for (int j = 0; j < TL::NI; ++j) {
-    const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
-  }
+  load_bias<T, TL>(a, n0, wn, lane, bias);
 #pragma unroll
   for (int i = 0; i < TL::MI; ++i) {
 #pragma unroll
@@ -435,24 +437,22 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
     const bool kin = k < a.K;  // K % 8 == 0: a chunk is wholly inside K or wholly past it
-    uint32_t c = 0, kh = 0, kw = 0;
+    int c = 0, kh = 0, kw = 0;
     if (kin) {
-      uint32_t tap;
-      a.fC.divmod(static_cast<uint32_t>(k), tap, c);
+      int tap;
+      a.fC.divmod(k, tap, c);
       a.fKW.divmod(tap, kh, kw);
     }
     T* const as = As + st * TL::BM * TL::LDS;
 #pragma unroll
     for (int i = 0; i < TL::A_ITERS; ++i) {
       const int row = crow + i * kRowStep;
-      const int ih = a_ih[i] + static_cast<int>(kh), iw = a_iw[i] + static_cast<int>(kw);
+      const int ih = a_ih[i] + kh, iw = a_iw[i] + kw;
       const bool ok = kin && ((a_valid >> i) & 1u) &&
                       static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
       // A zero-filled copy reads nothing, but still gets a valid address.
-      const T* src =
-          ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + static_cast<int>(c)
-             : a.x;
+      const T* src = ok ? a.x + a_base[i] + (static_cast<int64_t>(ih) * a.W + iw) * a.C + c : a.x;
       cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
     }
     T* const bs = Bs + st * kBStage;
@@ -466,11 +466,9 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
         const bool ok = bn_in && kr < a.K;
         const T* src = a.w;
         if (ok) {
-          uint32_t tap, ukc, ukh, ukw;
-          a.fC.divmod(static_cast<uint32_t>(kr), tap, ukc);
-          a.fKW.divmod(tap, ukh, ukw);
-          const int kc = static_cast<int>(ukc), kh = static_cast<int>(ukh),
-                    kw = static_cast<int>(ukw);
+          int tap, kc, kh, kw;
+          a.fC.divmod(kr, tap, kc);
+          a.fKW.divmod(tap, kh, kw);
           src =
               a.w +
               ((static_cast<int64_t>(kc) * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O +
@@ -674,14 +672,11 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 // ---- pixels along the weight gradient's K ----
 //
 // The weight gradient's K runs over output pixels p = (n·OH + oh)·OW + ow. A thread copies the
-// same rows of every K tile, so its pixels move BK on per tile: PixelStep is BK in (n, oh, ow)
-// units, and advance() adds it with at most one carry per digit (q + BK mod OHW < 2·OHW), in
-// place of two divisions per row and tile. p past the last pixel gives n >= N, which the copies
+// same rows of every K tile, so its pixels move BK on per tile: the step is pixel_pos(BK), and
+// advance() adds it with at most one carry per digit (q + BK mod OHW < 2·OHW), in place of two
+// divisions per row and tile. p past the last pixel gives n >= N, which the copies
 // test through p < P.
 struct PixelPos {
-  int n, oh, ow;
-};
-struct PixelStep {
   int n, oh, ow;
 };
 __device__ __forceinline__ PixelPos pixel_pos(int p, int OHW, int OW) {
@@ -689,11 +684,7 @@ __device__ __forceinline__ PixelPos pixel_pos(int p, int OHW, int OW) {
   const int oh = q / OW;
   return {n, oh, q - oh * OW};
 }
-__device__ __forceinline__ PixelStep pixel_step(int bk, int OHW, int OW) {
-  const PixelPos s = pixel_pos(bk, OHW, OW);
-  return {s.n, s.oh, s.ow};
-}
-__device__ __forceinline__ PixelPos advance(PixelPos p, const PixelStep& s, int OH, int OW) {
+__device__ __forceinline__ PixelPos advance(PixelPos p, const PixelPos& s, int OH, int OW) {
   p.ow += s.ow;
   p.oh += s.oh;
   p.n += s.n;
@@ -834,7 +825,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   // The pixel (n, oh, ow) of each B row this thread copies, for the slice's first K tile;
   // load_tile steps it one K tile on (pipelined_k_loop loads the tiles in order, each once), so
   // the K loop divides nothing.
-  const PixelStep step = pixel_step(TL::BK, a.OHW, a.OW);
+  const PixelPos step = pixel_pos(TL::BK, a.OHW, a.OW);
   PixelPos bpix[S::B_ITERS];
 #pragma unroll
   for (int i = 0; i < S::B_ITERS; ++i)
@@ -934,7 +925,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
 
   const int kr = tid % G::BK, cc = tid / G::BK;
   // This thread's pixel, stepped one K tile on per load (as in the 16-bit kernel).
-  const PixelStep step = pixel_step(G::BK, a.OHW, a.OW);
+  const PixelPos step = pixel_pos(G::BK, a.OHW, a.OW);
   PixelPos pix = pixel_pos(kt0 * G::BK + kr, a.OHW, a.OW);
   auto load_tile = [&](int st, int kt) {
     const int p = kt * G::BK + kr;

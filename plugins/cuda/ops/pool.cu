@@ -156,9 +156,7 @@ __device__ __forceinline__ Plane<I> plane_of(int32_t nhwc, I n, I c, I C, I H, I
 template <class I>
 __device__ __forceinline__ void divmod(I n, I d, const FastDiv& f, I& q, I& r) {
   if constexpr (sizeof(I) == 4) {
-    uint32_t uq, ur;
-    f.divmod(static_cast<uint32_t>(n), uq, ur);
-    q = static_cast<I>(uq), r = static_cast<I>(ur);
+    f.divmod(n, q, r);
   } else {
     q = n / d;
     r = n - q * d;

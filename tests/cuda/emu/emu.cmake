@@ -124,22 +124,27 @@ add_dependencies(plexus_tests plexus_cuda_emu_selftest)
 add_test(NAME "cuda emulator: its barriers, shuffles, launch checks and capture"
   COMMAND plexus_cuda_emu_selftest)
 
+# A test that is one .cu file of kernels and their checks (tests/cuda/NAME.cu) of device.cuh's
+# helpers, translated for the emulator into the executable plexus_cuda_NAME.
+function(plexus_emu_kernel_test name)
+  set(cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/${name}.cpp)
+  set(cu ${PROJECT_SOURCE_DIR}/tests/cuda/${name}.cu)
+  add_custom_command(OUTPUT ${cpp}
+    COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${cu} ${cpp}
+    DEPENDS ${emu_dir}/translate.py ${cu} ${cuda_dir}/device.cuh
+    COMMENT "CUDA emulator: translating ${name}.cu")
+  add_executable(plexus_cuda_${name} ${cpp})
+  target_include_directories(plexus_cuda_${name} BEFORE PRIVATE ${emu_dir}/include)
+  target_include_directories(plexus_cuda_${name} PRIVATE ${cuda_dir})
+  target_compile_definitions(plexus_cuda_${name} PRIVATE PLEXUS_CUDA_EMU=1)
+  target_link_libraries(plexus_cuda_${name} PRIVATE plexus_cuda_emu_runtime)
+  add_dependencies(plexus_tests plexus_cuda_${name})
+endfunction()
+
 # split_sum (plugins/cuda/device.cuh), the in-launch finish of the plugin's split reductions, as
 # a kernel of its own: its order bit for bit, one finishing block and counters left zero, with
 # the blocks of each grid run forward, in reverse and shuffled.
-set(split_sum_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/split_sum_test.cpp)
-add_custom_command(OUTPUT ${split_sum_cpp}
-  COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/split_sum_test.cu
-          ${split_sum_cpp}
-  DEPENDS ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/split_sum_test.cu
-          ${cuda_dir}/device.cuh
-  COMMENT "CUDA emulator: translating split_sum_test.cu")
-add_executable(plexus_cuda_split_sum_test ${split_sum_cpp})
-target_include_directories(plexus_cuda_split_sum_test BEFORE PRIVATE ${emu_dir}/include)
-target_include_directories(plexus_cuda_split_sum_test PRIVATE ${cuda_dir})
-target_compile_definitions(plexus_cuda_split_sum_test PRIVATE PLEXUS_CUDA_EMU=1)
-target_link_libraries(plexus_cuda_split_sum_test PRIVATE plexus_cuda_emu_runtime)
-add_dependencies(plexus_tests plexus_cuda_split_sum_test)
+plexus_emu_kernel_test(split_sum_test)
 foreach(order forward reverse shuffle)
   add_test(NAME "cuda emulator: split_sum adds the slices in its fixed order, blocks ${order}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_EMU_BLOCKS=${order} $<TARGET_FILE:plexus_cuda_split_sum_test>)
@@ -147,19 +152,7 @@ endforeach()
 
 # FastDiv (plugins/cuda/device.cuh), the 32-bit division by a fixed divisor of the pool
 # kernels' index math, against `/` and `%` at the edges of its range.
-set(fast_div_cpp ${CMAKE_CURRENT_BINARY_DIR}/emu/fast_div_test.cpp)
-add_custom_command(OUTPUT ${fast_div_cpp}
-  COMMAND ${Python3_EXECUTABLE} ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/fast_div_test.cu
-          ${fast_div_cpp}
-  DEPENDS ${emu_dir}/translate.py ${PROJECT_SOURCE_DIR}/tests/cuda/fast_div_test.cu
-          ${cuda_dir}/device.cuh
-  COMMENT "CUDA emulator: translating fast_div_test.cu")
-add_executable(plexus_cuda_fast_div_test ${fast_div_cpp})
-target_include_directories(plexus_cuda_fast_div_test BEFORE PRIVATE ${emu_dir}/include)
-target_include_directories(plexus_cuda_fast_div_test PRIVATE ${cuda_dir})
-target_compile_definitions(plexus_cuda_fast_div_test PRIVATE PLEXUS_CUDA_EMU=1)
-target_link_libraries(plexus_cuda_fast_div_test PRIVATE plexus_cuda_emu_runtime)
-add_dependencies(plexus_tests plexus_cuda_fast_div_test)
+plexus_emu_kernel_test(fast_div_test)
 add_test(NAME "cuda emulator: FastDiv quotients and remainders equal the divide and modulo operators"
   COMMAND plexus_cuda_fast_div_test)
 
