@@ -177,7 +177,7 @@ TEST_CASE("cuda direct convolutions decline what they do not handle", "[cuda]") 
 }
 
 // Registration, checked wherever the plugin was built (no device needed): one "direct" kernel per
-// op and dtype, native, deterministic, capturable, after cuDNN and the igemm tiles; channels-last
+// op (conv2d, both gradients) and dtype, native, deterministic, capturable, after cuDNN and the igemm tiles; channels-last
 // preferred in 16 bits, NCHW in f32, as the other convolutions there.
 TEST_CASE("the cuda plugin registers its direct convolutions after cudnn", "[cpu]") {
   if (!cuda::plugin_built())
@@ -185,7 +185,8 @@ TEST_CASE("the cuda plugin registers its direct convolutions after cudnn", "[cpu
   Backend* b = cuda::backend();
   INFO("loader: " << cuda::skip_reason());
   REQUIRE(b != nullptr);
-  for (const char* op : {"conv2d", "conv2d_backward_weight"}) {
+  // conv2d_backward_data's is the small convolutions' backward (ops/direct_bwd.cu).
+  for (const char* op : {"conv2d", "conv2d_backward_weight", "conv2d_backward_data"}) {
     const OpSchema& s = runtime().ops().get(op);
     for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
       INFO(op << " " << dtype_name(d));

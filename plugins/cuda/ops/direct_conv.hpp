@@ -46,4 +46,17 @@ std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::
                                                const sdk::Boundary& b, const std::string& impl,
                                                plx_dtype& dtype);
 
+// The backward of a small 3x3 convolution image by image in shared memory (ops/direct_bwd.cu):
+// a "direct" candidate for conv2d_backward_data (stride 1, padding 0 to 2, one image's dy planes
+// and the filter within a block's shared memory), registered after the igemm and direct ones.
+void register_direct_backward(KernelRegistry& r);
+
+// A fused {max_pool2d_backward, conv2d_backward_data, [conv2d_backward_weight], [bias gradient
+// sum]} group (sdk::find_max_pool_conv_backward) as one launch of that kernel: each block stages
+// an image's pooled gradient unpooled through the indices (windows of stride = kernel, no
+// padding or dilation) and computes its dx, or its share of dw and db (⌈O/2⌉·C <= 256). The
+// caller makes it where the host gave a member to "direct". Sets `dtype`.
+std::unique_ptr<Kernel> make_direct_pool_backward(CudaBackend& backend, const sdk::GraphView& g,
+                                                  const sdk::Boundary& b, plx_dtype& dtype);
+
 }  // namespace plexus::cuda

@@ -6,7 +6,8 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 direct_conv wgmma_gemm)
+    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 direct_conv direct_bwd
+    wgmma_gemm)
 # Headers with kernels and launches in them, included by several of those files: translated to
 # emu/ops/NAME.cuh, which the translated files' `#include "ops/NAME.cuh"` finds first (a quoted
 # include looks in the including file's folder, emu/, before the include path).
@@ -178,6 +179,9 @@ foreach(t
     "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
     "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
+    "cuda direct backward data of small convolutions matches the cpu in every layout mix"
+    "cuda direct backward data declines what it does not handle"
+    "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "cuda max-pool kernels match the cpu in every layout mix"
     "cuda max-pool kernels decline strides that are neither nchw nor channels-last"
     "the classifier head fused on cuda matches the cpu"
@@ -239,6 +243,8 @@ foreach(t
     "every cuda wgmma gemm candidate matches the cpu"
     "cuda igemm convolution candidates match the cpu reference"
     "cuda direct convolutions match the cpu reference in every layout mix"
+    "cuda direct backward data of small convolutions matches the cpu in every layout mix"
+    "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "cuda max-pool kernels match the cpu in every layout mix")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
@@ -264,6 +270,18 @@ foreach(t
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
   set_tests_properties("cuda emulator, 37 SMs: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+endforeach()
+
+# The small convolutions' backward (ops/direct_bwd.cu) on one emulated SM: its blocks then loop
+# over several images each, data and weight gradients alike (on four SMs the test batches give
+# most blocks one image).
+foreach(t
+    "cuda direct backward data of small convolutions matches the cpu in every layout mix"
+    "the max pool backward of a small conv and its three gradients run as one direct kernel")
+  add_test(NAME "cuda emulator, 1 SM: ${t}"
+    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
+            PLEXUS_EMU_SMS=1 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
+  set_tests_properties("cuda emulator, 1 SM: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
 
 # The communicator conformance suite over the emulator's NCCL, one rank, bootstrapped over MPI.
@@ -300,6 +318,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a first layer with its relu and max pool runs as one direct kernel with the unfused bits"
       "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
       "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
+      "cuda direct backward data of small convolutions matches the cpu in every layout mix"
+      "the max pool backward of a small conv and its three gradients run as one direct kernel"
       "every cuda tensor core gemm candidate matches the cpu"
       "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")

@@ -33,6 +33,10 @@
 struct uint3 {
   unsigned x, y, z;
 };
+// CUDA's vector type for 16-byte loads from shared memory (16-byte aligned, as on the GPU).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}

@@ -1,0 +1,649 @@
+// CUDA kernels: the backward of a small 3x3 convolution, image by image in shared memory, as
+// candidates ("direct") beside cuDNN and the implicit-GEMM tiles for
+//
+//   conv2d_backward_data                  dx = convᵀ(dy, w)
+//   max_pool2d_backward+conv2d_backward   the pool's backward, dx, dw and db in one launch
+//
+// Why: simplecnn's second layer (16 -> 32 channels, 13x13, batch 128) is tiny: its whole
+// backward is 0.29 GFLOP over 3.5 MB of tensors, yet on the H100 its group (the pool's backward,
+// then cuDNN's data and weight gradients) took 0.082 ms of the 0.186 ms step (the first GPU run,
+// docs/benchmarks.md): three launches, each too small to fill the GPU, a weight gradient whose
+// long reduction (15,488 pixels) runs on few blocks, and the unpooled gradient written and read
+// back between them. Here one image's tensors fit in shared memory, so a block stages them once
+// and computes everything the image contributes, on the CUDA cores in f32:
+//
+// Data gradient (blocks [w_blocks, w_blocks + d_blocks)): image n's dy, unpooled through the
+// pool's indices as it is staged when the pool's backward is fused, sits in shared memory as O
+// planes of (H + 2) x (W + 2) f32, zero around the conv's output, so that dx[c, ih, iw] =
+// Σ_o Σ_kh,kw dyp[o, ih + 2 - kh, iw + 2 - kw] · w[o, c, kh, kw] needs no bounds test (stride 1:
+// oh = ih + ph - kh, stored at row oh + 2 - ph). The filter sits beside it as f32, [o][tap][c],
+// so that the CB channels a thread computes for one pixel are one 16-byte load (the same for
+// every lane of a warp: a broadcast). Thread i computes channels [g·CB, g·CB + CB) of two pixels
+// p and p + ⌈H·W/2⌉ for item i = g·⌈H·W/2⌉ + p (each filter load feeds 2·CB FMAs), summing in
+// the order o, kh, kw, and rounds each once into dx.
+//
+// Weight and bias gradients (blocks [0, w_blocks), each a run of images): dy as O planes of
+// OH x OW and x as C planes of (H + 2ph) x (W + 2pw), zero in the padding. Thread u owns the 18
+// sums of output channels 2·(u / C) and 2·(u / C) + 1 with input channel u % C over the 9 taps
+// (and the two channels' bias sums), and walks the image's output pixels row by row with a 3x3
+// window of x in registers: per pixel 3 new x values and 2 dy values feed 18 FMAs. Each block
+// writes its f32 partials; split_sum (device.cuh) adds them in the launch and its last block
+// rounds once into dw's layout and db.
+//
+// No atomics on the data, a fixed summation order, launch geometry fixed at creation:
+// deterministic. Nothing allocated or synchronised: capturable. Layouts: every tensor NCHW
+// contiguous or channels-last, addressed through canonical strides (no staging).
+//
+// What it takes: 3x3 filters, stride 1, dilation 1, groups 1, padding 0..2; one image's planes
+// within the device's shared memory per block; ⌈O/2⌉·C <= 256 (a thread per weight-gradient
+// unit). Windows of stride = kernel, without padding or dilation, for the fused pool (each conv
+// pixel in at most one window). Anything else declines with the reason, and the other kernels
+// (the chunked group for the pool) run it.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "device.cuh"
+#include "ops/conv_strides.hpp"
+#include "ops/direct_conv.hpp"
+#include "plexus/sdk/fusion_conv_pool.hpp"
+
+namespace plexus::cuda {
+
+namespace {
+
+constexpr int kTaps = 9;                   // 3x3
+constexpr int64_t kDataBlocksPerSm = 8;    // at most, images looping in a block beyond that
+constexpr int64_t kWgradBlocksPerSm = 2;   // the weight gradient's runs of images
+constexpr int kMaxUnits = kBlock;          // weight-gradient units: a thread each
+
+bool fits_i32(int64_t v) {
+  return v >= 0 && v <= INT_MAX;
+}
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+template <class T>
+struct SmallBwdArgs {
+  const T* dy;           // the conv's gradient (N, O, OH, OW), or the pooled one (N, O, PH, PW)
+  const void* pool_idx;  // the pool's indices (N, O, PH, PW), or null: dy is the conv's gradient
+  const T* w;            // (O, C, 3, 3): the data gradient's filter
+  const T* x;            // (N, C, H, W): the weight gradient's input
+  T* dx;                 // (N, C, H, W)
+  T* dwt;                // (O, C, 3, 3)
+  T* db;                 // (O) or null
+  float* part;           // (w_blocks, sums) f32 partials
+  unsigned* done;        // split_sum's counters
+  int N, C, H, W, O, OH, OW, ph, pw;
+  // Unpooling: u8 window taps or i32 positions oh·OW + ow; windows pkh x pkw of stride = kernel.
+  bool pool_u8;
+  int pkh, pkw, PH, PW;
+  int64_t i_n, i_c, i_p;  // the indices' element (n, o, p) at n·i_n + o·i_c + p·i_p
+  int64_t dy_n, dy_c, dy_p;  // dy's element (n, o, p), p the pixel in its own plane
+  bool dy_nhwc;
+  int64_t x_n, x_c, x_h, x_w;
+  bool x_nhwc;
+  int64_t w_o, w_c, w_h, w_w;     // w, read by the data gradient
+  int64_t dw_o, dw_c, dw_h, dw_w;  // dw, written by the weight gradient
+  int64_t dx_n, dx_c, dx_h, dx_w;
+  int w_blocks, d_blocks;  // the grid: weight-gradient blocks first, then data-gradient blocks
+  int w_images;            // images per weight-gradient block (the last may have fewer, or none)
+  int units;               // ⌈O/2⌉·C weight-gradient units
+  int sums;                // O·C·9, + O with db
+  // Shared planes (f32): the data gradient's dy planes, (H + 2) x (W + 2), `dplane` apart; the
+  // weight gradient's dy planes, OH x OW, `yplane` apart, and x planes, XH x XW, `xplane`
+  // apart. Odd strides: lanes on different planes hit different banks.
+  int WP, dplane, yplane, XH, XW, xplane;
+  int64_t wsm_offset;  // floats from the data gradient's dy planes to its filter (16-byte aligned)
+};
+
+// dy of image n into O planes `stride` floats apart, rows `row` floats apart: element (o, oh, ow)
+// at o·stride + (oh + r0)·row + ow + c0. The planes were zeroed (and a barrier passed): only
+// pixels with a gradient are written. With the pool fused, each window's gradient goes to the
+// pixel its index names (u8: the tap in the window; i32: the position in the plane); an index
+// naming none (the ReLU's mask: 255 or -1) writes nothing.
+template <class T>
+__device__ __forceinline__ void stage_dy(const SmallBwdArgs<T>& a, int n, float* planes,
+                                         int stride, int row, int r0, int c0) {
+  if (!a.pool_idx) {
+    const int plane = a.OH * a.OW, total = a.O * plane;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+      int o, p;  // in dy's memory order
+      if (a.dy_nhwc) p = e / a.O, o = e - p * a.O;
+      else o = e / plane, p = e - o * plane;
+      const int oh = p / a.OW, ow = p - oh * a.OW;
+      planes[o * stride + (oh + r0) * row + ow + c0] =
+          load(a.dy, n * a.dy_n + o * a.dy_c + p * a.dy_p);
+    }
+    return;
+  }
+  const int plane = a.PH * a.PW, total = a.O * plane;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    int o, p;
+    if (a.dy_nhwc) p = e / a.O, o = e - p * a.O;
+    else o = e / plane, p = e - o * plane;
+    const int64_t at = n * a.i_n + o * a.i_c + p * a.i_p;
+    int oh, ow;
+    if (a.pool_u8) {
+      const int tap = static_cast<const uint8_t*>(a.pool_idx)[at];
+      if (tap >= a.pkh * a.pkw) continue;  // none (255)
+      const int wh = p / a.PW, ww = p - wh * a.PW, th = tap / a.pkw;
+      oh = wh * a.pkh + th;
+      ow = ww * a.pkw + (tap - th * a.pkw);
+    } else {
+      const int32_t pos = static_cast<const int32_t*>(a.pool_idx)[at];
+      if (pos < 0) continue;  // none
+      oh = pos / a.OW;
+      ow = pos - oh * a.OW;
+    }
+    if (oh >= a.OH || ow >= a.OW) continue;
+    planes[o * stride + (oh + r0) * row + ow + c0] = load(a.dy, n * a.dy_n + o * a.dy_c + p * a.dy_p);
+  }
+}
+
+__device__ __forceinline__ void zero(float* p, int count) {
+  for (int e = threadIdx.x; e < count; e += blockDim.x) p[e] = 0.f;
+}
+
+// ---- data gradient: image n's dx, channels in groups of CB ----
+template <class T, int CB>
+__device__ __forceinline__ void data_gradient(const SmallBwdArgs<T>& a, float* dyp,
+                                              const float* wsm) {
+  // Item i: channels [g·CB, g·CB + CB) of pixels p and p + half (the second may be past the
+  // plane: computed, not stored), so that each filter load feeds 2·CB FMAs.
+  const int HW = a.H * a.W, half = (HW + 1) / 2, items = (a.C / CB) * half;
+  for (int n = blockIdx.x - a.w_blocks; n < a.N; n += a.d_blocks) {  // uniform over the block
+    __syncthreads();  // the previous image's readers are done
+    zero(dyp, a.O * a.dplane);
+    __syncthreads();
+    stage_dy(a, n, dyp, a.dplane, a.WP, 2 - a.ph, 2 - a.pw);
+    __syncthreads();
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+      const int g = it / half, p0 = it - g * half, p1 = p0 + half;
+      const bool second = p1 < HW;
+      const int ih0 = p0 / a.W, iw0 = p0 - ih0 * a.W;
+      const int ih1 = second ? p1 / a.W : ih0, iw1 = second ? p1 - ih1 * a.W : iw0;
+      float acc0[CB], acc1[CB];
+#pragma unroll
+      for (int j = 0; j < CB; ++j) acc0[j] = acc1[j] = 0.f;
+      // d[(2 - kh)·WP + 2 - kw]: dy at (ih + ph - kh, iw + pw - kw), zero outside the plane.
+      const float* d0 = dyp + ih0 * a.WP + iw0;
+      const float* d1 = dyp + ih1 * a.WP + iw1;
+      const float* wr = wsm + g * CB;  // wr[tap·C + j]: w[o, g·CB + j, tap]
+      for (int o = 0; o < a.O; ++o, d0 += a.dplane, d1 += a.dplane, wr += kTaps * a.C) {
+#pragma unroll
+        for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+          for (int kw = 0; kw < 3; ++kw) {
+            const float v0 = d0[(2 - kh) * a.WP + 2 - kw];
+            const float v1 = d1[(2 - kh) * a.WP + 2 - kw];
+            const float* wt = wr + (kh * 3 + kw) * a.C;
+            if constexpr (CB % 4 == 0) {
+#pragma unroll
+              for (int j = 0; j < CB; j += 4) {
+                const float4 q = *reinterpret_cast<const float4*>(wt + j);
+                acc0[j] = fmaf(v0, q.x, acc0[j]);
+                acc0[j + 1] = fmaf(v0, q.y, acc0[j + 1]);
+                acc0[j + 2] = fmaf(v0, q.z, acc0[j + 2]);
+                acc0[j + 3] = fmaf(v0, q.w, acc0[j + 3]);
+                acc1[j] = fmaf(v1, q.x, acc1[j]);
+                acc1[j + 1] = fmaf(v1, q.y, acc1[j + 1]);
+                acc1[j + 2] = fmaf(v1, q.z, acc1[j + 2]);
+                acc1[j + 3] = fmaf(v1, q.w, acc1[j + 3]);
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < CB; ++j) {
+                const float q = wt[j];
+                acc0[j] = fmaf(v0, q, acc0[j]);
+                acc1[j] = fmaf(v1, q, acc1[j]);
+              }
+            }
+          }
+      }
+      const int64_t base0 = n * a.dx_n + ih0 * a.dx_h + iw0 * a.dx_w;
+      const int64_t base1 = n * a.dx_n + ih1 * a.dx_h + iw1 * a.dx_w;
+#pragma unroll
+      for (int j = 0; j < CB; ++j) {
+        store(a.dx, base0 + (g * CB + j) * a.dx_c, acc0[j]);
+        if (second) store(a.dx, base1 + (g * CB + j) * a.dx_c, acc1[j]);
+      }
+    }
+  }
+}
+
+// ---- weight and bias gradients: this block's run of images, then the launch's sum ----
+template <class T>
+__device__ __forceinline__ void weight_gradient(const SmallBwdArgs<T>& a, float* dys, float* xs) {
+  const int wb = blockIdx.x;
+  const int u = threadIdx.x;
+  const bool mine = u < a.units;
+  const int og = mine ? u / a.C : 0, c = mine ? u - og * a.C : 0;
+  const int o0 = 2 * og;
+  const bool two = o0 + 1 < a.O;
+  float acc0[kTaps], acc1[kTaps], db0 = 0.f, db1 = 0.f;
+#pragma unroll
+  for (int t = 0; t < kTaps; ++t) acc0[t] = acc1[t] = 0.f;
+  const int first = min(a.N, wb * a.w_images), last = min(a.N, first + a.w_images);
+  for (int n = first; n < last; ++n) {
+    __syncthreads();  // the previous image's readers are done
+    zero(xs, a.C * a.xplane);
+    if (a.pool_idx) zero(dys, a.O * a.yplane);  // unpooling writes only the windows' winners
+    __syncthreads();
+    stage_dy(a, n, dys, a.yplane, a.OW, 0, 0);
+    {
+      const int total = a.C * a.H * a.W, HW = a.H * a.W;
+      for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int ci, p;  // in x's memory order
+        if (a.x_nhwc) p = e / a.C, ci = e - p * a.C;
+        else ci = e / HW, p = e - ci * HW;
+        const int ih = p / a.W, iw = p - ih * a.W;
+        xs[ci * a.xplane + (ih + a.ph) * a.XW + iw + a.pw] =
+            load(a.x, n * a.x_n + ci * a.x_c + ih * a.x_h + iw * a.x_w);
+      }
+    }
+    __syncthreads();
+    if (mine) {
+      const float* y0 = dys + o0 * a.yplane;
+      const float* y1 = two ? y0 + a.yplane : y0;
+      const float* xc = xs + c * a.xplane;
+      for (int oh = 0; oh < a.OH; ++oh) {
+        const float* xr = xc + oh * a.XW;
+        float win[3][3];
+#pragma unroll
+        for (int kh = 0; kh < 3; ++kh) {
+          win[kh][0] = xr[kh * a.XW];
+          win[kh][1] = xr[kh * a.XW + 1];
+        }
+        const float* d0 = y0 + oh * a.OW;
+        const float* d1 = y1 + oh * a.OW;
+        for (int ow = 0; ow < a.OW; ++ow) {
+#pragma unroll
+          for (int kh = 0; kh < 3; ++kh) win[kh][2] = xr[kh * a.XW + ow + 2];
+          const float v0 = d0[ow], v1 = two ? d1[ow] : 0.f;
+#pragma unroll
+          for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+            for (int kw = 0; kw < 3; ++kw) {
+              acc0[kh * 3 + kw] = fmaf(v0, win[kh][kw], acc0[kh * 3 + kw]);
+              acc1[kh * 3 + kw] = fmaf(v1, win[kh][kw], acc1[kh * 3 + kw]);
+            }
+          db0 += v0;
+          db1 += v1;
+#pragma unroll
+          for (int kh = 0; kh < 3; ++kh) {
+            win[kh][0] = win[kh][1];
+            win[kh][1] = win[kh][2];
+          }
+        }
+      }
+    }
+  }
+  // Partials: element (o, c, tap) at (o·C + c)·9 + tap, db[o] at O·C·9 + o.
+  float* part = a.part + static_cast<int64_t>(wb) * a.sums;
+  if (mine) {
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) part[(o0 * a.C + c) * kTaps + t] = acc0[t];
+    if (two)
+#pragma unroll
+      for (int t = 0; t < kTaps; ++t) part[((o0 + 1) * a.C + c) * kTaps + t] = acc1[t];
+    if (a.db && c == 0) {
+      part[a.O * a.C * kTaps + o0] = db0;
+      if (two) part[a.O * a.C * kTaps + o0 + 1] = db1;
+    }
+  }
+  const int wsums = a.O * a.C * kTaps;
+  split_sum(
+      a.done, a.part, a.sums, static_cast<unsigned>(a.w_blocks), static_cast<unsigned>(wb), a.sums,
+      [](int e) { return int64_t{e}; },
+      [&](int e, int64_t, float s) {
+        if (e >= wsums) {
+          store(a.db, e - wsums, s);
+          return;
+        }
+        const int oc = e / kTaps, t = e - oc * kTaps, o = oc / a.C, ci = oc - o * a.C;
+        const int kh = t / 3, kw = t - kh * 3;
+        store(a.dwt, o * a.dw_o + ci * a.dw_c + kh * a.dw_h + kw * a.dw_w, s);
+      });
+}
+
+template <class T, int CB>
+__global__ void __launch_bounds__(kBlock) small_conv_backward_kernel(const SmallBwdArgs<T> a) {
+  extern __shared__ __align__(16) float small_bwd_smem[];
+  if (static_cast<int>(blockIdx.x) < a.w_blocks) {  // uniform over the block
+    weight_gradient(a, small_bwd_smem, small_bwd_smem + static_cast<int64_t>(a.O) * a.yplane);
+    return;
+  }
+  float* dyp = small_bwd_smem;
+  float* wsm = small_bwd_smem + a.wsm_offset;
+  // The filter as f32, [o][tap][c], once per block.
+  const int total = a.O * a.C * kTaps;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int ot = e / a.C, c = e - ot * a.C, o = ot / kTaps, t = ot - o * kTaps;
+    const int kh = t / 3, kw = t - kh * 3;
+    wsm[e] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
+  }
+  data_gradient<T, CB>(a, dyp, wsm);
+}
+
+// ---- the kernel objects ----
+
+// The pool's backward fused before the convolution's: its node and the pooled gradient and
+// indices (as the group's boundary gives them).
+struct SmallUnpool {
+  const NodeInfo* pool = nullptr;
+  const plx_tensor* dy = nullptr;       // (N, O, PH, PW)
+  const plx_tensor* indices = nullptr;  // (N, O, PH, PW), u8 or i32
+};
+
+// Where the call's tensors are (-1: absent).
+struct SmallBwdSlots {
+  int32_t dy = 0, indices = -1, w = 1, x = -1;
+  int32_t dx = 0, dw = -1, db = -1;
+};
+
+int sm_count(CudaBackend& b, int32_t device) {
+  return std::max(b.context(device).prop.multiProcessorCount, 1);
+}
+
+template <class T>
+class SmallConvBackwardKernel final : public Kernel {
+ public:
+  // `conv`: a node of the convolution (conv2d_backward_data, or the weight gradient) for its
+  // attributes; `xs`: x's shape (N, C, H, W); `ws`: w's; `dx`, `w`, `x`, `dw`, `db`: descriptors
+  // of the tensors the launch reads and writes (null: absent; dx and w together, x and dw
+  // together); `dy`: the conv's gradient, or the pooled one with `unpool`.
+  SmallConvBackwardKernel(const NodeInfo& conv, CudaBackend& backend, const int64_t (&xs)[4],
+                          const int64_t (&ws)[4], const plx_tensor* dy, const plx_tensor* dx,
+                          const plx_tensor* w, const plx_tensor* x, const plx_tensor* dw,
+                          const plx_tensor* db, const SmallUnpool& unpool, SmallBwdSlots slots,
+                          const char* op)
+      : device_(conv.device()), slots_(slots) {
+    const sdk::Conv2dParams g(xs, ws, conv);
+    PLX_DECLINE_UNLESS(g.groups == 1, "%s: direct handles groups = 1 only", op);
+    PLX_DECLINE_UNLESS(g.KH == 3 && g.KW == 3, "%s: direct's backward takes 3x3 filters, not %lldx%lld",
+                       op, static_cast<long long>(g.KH), static_cast<long long>(g.KW));
+    PLX_DECLINE_UNLESS(g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1,
+                       "%s: direct's backward takes stride 1 and dilation 1", op);
+    PLX_DECLINE_UNLESS(g.ph <= 2 && g.pw <= 2, "%s: direct's backward takes padding 0 to 2", op);
+    for (const plx_tensor* t : {dy, dx, w, x, dw, db})
+      if (t) PLX_DECLINE_UNLESS(t->dtype == dtype_v<T>, "%s: direct takes one dtype, %s", op,
+                                plexus::dtype_name(dtype_v<T>));
+    PLX_DECLINE_UNLESS(fits_i32(g.N) && fits_i32(g.O * g.C * kTaps + g.O) &&
+                           fits_i32(g.C * (g.H + 4) * (g.W + 4)) &&
+                           fits_i32(g.O * (g.H + 4) * (g.W + 4)),
+                       "%s: sizes beyond direct's 32-bit index math", op);
+    SmallBwdArgs<T> a{};
+    a.N = static_cast<int>(g.N), a.C = static_cast<int>(g.C), a.H = static_cast<int>(g.H);
+    a.W = static_cast<int>(g.W), a.O = static_cast<int>(g.O);
+    a.OH = static_cast<int>(g.OH), a.OW = static_cast<int>(g.OW);
+    a.ph = static_cast<int>(g.ph), a.pw = static_cast<int>(g.pw);
+    const int64_t ys[4] = {g.N, g.O, g.OH, g.OW};
+    using sdk::nhwc_or_decline;
+    int64_t s[4];
+    if (unpool.pool) {
+      set_unpool(a, unpool, op);
+    } else {
+      PLX_REQUIRE(dy->ndim == 4, "%s: dy must be 4-D", op);
+      for (int i = 0; i < 4; ++i)
+        PLX_REQUIRE(dy->shape[i] == ys[i], "%s: dy's shape does not match the convolution", op);
+      a.dy_nhwc = nhwc_or_decline(*dy, op, "dy");
+      canonical_strides(ys, a.dy_nhwc, s);
+      a.dy_n = s[0], a.dy_c = s[1], a.dy_p = s[3];
+    }
+    with_dx_ = dx != nullptr;
+    with_dw_ = dw != nullptr;
+    PLX_REQUIRE(with_dx_ || with_dw_, "%s: nothing to compute", op);
+    PLX_DECLINE_UNLESS(with_dw_ || !db, "%s: direct sums the bias beside the weight gradient", op);
+    if (with_dx_) {
+      for (int i = 0; i < 4; ++i)
+        PLX_REQUIRE(dx->shape[i] == xs[i] && w->shape[i] == ws[i],
+                    "%s: dx's or w's shape does not match the convolution", op);
+      canonical_strides(xs, nhwc_or_decline(*dx, op, "dx"), s);
+      a.dx_n = s[0], a.dx_c = s[1], a.dx_h = s[2], a.dx_w = s[3];
+      canonical_strides(ws, nhwc_or_decline(*w, op, "w"), s);
+      a.w_o = s[0], a.w_c = s[1], a.w_h = s[2], a.w_w = s[3];
+    }
+    if (with_dw_) {
+      for (int i = 0; i < 4; ++i)
+        PLX_REQUIRE(x->shape[i] == xs[i] && dw->shape[i] == ws[i],
+                    "%s: x's or dw's shape does not match the convolution", op);
+      a.x_nhwc = nhwc_or_decline(*x, op, "x");
+      canonical_strides(xs, a.x_nhwc, s);
+      a.x_n = s[0], a.x_c = s[1], a.x_h = s[2], a.x_w = s[3];
+      canonical_strides(ws, nhwc_or_decline(*dw, op, "dw"), s);
+      a.dw_o = s[0], a.dw_c = s[1], a.dw_h = s[2], a.dw_w = s[3];
+      if (db)
+        PLX_DECLINE_UNLESS(db->ndim == 1 && db->shape[0] == g.O &&
+                               (db->shape[0] <= 1 || db->strides[0] == 1),
+                           "%s: the bias gradient must be (O) contiguous", op);
+      a.units = static_cast<int>(ceil_div(g.O, 2) * g.C);
+      PLX_DECLINE_UNLESS(a.units <= kMaxUnits,
+                         "%s: direct's weight gradient holds at most %d units (⌈O/2⌉·C), got %d",
+                         op, kMaxUnits, a.units);
+      a.sums = a.O * a.C * kTaps + (db ? a.O : 0);
+    }
+    // Shared memory: the larger of the two roles' planes.
+    a.WP = a.W + 2;
+    a.dplane = ((a.H + 2) * a.WP) | 1;
+    a.yplane = (a.OH * a.OW) | 1;
+    a.XH = a.H + 2 * a.ph, a.XW = a.W + 2 * a.pw;
+    a.xplane = (a.XH * a.XW) | 1;
+    a.wsm_offset = (static_cast<int64_t>(a.O) * a.dplane + 3) / 4 * 4;
+    uint64_t smem = 0;
+    if (with_dx_)
+      smem = static_cast<uint64_t>(a.wsm_offset + static_cast<int64_t>(a.O) * a.C * kTaps) *
+             sizeof(float);
+    if (with_dw_)
+      smem = std::max<uint64_t>(
+          smem, static_cast<uint64_t>(static_cast<int64_t>(a.O) * a.yplane +
+                                      static_cast<int64_t>(a.C) * a.xplane) *
+                    sizeof(float));
+    smem_ = smem;
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(smem_ <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: direct would need %llu bytes of shared memory per block, over the "
+                       "device's %llu",
+                       op, static_cast<unsigned long long>(smem_),
+                       static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
+    cb_ = a.C % 8 == 0 ? 8 : a.C % 4 == 0 ? 4 : a.C % 2 == 0 ? 2 : 1;
+    if (smem_ > 48 * 1024) set_smem_limit();
+    const int64_t sms = sm_count(backend, device_);
+    a.d_blocks = with_dx_ ? static_cast<int>(std::min<int64_t>(g.N, kDataBlocksPerSm * sms)) : 0;
+    a.w_blocks = with_dw_ ? static_cast<int>(std::clamp<int64_t>(
+                                std::min<int64_t>(g.N, kWgradBlocksPerSm * sms), 1, INT_MAX))
+                          : 0;
+    a.w_images = with_dw_ ? static_cast<int>(ceil_div(g.N, a.w_blocks)) : 0;
+    if (with_dw_) done_ = BlockCounter(split_sum_counters(static_cast<unsigned>(a.w_blocks)));
+    a_ = a;
+  }
+
+  // The weight gradient's per-block f32 partials.
+  uint64_t workspace_bytes() const override {
+    return with_dw_ ? static_cast<uint64_t>(a_.w_blocks) * static_cast<uint64_t>(a_.sums) *
+                          sizeof(float)
+                    : 0;
+  }
+
+  void compute(const KernelCall& c) override {
+    const unsigned grid = static_cast<unsigned>(a_.w_blocks + a_.d_blocks);
+    if (grid == 0) return;  // dx alone, of an empty batch
+    use_device(device_);
+    SmallBwdArgs<T> a = a_;
+    a.dy = static_cast<const T*>(c.in(slots_.dy).data);
+    if (slots_.indices >= 0) a.pool_idx = c.in(slots_.indices).data;
+    if (with_dx_) {
+      a.w = static_cast<const T*>(c.in(slots_.w).data);
+      a.dx = static_cast<T*>(c.out(slots_.dx).data);
+    }
+    if (with_dw_) {
+      a.x = static_cast<const T*>(c.in(slots_.x).data);
+      a.dwt = static_cast<T*>(c.out(slots_.dw).data);
+      a.db = slots_.db >= 0 ? static_cast<T*>(c.out(slots_.db).data) : nullptr;
+      a.part = static_cast<float*>(c.workspace);
+      a.done = done_.p;
+    }
+    launch(a, grid, native(c.stream));
+  }
+
+ private:
+  // Windows of stride = kernel, no padding or dilation: a conv pixel is in at most one window.
+  void set_unpool(SmallBwdArgs<T>& a, const SmallUnpool& u, const char* op) {
+    const NodeInfo& pool = *u.pool;
+    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
+               dil = pool.attr_ints("dilation");
+    auto stride = pool.attr_ints("stride");
+    if (stride.empty()) stride = kernel;
+    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
+    PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
+                           dil[1] == 1 && kernel[0] >= 1 && kernel[1] >= 1 &&
+                           kernel[0] * kernel[1] < 255,
+                       "%s: direct unpools windows of stride = kernel, no padding or dilation", op);
+    const plx_tensor &dy = *u.dy, &ix = *u.indices;
+    PLX_REQUIRE(dy.ndim == 4 && ix.ndim == 4 && dy.shape[0] == a.N && dy.shape[1] == a.O &&
+                    ix.shape[0] == a.N && ix.shape[1] == a.O && dy.shape[2] == ix.shape[2] &&
+                    dy.shape[3] == ix.shape[3],
+                "max_pool2d_backward: dy and the indices must be (N, O, PH, PW)");
+    PLX_DECLINE_UNLESS(dy.dtype == dtype_v<T> && (ix.dtype == PLX_I32 || ix.dtype == PLX_U8),
+                       "%s: the pooled dy of the conv's dtype, i32 or u8 indices", op);
+    PLX_DECLINE_UNLESS(fits_i32(dy.shape[2] * dy.shape[3]), "%s: pooled planes beyond 32 bits",
+                       op);
+    using sdk::nhwc_or_decline;
+    a.dy_nhwc = nhwc_or_decline(dy, op, "the pooled dy");
+    const bool ix_nhwc = nhwc_or_decline(ix, op, "the indices");
+    a.pool_u8 = ix.dtype == PLX_U8;
+    a.pkh = static_cast<int>(kernel[0]), a.pkw = static_cast<int>(kernel[1]);
+    a.PH = static_cast<int>(dy.shape[2]), a.PW = static_cast<int>(dy.shape[3]);
+    const int64_t pd[4] = {dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]};
+    int64_t st[4];
+    canonical_strides(pd, a.dy_nhwc, st);
+    a.dy_n = st[0], a.dy_c = st[1], a.dy_p = st[3];
+    canonical_strides(pd, ix_nhwc, st);
+    a.i_n = st[0], a.i_c = st[1], a.i_p = st[3];
+  }
+
+  template <int CB>
+  static void opt_in(uint64_t smem) {
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_backward_kernel<T, CB>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  }
+  void set_smem_limit() const {
+    switch (cb_) {
+      case 8: opt_in<8>(smem_); break;
+      case 4: opt_in<4>(smem_); break;
+      case 2: opt_in<2>(smem_); break;
+      default: opt_in<1>(smem_); break;
+    }
+  }
+  void launch(const SmallBwdArgs<T>& b, unsigned grid, cudaStream_t s) const {
+    switch (cb_) {
+      case 8: small_conv_backward_kernel<T, 8><<<grid, kBlock, smem_, s>>>(b); break;
+      case 4: small_conv_backward_kernel<T, 4><<<grid, kBlock, smem_, s>>>(b); break;
+      case 2: small_conv_backward_kernel<T, 2><<<grid, kBlock, smem_, s>>>(b); break;
+      default: small_conv_backward_kernel<T, 1><<<grid, kBlock, smem_, s>>>(b); break;
+    }
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+  int32_t device_;
+  SmallBwdSlots slots_;
+  SmallBwdArgs<T> a_{};
+  bool with_dx_ = false, with_dw_ = false;
+  uint64_t smem_ = 0;
+  int cb_ = 1;
+  BlockCounter done_;
+};
+
+// conv2d_backward_data (dy, w) -> dx, registered as "direct".
+template <class T>
+class DirectDgradKernel final : public Kernel {
+ public:
+  DirectDgradKernel(const NodeInfo& node, CudaBackend& backend) {
+    const char* op = "conv2d_backward_data";
+    const plx_tensor &dy = node.input(0), &w = node.input(1), &dx = node.output(0);
+    PLX_REQUIRE(dy.ndim == 4 && w.ndim == 4 && dx.ndim == 4, "%s: dy, w and dx must be 4-D", op);
+    const std::vector<int64_t> v = node.attr_ints("input_shape");
+    PLX_REQUIRE(v.size() == 4, "%s: input_shape must have 4 values", op);
+    const int64_t xs[4] = {v[0], v[1], v[2], v[3]};
+    const int64_t ws[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+    SmallBwdSlots sl;
+    sl.dy = 0, sl.w = 1, sl.dx = 0;
+    k_ = std::make_unique<SmallConvBackwardKernel<T>>(node, backend, xs, ws, &dy, &dx, &w, nullptr,
+                                                      nullptr, nullptr, SmallUnpool{}, sl, op);
+  }
+  uint64_t workspace_bytes() const override { return 0; }
+  void compute(const KernelCall& c) override { k_->compute(c); }
+
+ private:
+  std::unique_ptr<SmallConvBackwardKernel<T>> k_;
+};
+
+template <class T>
+void add_dtype(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
+  constexpr plx_dtype d = dtype_v<T>;
+  const plx_layout l = d == PLX_F32 ? PLX_LAYOUT_NCHW : PLX_LAYOUT_NHWC;
+  r.add<DirectDgradKernel<T>, CudaBackend>("conv2d_backward_data", d, "direct", f, l);
+}
+
+template <class T>
+std::unique_ptr<Kernel> make_pool_backward(CudaBackend& backend, const sdk::GraphView& g,
+                                           const sdk::MaxPoolConvBackwardSlots& s) {
+  const char* op = "max_pool2d_backward+conv2d_backward";
+  const plx_graph_node& pool = g.node(s.pool);
+  const sdk::OwnedNodeInfo pool_info(g, s.pool), data_info(g, s.data);
+  const NodeInfo pool_node(&pool_info.get()), data(&data_info.get());
+  const plx_tensor& w = g.value(g.node(s.data).inputs[1]);
+  const plx_tensor& dx = g.value(g.node(s.data).outputs[0]);
+  const std::vector<int64_t> v = data.attr_ints("input_shape");
+  PLX_REQUIRE(v.size() == 4, "conv2d_backward_data: input_shape must have 4 values");
+  const int64_t xs[4] = {v[0], v[1], v[2], v[3]};
+  const int64_t ws[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+  const plx_tensor *x = nullptr, *dw = nullptr, *db = nullptr;
+  if (s.weight >= 0) {
+    x = &g.value(g.node(s.weight).inputs[1]);
+    dw = &g.value(g.node(s.weight).outputs[0]);
+  }
+  if (s.bias >= 0) db = &g.value(g.node(s.bias).outputs[0]);
+  const SmallUnpool unpool{&pool_node, &g.value(pool.inputs[0]), &g.value(pool.inputs[1])};
+  SmallBwdSlots sl;
+  sl.dy = s.dy, sl.indices = s.indices, sl.w = s.w, sl.x = s.x;
+  sl.dx = s.dx, sl.dw = s.dw, sl.db = s.db;
+  return std::make_unique<SmallConvBackwardKernel<T>>(data, backend, xs, ws, nullptr, &dx, &w, x,
+                                                      dw, db, unpool, sl, op);
+}
+
+}  // namespace
+
+void register_direct_backward(KernelRegistry& r) {
+  add_dtype<float>(r);
+  add_dtype<f16>(r);
+  add_dtype<bf16>(r);
+}
+
+std::unique_ptr<Kernel> make_direct_pool_backward(CudaBackend& backend, const sdk::GraphView& g,
+                                                  const sdk::Boundary& b, plx_dtype& dtype) {
+  const sdk::MaxPoolConvBackwardSlots s = sdk::max_pool_conv_backward_slots(g, b);
+  PLX_DECLINE_UNLESS(s.data >= 0,
+                     "max_pool2d_backward+conv2d_backward: direct's fused backward computes dx");
+  dtype = s.dtype;
+  switch (dtype) {
+    case PLX_F32:
+      return make_pool_backward<float>(backend, g, s);
+    case PLX_F16:
+      return make_pool_backward<f16>(backend, g, s);
+    case PLX_BF16:
+      return make_pool_backward<bf16>(backend, g, s);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(sdk::format("max_pool2d_backward+conv2d_backward: no direct %s kernel",
+                                     plexus::dtype_name(dtype)));
+}
+
+}  // namespace plexus::cuda
