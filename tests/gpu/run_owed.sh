@@ -75,7 +75,9 @@ bench_step() {  # TAG MAX MODEL BATCH PREC [ARGS...]
     --set train.batch_size=$batch --set train.precision=\"$prec\" --set data.path=\"$DATA\" \
     --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
-  head -30 "$OUT/bench-step-$tag.log" | tee -a "$OUT/summary.txt"
+  grep -v '\[debug\]' "$OUT/bench-step-$tag.log" | head -30 | tee -a "$OUT/summary.txt"
+  # With --log-level debug: what the tuner made of each fused group ("timed as a whole").
+  grep -E 'timed as a whole' "$OUT/bench-step-$tag.log" | cut -c1-400 | tee -a "$OUT/summary.txt"
 }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
@@ -158,10 +160,13 @@ fi
 
 if has gputests; then
   # Every test that touches the GPU: the [cuda] cases (names with cuda or nccl, the fused-group
-  # tests, the algorithm cache) and the SASS checks; the emulator's are CI's.
+  # tests, the direct and igemm fusions ("one direct kernel", "one igemm kernel": until the
+  # thirty-first session four of them were left out), the algorithm cache) and the SASS
+  # checks; the emulator's are CI's.
   stamp "gpu tests (ctest, one process per test)"
   run_for 240 ctest --test-dir $B -j4 --timeout 150 --output-on-failure \
-    -R 'cuda|nccl|algorithm cache|relu pair|relu group|conv \+ max-pool|HMMA|HGMMA' -E 'emulator' \
+    -R 'cuda|nccl|algorithm cache|relu pair|relu group|conv \+ max-pool|one direct kernel|one igemm kernel|HMMA|HGMMA' \
+    -E 'emulator' \
     > "$OUT/gpu-tests.log" 2>&1
   grep -E 'tests passed|Failed|\*\*\*|Not Run|Skipped' "$OUT/gpu-tests.log" | head -40 | tee -a "$OUT/summary.txt"
   # Each failed, crashed or timed-out test's output as ctest printed it, cut to 40 kB a test (the
@@ -228,6 +233,9 @@ if has goalprofile; then
     extra=()
     [[ ${4:-} == nofusion ]] && extra=(--set train.fusion=false)
     [[ ${4:-} == chunk256 ]] && extra=(--set plugins.options.cuda.fuse_chunk_bytes=268435456)
+    # simplecnn: the fused groups' timings as a whole (the thirty-first session's direct backward
+    # of conv2 against the chunked cuDNN group), from a fresh tuning.
+    [[ $1 == simplecnn ]] && extra=(--log-level debug --set backend.tune_cache=\"off\")
     bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done
   # Every candidate (our tiles, cuDNN, cuBLASLt) on each problem of the convnet bf16 step at
