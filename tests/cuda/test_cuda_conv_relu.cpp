@@ -116,7 +116,8 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
     Shape xs, ws;
   };
   // Ragged: the linear 70 x 64 -> 40, the conv (6, 16, 9, 9) -> 24 channels, 3x3, padding 1; a
-  // first layer (one input channel, 9 taps) for the direct kernel.
+  // first layer (one input channel, 9 taps) for the direct kernel, and a layer of 144 taps for
+  // its image-by-image form (ops/direct_small.cu).
   const Layer layers[] = {
       {"linear",
        {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"},
@@ -127,7 +128,8 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
         "igemm_mma_64x128x32", "igemm_mma_256x32x32"},
        {6, 16, 9, 9},
        {24, 16, 3, 3}},
-      {"conv2d", {"direct"}, {5, 1, 11, 9}, {20, 1, 3, 3}}};
+      {"conv2d", {"direct"}, {5, 1, 11, 9}, {20, 1, 3, 3}},
+      {"conv2d", {"direct"}, {4, 16, 9, 7}, {12, 16, 3, 3}}};
   for (const Layer& layer : layers) {
     const bool conv = std::string(layer.op) == "conv2d";
     INFO(layer.op);

@@ -574,7 +574,7 @@ void register_conv(KernelRegistry& r) {
   register_igemm_conv(r);
   // Then the direct kernels for few input taps (the first layer), which the igemm ones decline.
   register_direct_conv(r);
-  // And the backward of small 3x3 convolutions image by image (ops/direct_bwd.cu).
+  // And the backward of small 3x3 convolutions image by image (ops/direct_small.cu).
   register_direct_backward(r);
 }
 

@@ -864,6 +864,33 @@ class DirectWgradKernel final : public Kernel {
   BlockCounter done_;
 };
 
+// The "direct" conv2d candidate: the first-layer kernel above where it takes the node, else the
+// small convolutions' image-by-image kernel (ops/direct_small.cu); declines with both reasons.
+template <class T>
+std::unique_ptr<Kernel> first_layer_or_small(const NodeInfo& node, CudaBackend& backend, bool relu) {
+  try {
+    return std::make_unique<DirectConvKernel<T>>(node, backend, relu);
+  } catch (const sdk::Unsupported& first) {
+    try {
+      return make_small_conv(node, backend, relu);
+    } catch (const sdk::Unsupported& small) {
+      throw sdk::Unsupported(sdk::format("%s; image by image: %s", first.what(), small.what()));
+    }
+  }
+}
+
+template <class T>
+class DirectConv2d final : public Kernel {
+ public:
+  DirectConv2d(const NodeInfo& node, CudaBackend& backend)
+      : k_(first_layer_or_small<T>(node, backend, false)) {}
+  uint64_t workspace_bytes() const override { return k_->workspace_bytes(); }
+  void compute(const KernelCall& c) override { k_->compute(c); }
+
+ private:
+  std::unique_ptr<Kernel> k_;
+};
+
 template <class T>
 void add_dtype(KernelRegistry& r) {
   const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
@@ -871,7 +898,7 @@ void add_dtype(KernelRegistry& r) {
   // convolutions there, so that the planner keeps the first layer's output NHWC for the next.
   constexpr plx_dtype d = dtype_v<T>;
   const plx_layout l = d == PLX_F32 ? PLX_LAYOUT_NCHW : PLX_LAYOUT_NHWC;
-  r.add<DirectConvKernel<T>, CudaBackend>("conv2d", d, "direct", f, l);
+  r.add<DirectConv2d<T>, CudaBackend>("conv2d", d, "direct", f, l);
   r.add<DirectWgradKernel<T>, CudaBackend>("conv2d_backward_weight", d, "direct", f, l);
 }
 
@@ -886,11 +913,11 @@ void register_direct_conv(KernelRegistry& r) {
 std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu) {
   switch (node.input(0).dtype) {
     case PLX_F32:
-      return std::make_unique<DirectConvKernel<float>>(node, backend, relu);
+      return first_layer_or_small<float>(node, backend, relu);
     case PLX_F16:
-      return std::make_unique<DirectConvKernel<f16>>(node, backend, relu);
+      return first_layer_or_small<f16>(node, backend, relu);
     case PLX_BF16:
-      return std::make_unique<DirectConvKernel<bf16>>(node, backend, relu);
+      return first_layer_or_small<bf16>(node, backend, relu);
     default:
       break;
   }
@@ -905,15 +932,24 @@ std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sd
   PLX_DECLINE_UNLESS(impl == "direct", "the host gave conv2d to %s, not direct",
                      impl.empty() ? "the default kernel" : impl.c_str());
   dtype = s.dtype;
-  switch (dtype) {
-    case PLX_F32:
-      return std::make_unique<DirectConvPoolKernel<float>>(g, s, backend);
-    case PLX_F16:
-      return std::make_unique<DirectConvPoolKernel<f16>>(g, s, backend);
-    case PLX_BF16:
-      return std::make_unique<DirectConvPoolKernel<bf16>>(g, s, backend);
-    default:
-      break;
+  try {
+    switch (dtype) {
+      case PLX_F32:
+        return std::make_unique<DirectConvPoolKernel<float>>(g, s, backend);
+      case PLX_F16:
+        return std::make_unique<DirectConvPoolKernel<f16>>(g, s, backend);
+      case PLX_BF16:
+        return std::make_unique<DirectConvPoolKernel<bf16>>(g, s, backend);
+      default:
+        break;
+    }
+  } catch (const sdk::Unsupported& first) {
+    // Not a first layer: the small convolutions' kernel, image by image (ops/direct_small.cu).
+    try {
+      return make_small_conv_max_pool(backend, g, b, dtype);
+    } catch (const sdk::Unsupported& small) {
+      throw sdk::Unsupported(sdk::format("%s; image by image: %s", first.what(), small.what()));
+    }
   }
   throw sdk::Unsupported(
       sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));

@@ -2,7 +2,8 @@
 // first layer of a network, where C = 1 or 3 and K = C·KH·KW is too short for a Tensor Core
 // GEMM (the implicit-GEMM kernels need C % 8 == 0). Candidates "direct" for conv2d and
 // conv2d_backward_weight in f32, f16 and bf16, registered after cuDNN (the autotuner or
-// backend.kernels = "native" picks them).
+// backend.kernels = "native" picks them). The conv2d candidate also takes small 3x3 layers with
+// more taps, image by image (ops/direct_small.cu, declared below with its backward).
 #pragma once
 
 #include <memory>
@@ -46,10 +47,23 @@ std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::
                                                const sdk::Boundary& b, const std::string& impl,
                                                plx_dtype& dtype);
 
-// The backward of a small 3x3 convolution image by image in shared memory (ops/direct_bwd.cu):
+// Small 3x3 convolutions image by image in shared memory (ops/direct_small.cu). The backward:
 // a "direct" candidate for conv2d_backward_data (stride 1, padding 0 to 2, one image's dy planes
 // and the filter within a block's shared memory), registered after the igemm and direct ones.
 void register_direct_backward(KernelRegistry& r);
+
+// The small convolutions' forward image by image (ops/direct_small.cu), where the first-layer
+// kernels decline (K = C·KH·KW > 32): 3x3, stride 1, padding 0 to 2, an image's x planes and the
+// filter within a block's shared memory; each thread a 2x2 tile of outputs for 4 (or 1) output
+// channels. make_direct_conv and the "direct" conv2d candidate fall back to it; with the ReLU
+// (`relu`) in its epilogue.
+std::unique_ptr<Kernel> make_small_conv(const NodeInfo& node, CudaBackend& backend, bool relu);
+
+// The same with the 2x2 stride-2 max pool after it (a {conv2d, [relu,] max_pool2d} group): each
+// thread's tile is a pooling window, so the pre-pool tensor never exists; y and the indices are
+// those of the small conv, ReLU and pool kernels run one by one. Sets `dtype`.
+std::unique_ptr<Kernel> make_small_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                 const sdk::Boundary& b, plx_dtype& dtype);
 
 // A fused {max_pool2d_backward, conv2d_backward_data, [conv2d_backward_weight], [bias gradient
 // sum]} group (sdk::find_max_pool_conv_backward) as one launch of that kernel: each block stages

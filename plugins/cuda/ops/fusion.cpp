@@ -787,7 +787,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
       return k && k->impl ? k->impl : "";
     };
     // A small conv's backward with its pool, dx included, where the host gave the data (or the
-    // weight) gradient to the direct kernels: one launch, image by image (ops/direct_bwd.cu).
+    // weight) gradient to the direct kernels: one launch, image by image (ops/direct_small.cu).
     if (d >= 0 && (impl_of(d) == "direct" || impl_of(w) == "direct")) {
       try {
         plx_dtype dt = dtype;

@@ -6,7 +6,7 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 direct_conv direct_bwd
+    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 direct_conv direct_small
     wgmma_gemm)
 # Headers with kernels and launches in them, included by several of those files: translated to
 # emu/ops/NAME.cuh, which the translated files' `#include "ops/NAME.cuh"` finds first (a quoted
@@ -180,7 +180,9 @@ foreach(t
     "a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits"
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
-    "cuda direct backward data declines what it does not handle"
+    "cuda direct small convolutions decline what they do not handle"
+    "cuda direct convolutions of small layers match the cpu in every layout mix"
+    "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
     "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "cuda max-pool kernels match the cpu in every layout mix"
     "cuda max-pool kernels decline strides that are neither nchw nor channels-last"
@@ -245,6 +247,8 @@ foreach(t
     "cuda direct convolutions match the cpu reference in every layout mix"
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
     "the max pool backward of a small conv and its three gradients run as one direct kernel"
+    "cuda direct convolutions of small layers match the cpu in every layout mix"
+    "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
     "cuda max-pool kernels match the cpu in every layout mix")
   add_test(NAME "cuda emulator, warps drifting apart: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
@@ -272,12 +276,12 @@ foreach(t
   set_tests_properties("cuda emulator, 37 SMs: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endforeach()
 
-# The small convolutions' backward (ops/direct_bwd.cu) on one emulated SM: its blocks then loop
-# over several images each, data and weight gradients alike (on four SMs the test batches give
-# most blocks one image).
+# The small convolutions' kernels (ops/direct_small.cu) on one emulated SM: their blocks then loop
+# over several images each (on four SMs the test batches give most blocks one image).
 foreach(t
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
-    "the max pool backward of a small conv and its three gradients run as one direct kernel")
+    "the max pool backward of a small conv and its three gradients run as one direct kernel"
+    "a small conv with its relu and max pool runs as one direct kernel with the unfused bits")
   add_test(NAME "cuda emulator, 1 SM: ${t}"
     COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
             PLEXUS_EMU_SMS=1 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
@@ -320,6 +324,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
       "cuda direct backward data of small convolutions matches the cpu in every layout mix"
       "the max pool backward of a small conv and its three gradients run as one direct kernel"
+      "cuda direct convolutions of small layers match the cpu in every layout mix"
+      "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
       "every cuda tensor core gemm candidate matches the cpu"
       "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")

@@ -1,16 +1,24 @@
-// CUDA kernels: the backward of a small 3x3 convolution, image by image in shared memory, as
-// candidates ("direct") beside cuDNN and the implicit-GEMM tiles for
+// CUDA kernels: small 3x3 convolutions image by image in shared memory, as candidates ("direct")
+// beside cuDNN and the implicit-GEMM tiles for
 //
+//   conv2d                                where the first-layer kernel (direct_conv.cu) declines
+//   conv2d+[relu+]max_pool2d              the conv, its ReLU and a 2x2 stride-2 max pool in one launch
 //   conv2d_backward_data                  dx = convᵀ(dy, w)
 //   max_pool2d_backward+conv2d_backward   the pool's backward, dx, dw and db in one launch
 //
-// Why: simplecnn's second layer (16 -> 32 channels, 13x13, batch 128) is tiny: its whole
-// backward is 0.29 GFLOP over 3.5 MB of tensors, yet on the H100 its group (the pool's backward,
-// then cuDNN's data and weight gradients) took 0.082 ms of the 0.186 ms step (the first GPU run,
-// docs/benchmarks.md): three launches, each too small to fill the GPU, a weight gradient whose
-// long reduction (15,488 pixels) runs on few blocks, and the unpooled gradient written and read
-// back between them. Here one image's tensors fit in shared memory, so a block stages them once
-// and computes everything the image contributes, on the CUDA cores in f32:
+// Why: simplecnn's second layer (16 -> 32 channels, 13x13, batch 128) is tiny: its backward is
+// 0.29 GFLOP over 3.5 MB of tensors, its forward half that, yet on the H100 its groups took
+// 0.082 ms (the pool's backward, then cuDNN's data and weight gradients) and 0.025 ms (cuDNN's
+// conv, then the pool) of the 0.186 ms step (the first GPU run, docs/benchmarks.md): several
+// launches, each too small to fill the GPU, a weight gradient whose long reduction (15,488
+// pixels) runs on few blocks, the pre-pool tensor and the unpooled gradient written and read back
+// between them. Here one image's tensors fit in shared memory, so a block stages them once and
+// computes everything the image contributes, on the CUDA cores in f32:
+//
+// Forward (small_conv_forward_kernel): a block per image, x as C zero-padded planes, the filter as
+// [c][tap][o]; a thread computes a 2x2 tile of outputs for CB output channels (per input channel
+// a 4x4 patch of x and 9 filter loads feed 36·CB FMAs), adds the bias, rounds once, and either
+// stores the tile (through the ReLU when asked) or pools it as the 2x2 window it is.
 //
 // Data gradient (blocks [w_blocks, w_blocks + d_blocks)): image n's dy, unpooled through the
 // pool's indices as it is staged when the pool's backward is fused, sits in shared memory as O
@@ -36,13 +44,14 @@
 //
 // What it takes: 3x3 filters, stride 1, dilation 1, groups 1, padding 0..2; one image's planes
 // within the device's shared memory per block; ⌈O/2⌉·C <= 256 (a thread per weight-gradient
-// unit). Windows of stride = kernel, without padding or dilation, for the fused pool (each conv
-// pixel in at most one window). Anything else declines with the reason, and the other kernels
-// (the chunked group for the pool) run it.
+// unit). Windows of stride = kernel, without padding or dilation, for the fused pool's backward
+// (each conv pixel in at most one window); 2x2 windows of stride 2 for the forward's. Anything
+// else declines with the reason, and the other kernels (the chunked groups for the pool) run it.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "device.cuh"
 #include "ops/conv_strides.hpp"
@@ -328,6 +337,161 @@ __global__ void __launch_bounds__(kBlock) small_conv_backward_kernel(const Small
   data_gradient<T, CB>(a, dyp, wsm);
 }
 
+// ---- forward: image n's conv outputs in 2x2 tiles, optionally through the 2x2 max pool ----
+//
+// Item i: output channels [g·CB, g·CB + CB) of the 2x2 tile (tr, tc) of conv outputs
+// (2·tr + dy, 2·tc + dx). Per input channel the tile's 4x4 patch of x feeds the 9 taps of its 4
+// outputs: 16 shared loads and 9 filter loads (CB channels each, one address across a warp) for
+// 36·CB FMAs. Each output is Σ_c Σ_kh,kw in that order, then the bias, rounded once to T (what y,
+// or the pre-pool tensor, holds). Pooling (windows 2x2 of stride 2, no padding: tile = window)
+// runs as direct_conv_pool_kernel does: the ReLU before the pool unless the pool has relu_mask,
+// the first maximum in window order (NaN wins), with relu_mask the ReLU on the maximum and no
+// index where y is not > 0; taps past the conv's output (ceil mode) are no candidates.
+struct NoIndex {};
+
+template <class T>
+struct SmallFwdArgs {
+  const T* x;     // (N, C, H, W)
+  const T* w;     // (O, C, 3, 3)
+  const T* bias;  // (O) or null
+  T* y;           // (N, O, OH, OW), or pooled (N, O, PH, PW)
+  void* idx;      // the pool's indices (N, O, PH, PW), u8 taps or i32 positions
+  int N, C, H, W, O, OH, OW, ph, pw;
+  int64_t x_n, x_c, x_h, x_w;
+  bool x_nhwc;
+  int64_t w_o, w_c, w_h, w_w;
+  int64_t y_n, y_c, y_h, y_w;  // y's (or the pooled y's) element strides
+  int64_t i_n, i_c, i_h, i_w;  // the indices'
+  int TH, TW;                  // tiles per image (the pooled extents when pooling)
+  int XH, XW, xplane;          // x planes in shared memory, zero outside the image
+  int64_t wsm_offset;          // floats from the x planes to the filter ([c][tap][o]) and bias
+  bool relu;                   // plain: y = relu(conv + b); pooling: the ReLU before the pool
+  bool relu_after, relu_mask;  // pooling: the ReLU on the maximum; indices none where y <= 0
+};
+
+__device__ __forceinline__ bool beats_small(float v, float best) {
+  return v > best || (v != v && best == best);  // larger, or the first NaN
+}
+__device__ __forceinline__ void put_index(void* idx, int64_t at, int32_t pos, int tap, bool none,
+                                          uint8_t*) {
+  static_cast<uint8_t*>(idx)[at] = none ? uint8_t{255} : static_cast<uint8_t>(tap);
+}
+__device__ __forceinline__ void put_index(void* idx, int64_t at, int32_t pos, int, bool none,
+                                          int32_t*) {
+  static_cast<int32_t*>(idx)[at] = none ? -1 : pos;
+}
+
+template <class T, int CB, class Ix>
+__global__ void __launch_bounds__(kBlock) small_conv_forward_kernel(const SmallFwdArgs<T> a) {
+  extern __shared__ __align__(16) float small_fwd_smem[];
+  constexpr bool kPool = !std::is_same_v<Ix, NoIndex>;
+  float* xs = small_fwd_smem;
+  float* wsm = small_fwd_smem + a.wsm_offset;
+  float* bsm = wsm + static_cast<int64_t>(a.C) * kTaps * a.O;
+  {
+    const int total = a.O * a.C * kTaps;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+      const int ct = e / a.O, o = e - ct * a.O, c = ct / kTaps, t = ct - c * kTaps;
+      const int kh = t / 3, kw = t - kh * 3;
+      wsm[e] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
+    }
+    for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
+  }
+  const int tiles = a.TH * a.TW, items = (a.O / CB) * tiles;
+  for (int n = blockIdx.x; n < a.N; n += gridDim.x) {  // uniform over the block
+    __syncthreads();  // the filter is in, and the previous image's readers are done
+    zero(xs, a.C * a.xplane);
+    __syncthreads();
+    {
+      const int total = a.C * a.H * a.W, HW = a.H * a.W;
+      for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int c, p;  // in x's memory order
+        if (a.x_nhwc) p = e / a.C, c = e - p * a.C;
+        else c = e / HW, p = e - c * HW;
+        const int ih = p / a.W, iw = p - ih * a.W;
+        xs[c * a.xplane + (ih + a.ph) * a.XW + iw + a.pw] =
+            load(a.x, n * a.x_n + c * a.x_c + ih * a.x_h + iw * a.x_w);
+      }
+    }
+    __syncthreads();
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+      const int g = it / tiles, t = it - g * tiles, tr = t / a.TW, tc = t - tr * a.TW;
+      const int oh0 = 2 * tr, ow0 = 2 * tc;
+      float acc[4][CB];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int j = 0; j < CB; ++j) acc[q][j] = 0.f;
+      const float* xp = xs + oh0 * a.XW + ow0;
+      const float* wc = wsm + g * CB;
+      for (int c = 0; c < a.C; ++c, xp += a.xplane, wc += kTaps * a.O) {
+        float p[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int s = 0; s < 4; ++s) p[r][s] = xp[r * a.XW + s];
+#pragma unroll
+        for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+          for (int kw = 0; kw < 3; ++kw) {
+            float wv[CB];
+            const float* wt = wc + (kh * 3 + kw) * a.O;
+            if constexpr (CB == 4) {
+              const float4 q = *reinterpret_cast<const float4*>(wt);
+              wv[0] = q.x, wv[1] = q.y, wv[2] = q.z, wv[3] = q.w;
+            } else {
+#pragma unroll
+              for (int j = 0; j < CB; ++j) wv[j] = wt[j];
+            }
+#pragma unroll
+            for (int dy = 0; dy < 2; ++dy)
+#pragma unroll
+              for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                for (int j = 0; j < CB; ++j)
+                  acc[dy * 2 + dx][j] = fmaf(p[dy + kh][dx + kw], wv[j], acc[dy * 2 + dx][j]);
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < CB; ++j) {
+        const int o = g * CB + j;
+        float v[4];
+        bool in[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int oh = oh0 + q / 2, ow = ow0 + q % 2;
+          in[q] = oh < a.OH && ow < a.OW;
+          v[q] = to_accum<T>(from_accum<T>(acc[q][j] + bsm[o]));  // what y holds
+        }
+        if constexpr (!kPool) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            if (in[q]) {
+              const float out = a.relu ? (v[q] > 0.f ? v[q] : 0.f) : v[q];
+              store(a.y, n * a.y_n + o * a.y_c + (oh0 + q / 2) * a.y_h + (ow0 + q % 2) * a.y_w,
+                    out);
+            }
+        } else {
+          float best = -INFINITY;
+          int tap = -1;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (!in[q]) continue;
+            const float u = a.relu ? (v[q] > 0.f ? v[q] : 0.f) : v[q];
+            if (tap < 0 || beats_small(u, best)) best = u, tap = q;
+          }
+          const float out =
+              to_accum<T>(from_accum<T>(a.relu_after && !(best > 0.f) ? 0.f : best));
+          store(a.y, n * a.y_n + o * a.y_c + tr * a.y_h + tc * a.y_w, out);
+          const int32_t pos = (oh0 + tap / 2) * a.OW + ow0 + tap % 2;
+          put_index(a.idx, n * a.i_n + o * a.i_c + tr * a.i_h + tc * a.i_w, pos, tap,
+                    tap < 0 || (a.relu_mask && !(out > 0.f)), static_cast<Ix*>(nullptr));
+        }
+      }
+    }
+  }
+}
+
 // ---- the kernel objects ----
 
 // The pool's backward fused before the convolution's: its node and the pooled gradient and
@@ -559,6 +723,159 @@ class SmallConvBackwardKernel final : public Kernel {
   BlockCounter done_;
 };
 
+// Where the call's tensors are (-1: absent).
+struct SmallFwdSlots {
+  int32_t x = 0, w = 1, b = 2, y = 0, idx = -1;
+};
+
+template <class T>
+class SmallConvForwardKernel final : public Kernel {
+ public:
+  // `conv`: the conv2d node (x, w, [b] -> y), for its tensors' shapes and attributes; `relu`: a
+  // ReLU after the conv (before the pool, or on its maximum with relu_mask); `pool`: the max
+  // pool after it (null: y is the conv's output), with its output `py` and indices `pidx`.
+  SmallConvForwardKernel(const NodeInfo& conv, CudaBackend& backend, bool relu,
+                         const NodeInfo* pool, const plx_tensor* py, const plx_tensor* pidx,
+                         SmallFwdSlots slots, bool has_bias)
+      : device_(conv.device()), slots_(slots) {
+    const char* op = pool ? "conv2d+max_pool2d" : "conv2d";
+    const plx_tensor &x = conv.input(0), &w = conv.input(1), &y = conv.output(0);
+    PLX_REQUIRE(x.ndim == 4 && w.ndim == 4 && y.ndim == 4, "%s: x, w and y must be 4-D", op);
+    const int64_t xs[4] = {x.shape[0], x.shape[1], x.shape[2], x.shape[3]};
+    const int64_t ws[4] = {w.shape[0], w.shape[1], w.shape[2], w.shape[3]};
+    const sdk::Conv2dParams g(xs, ws, conv);
+    for (const plx_tensor* t : {&x, &w, &y})
+      PLX_DECLINE_UNLESS(t->dtype == dtype_v<T>, "%s: direct takes one dtype, %s", op,
+                         plexus::dtype_name(dtype_v<T>));
+    PLX_DECLINE_UNLESS(g.groups == 1, "%s: direct handles groups = 1 only", op);
+    PLX_DECLINE_UNLESS(g.KH == 3 && g.KW == 3,
+                       "%s: direct image by image takes 3x3 filters, not %lldx%lld", op,
+                       static_cast<long long>(g.KH), static_cast<long long>(g.KW));
+    PLX_DECLINE_UNLESS(g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1,
+                       "%s: direct image by image takes stride 1 and dilation 1", op);
+    PLX_DECLINE_UNLESS(g.ph <= 2 && g.pw <= 2, "%s: direct image by image takes padding 0 to 2",
+                       op);
+    if (has_bias) {
+      const plx_tensor& b = conv.input(2);
+      PLX_DECLINE_UNLESS(b.ndim == 1 && b.dtype == dtype_v<T> && (b.shape[0] <= 1 || b.strides[0] == 1),
+                         "%s: the bias must be contiguous and of the input's dtype", op);
+    }
+    PLX_DECLINE_UNLESS(fits_i32(g.N) && fits_i32(g.O * g.C * kTaps + g.O) &&
+                           fits_i32(g.C * (g.H + 8) * (g.W + 8)) && fits_i32(g.OH * g.OW),
+                       "%s: sizes beyond direct's 32-bit index math", op);
+    SmallFwdArgs<T> a{};
+    a.N = static_cast<int>(g.N), a.C = static_cast<int>(g.C), a.H = static_cast<int>(g.H);
+    a.W = static_cast<int>(g.W), a.O = static_cast<int>(g.O);
+    a.OH = static_cast<int>(g.OH), a.OW = static_cast<int>(g.OW);
+    a.ph = static_cast<int>(g.ph), a.pw = static_cast<int>(g.pw);
+    using sdk::nhwc_or_decline;
+    int64_t s[4];
+    a.x_nhwc = nhwc_or_decline(x, op, "x");
+    canonical_strides(xs, a.x_nhwc, s);
+    a.x_n = s[0], a.x_c = s[1], a.x_h = s[2], a.x_w = s[3];
+    canonical_strides(ws, nhwc_or_decline(w, op, "w"), s);
+    a.w_o = s[0], a.w_c = s[1], a.w_h = s[2], a.w_w = s[3];
+    if (!pool) {
+      const int64_t ys[4] = {g.N, g.O, g.OH, g.OW};
+      canonical_strides(ys, nhwc_or_decline(y, op, "y"), s);
+      a.y_n = s[0], a.y_c = s[1], a.y_h = s[2], a.y_w = s[3];
+      a.TH = (a.OH + 1) / 2, a.TW = (a.OW + 1) / 2;
+      a.relu = relu;
+    } else {
+      const auto kernel = pool->attr_ints("kernel"), pad = pool->attr_ints("padding"),
+                 dil = pool->attr_ints("dilation");
+      auto stride = pool->attr_ints("stride");
+      if (stride.empty()) stride = kernel;
+      PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+                  "max_pool2d: kernel, stride, padding and dilation must have 2 values");
+      PLX_DECLINE_UNLESS(kernel[0] == 2 && kernel[1] == 2 && stride == kernel &&
+                             pad[0] == 0 && pad[1] == 0 && dil[0] == 1 && dil[1] == 1,
+                         "%s: direct image by image pools 2x2 windows of stride 2, no padding",
+                         op);
+      PLX_REQUIRE(py && pidx && py->ndim == 4 && pidx->ndim == 4, "%s: 4-D y and indices", op);
+      PLX_DECLINE_UNLESS(pidx->dtype == PLX_U8 || pidx->dtype == PLX_I32,
+                         "max_pool2d: indices must be i32 or u8");
+      const int64_t ps[4] = {py->shape[0], py->shape[1], py->shape[2], py->shape[3]};
+      PLX_REQUIRE(ps[0] == g.N && ps[1] == g.O && 2 * ps[2] - 1 <= g.OH && 2 * ps[3] - 1 <= g.OW,
+                  "%s: the pooled y does not match the convolution", op);
+      canonical_strides(ps, nhwc_or_decline(*py, op, "y"), s);
+      a.y_n = s[0], a.y_c = s[1], a.y_h = s[2], a.y_w = s[3];
+      canonical_strides(ps, nhwc_or_decline(*pidx, op, "the indices"), s);
+      a.i_n = s[0], a.i_c = s[1], a.i_h = s[2], a.i_w = s[3];
+      a.TH = static_cast<int>(ps[2]), a.TW = static_cast<int>(ps[3]);
+      const bool mask = pool->attr_int_or("relu_mask", 0) != 0;
+      a.relu = relu && !mask;
+      a.relu_after = relu && mask;
+      a.relu_mask = mask;
+      u8_ = pidx->dtype == PLX_U8;
+    }
+    pool_ = pool != nullptr;
+    a.XH = std::max(a.H + 2 * a.ph, 2 * a.TH + 2);
+    a.XW = std::max(a.W + 2 * a.pw, 2 * a.TW + 2);
+    a.xplane = (a.XH * a.XW) | 1;
+    a.wsm_offset = (static_cast<int64_t>(a.C) * a.xplane + 3) / 4 * 4;
+    smem_ = static_cast<uint64_t>(a.wsm_offset + static_cast<int64_t>(a.C) * kTaps * a.O + a.O) *
+            sizeof(float);
+    use_device(device_);
+    const DeviceContext& ctx = backend.context(device_);
+    PLX_DECLINE_UNLESS(smem_ <= ctx.prop.sharedMemPerBlockOptin,
+                       "%s: direct image by image would need %llu bytes of shared memory per "
+                       "block, over the device's %llu",
+                       op, static_cast<unsigned long long>(smem_),
+                       static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
+    cb_ = a.O % 4 == 0 ? 4 : 1;
+    if (smem_ > 48 * 1024)
+      for_kernel([&]<int CB, class Ix>() {
+        PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_forward_kernel<T, CB, Ix>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_)));
+      });
+    grid_ = static_cast<unsigned>(std::min<int64_t>(g.N, kDataBlocksPerSm * sm_count(backend, device_)));
+    has_bias_ = has_bias;
+    a_ = a;
+  }
+
+  void compute(const KernelCall& c) override {
+    if (grid_ == 0 || a_.O == 0) return;  // y is empty
+    use_device(device_);
+    SmallFwdArgs<T> a = a_;
+    a.x = static_cast<const T*>(c.in(slots_.x).data);
+    a.w = static_cast<const T*>(c.in(slots_.w).data);
+    a.bias = has_bias_ ? static_cast<const T*>(c.in(slots_.b).data) : nullptr;
+    a.y = static_cast<T*>(c.out(slots_.y).data);
+    if (pool_) a.idx = c.out(slots_.idx).data;
+    const cudaStream_t s = native(c.stream);
+    for_kernel([&]<int CB, class Ix>() {
+      small_conv_forward_kernel<T, CB, Ix><<<grid_, kBlock, smem_, s>>>(a);
+    });
+    PLX_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
+  // f.template operator()<CB, Ix>(): the kernel this object launches, by its template arguments.
+  template <class F>
+  void for_kernel(F&& f) const {
+    if (!pool_) {
+      if (cb_ == 4) f.template operator()<4, NoIndex>();
+      else f.template operator()<1, NoIndex>();
+    } else if (u8_) {
+      if (cb_ == 4) f.template operator()<4, uint8_t>();
+      else f.template operator()<1, uint8_t>();
+    } else {
+      if (cb_ == 4) f.template operator()<4, int32_t>();
+      else f.template operator()<1, int32_t>();
+    }
+  }
+
+  int32_t device_;
+  SmallFwdSlots slots_;
+  SmallFwdArgs<T> a_{};
+  bool pool_ = false, u8_ = false, has_bias_ = false;
+  int cb_ = 1;
+  uint64_t smem_ = 0;
+  unsigned grid_ = 0;
+};
+
 // conv2d_backward_data (dy, w) -> dx, registered as "direct".
 template <class T>
 class DirectDgradKernel final : public Kernel {
@@ -619,6 +936,52 @@ std::unique_ptr<Kernel> make_pool_backward(CudaBackend& backend, const sdk::Grap
 }
 
 }  // namespace
+
+std::unique_ptr<Kernel> make_small_conv(const NodeInfo& node, CudaBackend& backend, bool relu) {
+  const bool bias = node.has_input(2);
+  const SmallFwdSlots sl{0, 1, bias ? 2 : -1, 0, -1};
+  switch (node.input(0).dtype) {
+    case PLX_F32:
+      return std::make_unique<SmallConvForwardKernel<float>>(node, backend, relu, nullptr, nullptr,
+                                                             nullptr, sl, bias);
+    case PLX_F16:
+      return std::make_unique<SmallConvForwardKernel<f16>>(node, backend, relu, nullptr, nullptr,
+                                                           nullptr, sl, bias);
+    case PLX_BF16:
+      return std::make_unique<SmallConvForwardKernel<bf16>>(node, backend, relu, nullptr, nullptr,
+                                                            nullptr, sl, bias);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("conv2d: no direct %s kernel", plexus::dtype_name(node.input(0).dtype)));
+}
+
+std::unique_ptr<Kernel> make_small_conv_max_pool(CudaBackend& backend, const sdk::GraphView& g,
+                                                 const sdk::Boundary& b, plx_dtype& dtype) {
+  const sdk::ConvMaxPoolSlots s = sdk::conv_max_pool_slots(g, b);
+  const sdk::OwnedNodeInfo conv_info(g, s.conv), pool_info(g, s.pool);
+  const NodeInfo conv(&conv_info.get()), pool(&pool_info.get());
+  const SmallFwdSlots sl{s.x, s.w, s.bias, s.y, s.indices};
+  const plx_tensor &y = pool.output(0), &ix = pool.output(1);
+  const bool relu = s.relu >= 0, bias = s.bias >= 0;
+  dtype = s.dtype;
+  switch (dtype) {
+    case PLX_F32:
+      return std::make_unique<SmallConvForwardKernel<float>>(conv, backend, relu, &pool, &y, &ix,
+                                                             sl, bias);
+    case PLX_F16:
+      return std::make_unique<SmallConvForwardKernel<f16>>(conv, backend, relu, &pool, &y, &ix, sl,
+                                                           bias);
+    case PLX_BF16:
+      return std::make_unique<SmallConvForwardKernel<bf16>>(conv, backend, relu, &pool, &y, &ix, sl,
+                                                            bias);
+    default:
+      break;
+  }
+  throw sdk::Unsupported(
+      sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));
+}
 
 void register_direct_backward(KernelRegistry& r) {
   add_dtype<float>(r);

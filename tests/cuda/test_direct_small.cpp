@@ -1,16 +1,20 @@
-// The backward of small 3x3 convolutions image by image (plugins/cuda/ops/direct_bwd.cu): the
-// "direct" candidate of conv2d_backward_data against the CPU in every layout mix, its declines,
-// and the fused max_pool2d_backward + conv2d_backward group as one launch (dx, dw and db) against
-// the same graph run node by node and against the CPU. Outputs and workspace start as NaN (0xFF
+// Small 3x3 convolutions image by image (plugins/cuda/ops/direct_small.cu): the "direct"
+// candidates of conv2d (where the first-layer kernel declines) and conv2d_backward_data against
+// the CPU in every layout mix, their declines, the conv + [ReLU +] max pool forward as one launch
+// and the fused max_pool2d_backward + conv2d_backward group as one launch (dx, dw and db), each
+// against the same graph run node by node and against the CPU. Outputs and workspace start as NaN (0xFF
 // bytes), so an element left unwritten, or scratch read before it is written, fails.
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/compare.hpp"
 #include "cuda/conv_geometry.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/fused_pair.hpp"
 #include "cuda/layout_candidate.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/executor.hpp"
@@ -76,7 +80,44 @@ TEST_CASE("cuda direct backward data of small convolutions matches the cpu in ev
   CHECK(runs == 3 * 8 * static_cast<int>(geometries().size()));
 }
 
-TEST_CASE("cuda direct backward data declines what it does not handle", "[cuda]") {
+// conv2d on "direct": these layers have more than the first-layer kernel's 32 taps (but one,
+// C = 3, which it takes), so the image-by-image kernel runs them, with and without a bias.
+TEST_CASE("cuda direct convolutions of small layers match the cpu in every layout mix", "[cuda]") {
+  PLX_REQUIRE_CUDA(gpu);
+  const OpSchema& s = runtime().ops().get("conv2d");
+  uint64_t seed = 20261129;
+  int runs = 0;
+  for (plx_dtype d : {PLX_F32, PLX_F16, PLX_BF16}) {
+    const plx_kernel* k = kernel_by_impl(gpu, "conv2d", d, kImpl);
+    REQUIRE(k != nullptr);
+    for (const Geo& g : geometries()) {
+      const ConvCase c = make_case(g, d, seed);
+      const int64_t terms = g.x[1] * g.kh * g.kw + 1;
+      for (int mix = 0; mix < 8; ++mix) {
+        const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+        const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);
+        for (bool bias : {false, true}) {
+          INFO(dtype_name(d) << ": " << describe(g) << ", " << layout_name(l)
+                             << (bias ? ", bias" : ""));
+          Tensor y = poisoned(gpu, c.y_shape, d, l.y);
+          const std::string why = run_candidate(gpu, s, k, {gx, gw, bias ? c.b.to(gpu) : Tensor()},
+                                                {y}, c.geo);
+          INFO("declined: " << why);
+          REQUIRE(why.empty());
+          const std::string diff = cmp::compare_tensors(y.contiguous().to(cpu()),
+                                                        bias ? c.want_yb : c.want_y,
+                                                        cmp::tolerance_for(d, terms, false));
+          INFO(diff);
+          CHECK(diff.empty());
+          ++runs;
+        }
+      }
+    }
+  }
+  CHECK(runs == 3 * 8 * 2 * static_cast<int>(geometries().size()));
+}
+
+TEST_CASE("cuda direct small convolutions decline what they do not handle", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
   const OpSchema& s = runtime().ops().get("conv2d_backward_data");
   const plx_dtype d = PLX_F32;
@@ -92,8 +133,9 @@ TEST_CASE("cuda direct backward data declines what it does not handle", "[cuda]"
       {{{2, 4, 9, 9}, 8, 5, 5, {1, 1}, {2, 2}}, "3x3 filters"},
       {{{2, 4, 9, 9}, 8, 3, 3, {1, 1}, {3, 3}}, "padding 0 to 2"},
       {{{2, 4, 9, 9}, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2}, "groups = 1"},
-      // convnet's second layer at 28x28: 64 dy planes and the filter are over a block's memory.
-      {{{2, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}}, "bytes of shared memory"},
+      // 64 -> 128 channels at 28x28: 128 dy planes (backward) or 64 x planes (forward) and the
+      // filter are over a block's memory.
+      {{{2, 64, 28, 28}, 128, 3, 3, {1, 1}, {1, 1}}, "bytes of shared memory"},
   };
   uint64_t seed = 7;
   for (const Decline& c : cases) {
@@ -104,6 +146,15 @@ TEST_CASE("cuda direct backward data declines what it does not handle", "[cuda]"
     attrs.set("input_shape", Ints(c.g.x));
     Tensor dx = poisoned(gpu, c.g.x, d, false);
     CHECK_THAT(run_candidate(gpu, s, k, {dy, w}, {dx}, attrs), PLX_CONTAINS(c.reason));
+    // conv2d's "direct" declines the same layers (their 36 to 128 taps are over the first-layer
+    // kernel's 32 too), naming both kernels' reasons.
+    const Tensor x = random_tensor(c.g.x, d, ++seed).to(gpu);
+    Tensor y = poisoned(gpu, out_shape(c.g), d, false);
+    const std::string why = run_candidate(gpu, runtime().ops().get("conv2d"),
+                                          kernel_by_impl(gpu, "conv2d", d, kImpl),
+                                          {x, w, Tensor()}, {y}, geo_attrs(c.g));
+    CHECK_THAT(why, PLX_CONTAINS("image by image"));
+    CHECK_THAT(why, PLX_CONTAINS(c.reason));
   }
 }
 
@@ -149,6 +200,25 @@ ExecutableOptions untuned(bool fuse) {
   o.tune = false;  // the cache's choices, else each node's first kernel
   o.fuse = fuse;
   return o;
+}
+
+// Runtime options whose tuning cache gives node `node` of the graph `build` makes to "direct",
+// as the tuner would keep it: the node's key comes from a run that leaves it to its first kernel.
+RuntimeOptions pinned_options(const TempDir& dir, const std::function<void(Graph&)>& build,
+                              const std::string& node) {
+  std::string key;
+  {
+    Runtime rt(auto_options(dir / "probe.tsv"));
+    Graph g(rt.ops());
+    build(g);
+    TensorStore store;
+    Executable e(rt.backend("cuda"), g, store, untuned(true));
+    for (const Executable::KernelReport& k : e.kernel_choices())
+      if (k.node == node) key = k.choice.key;
+  }
+  REQUIRE(!key.empty());
+  std::ofstream(dir / "pinned.tsv") << key << "\t" << kImpl << "\t1\n";
+  return auto_options(dir / "pinned.tsv");
 }
 
 }  // namespace
@@ -203,20 +273,10 @@ TEST_CASE(
     for (const C& c : cases) {
       DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
         TempDir dir("direct-bwd");
-        // The data gradient's tuning key, from a run that leaves it to its first kernel.
-        std::string key;
-        {
-          Runtime rt(auto_options(dir / "probe.tsv"));
-          Graph g(rt.ops());
-          build_pool_backward(g, d, c.x, c.o, c.padding, c.pool);
-          TensorStore store;
-          Executable e(rt.backend("cuda"), g, store, untuned(true));
-          for (const Executable::KernelReport& k : e.kernel_choices())
-            if (k.node == "c.dgrad") key = k.choice.key;
-        }
-        REQUIRE(!key.empty());
-        std::ofstream(dir / "pinned.tsv") << key << "\t" << kImpl << "\t1\n";
-        Runtime rt(auto_options(dir / "pinned.tsv"));
+        Runtime rt(pinned_options(
+            dir,
+            [&](Graph& g) { build_pool_backward(g, d, c.x, c.o, c.padding, c.pool); },
+            "c.dgrad"));
         Backend& gpu = rt.backend("cuda");
         Graph g(rt.ops());
         const Shape ps = build_pool_backward(g, d, c.x, c.o, c.padding, c.pool);
@@ -266,6 +326,92 @@ TEST_CASE(
             CHECK(cmp::compare_tensors(fused.tensor(out), ref.tensor(out),
                                        cmp::Tolerance{INFINITY, 0, 1e-10, false}) == "");
           }
+        }
+      }
+    }
+}
+
+// The forward of such a layer with its ReLU and 2x2 max pool, the conv given to "direct" (pinned
+// through the tuning cache), runs as one launch whose thread tiles are the pooling windows: y and
+// the indices have the bits of the same graph run node by node (the image-by-image conv writing
+// the pre-pool tensor, the ReLU, the pool), and in f32 those of the CPU within rounding. Windows
+// other than 2x2 of stride 2 run as the chunked group.
+TEST_CASE("a small conv with its relu and max pool runs as one direct kernel with the unfused bits",
+          "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  (void)probe;  // the runtimes below are each case's own
+  struct C {
+    Shape x;
+    int64_t o, padding;
+    bool relu;
+    Attrs pool;
+    bool direct;
+    const char* what;
+  };
+  const Attrs training{
+      {"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}};
+  const C cases[] = {
+      {{12, 16, 13, 13}, 32, 0, true, training, true, "simplecnn's second layer, training form"},
+      {{3, 8, 9, 11}, 6, 1, true, Attrs{{"kernel", Ints{2, 2}}}, true,
+       "i32 positions, ReLU before the pool, O not a multiple of 4"},
+      {{2, 12, 7, 8}, 8, 1, false,
+       Attrs{{"kernel", Ints{2, 2}}, {"ceil_mode", int64_t{1}}, {"window_index", int64_t{1}}},
+       true, "no ReLU, ceil_mode: a partial last window row"},
+      {{2, 8, 12, 12}, 8, 1, true, Attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}}, false,
+       "overlapping windows: the chunked group"},
+  };
+  for (plx_dtype d : {PLX_F32, PLX_BF16})
+    for (const C& c : cases) {
+      DYNAMIC_SECTION(dtype_name(d) << ": " << c.what) {
+        TempDir dir("direct-fwd");
+        auto build = [&](Graph& g) { add_conv_relu_pool(g, d, c.x, c.o, c.padding, c.relu, c.pool); };
+        Runtime rt(pinned_options(dir, build, "c"));
+        Backend& gpu = rt.backend("cuda");
+        Graph g(rt.ops());
+        build(g);
+        TensorStore store;
+        Executable fused(gpu, g, store, untuned(true)), plain(gpu, g, store, untuned(false));
+        std::string names;
+        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        INFO(names);
+        const std::string want = c.relu ? "conv2d+relu+max_pool2d:direct" : "conv2d+max_pool2d:direct";
+        if (c.direct) {
+          CHECK_THAT(names, PLX_CONTAINS(want));
+          CHECK(fused.kernel_names().size() == 1);
+        } else {
+          CHECK_THAT(names, !PLX_CONTAINS(want));
+        }
+        const std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 31, -1, 1);
+        for (Executable* e : {&fused, &plain}) {
+          fill(e->tensor("x"), vx);
+          e->run();
+          e->sync();
+        }
+        auto bytes = [](const Tensor& t) {
+          const Tensor h = t.contiguous().to(cpu());
+          std::vector<uint8_t> b(h.nbytes());
+          h.copy_to_host(b.data());
+          return b;
+        };
+        const int64_t taps = c.x[1] * 9;
+        if (c.direct) {
+          CHECK(bytes(fused.tensor("y")) == bytes(plain.tensor("y")));
+          CHECK(bytes(fused.tensor("idx")) == bytes(plain.tensor("idx")));
+        } else {
+          CHECK(cmp::compare_tensors(fused.tensor("y"), plain.tensor("y"),
+                                     cmp::tolerance_for(d, taps + 1, false)) == "");
+        }
+        if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
+          TensorStore cpu_store;
+          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
+          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
+          fill(ref.tensor("x"), vx);
+          ref.run();
+          ref.sync();
+          CHECK(cmp::compare_tensors(fused.tensor("y"), ref.tensor("y"),
+                                     cmp::tolerance_for(PLX_F32, taps + 1, false)) == "");
+          CHECK(cmp::compare_tensors(fused.tensor("idx"), ref.tensor("idx"),
+                                     cmp::Tolerance{0, 0, 0, true}) == "");
         }
       }
     }
