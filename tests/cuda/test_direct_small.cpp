@@ -33,7 +33,8 @@ constexpr const char* kImpl = "direct";
 
 // simplecnn's second layer (no padding, 16 -> 32: 8 channels a thread), convnet-like padding 1,
 // padding 2 on one side with 12 channels (4 a thread) and an odd O, 6 channels (2 a thread), 3
-// (1 a thread) on a wide row, one output pixel, an empty batch.
+// (1 a thread) on a wide row, one output pixel, an empty batch, and one whose planes take more
+// than 48 KiB of shared memory (the kernels opt into more).
 const std::vector<Geo>& geometries() {
   static const std::vector<Geo> g = {
       {{3, 16, 13, 13}, 32, 3, 3, {1, 1}, {0, 0}},  // simplecnn conv2
@@ -43,6 +44,8 @@ const std::vector<Geo>& geometries() {
       {{1, 3, 4, 9}, 4, 3, 3, {1, 1}, {0, 2}},
       {{2, 5, 3, 3}, 3, 3, 3, {1, 1}, {0, 0}},  // one output pixel
       {{0, 8, 6, 6}, 8, 3, 3, {1, 1}, {1, 1}},  // empty batch
+      // resnet's 16-channel 28x28 layer: over 48 KiB of planes, opted into
+      {{1, 16, 28, 28}, 16, 3, 3, {1, 1}, {1, 1}},
   };
   return g;
 }
