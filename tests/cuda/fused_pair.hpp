@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,8 +17,9 @@ namespace plexus::test {
 
 class FusedPair {
  public:
-  FusedPair(Backend& b, const Graph& g)
-      : fused_(b, g, store_, ExecutableOptions{}), plain_(b, g, store_, unfused()) {}
+  // `options`: both executables' (the plain one's without fusion).
+  FusedPair(Backend& b, const Graph& g, ExecutableOptions options = {})
+      : fused_(b, g, store_, options), plain_(b, g, store_, unfused(options)) {}
 
   // The fused executable's kernels, one per line (for INFO and PLX_CONTAINS).
   std::string names() const {
@@ -45,9 +47,22 @@ class FusedPair {
   Executable& plain() { return plain_; }
   TensorStore& store() { return store_; }
 
+  // The graph on `cpu` with the parameters these runs used and the named inputs, run to
+  // completion: the CPU reference (kept until the next call).
+  Executable& reference(Backend& cpu, const Graph& g,
+                        const std::vector<std::pair<const char*, std::vector<double>>>& inputs) {
+    ref_.reset();
+    ref_store_ = std::make_unique<TensorStore>();
+    ref_ = std::make_unique<Executable>(cpu, g, *ref_store_, ExecutableOptions{});
+    for (const auto& [name, t] : store_.all()) fill(ref_store_->get(name), t.to_doubles());
+    for (const auto& [name, v] : inputs) fill(ref_->tensor(name), v);
+    ref_->run();
+    ref_->sync();
+    return *ref_;
+  }
+
  private:
-  static ExecutableOptions unfused() {
-    ExecutableOptions o;
+  static ExecutableOptions unfused(ExecutableOptions o) {
     o.fuse = false;
     return o;
   }
@@ -60,6 +75,8 @@ class FusedPair {
 
   TensorStore store_;
   Executable fused_, plain_;
+  std::unique_ptr<TensorStore> ref_store_;  // before ref_, which holds a reference to it
+  std::unique_ptr<Executable> ref_;
 };
 
 // x -> conv2d (3x3, `padding`, with bias) -> [relu ->] max_pool2d(`pool`) in dtype d, outputs

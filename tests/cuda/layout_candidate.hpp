@@ -3,7 +3,7 @@
 // NCHW contiguous or channels-last (NHWC in memory, the same logical shape), as the layout
 // planner hands them. Outputs and the workspace start as NaN (0xFF bytes), so an element a kernel
 // leaves unwritten, or scratch it reads before writing, fails the comparison. Shared by
-// test_igemm_conv.cpp and test_cuda_pool_layout.cpp.
+// test_igemm_conv.cpp, test_cuda_pool_layout.cpp, test_direct_conv.cpp and test_direct_small.cpp.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "plexus/dispatch.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/plugin.hpp"
+#include "cuda/compare.hpp"
 #include "plexus/tensor.hpp"
 #include "support/harness.hpp"
 
@@ -114,6 +115,23 @@ inline bool same_bits_twice(Backend& gpu, const OpSchema& s, const plx_kernel* k
     out.copy_to_host(bytes.data());
   }
   return runs[0] == runs[1];
+}
+
+// Runs kernel `k`, which must accept, into a NaN-poisoned output of `out_shape` in the layout
+// `out_nhwc` says, and checks it against `want` (on the CPU) within the tolerance of `d` for sums
+// of `terms` terms.
+inline void check_candidate(Backend& gpu, const OpSchema& s, const plx_kernel* k, plx_dtype d,
+                            const std::vector<Tensor>& in, const Shape& out_shape, bool out_nhwc,
+                            const Attrs& attrs, const Tensor& want, int64_t terms) {
+  REQUIRE(k != nullptr);
+  Tensor out = poisoned(gpu, out_shape, d, out_nhwc);
+  const std::string why = run_candidate(gpu, s, k, in, {out}, attrs);
+  INFO("declined: " << why);
+  REQUIRE(why.empty());
+  const std::string diff =
+      cmp::compare_tensors(out.contiguous().to(cpu()), want, cmp::tolerance_for(d, terms, false));
+  INFO(diff);
+  CHECK(diff.empty());
 }
 
 }  // namespace plexus::test::layout_candidate

@@ -56,18 +56,9 @@ const plx_kernel* direct_kernel(Backend& gpu, const std::string& op, plx_dtype d
 void check_direct(Backend& gpu, const std::string& op, plx_dtype d, const std::vector<Tensor>& in,
                   const Shape& out_shape, bool out_nhwc, const Attrs& attrs, const Tensor& want,
                   int64_t terms, const std::string& what) {
-  const OpSchema& s = runtime().ops().get(op);
-  const plx_kernel* k = direct_kernel(gpu, op, d);
   INFO(op << " " << dtype_name(d) << ": " << what);
-  REQUIRE(k != nullptr);
-  Tensor out = poisoned(gpu, out_shape, d, out_nhwc);
-  const std::string why = run_candidate(gpu, s, k, in, {out}, attrs);
-  INFO("declined: " << why);
-  REQUIRE(why.empty());
-  const Tensor got = out.contiguous().to(cpu());
-  const std::string diff = cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, false));
-  INFO(diff);
-  CHECK(diff.empty());
+  check_candidate(gpu, runtime().ops().get(op), direct_kernel(gpu, op, d), d, in, out_shape,
+                  out_nhwc, attrs, want, terms);
 }
 
 }  // namespace
@@ -354,12 +345,7 @@ TEST_CASE(
         }
         Executable& fused = run.fused();
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
-          TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
-          for (const auto& [name, t] : run.store().all()) fill(cpu_store.get(name), t.to_doubles());
-          fill(ref.tensor("x"), vx);
-          ref.run();
-          ref.sync();
+          Executable& ref = run.reference(rt.backend("cpu"), g, {{"x", vx}});
           CHECK(cmp::compare_tensors(fused.tensor("y"), ref.tensor("y"),
                                      cmp::tolerance_for(PLX_F32, taps + 1, false)) == "");
           CHECK(cmp::compare_tensors(fused.tensor("idx"), ref.tensor("idx"),
@@ -461,13 +447,7 @@ TEST_CASE(
                                      cmp::Tolerance{INFINITY, 0, nmse, false}) == "");
         }
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
-          TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
-          for (const auto& [name, t] : run.store().all()) fill(cpu_store.get(name), t.to_doubles());
-          fill(ref.tensor("x"), vx);
-          fill(ref.tensor("dy"), vdy);
-          ref.run();
-          ref.sync();
+          Executable& ref = run.reference(rt.backend("cpu"), g, {{"x", vx}, {"dy", vdy}});
           for (const char* out : {"dw", "db"}) {
             INFO("cpu " << out);
             CHECK(cmp::compare_tensors(fused.tensor(out), ref.tensor(out),

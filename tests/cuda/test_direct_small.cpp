@@ -67,15 +67,8 @@ TEST_CASE("cuda direct backward data of small convolutions matches the cpu in ev
       for (int mix = 0; mix < 8; ++mix) {
         const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
         INFO(dtype_name(d) << ": " << describe(g) << ", " << layout_name(l));
-        Tensor dx = poisoned(gpu, c.x.shape(), d, l.x);
-        const std::string why =
-            run_candidate(gpu, s, k, {on_gpu(gpu, c.dy, l.y), on_gpu(gpu, c.w, l.w)}, {dx}, c.bd_attrs);
-        INFO("declined: " << why);
-        REQUIRE(why.empty());
-        const std::string diff = cmp::compare_tensors(dx.contiguous().to(cpu()), c.want_dx,
-                                                      cmp::tolerance_for(d, terms, false));
-        INFO(diff);
-        CHECK(diff.empty());
+        check_candidate(gpu, s, k, d, {on_gpu(gpu, c.dy, l.y), on_gpu(gpu, c.w, l.w)},
+                        c.x.shape(), l.x, c.bd_attrs, c.want_dx, terms);
         ++runs;
       }
     }
@@ -102,16 +95,8 @@ TEST_CASE("cuda direct convolutions of small layers match the cpu in every layou
         for (bool bias : {false, true}) {
           INFO(dtype_name(d) << ": " << describe(g) << ", " << layout_name(l)
                              << (bias ? ", bias" : ""));
-          Tensor y = poisoned(gpu, c.y_shape, d, l.y);
-          const std::string why = run_candidate(gpu, s, k, {gx, gw, bias ? c.b.to(gpu) : Tensor()},
-                                                {y}, c.geo);
-          INFO("declined: " << why);
-          REQUIRE(why.empty());
-          const std::string diff = cmp::compare_tensors(y.contiguous().to(cpu()),
-                                                        bias ? c.want_yb : c.want_y,
-                                                        cmp::tolerance_for(d, terms, false));
-          INFO(diff);
-          CHECK(diff.empty());
+          check_candidate(gpu, s, k, d, {gx, gw, bias ? c.b.to(gpu) : Tensor()}, c.y_shape, l.y,
+                          c.geo, bias ? c.want_yb : c.want_y, terms);
           ++runs;
         }
       }
@@ -198,10 +183,9 @@ RuntimeOptions auto_options(const std::string& cache) {
   return o;
 }
 
-ExecutableOptions untuned(bool fuse) {
+ExecutableOptions untuned() {
   ExecutableOptions o;
   o.tune = false;  // the cache's choices, else each node's first kernel
-  o.fuse = fuse;
   return o;
 }
 
@@ -215,7 +199,7 @@ RuntimeOptions pinned_options(const TempDir& dir, const std::function<void(Graph
     Graph g(rt.ops());
     build(g);
     TensorStore store;
-    Executable e(rt.backend("cuda"), g, store, untuned(true));
+    Executable e(rt.backend("cuda"), g, store, untuned());
     for (const Executable::KernelReport& k : e.kernel_choices())
       if (k.node == node) key = k.choice.key;
   }
@@ -283,10 +267,8 @@ TEST_CASE(
         Backend& gpu = rt.backend("cuda");
         Graph g(rt.ops());
         const Shape ps = build_pool_backward(g, d, c.x, c.o, c.padding, c.pool);
-        TensorStore store;
-        Executable fused(gpu, g, store, untuned(true)), plain(gpu, g, store, untuned(false));
-        std::string names;
-        for (const auto& k : fused.kernel_names()) names += k + "\n";
+        FusedPair run(gpu, g, untuned());
+        const std::string names = run.names();
         INFO(names);
         if (c.direct)
           CHECK_THAT(names, PLX_CONTAINS("max_pool2d_backward+conv2d_backward:direct"));
@@ -295,20 +277,11 @@ TEST_CASE(
         const std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 41, -1, 1);
         const std::vector<double> vdy =
             random_doubles(static_cast<size_t>(shape_numel(ps)), 42, -2, 2);
-        for (Executable* e : {&fused, &plain}) {
-          fill(e->tensor("x"), vx);
-          fill(e->tensor("dy"), vdy);
-          e->run();
-          e->sync();
-        }
-        auto bytes = [](const Tensor& t) {
-          const Tensor h = t.contiguous().to(cpu());
-          std::vector<uint8_t> b(h.nbytes());
-          h.copy_to_host(b.data());
-          return b;
-        };
+        run.run({{"x", vx}, {"dy", vdy}});
+        Executable &fused = run.fused(), &plain = run.plain();
         if (c.direct) {  // the direct data gradient's bits; with the chunked group to rounding
-          CHECK(bytes(fused.tensor("dx")) == bytes(plain.tensor("dx")));
+          const auto [fused_bytes, plain_bytes] = run.bytes("dx");
+          CHECK(fused_bytes == plain_bytes);
         }
         const double nmse = d == PLX_F32 ? 1e-10 : 1e-4;
         for (const char* out : {"dx", "dw", "db"}) {
@@ -317,13 +290,7 @@ TEST_CASE(
                                      cmp::Tolerance{INFINITY, 0, nmse, false}) == "");
         }
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
-          TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
-          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
-          fill(ref.tensor("x"), vx);
-          fill(ref.tensor("dy"), vdy);
-          ref.run();
-          ref.sync();
+          Executable& ref = run.reference(rt.backend("cpu"), g, {{"x", vx}, {"dy", vdy}});
           for (const char* out : {"dx", "dw", "db"}) {
             INFO("cpu " << out);
             CHECK(cmp::compare_tensors(fused.tensor(out), ref.tensor(out),
@@ -372,45 +339,30 @@ TEST_CASE("a small conv with its relu and max pool runs as one direct kernel wit
         Backend& gpu = rt.backend("cuda");
         Graph g(rt.ops());
         build(g);
-        TensorStore store;
-        Executable fused(gpu, g, store, untuned(true)), plain(gpu, g, store, untuned(false));
-        std::string names;
-        for (const auto& k : fused.kernel_names()) names += k + "\n";
-        INFO(names);
+        FusedPair run(gpu, g, untuned());
+        INFO(run.names());
         const std::string want = c.relu ? "conv2d+relu+max_pool2d:direct" : "conv2d+max_pool2d:direct";
         if (c.direct) {
-          CHECK_THAT(names, PLX_CONTAINS(want));
-          CHECK(fused.kernel_names().size() == 1);
+          CHECK_THAT(run.names(), PLX_CONTAINS(want));
+          CHECK(run.kernel_count() == 1);
         } else {
-          CHECK_THAT(names, !PLX_CONTAINS(want));
+          CHECK_THAT(run.names(), !PLX_CONTAINS(want));
         }
         const std::vector<double> vx = random_doubles(static_cast<size_t>(shape_numel(c.x)), 31, -1, 1);
-        for (Executable* e : {&fused, &plain}) {
-          fill(e->tensor("x"), vx);
-          e->run();
-          e->sync();
-        }
-        auto bytes = [](const Tensor& t) {
-          const Tensor h = t.contiguous().to(cpu());
-          std::vector<uint8_t> b(h.nbytes());
-          h.copy_to_host(b.data());
-          return b;
-        };
+        run.run({{"x", vx}});
+        Executable &fused = run.fused(), &plain = run.plain();
         const int64_t taps = c.x[1] * 9;
         if (c.direct) {
-          CHECK(bytes(fused.tensor("y")) == bytes(plain.tensor("y")));
-          CHECK(bytes(fused.tensor("idx")) == bytes(plain.tensor("idx")));
+          for (const char* out : {"y", "idx"}) {
+            const auto [fused_bytes, plain_bytes] = run.bytes(out);
+            CHECK(fused_bytes == plain_bytes);
+          }
         } else {
           CHECK(cmp::compare_tensors(fused.tensor("y"), plain.tensor("y"),
                                      cmp::tolerance_for(d, taps + 1, false)) == "");
         }
         if (d == PLX_F32) {  // and the CPU's, with the parameters the GPU used
-          TensorStore cpu_store;
-          Executable ref(rt.backend("cpu"), g, cpu_store, ExecutableOptions{});
-          for (const auto& [name, t] : store.all()) fill(cpu_store.get(name), t.to_doubles());
-          fill(ref.tensor("x"), vx);
-          ref.run();
-          ref.sync();
+          Executable& ref = run.reference(rt.backend("cpu"), g, {{"x", vx}});
           CHECK(cmp::compare_tensors(fused.tensor("y"), ref.tensor("y"),
                                      cmp::tolerance_for(PLX_F32, taps + 1, false)) == "");
           CHECK(cmp::compare_tensors(fused.tensor("idx"), ref.tensor("idx"),

@@ -58,12 +58,9 @@ constexpr int kWgradMaxSums = 16;         // R: dw sums per thread (O·K <= R·k
 constexpr int64_t kWgradBlocksPerSm = 8;  // the weight gradient's chunks: blocks per SM
 constexpr uint64_t kMaxSmem = 48 * 1024;  // no opt-in needed below this
 
-bool fits_i32(int64_t v) {
-  return v >= 0 && v <= INT_MAX;
-}
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+using direct::ceil_div;
+using direct::fits_i32;
+using direct::sm_count;
 
 // The convolution, its tensors' element strides (n/o, c, h, w) and the tap table's inputs.
 template <class T>
@@ -547,10 +544,6 @@ DirectArgs<T> direct_args(const NodeInfo& node, const plx_tensor& x, const plx_t
   return a;
 }
 
-int sm_count(CudaBackend& b, int32_t device) {
-  return std::max(b.context(device).prop.multiProcessorCount, 1);
-}
-
 template <class T>
 class DirectConvKernel final : public Kernel {
  public:
@@ -819,40 +812,17 @@ class DirectWgradKernel final : public Kernel {
   }
 
  private:
-  // Unpooling: windows of stride = kernel, no padding or dilation, so that a conv pixel is in
-  // at most one window and its index alone says whether the pooled gradient comes back to it.
+  // Unpooling (direct::unpool_geometry): a conv pixel is in at most one window, and its index
+  // alone says whether the pooled gradient comes back to it.
   void set_unpool(const Unpool& u, const char* op) {
-    const NodeInfo& pool = *u.pool;
-    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
-               dil = pool.attr_ints("dilation");
-    auto stride = pool.attr_ints("stride");
-    if (stride.empty()) stride = kernel;
-    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
-    PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
-                           dil[1] == 1 && fits_i32(kernel[0]) && fits_i32(kernel[1]),
-                       "max_pool2d_backward+%s: direct unpools windows of stride = kernel, no "
-                       "padding or dilation",
-                       op);
-    const plx_tensor &dy = *u.dy, &ix = *u.indices;
-    PLX_REQUIRE(dy.ndim == 4 && ix.ndim == 4 && dy.shape[0] == ix.shape[0] && dy.shape[1] == a_.O &&
-                    ix.shape[1] == a_.O && dy.shape[2] == ix.shape[2] && dy.shape[3] == ix.shape[3],
-                "max_pool2d_backward: dy and the indices must be (N, O, PH, PW)");
-    PLX_DECLINE_UNLESS(dy.dtype == dtype_v<T> && (ix.dtype == PLX_I32 || ix.dtype == PLX_U8),
-                       "max_pool2d_backward+%s: dy of the conv's dtype, i32 or u8 indices", op);
-    using sdk::nhwc_or_decline;
-    const bool dy_nhwc = nhwc_or_decline(dy, op, "the pooled dy");
-    const bool ix_nhwc = nhwc_or_decline(ix, op, "the indices");
-    a_.pool_u8 = ix.dtype == PLX_U8;
-    a_.pkh = static_cast<int>(kernel[0]), a_.pkw = static_cast<int>(kernel[1]);
-    a_.PH = static_cast<int>(dy.shape[2]), a_.PW = static_cast<int>(dy.shape[3]);
-    const int64_t pd[4] = {dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]};
-    int64_t st[4];
-    canonical_strides(pd, dy_nhwc, st);
-    a_.y_n = st[0], a_.y_c = st[1], a_.y_p = st[3];
-    a_.y_nhwc = dy_nhwc;
-    canonical_strides(pd, ix_nhwc, st);
-    a_.i_n = st[0], a_.i_c = st[1], a_.i_p = st[3];
+    const direct::Unpool2d p =
+        direct::unpool_geometry(*u.pool, *u.dy, *u.indices, u.dy->shape[0], a_.O, dtype_v<T>,
+                                sdk::format("max_pool2d_backward+%s", op).c_str());
+    a_.pool_u8 = p.u8;
+    a_.pkh = p.pkh, a_.pkw = p.pkw, a_.PH = p.PH, a_.PW = p.PW;
+    a_.y_n = p.dy_n, a_.y_c = p.dy_c, a_.y_p = p.dy_p;
+    a_.y_nhwc = p.dy_nhwc;
+    a_.i_n = p.i_n, a_.i_c = p.i_c, a_.i_p = p.i_p;
   }
 
   int32_t device_;
@@ -864,26 +834,36 @@ class DirectWgradKernel final : public Kernel {
   BlockCounter done_;
 };
 
-// The "direct" conv2d candidate: the first-layer kernel above where it takes the node, else the
-// small convolutions' image-by-image kernel (ops/direct_small.cu); declines with both reasons.
-template <class T>
-std::unique_ptr<Kernel> first_layer_or_small(const NodeInfo& node, CudaBackend& backend, bool relu) {
+// The first-layer kernel `first()` where it takes the node, else the small convolutions'
+// image-by-image one `small()` (ops/direct_small.cu); declines with both reasons.
+template <class First, class Small>
+std::unique_ptr<Kernel> first_layer_or_small(First first, Small small) {
   try {
-    return std::make_unique<DirectConvKernel<T>>(node, backend, relu);
-  } catch (const sdk::Unsupported& first) {
+    return first();
+  } catch (const sdk::Unsupported& a) {
     try {
-      return make_small_conv(node, backend, relu);
-    } catch (const sdk::Unsupported& small) {
-      throw sdk::Unsupported(sdk::format("%s; image by image: %s", first.what(), small.what()));
+      return small();
+    } catch (const sdk::Unsupported& b) {
+      throw sdk::Unsupported(sdk::format("%s; image by image: %s", a.what(), b.what()));
     }
   }
+}
+
+// The "direct" conv2d kernel of a node, with the ReLU in its epilogue when `relu`.
+template <class T>
+std::unique_ptr<Kernel> direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu) {
+  return first_layer_or_small(
+      [&]() -> std::unique_ptr<Kernel> {
+        return std::make_unique<DirectConvKernel<T>>(node, backend, relu);
+      },
+      [&] { return make_small_conv(node, backend, relu); });
 }
 
 template <class T>
 class DirectConv2d final : public Kernel {
  public:
   DirectConv2d(const NodeInfo& node, CudaBackend& backend)
-      : k_(first_layer_or_small<T>(node, backend, false)) {}
+      : k_(direct_conv<T>(node, backend, false)) {}
   uint64_t workspace_bytes() const override { return k_->workspace_bytes(); }
   void compute(const KernelCall& c) override { k_->compute(c); }
 
@@ -913,11 +893,11 @@ void register_direct_conv(KernelRegistry& r) {
 std::unique_ptr<Kernel> make_direct_conv(const NodeInfo& node, CudaBackend& backend, bool relu) {
   switch (node.input(0).dtype) {
     case PLX_F32:
-      return first_layer_or_small<float>(node, backend, relu);
+      return direct_conv<float>(node, backend, relu);
     case PLX_F16:
-      return first_layer_or_small<f16>(node, backend, relu);
+      return direct_conv<f16>(node, backend, relu);
     case PLX_BF16:
-      return first_layer_or_small<bf16>(node, backend, relu);
+      return direct_conv<bf16>(node, backend, relu);
     default:
       break;
   }
@@ -932,27 +912,23 @@ std::unique_ptr<Kernel> make_direct_conv_max_pool(CudaBackend& backend, const sd
   PLX_DECLINE_UNLESS(impl == "direct", "the host gave conv2d to %s, not direct",
                      impl.empty() ? "the default kernel" : impl.c_str());
   dtype = s.dtype;
-  try {
-    switch (dtype) {
-      case PLX_F32:
-        return std::make_unique<DirectConvPoolKernel<float>>(g, s, backend);
-      case PLX_F16:
-        return std::make_unique<DirectConvPoolKernel<f16>>(g, s, backend);
-      case PLX_BF16:
-        return std::make_unique<DirectConvPoolKernel<bf16>>(g, s, backend);
-      default:
-        break;
-    }
-  } catch (const sdk::Unsupported& first) {
-    // Not a first layer: the small convolutions' kernel, image by image (ops/direct_small.cu).
-    try {
-      return make_small_conv_max_pool(backend, g, b, dtype);
-    } catch (const sdk::Unsupported& small) {
-      throw sdk::Unsupported(sdk::format("%s; image by image: %s", first.what(), small.what()));
-    }
-  }
-  throw sdk::Unsupported(
-      sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));
+  return first_layer_or_small(
+      [&]() -> std::unique_ptr<Kernel> {
+        switch (dtype) {
+          case PLX_F32:
+            return std::make_unique<DirectConvPoolKernel<float>>(g, s, backend);
+          case PLX_F16:
+            return std::make_unique<DirectConvPoolKernel<f16>>(g, s, backend);
+          case PLX_BF16:
+            return std::make_unique<DirectConvPoolKernel<bf16>>(g, s, backend);
+          default:
+            break;
+        }
+        throw sdk::Unsupported(
+            sdk::format("conv2d+max_pool2d: no direct %s kernel", plexus::dtype_name(dtype)));
+      },
+      // Not a first layer: the small convolutions' kernel (ops/direct_small.cu).
+      [&] { return make_small_conv_max_pool(backend, g, b, dtype); });
 }
 
 std::unique_ptr<Kernel> make_direct_pool_wgrad(CudaBackend& backend, const sdk::GraphView& g,
@@ -1035,5 +1011,47 @@ std::unique_ptr<Kernel> make_direct_relu_wgrad(CudaBackend& backend, const sdk::
   throw sdk::Unsupported(sdk::format(
       "relu_backward+sum+conv2d_backward_weight: no direct %s kernel", plexus::dtype_name(dtype)));
 }
+
+namespace direct {
+
+int sm_count(CudaBackend& b, int32_t device) {
+  return std::max(b.context(device).prop.multiProcessorCount, 1);
+}
+
+Unpool2d unpool_geometry(const NodeInfo& pool, const plx_tensor& dy, const plx_tensor& ix,
+                         int64_t N, int64_t O, plx_dtype dtype, const char* op) {
+  const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
+             dil = pool.attr_ints("dilation");
+  auto stride = pool.attr_ints("stride");
+  if (stride.empty()) stride = kernel;
+  PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
+              "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
+  PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
+                         dil[1] == 1 && kernel[0] >= 1 && kernel[1] >= 1 &&
+                         fits_i32(kernel[0]) && fits_i32(kernel[1]),
+                     "%s: direct unpools windows of stride = kernel, no padding or dilation", op);
+  PLX_REQUIRE(dy.ndim == 4 && ix.ndim == 4 && dy.shape[0] == N && ix.shape[0] == N &&
+                  dy.shape[1] == O && ix.shape[1] == O && dy.shape[2] == ix.shape[2] &&
+                  dy.shape[3] == ix.shape[3],
+              "max_pool2d_backward: dy and the indices must be (N, O, PH, PW)");
+  PLX_DECLINE_UNLESS(dy.dtype == dtype && (ix.dtype == PLX_I32 || ix.dtype == PLX_U8),
+                     "%s: the pooled dy of the conv's dtype, i32 or u8 indices", op);
+  PLX_DECLINE_UNLESS(fits_i32(dy.shape[2] * dy.shape[3]), "%s: pooled planes beyond 32 bits", op);
+  Unpool2d u;
+  u.dy_nhwc = sdk::nhwc_or_decline(dy, op, "the pooled dy");
+  const bool ix_nhwc = sdk::nhwc_or_decline(ix, op, "the indices");
+  u.u8 = ix.dtype == PLX_U8;
+  u.pkh = static_cast<int>(kernel[0]), u.pkw = static_cast<int>(kernel[1]);
+  u.PH = static_cast<int>(dy.shape[2]), u.PW = static_cast<int>(dy.shape[3]);
+  const int64_t pd[4] = {dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]};
+  int64_t st[4];
+  canonical_strides(pd, u.dy_nhwc, st);
+  u.dy_n = st[0], u.dy_c = st[1], u.dy_p = st[3];
+  canonical_strides(pd, ix_nhwc, st);
+  u.i_n = st[0], u.i_c = st[1], u.i_p = st[3];
+  return u;
+}
+
+}  // namespace direct
 
 }  // namespace plexus::cuda

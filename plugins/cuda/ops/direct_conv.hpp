@@ -6,12 +6,42 @@
 // more taps, image by image (ops/direct_small.cu, declared below with its backward).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "common.hpp"
 
 namespace plexus::cuda {
+
+// Host-side pieces the direct kernels' two files (ops/direct_conv.cu, ops/direct_small.cu) share.
+namespace direct {
+
+inline bool fits_i32(int64_t v) {
+  return v >= 0 && v <= INT32_MAX;
+}
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+// The device's SM count (at least 1).
+int sm_count(CudaBackend& b, int32_t device);
+
+// A max pool's backward that a direct kernel unpools as it stages the pooled gradient: windows
+// pkh x pkw of stride = kernel, no padding or dilation, so each conv pixel is in at most one
+// window; dy and the indices (N, O, PH, PW) in their layouts' canonical strides.
+struct Unpool2d {
+  bool u8 = false;       // u8 window taps, else i32 positions in the conv's output plane
+  bool dy_nhwc = false;  // dy channels-last
+  int pkh = 1, pkw = 1, PH = 0, PW = 0;
+  int64_t dy_n = 0, dy_c = 0, dy_p = 0;  // dy's element (n, o, p) at n·dy_n + o·dy_c + p·dy_p
+  int64_t i_n = 0, i_c = 0, i_p = 0;     // the indices' likewise
+};
+// Declines (naming `op`) windows of other strides, padding or dilation, dy of another dtype than
+// `dtype`, indices neither i32 nor u8, and layouts neither NCHW nor channels-last.
+Unpool2d unpool_geometry(const NodeInfo& pool, const plx_tensor& dy, const plx_tensor& indices,
+                         int64_t N, int64_t O, plx_dtype dtype, const char* op);
+
+}  // namespace direct
 
 // Adds the "direct" candidates to `r`; called by register_conv after the cuDNN kernels.
 void register_direct_conv(KernelRegistry& r);

@@ -67,12 +67,9 @@ constexpr int64_t kDataBlocksPerSm = 8;    // at most, images looping in a block
 constexpr int64_t kWgradBlocksPerSm = 2;   // the weight gradient's runs of images
 constexpr int kMaxUnits = kBlock;          // weight-gradient units: a thread each
 
-bool fits_i32(int64_t v) {
-  return v >= 0 && v <= INT_MAX;
-}
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+using direct::ceil_div;
+using direct::fits_i32;
+using direct::sm_count;
 
 template <class T>
 struct SmallBwdArgs {
@@ -154,6 +151,33 @@ __device__ __forceinline__ void stage_dy(const SmallBwdArgs<T>& a, int n, float*
 
 __device__ __forceinline__ void zero(float* p, int count) {
   for (int e = threadIdx.x; e < count; e += blockDim.x) p[e] = 0.f;
+}
+
+// Image n's x into C planes `xplane` floats apart, rows XW apart, at (ih + ph, iw + pw): the
+// planes were zeroed (and a barrier passed), so the padding stays 0. (A: either kernel's args.)
+template <class A>
+__device__ __forceinline__ void stage_x(const A& a, int n, float* xs) {
+  const int total = a.C * a.H * a.W, HW = a.H * a.W;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    int c, p;  // in x's memory order
+    if (a.x_nhwc) p = e / a.C, c = e - p * a.C;
+    else c = e / HW, p = e - c * HW;
+    const int ih = p / a.W, iw = p - ih * a.W;
+    xs[c * a.xplane + (ih + a.ph) * a.XW + iw + a.pw] =
+        load(a.x, n * a.x_n + c * a.x_c + ih * a.x_h + iw * a.x_w);
+  }
+}
+
+// The filter w (O, C, 3, 3) as f32 into wsm, [o][tap][c] (`c_inner`: the data gradient's) or
+// [c][tap][o] (the forward's).
+template <class A>
+__device__ __forceinline__ void stage_filter(const A& a, float* wsm, bool c_inner) {
+  const int inner = c_inner ? a.C : a.O, total = a.O * a.C * kTaps;
+  for (int e = threadIdx.x; e < total; e += blockDim.x) {
+    const int rt = e / inner, i = e - rt * inner, r = rt / kTaps, t = rt - r * kTaps;
+    const int o = c_inner ? r : i, c = c_inner ? i : r, kh = t / 3, kw = t - kh * 3;
+    wsm[e] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
+  }
 }
 
 // ---- data gradient: image n's dx, channels in groups of CB ----
@@ -242,17 +266,7 @@ __device__ __forceinline__ void weight_gradient(const SmallBwdArgs<T>& a, float*
     if (a.pool_idx) zero(dys, a.O * a.yplane);  // unpooling writes only the windows' winners
     __syncthreads();
     stage_dy(a, n, dys, a.yplane, a.OW, 0, 0);
-    {
-      const int total = a.C * a.H * a.W, HW = a.H * a.W;
-      for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        int ci, p;  // in x's memory order
-        if (a.x_nhwc) p = e / a.C, ci = e - p * a.C;
-        else ci = e / HW, p = e - ci * HW;
-        const int ih = p / a.W, iw = p - ih * a.W;
-        xs[ci * a.xplane + (ih + a.ph) * a.XW + iw + a.pw] =
-            load(a.x, n * a.x_n + ci * a.x_c + ih * a.x_h + iw * a.x_w);
-      }
-    }
+    stage_x(a, n, xs);
     __syncthreads();
     if (mine) {
       const float* y0 = dys + o0 * a.yplane;
@@ -327,13 +341,7 @@ __global__ void __launch_bounds__(kBlock) small_conv_backward_kernel(const Small
   }
   float* dyp = small_bwd_smem;
   float* wsm = small_bwd_smem + a.wsm_offset;
-  // The filter as f32, [o][tap][c], once per block.
-  const int total = a.O * a.C * kTaps;
-  for (int e = threadIdx.x; e < total; e += blockDim.x) {
-    const int ot = e / a.C, c = e - ot * a.C, o = ot / kTaps, t = ot - o * kTaps;
-    const int kh = t / 3, kw = t - kh * 3;
-    wsm[e] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
-  }
+  stage_filter(a, wsm, /*c_inner=*/true);  // once per block
   data_gradient<T, CB>(a, dyp, wsm);
 }
 
@@ -388,31 +396,14 @@ __global__ void __launch_bounds__(kBlock) small_conv_forward_kernel(const SmallF
   float* xs = small_fwd_smem;
   float* wsm = small_fwd_smem + a.wsm_offset;
   float* bsm = wsm + static_cast<int64_t>(a.C) * kTaps * a.O;
-  {
-    const int total = a.O * a.C * kTaps;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
-      const int ct = e / a.O, o = e - ct * a.O, c = ct / kTaps, t = ct - c * kTaps;
-      const int kh = t / 3, kw = t - kh * 3;
-      wsm[e] = load(a.w, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w);
-    }
-    for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
-  }
+  stage_filter(a, wsm, /*c_inner=*/false);
+  for (int o = threadIdx.x; o < a.O; o += blockDim.x) bsm[o] = a.bias ? load(a.bias, o) : 0.f;
   const int tiles = a.TH * a.TW, items = (a.O / CB) * tiles;
   for (int n = blockIdx.x; n < a.N; n += gridDim.x) {  // uniform over the block
     __syncthreads();  // the filter is in, and the previous image's readers are done
     zero(xs, a.C * a.xplane);
     __syncthreads();
-    {
-      const int total = a.C * a.H * a.W, HW = a.H * a.W;
-      for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        int c, p;  // in x's memory order
-        if (a.x_nhwc) p = e / a.C, c = e - p * a.C;
-        else c = e / HW, p = e - c * HW;
-        const int ih = p / a.W, iw = p - ih * a.W;
-        xs[c * a.xplane + (ih + a.ph) * a.XW + iw + a.pw] =
-            load(a.x, n * a.x_n + c * a.x_c + ih * a.x_h + iw * a.x_w);
-      }
-    }
+    stage_x(a, n, xs);
     __syncthreads();
     for (int it = threadIdx.x; it < items; it += blockDim.x) {
       const int g = it / tiles, t = it - g * tiles, tr = t / a.TW, tc = t - tr * a.TW;
@@ -507,10 +498,6 @@ struct SmallBwdSlots {
   int32_t dy = 0, indices = -1, w = 1, x = -1;
   int32_t dx = 0, dw = -1, db = -1;
 };
-
-int sm_count(CudaBackend& b, int32_t device) {
-  return std::max(b.context(device).prop.multiProcessorCount, 1);
-}
 
 template <class T>
 class SmallConvBackwardKernel final : public Kernel {
@@ -614,7 +601,12 @@ class SmallConvBackwardKernel final : public Kernel {
                        op, static_cast<unsigned long long>(smem_),
                        static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
     cb_ = a.C % 8 == 0 ? 8 : a.C % 4 == 0 ? 4 : a.C % 2 == 0 ? 2 : 1;
-    if (smem_ > 48 * 1024) set_smem_limit();
+    if (smem_ > 48 * 1024)
+      for_kernel([&]<int CB>() {
+        PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_backward_kernel<T, CB>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_)));
+      });
     const int64_t sms = sm_count(backend, device_);
     a.d_blocks = with_dx_ ? static_cast<int>(std::min<int64_t>(g.N, kDataBlocksPerSm * sms)) : 0;
     a.w_blocks = with_dw_ ? static_cast<int>(std::clamp<int64_t>(
@@ -650,68 +642,34 @@ class SmallConvBackwardKernel final : public Kernel {
       a.part = static_cast<float*>(c.workspace);
       a.done = done_.p;
     }
-    launch(a, grid, native(c.stream));
+    const cudaStream_t s = native(c.stream);
+    for_kernel([&]<int CB>() { small_conv_backward_kernel<T, CB><<<grid, kBlock, smem_, s>>>(a); });
+    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
-  // Windows of stride = kernel, no padding or dilation: a conv pixel is in at most one window.
+  // Unpooling (direct::unpool_geometry); u8 taps decode below 255, which names none.
   void set_unpool(SmallBwdArgs<T>& a, const SmallUnpool& u, const char* op) {
-    const NodeInfo& pool = *u.pool;
-    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
-               dil = pool.attr_ints("dilation");
-    auto stride = pool.attr_ints("stride");
-    if (stride.empty()) stride = kernel;
-    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
-    PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
-                           dil[1] == 1 && kernel[0] >= 1 && kernel[1] >= 1 &&
-                           kernel[0] * kernel[1] < 255,
-                       "%s: direct unpools windows of stride = kernel, no padding or dilation", op);
-    const plx_tensor &dy = *u.dy, &ix = *u.indices;
-    PLX_REQUIRE(dy.ndim == 4 && ix.ndim == 4 && dy.shape[0] == a.N && dy.shape[1] == a.O &&
-                    ix.shape[0] == a.N && ix.shape[1] == a.O && dy.shape[2] == ix.shape[2] &&
-                    dy.shape[3] == ix.shape[3],
-                "max_pool2d_backward: dy and the indices must be (N, O, PH, PW)");
-    PLX_DECLINE_UNLESS(dy.dtype == dtype_v<T> && (ix.dtype == PLX_I32 || ix.dtype == PLX_U8),
-                       "%s: the pooled dy of the conv's dtype, i32 or u8 indices", op);
-    PLX_DECLINE_UNLESS(fits_i32(dy.shape[2] * dy.shape[3]), "%s: pooled planes beyond 32 bits",
+    const direct::Unpool2d p =
+        direct::unpool_geometry(*u.pool, *u.dy, *u.indices, a.N, a.O, dtype_v<T>, op);
+    PLX_DECLINE_UNLESS(p.pkh * p.pkw < 255, "%s: direct unpools windows of fewer than 255 taps",
                        op);
-    using sdk::nhwc_or_decline;
-    a.dy_nhwc = nhwc_or_decline(dy, op, "the pooled dy");
-    const bool ix_nhwc = nhwc_or_decline(ix, op, "the indices");
-    a.pool_u8 = ix.dtype == PLX_U8;
-    a.pkh = static_cast<int>(kernel[0]), a.pkw = static_cast<int>(kernel[1]);
-    a.PH = static_cast<int>(dy.shape[2]), a.PW = static_cast<int>(dy.shape[3]);
-    const int64_t pd[4] = {dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]};
-    int64_t st[4];
-    canonical_strides(pd, a.dy_nhwc, st);
-    a.dy_n = st[0], a.dy_c = st[1], a.dy_p = st[3];
-    canonical_strides(pd, ix_nhwc, st);
-    a.i_n = st[0], a.i_c = st[1], a.i_p = st[3];
+    a.pool_u8 = p.u8;
+    a.pkh = p.pkh, a.pkw = p.pkw, a.PH = p.PH, a.PW = p.PW;
+    a.dy_nhwc = p.dy_nhwc;
+    a.dy_n = p.dy_n, a.dy_c = p.dy_c, a.dy_p = p.dy_p;
+    a.i_n = p.i_n, a.i_c = p.i_c, a.i_p = p.i_p;
   }
 
-  template <int CB>
-  static void opt_in(uint64_t smem) {
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_backward_kernel<T, CB>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  }
-  void set_smem_limit() const {
+  // f.template operator()<CB>(): the kernel this object launches, by its channels a thread.
+  template <class F>
+  void for_kernel(F&& f) const {
     switch (cb_) {
-      case 8: opt_in<8>(smem_); break;
-      case 4: opt_in<4>(smem_); break;
-      case 2: opt_in<2>(smem_); break;
-      default: opt_in<1>(smem_); break;
+      case 8: f.template operator()<8>(); break;
+      case 4: f.template operator()<4>(); break;
+      case 2: f.template operator()<2>(); break;
+      default: f.template operator()<1>(); break;
     }
-  }
-  void launch(const SmallBwdArgs<T>& b, unsigned grid, cudaStream_t s) const {
-    switch (cb_) {
-      case 8: small_conv_backward_kernel<T, 8><<<grid, kBlock, smem_, s>>>(b); break;
-      case 4: small_conv_backward_kernel<T, 4><<<grid, kBlock, smem_, s>>>(b); break;
-      case 2: small_conv_backward_kernel<T, 2><<<grid, kBlock, smem_, s>>>(b); break;
-      default: small_conv_backward_kernel<T, 1><<<grid, kBlock, smem_, s>>>(b); break;
-    }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;

@@ -779,40 +779,26 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     }
   }
   if (conv_pool_backward && !conv_pool && !g.is(0, "relu_backward")) {
+    // The pool's backward with its conv's gradients as one direct launch that unpools as it
+    // reads, where the host gave a gradient to the direct kernels: a small conv's backward, dx
+    // included, given its data (or weight) gradient (ops/direct_small.cu), or a first layer's
+    // (no dx) given its weight gradient (ops/direct_conv.cu); else the chunked group below.
     const int32_t w = first_of(g, "conv2d_backward_weight");
     const int32_t d = first_of(g, "conv2d_backward_data");
-    auto impl_of = [&](int32_t n) -> std::string_view {
+    auto direct_hint = [&](int32_t n) {
       const int32_t hint = n >= 0 ? g.node(n).kernel_hint : 0;
       const plx_kernel* k = hint > 0 ? kernels().get(hint - 1) : nullptr;
-      return k && k->impl ? k->impl : "";
+      return k && k->impl && std::string_view(k->impl) == "direct";
     };
-    // A small conv's backward with its pool, dx included, where the host gave the data (or the
-    // weight) gradient to the direct kernels: one launch, image by image (ops/direct_small.cu).
-    if (d >= 0 && (impl_of(d) == "direct" || impl_of(w) == "direct")) {
+    if (direct_hint(w) || (d >= 0 && direct_hint(d))) {
+      const char* name = d >= 0 ? "max_pool2d_backward+conv2d_backward:direct"
+                                : "max_pool2d_backward+conv2d_backward_weight:direct";
       try {
         plx_dtype dt = dtype;
-        auto k = make_direct_pool_backward(*this, g, b, dt);
-        fused_.give("max_pool2d_backward+conv2d_backward:direct", dt,
-                    PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                    workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
-        return;
-      } catch (const sdk::Unsupported& e) {
-        PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "max_pool2d_backward+conv2d_backward on direct: %s",
-                e.what());
-      }
-    }
-    // A first layer's backward with its pool (no dx) whose weight gradient the host gave to the
-    // direct kernel: one launch that unpools as it reads (ops/direct_conv.cu); else the chunked
-    // group below.
-    const int32_t hint = w >= 0 ? g.node(w).kernel_hint : 0;
-    const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
-    if (hinted && hinted->impl && std::string_view(hinted->impl) == "direct" && d < 0) {
-      try {
-        plx_dtype dt = dtype;
-        auto k = make_direct_pool_wgrad(*this, g, b, hinted->impl, dt);
-        fused_.give("max_pool2d_backward+conv2d_backward_weight:direct", dt,
-                    PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                    workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+        auto k = d >= 0 ? make_direct_pool_backward(*this, g, b, dt)
+                        : make_direct_pool_wgrad(*this, g, b, "direct", dt);
+        fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
+                    kernel, state, workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
         return;
       } catch (const sdk::Unsupported& e) {
         PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "max_pool2d_backward+conv2d_backward on direct: %s",

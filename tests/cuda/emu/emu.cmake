@@ -157,9 +157,29 @@ plexus_emu_kernel_test(fast_div_test)
 add_test(NAME "cuda emulator: FastDiv quotients and remainders equal the divide and modulo operators"
   COMMAND plexus_cuda_fast_div_test)
 
-# The CUDA tests, against the emulated plugin. (Run one by one: a skipped test would turn a
-# whole-suite run into a skip.)
-foreach(t
+# Adds "cuda emulator[, LABEL]: TEST" for each test after TESTS: plexus_tests running that test
+# against the plugins in PLUGIN_DIR (the emulated plugin's folder unless given), with the
+# environment assignments after ENV. (One test a process: a skipped test would turn a whole-suite
+# run into a skip.)
+function(plexus_emu_tests label)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "PLUGIN_DIR" "ENV;TESTS")
+  if(NOT arg_PLUGIN_DIR)
+    set(arg_PLUGIN_DIR ${PLEXUS_EMU_PLUGIN_DIR})
+  endif()
+  set(prefix "cuda emulator")
+  if(label)
+    set(prefix "cuda emulator, ${label}")
+  endif()
+  foreach(t ${arg_TESTS})
+    add_test(NAME "${prefix}: ${t}"
+      COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${arg_PLUGIN_DIR} ${arg_ENV}
+              $<TARGET_FILE:plexus_tests> ${t})
+    set_tests_properties("${prefix}: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endforeach()
+endfunction()
+
+# The CUDA tests, against the emulated plugin.
+plexus_emu_tests("" TESTS
     "cuda ops match the cpu reference"
     "every cuda tensor core gemm candidate matches the cpu"
     "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
@@ -212,11 +232,6 @@ foreach(t
     "nccl abort: later operations fail with aborted, destroy still works"
     "gradient buckets on a cuda communication stream leave a one-rank step unchanged"
     "a 16-bit cuda step all-reduces its gradients between their casts and their readers")
-  add_test(NAME "cuda emulator: ${t}"
-    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            $<TARGET_FILE:plexus_tests> ${t})
-  set_tests_properties("cuda emulator: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
-endforeach()
 
 # The op suite again on the plugin's own kernels first (the test runtime's backend.kernels): the
 # mma.sync GEMMs take the f16 and bf16 matmul and linear cases they accept, the implicit-GEMM
@@ -235,7 +250,9 @@ set_tests_properties("cuda emulator, native kernels: cuda ops match the cpu refe
 # pipeline stage that a warp behind (or a wgmma not yet retired) still reads changes what it
 # reads; in the runs above they land at their wait, so a stage read before its wait reads old
 # bytes.
-foreach(t
+plexus_emu_tests("warps drifting apart"
+  ENV PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early PLEXUS_EMU_BLOCKS=shuffle
+  TESTS
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
@@ -250,19 +267,12 @@ foreach(t
     "cuda direct convolutions of small layers match the cpu in every layout mix"
     "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
     "cuda max-pool kernels match the cpu in every layout mix")
-  add_test(NAME "cuda emulator, warps drifting apart: ${t}"
-    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_CP_ASYNC=early PLEXUS_EMU_BLOCKS=shuffle
-            $<TARGET_FILE:plexus_tests> ${t})
-  set_tests_properties("cuda emulator, warps drifting apart: ${t}" PROPERTIES
-    SKIP_RETURN_CODE 77 TIMEOUT 900)
-endforeach()
 
 # The kernels whose grids follow the SM count (split-K GEMMs, weight gradients, bias sums: each
 # finished by split_sum in the launch) again on an emulated device of 37 SMs, blocks shuffled:
 # more slices than the 4-SM default makes (up to a few hundred), so both of split_sum's levels
 # and its uneven last group run in every one of them.
-foreach(t
+plexus_emu_tests("37 SMs" ENV PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle TESTS
     "every cuda tensor core gemm candidate matches the cpu"
     "cuda direct convolutions match the cpu reference in every layout mix"
     "the relu backward of a first layer with its bias sum and weight gradient runs as one direct kernel"
@@ -270,23 +280,13 @@ foreach(t
     "conv + max-pool fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "the classifier head fused on cuda matches the cpu")
-  add_test(NAME "cuda emulator, 37 SMs: ${t}"
-    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
-  set_tests_properties("cuda emulator, 37 SMs: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
-endforeach()
 
 # The small convolutions' kernels (ops/direct_small.cu) on one emulated SM: their blocks then loop
 # over several images each (on four SMs the test batches give most blocks one image).
-foreach(t
+plexus_emu_tests("1 SM" ENV PLEXUS_EMU_SMS=1 PLEXUS_EMU_BLOCKS=shuffle TESTS
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
     "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "a small conv with its relu and max pool runs as one direct kernel with the unfused bits")
-  add_test(NAME "cuda emulator, 1 SM: ${t}"
-    COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_PLUGIN_DIR}
-            PLEXUS_EMU_SMS=1 PLEXUS_EMU_BLOCKS=shuffle $<TARGET_FILE:plexus_tests> ${t})
-  set_tests_properties("cuda emulator, 1 SM: ${t}" PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
-endforeach()
 
 # The communicator conformance suite over the emulator's NCCL, one rank, bootstrapped over MPI.
 if(TARGET plexus_plugin_mpi)
@@ -306,7 +306,9 @@ execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_libasan}")
   set(PLEXUS_EMU_ASAN_DIR ${PROJECT_BINARY_DIR}/emu-asan-plugins)
   plexus_emu_variant(_asan ${PLEXUS_EMU_ASAN_DIR} "-fsanitize=address;-fno-omit-frame-pointer")
-  foreach(t
+  plexus_emu_tests("memcheck" PLUGIN_DIR ${PLEXUS_EMU_ASAN_DIR}
+    ENV LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0
+    TESTS
       "cuda ops match the cpu reference"
       "the classifier head fused on cuda matches the cpu"
       "conv + max-pool fused on cuda matches the cpu"
@@ -329,13 +331,6 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "every cuda tensor core gemm candidate matches the cpu"
       "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
       "every cuda wgmma gemm candidate matches the cpu")
-    add_test(NAME "cuda emulator, memcheck: ${t}"
-      COMMAND ${CMAKE_COMMAND} -E env PLEXUS_TEST_PLUGIN_DIR=${PLEXUS_EMU_ASAN_DIR}
-              LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0
-              $<TARGET_FILE:plexus_tests> ${t})
-    set_tests_properties("cuda emulator, memcheck: ${t}" PROPERTIES
-      SKIP_RETURN_CODE 77 TIMEOUT 900)
-  endforeach()
 endif()
 
 # The trainer end to end on the emulated plugin (resident data, capture, fusion, checkpoints)
