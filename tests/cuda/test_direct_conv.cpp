@@ -357,10 +357,12 @@ TEST_CASE(
 
 // The backward of that layer: max_pool2d_backward read only by the weight gradient and the bias
 // gradient's sum (x is an input: no dx), the weight gradient given to "direct", runs as one
-// direct launch that unpools dy through the pool's indices as it stages it; dw has the bits of
-// the same graph run node by node (the pool's backward writing the unpooled gradient, then the
-// direct weight gradient), db those within rounding (another summation order), and in f32 both
-// match the CPU. Windows that overlap (stride below the kernel) are declined and run as the
+// direct launch. Where an image of x fits in shared memory the launch walks the pooled gradient
+// image by image (direct_pool_wgrad_kernel): dw and db within rounding of the same graph run node
+// by node (the pool's backward writing the unpooled gradient, then the tiled direct weight
+// gradient: another summation order), the same bits when run again, and in f32 both match the
+// CPU. A larger image takes the tiled kernel, which unpools dy as it stages it: dw then has the
+// node-by-node bits. Windows that overlap (stride below the kernel) are declined and run as the
 // chunked group.
 TEST_CASE(
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct "
@@ -368,33 +370,33 @@ TEST_CASE(
     "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
   (void)probe;  // the runtimes below are each case's own
+  enum class Path { Image, Tiled, Chunked };
   struct C {
     Shape x;
     int64_t o;
     Attrs pool;
-    bool direct;
+    Path path;
     const char* what;
   };
+  const Attrs training{
+      {"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}};
   const C cases[] = {
-      {{5, 1, 28, 28},
-       16,
-       Attrs{{"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}},
-       true,
-       "simplecnn's first layer, training form"},
+      {{5, 1, 28, 28}, 16, training, Path::Image, "simplecnn's first layer, training form"},
       {{3, 1, 13, 11},
        8,
        Attrs{{"kernel", Ints{2, 2}}},
-       true,
+       Path::Image,
        "i32 positions, a ragged last row and column"},
       {{2, 3, 9, 9},
        6,
        Attrs{{"kernel", Ints{2, 3}}, {"ceil_mode", int64_t{1}}, {"window_index", int64_t{1}}},
-       true,
-       "ceil_mode, a partial last window"},
+       Path::Image,
+       "ceil_mode, a partial last window, 27 taps"},
+      {{2, 1, 120, 120}, 4, training, Path::Tiled, "an image over 48 KiB: the tiled kernel"},
       {{2, 1, 12, 12},
        4,
        Attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}},
-       false,
+       Path::Chunked,
        "overlapping windows: the chunked group"},
   };
   RuntimeOptions opts = plugin_dir_options();
@@ -426,7 +428,8 @@ TEST_CASE(
         FusedPair run(gpu, g);
         const std::string names = run.names();
         INFO(names);
-        if (c.direct)
+        const bool direct = c.path != Path::Chunked;
+        if (direct)
           CHECK_THAT(names, PLX_CONTAINS("max_pool2d_backward+conv2d_backward_weight:direct"));
         else
           CHECK_THAT(names, !PLX_CONTAINS("max_pool2d_backward+conv2d_backward_weight:direct"));
@@ -436,9 +439,16 @@ TEST_CASE(
             random_doubles(static_cast<size_t>(shape_numel(ps)), 42, -2, 2);
         run.run({{"x", vx}, {"dy", vdy}});
         Executable &fused = run.fused(), &plain = run.plain();
-        if (c.direct) {  // the unfused kernels' bits; with the chunked group only to rounding
+        if (c.path == Path::Tiled) {  // the unfused kernels' bits; otherwise only to rounding
           const auto [fused_bytes, plain_bytes] = run.bytes("dw");
           CHECK(fused_bytes == plain_bytes);
+        }
+        if (c.path == Path::Image) {  // run again: the same bits (split_sum's counters reset)
+          const auto first_dw = run.bytes("dw").first, first_db = run.bytes("db").first;
+          fused.run();
+          fused.sync();
+          CHECK(run.bytes("dw").first == first_dw);
+          CHECK(run.bytes("db").first == first_db);
         }
         const double nmse = d == PLX_F32 ? 1e-10 : 1e-4;
         for (const char* out : {"dw", "db"}) {

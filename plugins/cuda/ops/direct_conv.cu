@@ -28,7 +28,9 @@
 // group relu_backward -> {sum, conv2d_backward_weight} (a first layer's backward, where nothing
 // reads dx) the same launch masks dy by relu's y > 0 as it stages it and sums it per channel
 // beside dw (the bias gradient, a tap whose value is 1), so the masked gradient is never
-// written. No atomics on the data (the counters only say which block is last), a fixed summation
+// written. With the max pool's backward fused before it, where an image of x fits in shared
+// memory, the weight gradient walks the pooled gradient image by image instead
+// (direct_pool_wgrad_kernel, below). No atomics on the data (the counters only say which block is last), a fixed summation
 // order, launch geometry fixed at creation: deterministic. Nothing allocated or synchronised:
 // capturable.
 //
@@ -57,6 +59,8 @@ constexpr int kWgradTile = 32;            // TP: pixels per weight-gradient tile
 constexpr int kWgradMaxSums = 16;         // R: dw sums per thread (O·K <= R·kBlock)
 constexpr int64_t kWgradBlocksPerSm = 8;  // the weight gradient's chunks: blocks per SM
 constexpr uint64_t kMaxSmem = 48 * 1024;  // no opt-in needed below this
+constexpr int64_t kPoolWgradBlocksPerSm = 2;  // the unpooling weight gradient's runs of images
+constexpr int kPoolWgradBatch = 8;            // its windows loaded before any is used
 
 using direct::ceil_div;
 using direct::fits_i32;
@@ -98,6 +102,14 @@ struct DirectArgs {
   // pixel index m < 2^31, so fill_pixels may divide it in 32 bits.
   FastDiv fK, fO, fKb, fOHW, fOW;
   bool m32;
+  // The weight gradient through the pool's backward, image by image (direct_pool_wgrad_kernel):
+  // N images, `ipb` a block; x staged as C planes of XH x XW (rows from -ph, columns from -pw,
+  // zero outside the image), tap k at tap_off[k] from a pixel's corner there; S threads per
+  // output channel; the divisions of a pooled position by PW and of a u8 tap by the window's
+  // width.
+  int N, OH, ipb, XH, XW, S;
+  int tap_off[kMaxTaps];
+  FastDiv fPW, fPKW;
 };
 
 // Shared-memory tables common to both kernels: per tap (c, kh, kw) -> x offset c·x_c and the
@@ -411,6 +423,20 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- weight gradient ----
 
+// The finished sum e = o·Kb + k of the weight gradient's partials, rounded once into dw (k < K,
+// tap k = (c·KH + kh)·KW + kw) or db (k = K).
+template <class T>
+__device__ __forceinline__ void store_wgrad_sum(const DirectArgs<T>& a, int e, float v) {
+  const int o = e / a.Kb, k = e - o * a.Kb;
+  if (k == a.K) {
+    store(a.db, o, v);
+  } else {
+    const int khw = a.KH * a.KW;
+    const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
+    store(a.dwt, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w, v);
+  }
+}
+
 // Block b: the tiles [b·tiles_per_chunk, (b+1)·tiles_per_chunk) into part[b, :], thread i
 // owning sums i, i + blockDim, ... (R of them at most): (o, k) = dw[o, k] for k < K, and with a
 // bias gradient (o, K) = db[o], as a tap whose value is 1. dy is masked by relu_y > 0 where the
@@ -470,18 +496,122 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
     const int e = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
     if (e < sums) a.part[static_cast<int64_t>(blockIdx.x) * sums + e] = acc[j];
   }
-  const int khw = a.KH * a.KW;
   split_sum(
       a.done, a.part, sums, gridDim.x, blockIdx.x, sums, [](int e) { return int64_t{e}; },
-      [&](int e, int64_t, float s) {
-        const int o = e / a.Kb, k = e - o * a.Kb;
-        if (k == a.K) {
-          store(a.db, o, s);
-        } else {
-          const int c = k / khw, r = k - c * khw, kh = r / a.KW, kw = r - kh * a.KW;
-          store(a.dwt, o * a.w_o + c * a.w_c + kh * a.w_h + kw * a.w_w, s);
+      [&](int e, int64_t, float s) { store_wgrad_sum(a, e, s); });
+}
+
+// ---- weight gradient through the max pool's backward, image by image ----
+//
+// With the pool's backward fused (the tiled kernel above unpools every conv pixel of a tile), a
+// conv pixel has a gradient only where its window's index names it: with the 2x2 pool of a
+// first layer, one in four, and none where the ReLU's mask says so. So this kernel walks the
+// pooled gradient instead: for each window (o, wh, ww) of image n whose index names a pixel
+// (oh, ow), dw[o, k] += g · x[n, tap k of (oh, ow)] and db[o] += g. A block takes a run of `ipb`
+// images, stages each image's x in shared memory as f32 (zero-padded planes: no bounds tests),
+// and thread t owns one output channel o and every S-th window of it (t = o·S + s for an NCHW dy,
+// whose windows of one channel are contiguous; t = s·O + o for a channels-last one, whose
+// channels are: either way a warp's loads are coalesced), summing in registers across the
+// block's images; KB windows' index and gradient are loaded before any is used. At the end the
+// block adds its threads' sums per channel in slice order (shared memory, reused from x) into
+// its partial, and split_sum adds the blocks' partials in the launch as in the tiled kernel.
+// Per window: two loads, K shared-memory reads and K + 1 FMAs, where the tiled kernel staged
+// four pixels' receptive fields and gradients (two dependent rounds of loads between barriers)
+// per window. Deterministic, capturable, as the tiled kernel; one difference in what it
+// computes: a pixel no index names contributes nothing, so a non-finite x there does not reach
+// dw as the dense sum's 0 · inf would (the forward that read the same x has then failed anyway).
+template <class T, int KT, int KB>
+__global__ void __launch_bounds__(kBlock) direct_pool_wgrad_kernel(const DirectArgs<T> a) {
+  extern __shared__ __align__(16) unsigned char direct_smem[];
+  float* xs = reinterpret_cast<float*>(direct_smem);  // C planes XH x XW, then the block's sums
+  const int t = static_cast<int>(threadIdx.x), S = a.S;
+  int o, s;
+  if (a.y_nhwc) o = t % a.O, s = t / a.O;
+  else o = t / S, s = t % S;
+  const bool active = o < a.O && s < S;  // the block has O·S <= blockDim threads at work
+  const int plane = a.XH * a.XW, total = a.C * plane, PHW = a.PH * a.PW;
+  const int windows = a.pkh * a.pkw;
+  float acc[KT + 1];
+#pragma unroll
+  for (int k = 0; k <= KT; ++k) acc[k] = 0.f;
+  const int n0 = static_cast<int>(blockIdx.x) * a.ipb, n1 = min(a.N, n0 + a.ipb);
+  for (int n = n0; n < n1; ++n) {  // uniform over the block
+    __syncthreads();  // the previous image's readers are done
+    // x in its memory order (channels innermost for a channels-last x): coalesced.
+    for (int e = t; e < total; e += blockDim.x) {
+      int c, r;
+      if (a.x_c == 1) r = e / a.C, c = e - r * a.C;
+      else c = e / plane, r = e - c * plane;
+      const int row = r / a.XW, col = r - row * a.XW;
+      const int ih = row - a.ph, iw = col - a.pw;
+      xs[c * plane + r] = ih >= 0 && ih < a.H && iw >= 0 && iw < a.W
+                              ? load(a.x, n * a.x_n + c * a.x_c + ih * a.x_h + iw * a.x_w)
+                              : 0.f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    const int64_t ib = n * a.i_n + o * a.i_c, yb = n * a.y_n + o * a.y_c;
+    for (int p0 = s; p0 < PHW; p0 += KB * S) {
+      int idx[KB];
+      float g[KB];
+#pragma unroll
+      for (int j = 0; j < KB; ++j) {
+        const int p = p0 + j * S;
+        idx[j] = -1;
+        g[j] = 0.f;
+        if (p < PHW) {
+          const int64_t at = ib + p * a.i_p;
+          idx[j] = a.pool_u8 ? static_cast<int>(static_cast<const uint8_t*>(a.pool_idx)[at])
+                             : static_cast<const int32_t*>(a.pool_idx)[at];
+          g[j] = load(a.y, yb + p * a.y_p);
         }
-      });
+      }
+#pragma unroll
+      for (int j = 0; j < KB; ++j) {
+        // The conv pixel (oh, ow) the index names; none: 255 (u8), negative (i32), or (for
+        // indices that did not come from the pool) outside the window or the conv's plane.
+        int oh, ow;
+        if (a.pool_u8) {
+          if (idx[j] < 0 || idx[j] >= windows) continue;
+          int wh, ww, th, tw;
+          a.fPW.divmod(p0 + j * S, wh, ww);
+          a.fPKW.divmod(idx[j], th, tw);
+          oh = wh * a.pkh + th;
+          ow = ww * a.pkw + tw;
+        } else {
+          if (idx[j] < 0 || idx[j] >= a.OH * a.OW) continue;
+          a.fOW.divmod(idx[j], oh, ow);
+        }
+        if (oh >= a.OH || ow >= a.OW) continue;  // a partial last window (ceil mode)
+        const float* xp = xs + oh * a.sh * a.XW + ow * a.sw;
+        const float gj = g[j];
+#pragma unroll
+        for (int k = 0; k < KT; ++k)
+          if (k < a.K) acc[k] = fmaf(gj, xp[a.tap_off[k]], acc[k]);
+        acc[KT] += gj;
+      }
+    }
+  }
+  // The block's sums per channel, its threads' in slice order, into its partial (e = o·Kb + k).
+  __syncthreads();  // x is no longer read: its space takes the threads' sums, (o·S + s)·Kb + k
+  if (active) {
+#pragma unroll
+    for (int k = 0; k < KT; ++k)
+      if (k < a.K) xs[(o * S + s) * a.Kb + k] = acc[k];
+    if (a.Kb > a.K) xs[(o * S + s) * a.Kb + a.K] = acc[KT];
+  }
+  __syncthreads();
+  const int sums = a.O * a.Kb;
+  for (int e = t; e < sums; e += blockDim.x) {
+    int eo, k;
+    a.fKb.divmod(e, eo, k);
+    float v = 0.f;
+    for (int j = 0; j < S; ++j) v += xs[(eo * S + j) * a.Kb + k];
+    a.part[static_cast<int64_t>(blockIdx.x) * sums + e] = v;
+  }
+  split_sum(
+      a.done, a.part, sums, gridDim.x, blockIdx.x, sums, [](int e) { return int64_t{e}; },
+      [&](int e, int64_t, float v) { store_wgrad_sum(a, e, v); });
 }
 
 // ---- kernels ----
@@ -522,6 +652,7 @@ DirectArgs<T> direct_args(const NodeInfo& node, const plx_tensor& x, const plx_t
   a.C = static_cast<int>(g.C), a.H = static_cast<int>(g.H), a.W = static_cast<int>(g.W);
   a.O = static_cast<int>(g.O), a.KH = static_cast<int>(g.KH), a.KW = static_cast<int>(g.KW);
   a.OW = static_cast<int>(g.OW);
+  a.OH = static_cast<int>(g.OH);
   a.sh = static_cast<int>(g.sh), a.sw = static_cast<int>(g.sw);
   a.ph = static_cast<int>(g.ph), a.pw = static_cast<int>(g.pw);
   a.dh = static_cast<int>(g.dh), a.dw = static_cast<int>(g.dw);
@@ -746,6 +877,11 @@ class DirectWgradKernel final : public Kernel {
     a_.fKb = FastDiv(a_.Kb);
     a_.Kp = a_.Kb | 1;
     const int64_t sums = static_cast<int64_t>(a_.O) * a_.Kb;
+    sums_ = sums;
+    if (unpool.pool && by_image(backend, xs[0])) {
+      done_ = BlockCounter(split_sum_counters(static_cast<unsigned>(chunks_)));
+      return;
+    }
     PLX_DECLINE_UNLESS(sums <= kWgradMaxSums * kBlock,
                        "%s: direct holds at most %d sums (O·C·KH·KW, + O with the bias), got %lld",
                        op, kWgradMaxSums * kBlock, static_cast<long long>(sums));
@@ -764,7 +900,6 @@ class DirectWgradKernel final : public Kernel {
     chunks_ = std::clamp<int64_t>(std::min(target, ceil_div(a_.tiles, 4)), 1, INT_MAX);
     a_.tiles_per_chunk = std::max<int64_t>(ceil_div(a_.tiles, chunks_), 1);
     chunks_ = std::max<int64_t>(ceil_div(a_.tiles, a_.tiles_per_chunk), 1);
-    sums_ = sums;
     done_ = BlockCounter(split_sum_counters(static_cast<unsigned>(chunks_)));
   }
 
@@ -787,6 +922,14 @@ class DirectWgradKernel final : public Kernel {
     if (slots_.indices >= 0) a.pool_idx = c.in(slots_.indices).data;
     const unsigned grid = static_cast<unsigned>(chunks_);
     const cudaStream_t s = native(c.stream);
+    if (by_image_) {
+      if (a.K <= 9)
+        direct_pool_wgrad_kernel<T, 9, kPoolWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+      else
+        direct_pool_wgrad_kernel<T, kMaxTaps, kPoolWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+      PLX_CUDA_LAUNCH_CHECK();
+      return;
+    }
     switch (sums_per_thread_) {
       case 1:
         direct_wgrad_kernel<T, 1><<<grid, kBlock, smem_, s>>>(a);
@@ -825,9 +968,39 @@ class DirectWgradKernel final : public Kernel {
     a_.i_n = p.i_n, a_.i_c = p.i_c, a_.i_p = p.i_p;
   }
 
+  // The unpooling weight gradient image by image (direct_pool_wgrad_kernel) where an image of x
+  // fits in shared memory (the threads' sums reuse that space) and there is an output pixel;
+  // false: the tiled kernel takes it. Blocks: about kPoolWgradBlocksPerSm per SM, each a run
+  // of images.
+  bool by_image(CudaBackend& backend, int64_t N) {
+    if (a_.OH < 1 || a_.OW < 1 || a_.O < 1 || !fits_i32(N)) return false;
+    const int64_t XH = int64_t{a_.OH - 1} * a_.sh + int64_t{a_.KH - 1} * a_.dh + 1;
+    const int64_t XW = int64_t{a_.OW - 1} * a_.sw + int64_t{a_.KW - 1} * a_.dw + 1;
+    const int64_t S = kBlock / a_.O;
+    const int64_t floats = std::max(a_.C * XH * XW, a_.O * S * a_.Kb);
+    if (!fits_i32(floats) || floats * int64_t{sizeof(float)} > static_cast<int64_t>(kMaxSmem))
+      return false;
+    a_.N = static_cast<int>(N);
+    a_.XH = static_cast<int>(XH), a_.XW = static_cast<int>(XW), a_.S = static_cast<int>(S);
+    const int khw = a_.KH * a_.KW;
+    for (int k = 0; k < a_.K; ++k) {
+      const int c = k / khw, r = k - c * khw, kh = r / a_.KW, kw = r - kh * a_.KW;
+      a_.tap_off[k] = c * a_.XH * a_.XW + kh * a_.dh * a_.XW + kw * a_.dw;
+    }
+    a_.fPW = FastDiv(a_.PW);
+    a_.fPKW = FastDiv(a_.pkw);
+    const int64_t target = kPoolWgradBlocksPerSm * static_cast<int64_t>(sm_count(backend, device_));
+    a_.ipb = static_cast<int>(std::max<int64_t>(ceil_div(N, target), 1));
+    chunks_ = std::max<int64_t>(ceil_div(N, a_.ipb), 1);
+    smem_ = static_cast<uint64_t>(floats) * sizeof(float);
+    by_image_ = true;
+    return true;
+  }
+
   int32_t device_;
   Slots slots_;
   DirectArgs<T> a_{};
+  bool by_image_ = false;
   uint64_t smem_ = 0;
   int sums_per_thread_ = 1;
   int64_t chunks_ = 1, sums_ = 0;

@@ -262,6 +262,7 @@ plexus_emu_tests("warps drifting apart"
     "every cuda wgmma gemm candidate matches the cpu"
     "cuda igemm convolution candidates match the cpu reference"
     "cuda direct convolutions match the cpu reference in every layout mix"
+    "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
     "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "cuda direct convolutions of small layers match the cpu in every layout mix"
@@ -281,9 +282,11 @@ plexus_emu_tests("37 SMs" ENV PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle TESTS
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "the classifier head fused on cuda matches the cpu")
 
-# The small convolutions' kernels (ops/direct_small.cu) on one emulated SM: their blocks then loop
-# over several images each (on four SMs the test batches give most blocks one image).
+# The image-by-image kernels (ops/direct_small.cu, and the first layer's unpooling weight
+# gradient in ops/direct_conv.cu) on one emulated SM: their blocks then loop over several images
+# each (on four SMs the test batches give most blocks one image).
 plexus_emu_tests("1 SM" ENV PLEXUS_EMU_SMS=1 PLEXUS_EMU_BLOCKS=shuffle TESTS
+    "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
     "cuda direct backward data of small convolutions matches the cpu in every layout mix"
     "the max pool backward of a small conv and its three gradients run as one direct kernel"
     "a small conv with its relu and max pool runs as one direct kernel with the unfused bits")
