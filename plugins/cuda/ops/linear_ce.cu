@@ -4,9 +4,10 @@
 // (sdk::linear_cross_entropy_slots, ops/fusion.cpp). The logits, log_probs and (when only the
 // group reads them) dlogits stay on chip.
 //
-// A block stages the weight (C, K) in shared memory as f32 once, then each of its 8 warps takes
-// a row at a time: the C logits as dot products of the row of x with the weight's rows (each
-// lane a strided slice of K, 8 classes at a time, then a shuffle tree), rounded to the linear's
+// A block stages the weight (C, K) and the bias in shared memory as f32 once (8 loads in flight
+// per thread), then each of its 8 warps takes a row at a time: the C logits as dot products of
+// the row of x with the weight's rows (each lane a strided slice of K, 4 of its values loaded
+// before any is used, 16 classes at a time, then a shuffle tree), rounded to the linear's
 // dtype as the linear node stores them (and widened exactly by the cast); then, from the logits
 // in shared memory, log-sum-exp, the row loss, the argmax and dlogits, with the arithmetic of the
 // unfused kernels (ops/softmax.cu, ops/reduce.cu); then the row's dx, dl (C) times the staged
@@ -41,7 +42,9 @@ using Reduction = sdk::LossReduction;
 
 constexpr int kWarps = 8;  // rows in flight per block, one per warp
 constexpr int kThreads = kWarps * 32;
-constexpr int kClassTile = 8;  // logits a lane accumulates at once
+constexpr int kClassTile = 16;  // logits a lane accumulates at once: a 10-class head in one pass
+constexpr int kRowBatch = 4;    // a row's x values a lane loads before using any
+constexpr int kStageBatch = 8;  // the weight's values a thread loads before storing any
 // Dynamic shared memory: a block may have 48 KiB in all without cudaFuncSetAttribute; 1 KiB is
 // left for the kernels' static arrays.
 constexpr uint64_t kMaxShared = 47 * 1024;
@@ -95,8 +98,8 @@ __device__ __forceinline__ bool beats(float v, long long i, float bv, long long 
 
 template <class TL, class TC, class L>
 __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
-  // The weight (C, K) in f32, then kWarps rows of C logits, then (with db) kWarps rows of C
-  // per-warp sums of dl.
+  // The weight (C, K) and the bias (C, zero without one) in f32, then kWarps rows of C logits,
+  // then (with db) kWarps rows of C per-warp sums of dl.
   extern __shared__ float smem[];
   __shared__ long long shared_count[32];
   const int64_t C = a.c, K = a.k;
@@ -114,8 +117,25 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
   TL* dxo = static_cast<TL*>(a.dx);
   TL* dbo = static_cast<TL*>(a.db);
   float* ws = smem;
-  for (int64_t i = threadIdx.x; i < C * K; i += blockDim.x) ws[i] = load(w, i);
-  float* dbw = smem + C * K + kWarps * C;  // (kWarps, C) with db
+  float* bs = smem + C * K;
+  // kStageBatch loads in flight per thread: one element at a time (a load, then its store) was
+  // a round trip to L2 per element, 32 in a row for simplecnn's 8,000 weights.
+  const int64_t CK = C * K;
+  for (int64_t base = threadIdx.x; base < CK; base += int64_t{kStageBatch} * blockDim.x) {
+    float v[kStageBatch];
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int64_t i = base + int64_t{j} * blockDim.x;
+      v[j] = i < CK ? load(w, i) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kStageBatch; ++j) {
+      const int64_t i = base + int64_t{j} * blockDim.x;
+      if (i < CK) ws[i] = v[j];
+    }
+  }
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) bs[i] = bias ? load(bias, i) : 0.f;
+  float* dbw = bs + C + kWarps * C;  // (kWarps, C) with db
   if (dbo)
     for (int64_t i = threadIdx.x; i < kWarps * C; i += blockDim.x) dbw[i] = 0.f;
   // The backward's scale of every row, unless reduction none: dloss, or dloss / (rows not
@@ -134,21 +154,33 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
   __syncthreads();  // the weight is staged
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  float* z = smem + C * K + warp * C;  // this warp's row of logits
+  float* z = bs + C + warp * C;  // this warp's row of logits
   // Rows are uniform over the warp: every shuffle below runs with all 32 lanes.
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.n;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const TL* xr = x + row * K;  // (K)
-    // The linear: kClassTile dot products at a time, each lane over k = lane, lane + 32, ...
+    // The linear: kClassTile dot products at a time, each lane over k = lane, lane + 32, ...,
+    // kRowBatch values of x loaded before any is used (one at a time, each was a round trip).
     for (int64_t c0 = 0; c0 < C; c0 += kClassTile) {
       float acc[kClassTile];
 #pragma unroll
       for (int j = 0; j < kClassTile; ++j) acc[j] = 0.f;
-      for (int64_t k = lane; k < K; k += 32) {
-        const float xv = load(xr, k);
+      for (int64_t k0 = lane; k0 < K; k0 += 32 * kRowBatch) {
+        float xv[kRowBatch];
 #pragma unroll
-        for (int j = 0; j < kClassTile; ++j)
-          if (c0 + j < C) acc[j] = fmaf(xv, ws[(c0 + j) * K + k], acc[j]);
+        for (int r = 0; r < kRowBatch; ++r) {
+          const int64_t k = k0 + 32 * r;
+          xv[r] = k < K ? load(xr, k) : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < kRowBatch; ++r) {
+          const int64_t k = k0 + 32 * r;
+          if (k < K) {
+#pragma unroll
+            for (int j = 0; j < kClassTile; ++j)
+              if (c0 + j < C) acc[j] = fmaf(xv[r], ws[(c0 + j) * K + k], acc[j]);
+          }
+        }
       }
 #pragma unroll
       for (int j = 0; j < kClassTile; ++j) {
@@ -156,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
         const int64_t col = c0 + j;
         if (lane == 0 && col < C) {
           // Rounded to the linear's dtype as its node stores it; the cast widens exactly.
-          const TL v = from_accum<TL>(dot + (bias ? load(bias, col) : 0.f));
+          const TL v = from_accum<TL>(bias ? dot + bs[col] : dot);
           if (logits) logits[row * C + col] = v;
           z[col] = to_accum<TL>(v);
           if (cast_logits) store(cast_logits, row * C + col, z[col]);
@@ -287,7 +319,8 @@ class LinearCrossEntropyKernel final : public Kernel {
     PLX_DECLINE_UNLESS(s.c > 0, "no classes (argmax over an empty axis is the node's error)");
     PLX_DECLINE_UNLESS(s.c <= int64_t{1} << 20 && s.k <= int64_t{1} << 20,
                        "more than 2^20 classes or inputs");
-    const uint64_t floats = static_cast<uint64_t>(s.c * s.k + kWarps * s.c * (s.db >= 0 ? 2 : 1));
+    const uint64_t floats =
+        static_cast<uint64_t>(s.c * s.k + s.c + kWarps * s.c * (s.db >= 0 ? 2 : 1));
     smem_ = floats * sizeof(float);
     PLX_DECLINE_UNLESS(smem_ <= kMaxShared,
                        "the weight (%lld x %lld) and the logits need %llu bytes of shared memory, "
