@@ -48,6 +48,7 @@
 #include "ops/mma_gemm.hpp"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/simt_gemm.cuh"
 
 namespace plexus::cuda {
 
@@ -449,16 +450,12 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
 }
 
 // ---- the fallback for operands that are not 16-byte aligned ----
-// A plain 16x16-tiled SIMT GEMM over element strides (A[m][k] at m·sam + k·sak, B[k][n] at
-// k·sbk + n·sbn), f32 accumulation in the same k order for every output; the same epilogue.
-// f32 inputs are multiplied in full f32 here (more exact than the TF32 path, never less).
-constexpr int kSimtTile = 16;
-
+// A plain SIMT GEMM over element strides (ops/simt_gemm.cuh: a 16 x 16 tile, f32 accumulation
+// in the same k order for every output); the same epilogue. f32 inputs are multiplied in full
+// f32 here (more exact than the TF32 path, never less).
 template <class T, MmaAct ACT>
 __global__ void __launch_bounds__(kSimtTile* kSimtTile)
     simt_gemm_kernel(const MmaArgs p, int64_t sam, int64_t sak, int64_t sbk, int64_t sbn) {
-  __shared__ float As[kSimtTile][kSimtTile + 1];
-  __shared__ float Bs[kSimtTile][kSimtTile + 1];
   const int tx = static_cast<int>(threadIdx.x) % kSimtTile;
   const int ty = static_cast<int>(threadIdx.x) / kSimtTile;
   const int64_t z = blockIdx.z;
@@ -467,17 +464,7 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   T* Y = static_cast<T*>(p.y) + z * p.sy;
   const int64_t mb = static_cast<int64_t>(blockIdx.x) * kSimtTile;
   const int64_t nb = static_cast<int64_t>(blockIdx.y) * kSimtTile;
-  float acc = 0.f;
-  for (int64_t k0 = 0; k0 < p.K; k0 += kSimtTile) {
-    const int64_t am = mb + ty, ak = k0 + tx;
-    As[ty][tx] = am < p.M && ak < p.K ? to_accum<T>(A[am * sam + ak * sak]) : 0.f;
-    const int64_t bk = k0 + ty, bn = nb + tx;
-    Bs[ty][tx] = bk < p.K && bn < p.N ? to_accum<T>(B[bk * sbk + bn * sbn]) : 0.f;
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kSimtTile; ++k) acc = fmaf(As[ty][k], Bs[k][tx], acc);
-    __syncthreads();
-  }
+  const float acc = simt_tile_dot(A, B, p.M, p.N, p.K, sam, sak, sbk, sbn, mb, nb);
   const int64_t row = mb + ty, col = nb + tx;
   if (row >= p.M || col >= p.N) return;
   float v = acc * p.alpha;

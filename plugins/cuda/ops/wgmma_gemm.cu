@@ -68,6 +68,7 @@
 #include "device.cuh"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/simt_gemm.cuh"
 #include "ops/wgmma_gemm.hpp"
 #include "ops/wgmma_ptx.cuh"
 
@@ -373,10 +374,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- the fallback for operands that are not 16-byte aligned ----
-// A plain 16x16-tiled SIMT GEMM over element strides (A[m][k] at m·sam + k·sak, B[k][n] at
-// k·sbk + n·sbn, batch strides sa, sb), f32 accumulation; the same epilogue.
-constexpr int kSimtTile = 16;
-
+// A plain SIMT GEMM over element strides (ops/simt_gemm.cuh: A[m][k] at m·sam + k·sak, B[k][n]
+// at k·sbk + n·sbn, batch strides sa, sb), f32 accumulation; the same epilogue.
 struct SimtArgs {
   const void* a;
   const void* b;
@@ -386,8 +385,6 @@ struct SimtArgs {
 template <class T>
 __global__ void __launch_bounds__(kSimtTile* kSimtTile)
     wgmma_simt_fallback_kernel(const WgArgs p, const SimtArgs q) {
-  __shared__ float As[kSimtTile][kSimtTile + 1];
-  __shared__ float Bs[kSimtTile][kSimtTile + 1];
   const int tx = static_cast<int>(threadIdx.x) % kSimtTile;
   const int ty = static_cast<int>(threadIdx.x) / kSimtTile;
   const int64_t z = blockIdx.z;
@@ -396,17 +393,7 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   T* Y = static_cast<T*>(p.y) + z * p.sy;
   const int64_t mb = static_cast<int64_t>(blockIdx.x) * kSimtTile;
   const int64_t nb = static_cast<int64_t>(blockIdx.y) * kSimtTile;
-  float acc = 0.f;
-  for (int64_t k0 = 0; k0 < p.K; k0 += kSimtTile) {
-    const int64_t am = mb + ty, ak = k0 + tx;
-    As[ty][tx] = am < p.M && ak < p.K ? to_accum<T>(A[am * q.sam + ak * q.sak]) : 0.f;
-    const int64_t bk = k0 + ty, bn = nb + tx;
-    Bs[ty][tx] = bk < p.K && bn < p.N ? to_accum<T>(B[bk * q.sbk + bn * q.sbn]) : 0.f;
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kSimtTile; ++k) acc = fmaf(As[ty][k], Bs[k][tx], acc);
-    __syncthreads();
-  }
+  const float acc = simt_tile_dot(A, B, p.M, p.N, p.K, q.sam, q.sak, q.sbk, q.sbn, mb, nb);
   const int64_t row = mb + ty, col = nb + tx;
   if (row >= p.M || col >= p.N) return;
   float v = acc * p.alpha;
