@@ -33,7 +33,8 @@ constexpr const char* kImpl = "direct";
 // The first layers of convnet (padding 1, 32 channels) and simplecnn (no padding, 16), at a batch
 // whose pixel count leaves a ragged last tile; an RGB-like stem with stride 2; K = 32 (the
 // largest direct takes) with dilation; a rectangular filter with mixed stride and padding; a 1x1;
-// more channels than a warp and odd; one output pixel; an empty batch.
+// more channels than a warp and odd; one output pixel; an empty batch; an image over 48 KiB of
+// f32, whose weight gradient is tiled (the others' go image by image).
 const std::vector<Geo>& geometries() {
   static const std::vector<Geo> g = {
       {{3, 1, 28, 28}, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}},  // convnet conv1
@@ -44,6 +45,7 @@ const std::vector<Geo>& geometries() {
       {{2, 3, 7, 7}, 200, 1, 1, {1, 1}, {0, 0}, {1, 1}},   // 1x1, 200 channels
       {{1, 1, 3, 3}, 33, 3, 3, {1, 1}, {0, 0}, {1, 1}},    // one output pixel
       {{0, 1, 8, 8}, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}},    // empty batch: dw is zero
+      {{1, 1, 120, 120}, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}}, // tiled weight gradient
   };
   return g;
 }
@@ -91,32 +93,35 @@ TEST_CASE("cuda direct convolutions match the cpu reference in every layout mix"
   CHECK(runs == 3 * 8 * 3 * static_cast<int>(geometries().size()));
 }
 
-// The same kernel twice on the same inputs gives the same bits: the weight gradient's chunks are
-// added in a fixed order, with no atomics, as the flags say.
+// The same kernel twice on the same inputs gives the same bits: the weight gradient's blocks are
+// added in a fixed order, with no atomics, as the flags say (image by image, and tiled for an
+// image over 48 KiB).
 TEST_CASE("cuda direct convolutions are deterministic", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  const Geo g = {{16, 1, 28, 28}, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}};
-  const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
-  const Shape y_shape = out_shape(g);
-  for (plx_dtype d : {PLX_F32, PLX_BF16}) {
-    const Tensor x = random_tensor(g.x, d, 7).to(gpu);
-    const Tensor w = random_tensor(w_shape, d, 8).to(gpu);
-    const Tensor dy = random_tensor(y_shape, d, 9).to(gpu);
-    Attrs bw_attrs = geo_attrs(g);
-    bw_attrs.set("weight_shape", Ints(w_shape));
-    struct Run {
-      const char* op;
-      std::vector<Tensor> in;
-      Shape out;
-      Attrs attrs;
-    };
-    const Run runs[] = {{"conv2d", {x, w, Tensor()}, y_shape, geo_attrs(g)},
-                        {"conv2d_backward_weight", {dy, x}, w_shape, bw_attrs}};
-    for (const Run& r : runs) {
-      INFO(r.op << " " << dtype_name(d));
-      const plx_kernel* k = direct_kernel(gpu, r.op, d);
-      REQUIRE(k != nullptr);
-      CHECK(same_bits_twice(gpu, runtime().ops().get(r.op), k, r.in, r.out, d, r.attrs));
+  for (const Geo& g : {Geo{{16, 1, 28, 28}, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}},
+                       Geo{{2, 1, 120, 120}, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}}}) {
+    for (plx_dtype d : {PLX_F32, PLX_BF16}) {
+      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+      const Shape y_shape = out_shape(g);
+      const Tensor x = random_tensor(g.x, d, 7).to(gpu);
+      const Tensor w = random_tensor(w_shape, d, 8).to(gpu);
+      const Tensor dy = random_tensor(y_shape, d, 9).to(gpu);
+      Attrs bw_attrs = geo_attrs(g);
+      bw_attrs.set("weight_shape", Ints(w_shape));
+      struct Run {
+        const char* op;
+        std::vector<Tensor> in;
+        Shape out;
+        Attrs attrs;
+      };
+      const Run runs[] = {{"conv2d", {x, w, Tensor()}, y_shape, geo_attrs(g)},
+                          {"conv2d_backward_weight", {dy, x}, w_shape, bw_attrs}};
+      for (const Run& r : runs) {
+        INFO(r.op << " " << dtype_name(d) << " " << describe(g));
+        const plx_kernel* k = direct_kernel(gpu, r.op, d);
+        REQUIRE(k != nullptr);
+        CHECK(same_bits_twice(gpu, runtime().ops().get(r.op), k, r.in, r.out, d, r.attrs));
+      }
     }
   }
 }
@@ -221,7 +226,8 @@ TEST_CASE(
   const C cases[] = {{{5, 1, 12, 10}, 16, {1, 1}, PLX_F32},
                      {{4, 1, 28, 28}, 32, {1, 1}, PLX_BF16},
                      {{3, 3, 9, 9}, 8, {0, 0}, PLX_F16},
-                     {{0, 1, 8, 8}, 8, {1, 1}, PLX_F32}};
+                     {{0, 1, 8, 8}, 8, {1, 1}, PLX_F32},
+                     {{2, 1, 120, 120}, 8, {1, 1}, PLX_F32}};  // tiled: x over 48 KiB
   for (KernelSide side : {KernelSide::Native, KernelSide::Library}) {
     RuntimeOptions o = plugin_dir_options();
     o.kernels = side;

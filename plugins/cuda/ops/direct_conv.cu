@@ -19,7 +19,13 @@
 // tap order (k = (c·KH + kh)·KW + kw), plus the bias, through the ReLU when asked (the relu op's
 // rule, x > 0 ? x : 0), rounded once to y's dtype.
 //
-// Weight gradient. dw[o, k] = Σ_m dy[m, o] · patch[m, k] over all N·OH·OW pixels: block b sums
+// Weight gradient, image by image (direct_image_wgrad_kernel, below), where one image of x fits
+// in shared memory: a block stages a run of images' x in turn, and each thread sums g · x over
+// the taps for one output channel and its share of the image's pixels (or, with the max pool's
+// backward fused, of the pooled windows, each adding only at the pixel its index names).
+//
+// Weight gradient, tiled, for larger images. dw[o, k] = Σ_m dy[m, o] · patch[m, k] over all
+// N·OH·OW pixels: block b sums
 // the pixels of its chunk of tiles, each tile's dy (TP x O) and receptive fields (TP x K) staged
 // in shared memory as f32, each thread owning up to R of the O·K sums (consecutive threads on
 // consecutive k); the per-chunk f32 partials are added in the launch by split_sum (device.cuh:
@@ -28,11 +34,9 @@
 // group relu_backward -> {sum, conv2d_backward_weight} (a first layer's backward, where nothing
 // reads dx) the same launch masks dy by relu's y > 0 as it stages it and sums it per channel
 // beside dw (the bias gradient, a tap whose value is 1), so the masked gradient is never
-// written. With the max pool's backward fused before it, where an image of x fits in shared
-// memory, the weight gradient walks the pooled gradient image by image instead
-// (direct_pool_wgrad_kernel, below). No atomics on the data (the counters only say which block is last), a fixed summation
-// order, launch geometry fixed at creation: deterministic. Nothing allocated or synchronised:
-// capturable.
+// written (image by image the same: dy masked as it is loaded). No atomics on the data (the
+// counters only say which block is last), a fixed summation order, launch geometry fixed at
+// creation: deterministic. Nothing allocated or synchronised: capturable.
 //
 // Layouts: x, w, y (dy, dw) each NCHW contiguous or channels-last (the layout planner's); each
 // element is addressed through its tensor's canonical strides, so every mix runs as it is, with
@@ -59,8 +63,8 @@ constexpr int kWgradTile = 32;            // TP: pixels per weight-gradient tile
 constexpr int kWgradMaxSums = 16;         // R: dw sums per thread (O·K <= R·kBlock)
 constexpr int64_t kWgradBlocksPerSm = 8;  // the weight gradient's chunks: blocks per SM
 constexpr uint64_t kMaxSmem = 48 * 1024;  // no opt-in needed below this
-constexpr int64_t kPoolWgradBlocksPerSm = 2;  // the unpooling weight gradient's runs of images
-constexpr int kPoolWgradBatch = 8;            // its windows loaded before any is used
+constexpr int64_t kImageWgradBlocksPerSm = 2;  // the image-by-image weight gradient's runs of images
+constexpr int kImageWgradBatch = 8;            // its items loaded before any is used
 
 using direct::ceil_div;
 using direct::fits_i32;
@@ -102,11 +106,10 @@ struct DirectArgs {
   // pixel index m < 2^31, so fill_pixels may divide it in 32 bits.
   FastDiv fK, fO, fKb, fOHW, fOW;
   bool m32;
-  // The weight gradient through the pool's backward, image by image (direct_pool_wgrad_kernel):
-  // N images, `ipb` a block; x staged as C planes of XH x XW (rows from -ph, columns from -pw,
-  // zero outside the image), tap k at tap_off[k] from a pixel's corner there; S threads per
-  // output channel; the divisions of a pooled position by PW and of a u8 tap by the window's
-  // width.
+  // The weight gradient image by image (direct_image_wgrad_kernel): N images, `ipb` a block; x
+  // staged as C planes of XH x XW (rows from -ph, columns from -pw, zero outside the image), tap
+  // k at tap_off[k] from a pixel's corner there; S threads per output channel; the divisions of
+  // a pooled position by PW and of a u8 tap by the window's width.
   int N, OH, ipb, XH, XW, S;
   int tap_off[kMaxTaps];
   FastDiv fPW, fPKW;
@@ -501,27 +504,29 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
       [&](int e, int64_t, float s) { store_wgrad_sum(a, e, s); });
 }
 
-// ---- weight gradient through the max pool's backward, image by image ----
+// ---- weight gradient, image by image ----
 //
-// With the pool's backward fused (the tiled kernel above unpools every conv pixel of a tile), a
-// conv pixel has a gradient only where its window's index names it: with the 2x2 pool of a
-// first layer, one in four, and none where the ReLU's mask says so. So this kernel walks the
-// pooled gradient instead: for each window (o, wh, ww) of image n whose index names a pixel
-// (oh, ow), dw[o, k] += g · x[n, tap k of (oh, ow)] and db[o] += g. A block takes a run of `ipb`
-// images, stages each image's x in shared memory as f32 (zero-padded planes: no bounds tests),
-// and thread t owns one output channel o and every S-th window of it (t = o·S + s for an NCHW dy,
-// whose windows of one channel are contiguous; t = s·O + o for a channels-last one, whose
-// channels are: either way a warp's loads are coalesced), summing in registers across the
-// block's images; KB windows' index and gradient are loaded before any is used. At the end the
-// block adds its threads' sums per channel in slice order (shared memory, reused from x) into
-// its partial, and split_sum adds the blocks' partials in the launch as in the tiled kernel.
-// Per window: two loads, K shared-memory reads and K + 1 FMAs, where the tiled kernel staged
-// four pixels' receptive fields and gradients (two dependent rounds of loads between barriers)
-// per window. Deterministic, capturable, as the tiled kernel; one difference in what it
-// computes: a pixel no index names contributes nothing, so a non-finite x there does not reach
-// dw as the dense sum's 0 · inf would (the forward that read the same x has then failed anyway).
+// dw[o, k] = Σ_n Σ_(oh, ow) g[n, o, oh, ow] · x[n, tap k of (oh, ow)] and db[o] = Σ g, where g is
+// dy (masked by relu_y > 0 in the fused relu_backward group) at every conv pixel; or, with the
+// max pool's backward fused, the pooled gradient of each window (o, wh, ww) at the one pixel its
+// index names (none: nothing). So with a pool the kernel walks the windows, not the pixels: with
+// the 2x2 pool of a first layer a quarter of them, and none where the ReLU's mask says so.
+//
+// A block takes a run of `ipb` images, stages each image's x in shared memory as f32 (zero-padded
+// planes: no bounds tests), and thread t owns one output channel o and every S-th item (pixel or
+// window) of it (t = o·S + s for an NCHW dy, whose items of one channel are contiguous; t = s·O +
+// o for a channels-last one, whose channels are: either way a warp's loads are coalesced),
+// summing in registers across the block's images; KB items' loads are issued before any is used.
+// At the end the block adds its threads' sums per channel in slice order (shared memory, reused
+// from x) into its partial, and split_sum adds the blocks' partials in the launch as in the tiled
+// kernel. Per item: one or two loads, K shared-memory reads and K + 1 FMAs, where the tiled
+// kernel staged 32-pixel tiles' receptive fields and gradients in dependent rounds of loads
+// between barriers. Deterministic, capturable, as the tiled kernel. Every pixel counts, masked or
+// not, as in the dense sum (0 · x); with the pool, a pixel no index names contributes nothing, so
+// a non-finite x there does not reach dw as the unpooled sum's 0 · inf would (the forward that
+// read the same x has then failed anyway).
 template <class T, int KT, int KB>
-__global__ void __launch_bounds__(kBlock) direct_pool_wgrad_kernel(const DirectArgs<T> a) {
+__global__ void __launch_bounds__(kBlock) direct_image_wgrad_kernel(const DirectArgs<T> a) {
   extern __shared__ __align__(16) unsigned char direct_smem[];
   float* xs = reinterpret_cast<float*>(direct_smem);  // C planes XH x XW, then the block's sums
   const int t = static_cast<int>(threadIdx.x), S = a.S;
@@ -529,7 +534,9 @@ __global__ void __launch_bounds__(kBlock) direct_pool_wgrad_kernel(const DirectA
   if (a.y_nhwc) o = t % a.O, s = t / a.O;
   else o = t / S, s = t % S;
   const bool active = o < a.O && s < S;  // the block has O·S <= blockDim threads at work
-  const int plane = a.XH * a.XW, total = a.C * plane, PHW = a.PH * a.PW;
+  const bool pooled = a.pool_idx != nullptr;
+  const int plane = a.XH * a.XW, total = a.C * plane;
+  const int items = pooled ? a.PH * a.PW : a.OH * a.OW;
   const int windows = a.pkh * a.pkw;
   float acc[KT + 1];
 #pragma unroll
@@ -551,40 +558,52 @@ __global__ void __launch_bounds__(kBlock) direct_pool_wgrad_kernel(const DirectA
     __syncthreads();
     if (!active) continue;
     const int64_t ib = n * a.i_n + o * a.i_c, yb = n * a.y_n + o * a.y_c;
-    for (int p0 = s; p0 < PHW; p0 += KB * S) {
-      int idx[KB];
-      float g[KB];
+    for (int p0 = s; p0 < items; p0 += KB * S) {
+      int idx[KB];    // pooled: the window's index; dense: 0
+      float g[KB];    // the gradient
+      float rel[KB];  // dense with relu_y: relu's y, which masks g
 #pragma unroll
       for (int j = 0; j < KB; ++j) {
         const int p = p0 + j * S;
         idx[j] = -1;
         g[j] = 0.f;
-        if (p < PHW) {
-          const int64_t at = ib + p * a.i_p;
-          idx[j] = a.pool_u8 ? static_cast<int>(static_cast<const uint8_t*>(a.pool_idx)[at])
-                             : static_cast<const int32_t*>(a.pool_idx)[at];
+        rel[j] = 1.f;
+        if (p < items) {
           g[j] = load(a.y, yb + p * a.y_p);
+          if (pooled) {
+            const int64_t at = ib + p * a.i_p;
+            idx[j] = a.pool_u8 ? static_cast<int>(static_cast<const uint8_t*>(a.pool_idx)[at])
+                               : static_cast<const int32_t*>(a.pool_idx)[at];
+          } else {
+            idx[j] = 0;
+            if (a.relu_y) rel[j] = load(a.relu_y, yb + p * a.y_p);
+          }
         }
       }
 #pragma unroll
       for (int j = 0; j < KB; ++j) {
-        // The conv pixel (oh, ow) the index names; none: 255 (u8), negative (i32), or (for
-        // indices that did not come from the pool) outside the window or the conv's plane.
+        if (idx[j] < 0) continue;  // past the items, or a window whose index names no pixel
+        // The conv pixel (oh, ow): the item itself, or the one the window's index names (none:
+        // 255 (u8), negative (i32), or, for indices that did not come from the pool, outside
+        // the window or the conv's plane).
         int oh, ow;
-        if (a.pool_u8) {
-          if (idx[j] < 0 || idx[j] >= windows) continue;
+        float gj = g[j];
+        if (!pooled) {
+          a.fOW.divmod(p0 + j * S, oh, ow);
+          gj = rel[j] > 0.f ? gj : 0.f;  // relu_backward's rule (1 without relu_y)
+        } else if (a.pool_u8) {
+          if (idx[j] >= windows) continue;
           int wh, ww, th, tw;
           a.fPW.divmod(p0 + j * S, wh, ww);
           a.fPKW.divmod(idx[j], th, tw);
           oh = wh * a.pkh + th;
           ow = ww * a.pkw + tw;
+          if (oh >= a.OH || ow >= a.OW) continue;  // a partial last window (ceil mode)
         } else {
-          if (idx[j] < 0 || idx[j] >= a.OH * a.OW) continue;
+          if (idx[j] >= a.OH * a.OW) continue;
           a.fOW.divmod(idx[j], oh, ow);
         }
-        if (oh >= a.OH || ow >= a.OW) continue;  // a partial last window (ceil mode)
         const float* xp = xs + oh * a.sh * a.XW + ow * a.sw;
-        const float gj = g[j];
 #pragma unroll
         for (int k = 0; k < KT; ++k)
           if (k < a.K) acc[k] = fmaf(gj, xp[a.tap_off[k]], acc[k]);
@@ -878,7 +897,7 @@ class DirectWgradKernel final : public Kernel {
     a_.Kp = a_.Kb | 1;
     const int64_t sums = static_cast<int64_t>(a_.O) * a_.Kb;
     sums_ = sums;
-    if (unpool.pool && by_image(backend, xs[0])) {
+    if (by_image(backend, xs[0])) {
       done_ = BlockCounter(split_sum_counters(static_cast<unsigned>(chunks_)));
       return;
     }
@@ -924,9 +943,9 @@ class DirectWgradKernel final : public Kernel {
     const cudaStream_t s = native(c.stream);
     if (by_image_) {
       if (a.K <= 9)
-        direct_pool_wgrad_kernel<T, 9, kPoolWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+        direct_image_wgrad_kernel<T, 9, kImageWgradBatch><<<grid, kBlock, smem_, s>>>(a);
       else
-        direct_pool_wgrad_kernel<T, kMaxTaps, kPoolWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+        direct_image_wgrad_kernel<T, kMaxTaps, kImageWgradBatch><<<grid, kBlock, smem_, s>>>(a);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -968,9 +987,9 @@ class DirectWgradKernel final : public Kernel {
     a_.i_n = p.i_n, a_.i_c = p.i_c, a_.i_p = p.i_p;
   }
 
-  // The unpooling weight gradient image by image (direct_pool_wgrad_kernel) where an image of x
+  // The weight gradient image by image (direct_image_wgrad_kernel) where an image of x
   // fits in shared memory (the threads' sums reuse that space) and there is an output pixel;
-  // false: the tiled kernel takes it. Blocks: about kPoolWgradBlocksPerSm per SM, each a run
+  // false: the tiled kernel takes it. Blocks: about kImageWgradBlocksPerSm per SM, each a run
   // of images.
   bool by_image(CudaBackend& backend, int64_t N) {
     if (a_.OH < 1 || a_.OW < 1 || a_.O < 1 || !fits_i32(N)) return false;
@@ -989,7 +1008,7 @@ class DirectWgradKernel final : public Kernel {
     }
     a_.fPW = FastDiv(a_.PW);
     a_.fPKW = FastDiv(a_.pkw);
-    const int64_t target = kPoolWgradBlocksPerSm * static_cast<int64_t>(sm_count(backend, device_));
+    const int64_t target = kImageWgradBlocksPerSm * static_cast<int64_t>(sm_count(backend, device_));
     a_.ipb = static_cast<int>(std::max<int64_t>(ceil_div(N, target), 1));
     chunks_ = std::max<int64_t>(ceil_div(N, a_.ipb), 1);
     smem_ = static_cast<uint64_t>(floats) * sizeof(float);
