@@ -85,6 +85,10 @@ inline ConvCase make_case(const Geo& g, plx_dtype d, uint64_t& seed) {
 struct Layouts {
   bool x, w, y;
 };
+// Mix 0..7 of the eight: bit 0 x, bit 1 w, bit 2 y channels-last.
+inline Layouts layouts_of(int mix) {
+  return {(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+}
 inline std::string layout_name(const Layouts& l) {
   auto n = [](bool c) { return c ? "nhwc" : "nchw"; };
   return std::string("x ") + n(l.x) + ", w " + n(l.w) + ", y " + n(l.y);

@@ -89,7 +89,7 @@ TEST_CASE("cuda cudnn_graph convolutions match the cpu reference in every layout
       const int64_t taps = g.x[1] / g.groups * g.kh * g.kw;
       const int64_t pixels = std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]);
       for (int mix = 0; mix < 8; ++mix) {
-        const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+        const Layouts l = layouts_of(mix);
         const bool mixed = mix != 0 && mix != 7;
         const std::string what = describe(g) + ", " + layout_name(l);
         const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);

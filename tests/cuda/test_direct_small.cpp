@@ -65,7 +65,7 @@ TEST_CASE("cuda direct backward data of small convolutions matches the cpu in ev
       const ConvCase c = make_case(g, d, seed);
       const int64_t terms = g.o * g.kh * g.kw;
       for (int mix = 0; mix < 8; ++mix) {
-        const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+        const Layouts l = layouts_of(mix);
         INFO(dtype_name(d) << ": " << describe(g) << ", " << layout_name(l));
         check_candidate(gpu, s, k, d, {on_gpu(gpu, c.dy, l.y), on_gpu(gpu, c.w, l.w)},
                         c.x.shape(), l.x, c.bd_attrs, c.want_dx, terms);
@@ -90,7 +90,7 @@ TEST_CASE("cuda direct convolutions of small layers match the cpu in every layou
       const ConvCase c = make_case(g, d, seed);
       const int64_t terms = g.x[1] * g.kh * g.kw + 1;
       for (int mix = 0; mix < 8; ++mix) {
-        const Layouts l{(mix & 1) != 0, (mix & 2) != 0, (mix & 4) != 0};
+        const Layouts l = layouts_of(mix);
         const Tensor gx = on_gpu(gpu, c.x, l.x), gw = on_gpu(gpu, c.w, l.w);
         for (bool bias : {false, true}) {
           INFO(dtype_name(d) << ": " << describe(g) << ", " << layout_name(l)

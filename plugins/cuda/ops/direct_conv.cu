@@ -767,12 +767,8 @@ class DirectConvPoolKernel final : public Kernel {
     using sdk::nhwc_or_decline;
     const bool y_nhwc = nhwc_or_decline(y, "max_pool2d", "y");
     const bool i_nhwc = nhwc_or_decline(ix, "max_pool2d", "the indices");
-    const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
-               dil = pool.attr_ints("dilation");
-    auto stride = pool.attr_ints("stride");
-    if (stride.empty()) stride = kernel;
-    PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                "max_pool2d: kernel, stride, padding and dilation must have 2 values");
+    const direct::PoolWindow win = direct::pool_window(pool, "max_pool2d");
+    const auto &kernel = win.kernel, &stride = win.stride, &pad = win.pad, &dil = win.dil;
     const int64_t KP = kernel[0] * kernel[1];
     PLX_DECLINE_UNLESS(KP >= 1 && KP <= kFwdTile,
                        "conv2d+max_pool2d: direct takes windows of at most %d taps", kFwdTile);
@@ -1210,14 +1206,23 @@ int sm_count(CudaBackend& b, int32_t device) {
   return std::max(b.context(device).prop.multiProcessorCount, 1);
 }
 
+PoolWindow pool_window(const NodeInfo& pool, const char* op) {
+  PoolWindow w;
+  w.kernel = pool.attr_ints("kernel");
+  w.pad = pool.attr_ints("padding");
+  w.dil = pool.attr_ints("dilation");
+  w.stride = pool.attr_ints("stride");
+  if (w.stride.empty()) w.stride = w.kernel;
+  PLX_REQUIRE(w.kernel.size() == 2 && w.stride.size() == 2 && w.pad.size() == 2 &&
+                  w.dil.size() == 2,
+              "%s: kernel, stride, padding and dilation must have 2 values", op);
+  return w;
+}
+
 Unpool2d unpool_geometry(const NodeInfo& pool, const plx_tensor& dy, const plx_tensor& ix,
                          int64_t N, int64_t O, plx_dtype dtype, const char* op) {
-  const auto kernel = pool.attr_ints("kernel"), pad = pool.attr_ints("padding"),
-             dil = pool.attr_ints("dilation");
-  auto stride = pool.attr_ints("stride");
-  if (stride.empty()) stride = kernel;
-  PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-              "max_pool2d_backward: kernel, stride, padding and dilation must have 2 values");
+  const PoolWindow win = pool_window(pool, "max_pool2d_backward");
+  const auto &kernel = win.kernel, &stride = win.stride, &pad = win.pad, &dil = win.dil;
   PLX_DECLINE_UNLESS(stride == kernel && pad[0] == 0 && pad[1] == 0 && dil[0] == 1 &&
                          dil[1] == 1 && kernel[0] >= 1 && kernel[1] >= 1 &&
                          fits_i32(kernel[0]) && fits_i32(kernel[1]),

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common.hpp"
 
@@ -25,6 +26,14 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
 }
 // The device's SM count (at least 1).
 int sm_count(CudaBackend& b, int32_t device);
+
+// A max pool node's window as its attributes give it, two values each: the kernel, the stride
+// (the kernel where none is given), the padding and the dilation. Requires two values of each
+// (naming `op`).
+struct PoolWindow {
+  std::vector<int64_t> kernel, stride, pad, dil;
+};
+PoolWindow pool_window(const NodeInfo& pool, const char* op);
 
 // A max pool's backward that a direct kernel unpools as it stages the pooled gradient: windows
 // pkh x pkw of stride = kernel, no padding or dilation, so each conv pixel is in at most one

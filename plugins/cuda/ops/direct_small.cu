@@ -71,6 +71,24 @@ using direct::ceil_div;
 using direct::fits_i32;
 using direct::sm_count;
 
+// Declines (naming `op`) a block that needs more shared memory than the device gives one
+// (its opt-in maximum); the caller has made `device` current.
+void decline_over_optin(CudaBackend& backend, int32_t device, uint64_t smem, const char* op) {
+  const DeviceContext& ctx = backend.context(device);
+  PLX_DECLINE_UNLESS(smem <= ctx.prop.sharedMemPerBlockOptin,
+                     "%s: direct image by image would need %llu bytes of shared memory per "
+                     "block, over the device's %llu",
+                     op, static_cast<unsigned long long>(smem),
+                     static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
+}
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory (the opt-in, above 48 KiB).
+template <class K>
+void allow_smem(K* kernel, uint64_t smem) {
+  if (smem > 48 * 1024)
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+}
+
 template <class T>
 struct SmallBwdArgs {
   const T* dy;           // the conv's gradient (N, O, OH, OW), or the pooled one (N, O, PH, PW)
@@ -594,19 +612,9 @@ class SmallConvBackwardKernel final : public Kernel {
                     sizeof(float));
     smem_ = smem;
     use_device(device_);
-    const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(smem_ <= ctx.prop.sharedMemPerBlockOptin,
-                       "%s: direct would need %llu bytes of shared memory per block, over the "
-                       "device's %llu",
-                       op, static_cast<unsigned long long>(smem_),
-                       static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
+    decline_over_optin(backend, device_, smem_, op);
     cb_ = a.C % 8 == 0 ? 8 : a.C % 4 == 0 ? 4 : a.C % 2 == 0 ? 2 : 1;
-    if (smem_ > 48 * 1024)
-      for_kernel([&]<int CB>() {
-        PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_backward_kernel<T, CB>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_)));
-      });
+    for_kernel([&]<int CB>() { allow_smem(small_conv_backward_kernel<T, CB>, smem_); });
     const int64_t sms = sm_count(backend, device_);
     a.d_blocks = with_dx_ ? static_cast<int>(std::min<int64_t>(g.N, kDataBlocksPerSm * sms)) : 0;
     a.w_blocks = with_dw_ ? static_cast<int>(std::clamp<int64_t>(
@@ -740,12 +748,8 @@ class SmallConvForwardKernel final : public Kernel {
       a.TH = (a.OH + 1) / 2, a.TW = (a.OW + 1) / 2;
       a.relu = relu;
     } else {
-      const auto kernel = pool->attr_ints("kernel"), pad = pool->attr_ints("padding"),
-                 dil = pool->attr_ints("dilation");
-      auto stride = pool->attr_ints("stride");
-      if (stride.empty()) stride = kernel;
-      PLX_REQUIRE(kernel.size() == 2 && stride.size() == 2 && pad.size() == 2 && dil.size() == 2,
-                  "max_pool2d: kernel, stride, padding and dilation must have 2 values");
+      const direct::PoolWindow win = direct::pool_window(*pool, "max_pool2d");
+      const auto &kernel = win.kernel, &stride = win.stride, &pad = win.pad, &dil = win.dil;
       PLX_DECLINE_UNLESS(kernel[0] == 2 && kernel[1] == 2 && stride == kernel &&
                              pad[0] == 0 && pad[1] == 0 && dil[0] == 1 && dil[1] == 1,
                          "%s: direct image by image pools 2x2 windows of stride 2, no padding",
@@ -775,19 +779,10 @@ class SmallConvForwardKernel final : public Kernel {
     smem_ = static_cast<uint64_t>(a.wsm_offset + static_cast<int64_t>(a.C) * kTaps * a.O + a.O) *
             sizeof(float);
     use_device(device_);
-    const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(smem_ <= ctx.prop.sharedMemPerBlockOptin,
-                       "%s: direct image by image would need %llu bytes of shared memory per "
-                       "block, over the device's %llu",
-                       op, static_cast<unsigned long long>(smem_),
-                       static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
+    decline_over_optin(backend, device_, smem_, op);
     cb_ = a.O % 4 == 0 ? 4 : 1;
-    if (smem_ > 48 * 1024)
-      for_kernel([&]<int CB, class Ix>() {
-        PLX_CUDA_CHECK(cudaFuncSetAttribute(small_conv_forward_kernel<T, CB, Ix>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_)));
-      });
+    for_kernel(
+        [&]<int CB, class Ix>() { allow_smem(small_conv_forward_kernel<T, CB, Ix>, smem_); });
     grid_ = static_cast<unsigned>(std::min<int64_t>(g.N, kDataBlocksPerSm * sm_count(backend, device_)));
     has_bias_ = has_bias;
     a_ = a;
