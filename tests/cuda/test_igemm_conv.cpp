@@ -10,6 +10,8 @@
 // The forward's epilogues for fused groups (a ReLU: test_cuda_conv_relu.cpp; a 2x2 max pool:
 // the last test here) run through the fusion API, on graphs.
 #include <cstring>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -355,6 +357,103 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with t
           const auto [fused, plain] = run.bytes(out);
           REQUIRE(!fused.empty());
           CHECK(fused == plain);
+        }
+      }
+    }
+}
+
+// The pool epilogue on every tile: the group's conv pinned to each igemm tile through the tuning
+// cache (the group follows its conv's kernel_hint, as in pinned_kernel.hpp), so that each tile's
+// staging of the accumulators through shared memory is run, TF32's 128x128 in its two passes of
+// half the columns among them. y and the indices are the bits of the same graph run node by node.
+TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on every tile",
+          "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(probe);
+  (void)probe;
+  const Attrs training{
+      {"kernel", Ints{2, 2}}, {"relu_mask", int64_t{1}}, {"window_index", int64_t{1}}};
+  const Attrs plain_pool{{"kernel", Ints{2, 2}}};
+  struct C {
+    Shape x;
+    int64_t o;
+    bool relu;
+    const Attrs* pool;
+    const char* what;
+  };
+  // Ragged M (windows past M in the last tile) and O (a 40-channel output over 32- and 64-wide
+  // tiles), u8 taps with the ReLU's mask and i32 positions with the ReLU before the pool.
+  const C cases[] = {{{3, 16, 10, 12}, 40, true, &training, "training form, u8 taps"},
+                     {{2, 24, 9, 11}, 136, false, &plain_pool, "no relu, i32 positions"}};
+  const char* tiles[] = {"igemm_mma_128x128x32", "igemm_mma_128x64x32", "igemm_mma_64x64x32",
+                         "igemm_mma_128x32x32",  "igemm_mma_64x128x32", "igemm_mma_256x32x32"};
+  TempDir dir("igemm-pool-tiles");
+  for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32})
+    for (const C& c : cases) {
+      auto build = [&](Graph& g) {
+        add_conv_relu_pool(g, d, c.x, c.o, 1, c.relu, *c.pool);
+      };
+      // The conv's tuning keys (the fused run's and the plain run's, whose conv may write
+      // another layout), from a run that tunes the graph; its other choices are kept in the
+      // pinned caches, so that those runs time nothing. Both convs run the pinned tile: the
+      // plain run's conv on another kernel would round other sums (the direct kernel's f16 y
+      // differed by an ulp).
+      std::set<std::string> keys;
+      std::string others;
+      {
+        RuntimeOptions opts = plugin_dir_options();
+        opts.tune_cache = dir / "tuned.tsv";
+        Runtime rt(opts);
+        Backend& gpu = rt.backend("cuda");
+        cuda::Tf32Off tf32_guard(gpu);
+        REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
+        Graph g(rt.ops());
+        build(g);
+        FusedPair run(gpu, g);
+        for (Executable* e : {&run.fused(), &run.plain()})
+          for (const Executable::KernelReport& k : e->kernel_choices())
+            if (k.node == "c" && !k.choice.key.empty()) keys.insert(k.choice.key);
+      }
+      REQUIRE_FALSE(keys.empty());
+      {
+        std::ifstream in(dir / "tuned.tsv");
+        for (std::string line; std::getline(in, line);)
+          if (!keys.count(line.substr(0, line.find('\t')))) others += line + "\n";
+      }
+      for (const char* tile : tiles) {
+        if (d == PLX_F32 && std::string(tile) == "igemm_mma_256x32x32") continue;  // no TF32 form
+        {  // (no sections: Catch2 would rerun the key runs above for each one)
+          INFO(dtype_name(d) << ": " << c.what << ", " << tile);
+          const std::string cache = dir / (std::string(tile) + ".tsv");
+          {
+            std::ofstream out(cache);
+            out << others;
+            for (const std::string& key : keys) out << key << "\t" << tile << "\t1\n";
+          }
+          RuntimeOptions opts = plugin_dir_options();
+          opts.tune_cache = cache;
+          Runtime rt(opts);
+          Backend& gpu = rt.backend("cuda");
+          cuda::Tf32Off tf32_guard(gpu);
+          REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
+          Graph g(rt.ops());
+          build(g);
+          FusedPair run(gpu, g);
+          const std::string names = run.names();
+          INFO(names);
+          CHECK_THAT(names, PLX_CONTAINS(std::string(c.relu ? "conv2d+relu+max_pool2d:igemm"
+                                                            : "conv2d+max_pool2d:igemm")));
+          CHECK_THAT(names, PLX_CONTAINS(std::string("c on ") + tile + " (cached)"));
+          CHECK(run.kernel_count() == 1);
+          std::string plain_names;
+          for (const std::string& k : run.plain().kernel_names()) plain_names += k + "\n";
+          CHECK_THAT(plain_names, PLX_CONTAINS(std::string("cuda/") + tile + " (cached)"));
+          run.run({{"x", random_doubles(static_cast<size_t>(shape_numel(c.x)), 41, -1, 1)}});
+          for (const char* out : {"y", "idx"}) {
+            INFO(out);
+            const auto [fused, plain] = run.bytes(out);
+            REQUIRE(!fused.empty());
+            CHECK(fused == plain);
+          }
         }
       }
     }

@@ -147,6 +147,7 @@ struct IgemmArgs {
   int64_t OHW;  // OH·OW
   int64_t y_n, y_c, y_p;
   bool pair;  // y_c == 1, O even and y 4-byte aligned: store two channels at once
+  bool vec;   // y_c == 1 and every pixel of y 16-byte aligned: the staged epilogue's 16-byte stores
   bool relu;  // the epilogue applies a ReLU (forward only)
   // The pool variant (a conv2d -> [relu ->] max_pool2d group, 2x2 windows of stride 2): row
   // m = 4·q + t of the GEMM is tap t = 2·dh + dw of pooled pixel q = (n, ph, pw), so M = 4·Q, y
@@ -184,9 +185,8 @@ __device__ __forceinline__ void store_pair(T* p, float a, float b) {
 // Grid: x over M tiles, y over O tiles. Block: TL::THREADS threads; warp (wm, wn) =
 // (warp % WARPS_M, warp / WARPS_M) owns rows wm·WM.. and columns wn·WN.. of the block tile.
 // (v, t) beats (bv, bt) in a max pool's window: a NaN beats any number, a larger value a smaller
-// one, and among equals (two NaNs included) the lower tap. A total order, so a shuffle tree over
-// the window gives what max_pool2d's scan in tap order gives: the first NaN, else the first
-// maximum.
+// one, and among equals (two NaNs included) the lower tap. A total order: scanning the window in
+// tap order with it keeps what max_pool2d keeps, the first NaN, else the first maximum.
 __device__ __forceinline__ bool pool_beats(float v, int t, float bv, int bt) {
   const bool vn = v != v, bn = bv != bv;
   if (vn || bn) return vn && (!bn || t < bt);
@@ -210,70 +210,6 @@ __device__ __forceinline__ void load_bias(const IgemmArgs<T>& a, int n0, int wn,
 #pragma unroll
     for (int e = 0; e < 2; ++e)
       bias[j][e] = a.bias && o + e < a.O ? to_accum<T>(a.bias[o + e]) : 0.f;
-  }
-}
-
-// The pool variant's epilogue. Rows 4q..4q+3 of a 16-row mma tile are the window of one pooled
-// pixel, held by lanes whose lane / 4 differ in the two low bits: two xor shuffles (4, 8) give
-// every lane of the four the window's winner. Each value is what the unfused conv stores (bias
-// added in f32, rounded once to T), through the ReLU before the pool unless the pool has
-// relu_mask; with relu_mask the ReLU runs on the maximum and the index is none where y is not
-// > 0 (as the chunked group and the direct kernel run it). So y and the indices are the unfused
-// kernels' bits. M is 4·Q and m0 a multiple of 4: a window's rows are all real or all past M.
-// The pooled pixel's position is decomposed once per row (MI·2 rows a thread), not per element:
-// the divisions by PHW and PW were most of this epilogue's instructions when they sat inside the
-// channel loop (docs/kernels.md).
-template <class T, class TL, class Ix>
-__device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
-                                                    const float (&acc)[TL::MI][TL::NI][4],
-                                                    int64_t m0, int n0, int wm, int wn, int lane) {
-  T* const y = a.y;
-  Ix* const idx = static_cast<Ix*>(a.idx);
-  const int t = (lane >> 2) & 3;  // this lane's tap in its window
-  float bias[TL::NI][2];
-  load_bias<T, TL>(a, n0, wn, lane, bias);
-#pragma unroll
-  for (int i = 0; i < TL::MI; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
-      const bool row_in = m < a.M;
-      // This row's pooled pixel q = (n, ph, pw): y's and the indices' offsets at channel 0 and
-      // the window's top-left position oh·OW + ow (rows past M store nothing).
-      int64_t y_row = 0, i_row = 0;
-      int32_t pos0 = 0;
-      if (row_in) {
-        const int64_t q = m >> 2;
-        const int64_t n = q / a.PHW, p = q - n * a.PHW;
-        const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
-        y_row = n * a.y_n + p * a.y_p;
-        i_row = n * a.i_n + p * a.i_p;
-        pos0 = 2 * ph * a.OW + 2 * pw;
-      }
-#pragma unroll
-      for (int j = 0; j < TL::NI; ++j) {
-        const int o0 = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[j][e]));
-          if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
-          int bt = t;
-#pragma unroll
-          for (int sh = 4; sh <= 8; sh <<= 1) {  // every lane runs both shuffles
-            const float ov = __shfl_xor_sync(0xffffffffu, v, sh);
-            const int ot = __shfl_xor_sync(0xffffffffu, bt, sh);
-            if (pool_beats(ov, ot, v, bt)) v = ov, bt = ot;
-          }
-          const int o = o0 + e;
-          if (t != 0 || !row_in || o >= a.O) continue;
-          const float out = to_accum<T>(from_accum<T>(a.relu_after && !(v > 0.f) ? 0.f : v));
-          y[y_row + o * a.y_c] = from_accum<T>(out);
-          const int32_t pos = pos0 + (bt >> 1) * a.OW + (bt & 1);
-          idx[i_row + o * a.i_c] =
-              pool_index(pos, bt, a.relu_mask && !(out > 0.f), static_cast<Ix*>(nullptr));
-        }
-      }
-    }
   }
 }
 
@@ -373,15 +309,200 @@ __device__ __forceinline__ void igemm_pixel(const IgemmArgs<T>& a, int64_t m, in
   }
 }
 
-// The forward's epilogue: the plain one, or with Ix (u8 or i32) the pool variant's.
-template <class T, class TL, class Ix>
+// ---- the staged epilogues ----
+//
+// Both stores go through shared memory (the pipeline's stages, free once the K loop is done):
+// each warp writes its accumulator fragments, finished as the output holds them (bias added in
+// f32, the ReLU, one rounding to T), into a BM x CW tile, and then the block reads the tile back
+// in the order the output wants. Before (twenty-fifth to thirty-second sessions) each thread
+// stored its own fragments: the pool variant found a window's maximum with two xor shuffles of
+// value and tap per element, so every lane ran every comparison and a quarter of them stored
+// (4,423 of the 128x64 u8 kernel's 5,544 SASS instructions were that epilogue, against 229 per
+// K tile), and the plain one divided each of its rows by OH·OW in 64 bits and stored 4 bytes at a
+// time. A tile whose values do not fit beside the row table (TF32's 128x128) is staged in two
+// passes of half its columns. The rows' (or windows') output offsets are computed once per block
+// into a table after the tile.
+template <class T, class TL, int kSmem>
+struct EpiStage {
+  static constexpr int kTableBytes = TL::BM * 8;  // an int64 per row; a window's 20 bytes < 4 rows'
+  static constexpr int kPasses =
+      TL::BM * (TL::BN + 8) * static_cast<int>(sizeof(T)) + kTableBytes <= kSmem ? 1 : 2;
+  static constexpr int CW = TL::BN / kPasses;  // columns per pass
+  // Rows padded by 8 elements: a fragment's pair stores (rows g, columns 2q: 4 bytes in 16 bits,
+  // 8 in f32) and the read-back's 16-byte row pieces both land on distinct banks.
+  static constexpr int LDP = CW + 8;
+  static constexpr int kTileBytes = TL::BM * LDP * static_cast<int>(sizeof(T));
+  static_assert(kTileBytes + kTableBytes <= kSmem, "the staged tile and its table fit the stages");
+  static_assert(CW % TL::WN == 0 && kTileBytes % 16 == 0, "warps stage whole warp tiles");
+  static_assert(TL::THREADS % CW == 0 && CW % 8 == 0,
+                "a thread reads one column (pool) or one 16-byte piece (plain) of every pass");
+};
+
+// Pass `pass` of the staging: warps whose columns fall in it write their fragments, each value
+// finished by fin(acc, i, j, h, e) (an f32 that T holds exactly, or that rounds once to T), as
+// pairs of columns.
+template <class T, class TL, class ES, class Fin>
+__device__ __forceinline__ void stage_fragments(T* cs, const float (&acc)[TL::MI][TL::NI][4],
+                                                int wm, int wn, int lane, int pass, Fin&& fin) {
+  const int col0 = wn * TL::WN - pass * ES::CW;
+  if (col0 < 0 || col0 >= ES::CW) return;
+#pragma unroll
+  for (int i = 0; i < TL::MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+      for (int j = 0; j < TL::NI; ++j) {
+        const int c = col0 + j * 8 + (lane & 3) * 2;
+        store_pair<T>(cs + r * ES::LDP + c, fin(i, j, h, 0), fin(i, j, h, 1));
+      }
+    }
+}
+
+// The pool variant. Rows 4q..4q+3 of the tile are the window of one pooled pixel; a thread takes
+// (window, channel) items, channels fastest (conflict-free reads of the tile, and consecutive
+// channels of one pooled pixel: coalesced stores into a channels-last y), and scans the window's
+// four values in tap order for what max_pool2d keeps: the first NaN, else the first maximum
+// (pool_beats). Each staged value is what the unfused conv stores (bias added in f32, rounded
+// once to T), through the ReLU before the pool unless the pool has relu_mask; with relu_mask the
+// ReLU runs on the maximum and the index is none where y is not > 0 (as the chunked group and the
+// direct kernel run it). So y and the indices are the unfused kernels' bits. M is 4·Q and m0 a
+// multiple of 4: a window's rows are all real or all past M.
+template <class T, class TL, class Ix, int kSmem>
+__device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
+                                                    const float (&acc)[TL::MI][TL::NI][4],
+                                                    int64_t m0, int n0, int wm, int wn, int lane,
+                                                    int tid, unsigned char* smem) {
+  using ES = EpiStage<T, TL, kSmem>;
+  constexpr int kWin = TL::BM / 4;
+  T* const cs = reinterpret_cast<T*>(smem);
+  int64_t* const y_row = reinterpret_cast<int64_t*>(smem + ES::kTileBytes);  // -1: past M
+  int64_t* const i_row = y_row + kWin;
+  int32_t* const pos0 = reinterpret_cast<int32_t*>(i_row + kWin);
+  float bias[TL::NI][2];
+  load_bias<T, TL>(a, n0, wn, lane, bias);
+  __syncthreads();  // every warp is done with the stages
+  for (int w = tid; w < kWin; w += TL::THREADS) {
+    const int64_t m = m0 + 4 * w;
+    int64_t yr = -1, ir = 0;
+    int32_t p0 = 0;
+    if (m < a.M) {
+      const int64_t q = m >> 2;
+      const int64_t n = q / a.PHW, p = q - n * a.PHW;
+      const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
+      yr = n * a.y_n + p * a.y_p;
+      ir = n * a.i_n + p * a.i_p;
+      p0 = 2 * ph * a.OW + 2 * pw;
+    }
+    y_row[w] = yr, i_row[w] = ir, pos0[w] = p0;
+  }
+  T* const y = a.y;
+  Ix* const idx = static_cast<Ix*>(a.idx);
+#pragma unroll
+  for (int pass = 0; pass < ES::kPasses; ++pass) {
+    if (pass > 0) __syncthreads();  // the previous pass's reads are done
+    stage_fragments<T, TL, ES>(cs, acc, wm, wn, lane, pass, [&](int i, int j, int h, int e) {
+      float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[j][e]));
+      if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
+      return v;
+    });
+    __syncthreads();
+    // A thread keeps its channel (THREADS is a multiple of CW) and steps through windows.
+    const int c = tid % ES::CW, o = n0 + pass * ES::CW + c;
+    if (o >= a.O) continue;
+    T* const yo = y + o * a.y_c;
+    Ix* const io = idx + o * a.i_c;
+    for (int w = tid / ES::CW; w < kWin; w += TL::THREADS / ES::CW) {
+      const int64_t yr = y_row[w];
+      if (yr < 0) break;  // this window and every later one are past M
+      const T* const col = cs + 4 * w * ES::LDP + c;
+      float v = to_accum<T>(col[0]);
+      int bt = 0;
+#pragma unroll
+      for (int t = 1; t < 4; ++t) {
+        const float ov = to_accum<T>(col[t * ES::LDP]);
+        if (pool_beats(ov, t, v, bt)) v = ov, bt = t;
+      }
+      const float out = to_accum<T>(from_accum<T>(a.relu_after && !(v > 0.f) ? 0.f : v));
+      yo[yr] = from_accum<T>(out);
+      const int32_t pos = pos0[w] + (bt >> 1) * a.OW + (bt & 1);
+      io[i_row[w]] = pool_index(pos, bt, a.relu_mask && !(out > 0.f), static_cast<Ix*>(nullptr));
+    }
+  }
+}
+
+struct alignas(16) Bytes16 {  // 16 bytes moved as one vector (LDS.128, STG.E.128)
+  uint32_t v[4];
+};
+
+// The plain epilogue into a channels-last y (y_c == 1): rows of the tile are output pixels whose
+// BN channels are contiguous in y, so the block stores them 16 bytes at a time where y's pixels
+// are 16-byte aligned (a.vec), else element by element, threads on consecutive pieces.
+template <class T, class TL, int kSmem>
+__device__ __forceinline__ void igemm_staged_epilogue(const IgemmArgs<T>& a,
+                                                      const float (&acc)[TL::MI][TL::NI][4],
+                                                      int64_t m0, int n0, int wm, int wn,
+                                                      int lane, int tid, unsigned char* smem) {
+  using ES = EpiStage<T, TL, kSmem>;
+  constexpr int VE = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte piece
+  constexpr int kPieces = ES::CW / VE;                 // pieces per row and pass
+  T* const cs = reinterpret_cast<T*>(smem);
+  int64_t* const y_row = reinterpret_cast<int64_t*>(smem + ES::kTileBytes);  // -1: past M
+  float bias[TL::NI][2];
+  load_bias<T, TL>(a, n0, wn, lane, bias);
+  __syncthreads();  // every warp is done with the stages
+  for (int r = tid; r < TL::BM; r += TL::THREADS) {
+    const int64_t m = m0 + r;
+    int64_t yr = -1;
+    if (m < a.M) {
+      const int64_t n = m / a.OHW;
+      yr = n * a.y_n + (m - n * a.OHW) * a.y_p;
+    }
+    y_row[r] = yr;
+  }
+#pragma unroll
+  for (int pass = 0; pass < ES::kPasses; ++pass) {
+    if (pass > 0) __syncthreads();
+    stage_fragments<T, TL, ES>(cs, acc, wm, wn, lane, pass, [&](int i, int j, int h, int e) {
+      const float v = acc[i][j][h * 2 + e] + bias[j][e];
+      return a.relu ? (v > 0.f ? v : 0.f) : v;  // NaN gives 0, as the relu op
+    });
+    __syncthreads();
+    // A thread keeps its piece of the row (THREADS is a multiple of the pieces) and steps rows.
+    const int pc = tid % kPieces, o = n0 + pass * ES::CW + pc * VE;
+    if (o >= a.O) continue;
+    T* const yo = a.y + o;
+    const bool whole = a.vec && o + VE <= a.O;
+    for (int r = tid / kPieces; r < TL::BM; r += TL::THREADS / kPieces) {
+      const int64_t yr = y_row[r];
+      if (yr < 0) break;  // this row and every later one are past M
+      const T* const src = cs + r * ES::LDP + pc * VE;
+      if (whole) {
+        *reinterpret_cast<Bytes16*>(yo + yr) = *reinterpret_cast<const Bytes16*>(src);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VE; ++e)
+          if (o + e < a.O) yo[yr + e] = src[e];
+      }
+    }
+  }
+}
+
+// The forward's (and backward data's) epilogue: with Ix (u8 or i32) the pool variant's; else the
+// staged one into a channels-last y, the direct one (igemm_epilogue) into any other layout.
+template <class T, class TL, class Ix, int kSmem>
 __device__ __forceinline__ void igemm_store(const IgemmArgs<T>& a,
                                             const float (&acc)[TL::MI][TL::NI][4], int64_t m0,
-                                            int n0, int wm, int wn, int lane) {
-  if constexpr (std::is_void_v<Ix>)
-    igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
-  else
-    igemm_pool_epilogue<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+                                            int n0, int wm, int wn, int lane, int tid,
+                                            unsigned char* smem) {
+  if constexpr (std::is_void_v<Ix>) {
+    if (a.y_c == 1)
+      igemm_staged_epilogue<T, TL, kSmem>(a, acc, m0, n0, wm, wn, lane, tid, smem);
+    else
+      igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
+  } else {
+    igemm_pool_epilogue<T, TL, Ix, kSmem>(a, acc, m0, n0, wm, wn, lane, tid, smem);
+  }
 }
 
 // BT: backward data with B read from the forward's channels-last filter (see the top). Ix (u8
@@ -534,7 +655,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
     }
   });
 
-  igemm_store<T, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+  igemm_store<T, TL, Ix, BT ? TL::SMEM_T : TL::SMEM>(a, acc, m0, n0, wm, wn, lane, tid, smem_raw);
 }
 
 // ---- TF32: the forward and backward data for f32 inputs ----
@@ -666,7 +787,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     }
   });
 
-  igemm_store<float, TL, Ix>(a, acc, m0, n0, wm, wn, lane);
+  igemm_store<float, TL, Ix, G::SMEM>(a, acc, m0, n0, wm, wn, lane, tid, smem_raw);
 }
 
 // ---- pixels along the weight gradient's K ----
@@ -1296,6 +1417,8 @@ class IgemmConvKernel final : public Kernel {
                                    "aligned",
                                    kTf32 ? 4 : 16));
     a.pair = a.y_c == 1 && a.O % 2 == 0 && addr(a.y) % (2 * sizeof(T)) == 0;
+    constexpr int64_t kVe = 16 / static_cast<int64_t>(sizeof(T));
+    a.vec = a.y_c == 1 && a.y_n % kVe == 0 && a.y_p % kVe == 0 && addr(a.y) % 16 == 0;
     const dim3 grid(static_cast<unsigned>((a.M + TL::BM - 1) / TL::BM),
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
     if constexpr (kTf32) {
