@@ -951,6 +951,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   // load_tile steps it one K tile on (pipelined_k_loop loads the tiles in order, each once), so
   // the K loop divides nothing.
   const PixelPos step = pixel_pos(TL::BK, a.OHW, a.OW);
+  const int64_t x_img = static_cast<int64_t>(a.H) * a.W * a.C;  // one image of x (C·H·W < 2^31)
   PixelPos bpix[S::B_ITERS];
 #pragma unroll
   for (int i = 0; i < S::B_ITERS; ++i)
@@ -976,8 +977,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
       const bool ok = jin && p < a.P &&
                       static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-      const T* src =
-          ok ? a.x + ((static_cast<int64_t>(px.n) * a.H + ih) * a.W + iw) * a.C + bc : a.x;
+      // The image's base in 64 bits, the pixel inside it in 32 (the host declines larger images).
+      const T* src = ok ? a.x + px.n * x_img + ((ih * a.W + iw) * a.C + bc) : a.x;
       cp_async16(smem_addr(bs + r * S::LDB + b_ccol * 8), src, ok);
       bpix[i] = advance(px, step, a.OH, a.OW);
     }
