@@ -527,23 +527,24 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int ccol = tid % TL::CPR;
   const int crow = tid / TL::CPR;
   constexpr int kRowStep = TL::THREADS / TL::CPR;
-  // a_org[i]: where row i's receptive field starts, x + ((n·H + ih0)·W + iw0)·C (outside x where
-  // the field starts in the padding; only in-bounds taps are read from it), so that a K tile
-  // adds one 32-bit tap offset (kh·W + kw)·C + c to it, the same for every row.
-  const T* a_org[TL::A_ITERS];
+  // a_org[i]: the offset in x where row i's receptive field starts, ((n·H + ih0)·W + iw0)·C
+  // (negative, or past the image, where the field starts in the padding: only in-bounds taps are
+  // read from it), so that a K tile adds one 32-bit tap offset (kh·W + kw)·C + c to it, the same
+  // for every row.
+  int64_t a_org[TL::A_ITERS];
   int a_ih[TL::A_ITERS], a_iw[TL::A_ITERS];
   uint32_t a_valid = 0;  // bit i: row i is a pixel (m < M)
 #pragma unroll
   for (int i = 0; i < TL::A_ITERS; ++i) {
     const int64_t m = m0 + crow + i * kRowStep;
-    a_org[i] = a.x, a_ih[i] = 0, a_iw[i] = 0;
+    a_org[i] = 0, a_ih[i] = 0, a_iw[i] = 0;
     if (m < a.M) {
       int64_t n;
       int oh, ow;
       igemm_pixel<kPool>(a, m, n, oh, ow);
       a_ih[i] = oh * a.sh - a.ph;
       a_iw[i] = ow * a.sw - a.pw;
-      a_org[i] = a.x + ((n * a.H + a_ih[i]) * a.W + a_iw[i]) * a.C;
+      a_org[i] = ((n * a.H + a_ih[i]) * a.W + a_iw[i]) * a.C;
       a_valid |= 1u << i;
     }
   }
@@ -577,7 +578,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
                       static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
                       static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
       // A zero-filled copy reads nothing, but still gets a valid address.
-      const T* src = ok ? a_org[i] + tap_off : a.x;
+      const T* src = a.x + (ok ? a_org[i] + tap_off : 0);
       cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
     }
     T* const bs = Bs + st * kBStage;
