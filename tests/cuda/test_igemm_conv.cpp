@@ -389,8 +389,18 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
   TempDir dir("igemm-pool-tiles");
   for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32})
     for (const C& c : cases) {
-      auto build = [&](Graph& g) {
+      // The group run fused and node by node on a runtime whose tuning cache is `cache`.
+      auto with_pair = [&](const std::string& cache, auto&& fn) {
+        RuntimeOptions opts = plugin_dir_options();
+        opts.tune_cache = cache;
+        Runtime rt(opts);
+        Backend& gpu = rt.backend("cuda");
+        cuda::Tf32Off tf32_guard(gpu);
+        REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
+        Graph g(rt.ops());
         add_conv_relu_pool(g, d, c.x, c.o, 1, c.relu, *c.pool);
+        FusedPair run(gpu, g);
+        fn(run);
       };
       // The conv's tuning keys (the fused run's and the plain run's, whose conv may write
       // another layout), from a run that tunes the graph; its other choices are kept in the
@@ -398,46 +408,29 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
       // plain run's conv on another kernel would round other sums (the direct kernel's f16 y
       // differed by an ulp).
       std::set<std::string> keys;
-      std::string others;
-      {
-        RuntimeOptions opts = plugin_dir_options();
-        opts.tune_cache = dir / "tuned.tsv";
-        Runtime rt(opts);
-        Backend& gpu = rt.backend("cuda");
-        cuda::Tf32Off tf32_guard(gpu);
-        REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
-        Graph g(rt.ops());
-        build(g);
-        FusedPair run(gpu, g);
+      with_pair(dir / "tuned.tsv", [&](FusedPair& run) {
         for (Executable* e : {&run.fused(), &run.plain()})
           for (const Executable::KernelReport& k : e->kernel_choices())
             if (k.node == "c" && !k.choice.key.empty()) keys.insert(k.choice.key);
-      }
+      });
       REQUIRE_FALSE(keys.empty());
+      std::string others;
       {
         std::ifstream in(dir / "tuned.tsv");
         for (std::string line; std::getline(in, line);)
           if (!keys.count(line.substr(0, line.find('\t')))) others += line + "\n";
       }
+      // (No sections: Catch2 would rerun the key runs above for each one.)
       for (const char* tile : tiles) {
         if (d == PLX_F32 && std::string(tile) == "igemm_mma_256x32x32") continue;  // no TF32 form
-        {  // (no sections: Catch2 would rerun the key runs above for each one)
-          INFO(dtype_name(d) << ": " << c.what << ", " << tile);
-          const std::string cache = dir / (std::string(tile) + ".tsv");
-          {
-            std::ofstream out(cache);
-            out << others;
-            for (const std::string& key : keys) out << key << "\t" << tile << "\t1\n";
-          }
-          RuntimeOptions opts = plugin_dir_options();
-          opts.tune_cache = cache;
-          Runtime rt(opts);
-          Backend& gpu = rt.backend("cuda");
-          cuda::Tf32Off tf32_guard(gpu);
-          REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
-          Graph g(rt.ops());
-          build(g);
-          FusedPair run(gpu, g);
+        INFO(dtype_name(d) << ": " << c.what << ", " << tile);
+        const std::string cache = dir / (std::string(tile) + ".tsv");
+        {
+          std::ofstream out(cache);
+          out << others;
+          for (const std::string& key : keys) out << key << "\t" << tile << "\t1\n";
+        }
+        with_pair(cache, [&](FusedPair& run) {
           const std::string names = run.names();
           INFO(names);
           CHECK_THAT(names, PLX_CONTAINS(std::string(c.relu ? "conv2d+relu+max_pool2d:igemm"
@@ -454,7 +447,7 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
             REQUIRE(!fused.empty());
             CHECK(fused == plain);
           }
-        }
+        });
       }
     }
 }
