@@ -283,6 +283,20 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
 // window taps) and with i32 positions, the ReLU before the pool, no ReLU, a conv output with an
 // odd row and column (floor mode drops them), ragged M and O tiles. A pool igemm does not take
 // (3x3, stride 2, padding 1) runs as the chunked group, with the same bits.
+namespace {
+
+// A conv + pool group's outputs, y and the indices, the same bytes fused and node by node.
+void check_same_pool_outputs(FusedPair& run) {
+  for (const char* out : {"y", "idx"}) {
+    INFO(out);
+    const auto [fused, plain] = run.bytes(out);
+    REQUIRE(!fused.empty());
+    CHECK(fused == plain);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with the unfused bits",
           "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(probe);
@@ -352,12 +366,7 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel with t
           CHECK(names.find(":igemm") == std::string::npos);
         }
         run.run({{"x", random_doubles(static_cast<size_t>(shape_numel(c.x)), 37, -1, 1)}});
-        for (const char* out : {"y", "idx"}) {
-          INFO(out);
-          const auto [fused, plain] = run.bytes(out);
-          REQUIRE(!fused.empty());
-          CHECK(fused == plain);
-        }
+        check_same_pool_outputs(run);
       }
     }
 }
@@ -441,12 +450,7 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
           for (const std::string& k : run.plain().kernel_names()) plain_names += k + "\n";
           CHECK_THAT(plain_names, PLX_CONTAINS(std::string("cuda/") + tile + " (cached)"));
           run.run({{"x", random_doubles(static_cast<size_t>(shape_numel(c.x)), 41, -1, 1)}});
-          for (const char* out : {"y", "idx"}) {
-            INFO(out);
-            const auto [fused, plain] = run.bytes(out);
-            REQUIRE(!fused.empty());
-            CHECK(fused == plain);
-          }
+          check_same_pool_outputs(run);
         });
       }
     }
