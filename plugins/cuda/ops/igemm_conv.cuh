@@ -32,8 +32,9 @@
 //   is transposed to NHWC in the workspace first (a tiled transpose, one extra read and write);
 // - w: channels-last (O, KH, KW, C) is read in place (backward data: the BT variant, when C % 8
 //   == 0); otherwise it is rearranged in the workspace (small);
-// - y and dx: written in their own layout by the epilogue (NHWC with paired stores, NCHW with
-//   scalar stores along the pixel dimension); dw through the slice sum, in either layout.
+// - y and dx: written in their own layout by the epilogue (NHWC through shared memory, 16 bytes
+//   at a time; NCHW with scalar stores along the pixel dimension); dw through the slice sum, in
+//   either layout.
 // The channel counts the 16-byte copies run along (C for the forward, O for backward data, both
 // for the weight gradient) must be multiples of 8, so that every 16-byte piece stays inside one
 // pixel and is aligned; other nodes (the first layer of our models has C = 1) are declined.
@@ -49,9 +50,10 @@
 //
 // Epilogue: the f32 accumulator, plus the bias (in f32), optionally through a ReLU (a kernel
 // argument: a fused conv2d -> relu whose conv the host gave to this kernel, make_igemm_conv; the
-// relu op's formula and NaN rule, x > 0 ? x : 0), is rounded once to the output dtype. No atomics
-// and a fixed summation order: deterministic. Nothing is allocated and nothing synchronised:
-// capturable.
+// relu op's formula and NaN rule, x > 0 ? x : 0), is rounded once to the output dtype, and
+// staged through shared memory where the output is channels-last or pooled ("the staged
+// epilogues", below). No atomics and a fixed summation order: deterministic. Nothing is
+// allocated and nothing synchronised: capturable.
 //
 // Files: this header holds the kernels and their host classes, as templates; igemm_conv_f16.cu,
 // igemm_conv_bf16.cu and igemm_conv_f32.cu instantiate them for one dtype each (so nvcc compiles
