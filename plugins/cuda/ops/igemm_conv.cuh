@@ -215,6 +215,13 @@ __device__ __forceinline__ void load_bias(const IgemmArgs<T>& a, int n0, int wn,
   }
 }
 
+// The offset in y of output pixel m = (n, p) at channel 0 (the plain epilogues' rows).
+template <class T>
+__device__ __forceinline__ int64_t out_pixel_offset(const IgemmArgs<T>& a, int64_t m) {
+  const int64_t n = m / a.OHW;
+  return n * a.y_n + (m - n * a.OHW) * a.y_p;
+}
+
 // The plain epilogue: the f32 accumulator plus the bias, through the ReLU when asked, rounded
 // once to T at y's element offsets (two channels per store where `pair`). Accumulator fragment
 // of mma tile (i, j): c0, c1 at row lane/4, columns 2(lane%4), +1; c2, c3 at row lane/4 + 8.
@@ -230,9 +237,7 @@ __device__ __forceinline__ void igemm_epilogue(const IgemmArgs<T>& a,
     for (int h = 0; h < 2; ++h) {
       const int64_t m = m0 + wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
       if (m >= a.M) continue;
-      const int64_t n = m / a.OHW;
-      const int64_t p = m - n * a.OHW;
-      T* const row = a.y + n * a.y_n + p * a.y_p;
+      T* const row = a.y + out_pixel_offset(a, m);
 #pragma unroll
       for (int j = 0; j < TL::NI; ++j) {
         const int o = n0 + wn * TL::WN + j * 8 + (lane & 3) * 2;
@@ -340,25 +345,36 @@ struct EpiStage {
                 "a thread reads one column (pool) or one 16-byte piece (plain) of every pass");
 };
 
-// Pass `pass` of the staging: warps whose columns fall in it write their fragments, each value
-// finished by fin(acc, i, j, h, e) (an f32 that T holds exactly, or that rounds once to T), as
-// pairs of columns.
-template <class T, class TL, class ES, class Fin>
-__device__ __forceinline__ void stage_fragments(T* cs, const float (&acc)[TL::MI][TL::NI][4],
-                                                int wm, int wn, int lane, int pass, Fin&& fin) {
-  const int col0 = wn * TL::WN - pass * ES::CW;
-  if (col0 < 0 || col0 >= ES::CW) return;
+// The staging's steps, shared by both epilogues: once every warp is done with the stages,
+// table() fills the rows' (or windows') offsets after the tile; then, per pass, the warps whose
+// columns fall in it write their fragments, each value finished by fin(i, j, h, e) (an f32 that T
+// holds exactly, or that rounds once to T), as pairs of columns, and read(pass) reads the pass
+// back.
+template <class T, class TL, class ES, class Table, class Fin, class Read>
+__device__ __forceinline__ void run_staged(T* cs, int wm, int wn, int lane, Table&& table,
+                                           Fin&& fin, Read&& read) {
+  __syncthreads();  // every warp is done with the stages
+  table();
 #pragma unroll
-  for (int i = 0; i < TL::MI; ++i)
+  for (int pass = 0; pass < ES::kPasses; ++pass) {
+    if (pass > 0) __syncthreads();  // the previous pass's reads are done
+    const int col0 = wn * TL::WN - pass * ES::CW;
+    if (col0 >= 0 && col0 < ES::CW) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+      for (int i = 0; i < TL::MI; ++i)
 #pragma unroll
-      for (int j = 0; j < TL::NI; ++j) {
-        const int c = col0 + j * 8 + (lane & 3) * 2;
-        store_pair<T>(cs + r * ES::LDP + c, fin(i, j, h, 0), fin(i, j, h, 1));
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * TL::WM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+          for (int j = 0; j < TL::NI; ++j) {
+            const int c = col0 + j * 8 + (lane & 3) * 2;
+            store_pair<T>(cs + r * ES::LDP + c, fin(i, j, h, 0), fin(i, j, h, 1));
+          }
+        }
     }
+    __syncthreads();
+    read(pass);
+  }
 }
 
 // The pool variant. Rows 4q..4q+3 of the tile are the window of one pooled pixel; a thread takes
@@ -383,35 +399,33 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
   int32_t* const pos0 = reinterpret_cast<int32_t*>(i_row + kWin);
   float bias[TL::NI][2];
   load_bias<T, TL>(a, n0, wn, lane, bias);
-  __syncthreads();  // every warp is done with the stages
-  for (int w = tid; w < kWin; w += TL::THREADS) {
-    const int64_t m = m0 + 4 * w;
-    int64_t yr = -1, ir = 0;
-    int32_t p0 = 0;
-    if (m < a.M) {
-      const int64_t q = m >> 2;
-      const int64_t n = q / a.PHW, p = q - n * a.PHW;
-      const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
-      yr = n * a.y_n + p * a.y_p;
-      ir = n * a.i_n + p * a.i_p;
-      p0 = 2 * ph * a.OW + 2 * pw;
-    }
-    y_row[w] = yr, i_row[w] = ir, pos0[w] = p0;
-  }
   T* const y = a.y;
   Ix* const idx = static_cast<Ix*>(a.idx);
-#pragma unroll
-  for (int pass = 0; pass < ES::kPasses; ++pass) {
-    if (pass > 0) __syncthreads();  // the previous pass's reads are done
-    stage_fragments<T, TL, ES>(cs, acc, wm, wn, lane, pass, [&](int i, int j, int h, int e) {
-      float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[j][e]));
-      if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
-      return v;
-    });
-    __syncthreads();
+  auto table = [&] {
+    for (int w = tid; w < kWin; w += TL::THREADS) {
+      const int64_t m = m0 + 4 * w;
+      int64_t yr = -1, ir = 0;
+      int32_t p0 = 0;
+      if (m < a.M) {
+        const int64_t q = m >> 2;
+        const int64_t n = q / a.PHW, p = q - n * a.PHW;
+        const int ph = static_cast<int>(p / a.PW), pw = static_cast<int>(p - ph * a.PW);
+        yr = n * a.y_n + p * a.y_p;
+        ir = n * a.i_n + p * a.i_p;
+        p0 = 2 * ph * a.OW + 2 * pw;
+      }
+      y_row[w] = yr, i_row[w] = ir, pos0[w] = p0;
+    }
+  };
+  auto fin = [&](int i, int j, int h, int e) {
+    float v = to_accum<T>(from_accum<T>(acc[i][j][h * 2 + e] + bias[j][e]));
+    if (a.relu_before) v = v > 0.f ? v : 0.f;  // NaN gives 0, as the relu op
+    return v;
+  };
+  auto read = [&](int pass) {
     // A thread keeps its channel (THREADS is a multiple of CW) and steps through windows.
     const int c = tid % ES::CW, o = n0 + pass * ES::CW + c;
-    if (o >= a.O) continue;
+    if (o >= a.O) return;
     T* const yo = y + o * a.y_c;
     Ix* const io = idx + o * a.i_c;
     for (int w = tid / ES::CW; w < kWin; w += TL::THREADS / ES::CW) {
@@ -430,7 +444,8 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
       const int32_t pos = pos0[w] + (bt >> 1) * a.OW + (bt & 1);
       io[i_row[w]] = pool_index(pos, bt, a.relu_mask && !(out > 0.f), static_cast<Ix*>(nullptr));
     }
-  }
+  };
+  run_staged<T, TL, ES>(cs, wm, wn, lane, table, fin, read);
 }
 
 struct alignas(16) Bytes16 {  // 16 bytes moved as one vector (LDS.128, STG.E.128)
@@ -452,27 +467,20 @@ __device__ __forceinline__ void igemm_staged_epilogue(const IgemmArgs<T>& a,
   int64_t* const y_row = reinterpret_cast<int64_t*>(smem + ES::kTileBytes);  // -1: past M
   float bias[TL::NI][2];
   load_bias<T, TL>(a, n0, wn, lane, bias);
-  __syncthreads();  // every warp is done with the stages
-  for (int r = tid; r < TL::BM; r += TL::THREADS) {
-    const int64_t m = m0 + r;
-    int64_t yr = -1;
-    if (m < a.M) {
-      const int64_t n = m / a.OHW;
-      yr = n * a.y_n + (m - n * a.OHW) * a.y_p;
+  auto table = [&] {
+    for (int r = tid; r < TL::BM; r += TL::THREADS) {
+      const int64_t m = m0 + r;
+      y_row[r] = m < a.M ? out_pixel_offset(a, m) : -1;
     }
-    y_row[r] = yr;
-  }
-#pragma unroll
-  for (int pass = 0; pass < ES::kPasses; ++pass) {
-    if (pass > 0) __syncthreads();
-    stage_fragments<T, TL, ES>(cs, acc, wm, wn, lane, pass, [&](int i, int j, int h, int e) {
-      const float v = acc[i][j][h * 2 + e] + bias[j][e];
-      return a.relu ? (v > 0.f ? v : 0.f) : v;  // NaN gives 0, as the relu op
-    });
-    __syncthreads();
+  };
+  auto fin = [&](int i, int j, int h, int e) {
+    const float v = acc[i][j][h * 2 + e] + bias[j][e];
+    return a.relu ? (v > 0.f ? v : 0.f) : v;  // NaN gives 0, as the relu op
+  };
+  auto read = [&](int pass) {
     // A thread keeps its piece of the row (THREADS is a multiple of the pieces) and steps rows.
     const int pc = tid % kPieces, o = n0 + pass * ES::CW + pc * VE;
-    if (o >= a.O) continue;
+    if (o >= a.O) return;
     T* const yo = a.y + o;
     const bool whole = a.vec && o + VE <= a.O;
     for (int r = tid / kPieces; r < TL::BM; r += TL::THREADS / kPieces) {
@@ -487,7 +495,8 @@ __device__ __forceinline__ void igemm_staged_epilogue(const IgemmArgs<T>& a,
           if (o + e < a.O) yo[yr + e] = src[e];
       }
     }
-  }
+  };
+  run_staged<T, TL, ES>(cs, wm, wn, lane, table, fin, read);
 }
 
 // The forward's (and backward data's) epilogue: with Ix (u8 or i32) the pool variant's; else the
