@@ -567,7 +567,7 @@ std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphVie
     } else if (linear && impl.starts_with("wgmma_")) {
       layer = make_wgmma_linear(node, backend, impl, MmaAct::Relu);
 #endif
-    } else if (!linear && impl.starts_with("igemm_mma_")) {
+    } else if (!linear && impl.starts_with("igemm_")) {
       layer = make_igemm_conv(node, backend, impl, /*relu=*/true);
     } else if (!linear && impl == "direct") {
       layer = make_direct_conv(node, backend, /*relu=*/true);
@@ -759,7 +759,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     const int32_t hint = c >= 0 ? g.node(c).kernel_hint : 0;
     const plx_kernel* hinted = hint > 0 ? kernels().get(hint - 1) : nullptr;
     const std::string_view impl = hinted && hinted->impl ? hinted->impl : "";
-    const bool direct = impl == "direct", igemm = impl.rfind("igemm_mma_", 0) == 0;
+    const bool direct = impl == "direct", igemm = impl.rfind("igemm_", 0) == 0;
     if (direct || igemm) {
       const char* side = direct ? "direct" : "igemm";
       try {

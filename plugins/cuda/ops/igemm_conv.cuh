@@ -57,8 +57,9 @@
 //
 // Files: this header holds the kernels and their host classes, as templates; igemm_conv_f16.cu,
 // igemm_conv_bf16.cu and igemm_conv_f32.cu instantiate them for one dtype each (so nvcc compiles
-// the three in parallel, and a change to one dtype's path rebuilds one file), and
-// igemm_conv.cpp registers them and builds the fused forwards by the node's dtype.
+// the three in parallel, and a change to one dtype's path rebuilds one file), igemm_wgmma.cu
+// instantiates the Hopper tiles (igemm_wgmma_kernel, sm_90a only), and igemm_conv.cpp registers
+// them and builds the fused forwards by the node's dtype.
 #pragma once
 
 #include <algorithm>
@@ -71,9 +72,21 @@
 #include "ops/conv_strides.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/wgmma_desc.cuh"
+#include "ops/wgmma_ptx.cuh"
 #include "plexus/sdk/fusion_conv_pool.hpp"
 
+// The sm_90a translation unit (igemm_wgmma.cu) defines PLX_IGEMM_TU as hopper before including
+// this header: its instantiations of what the other units instantiate too (the staging kernels,
+// the host classes) then get names of their own, so that no kernel symbol is defined by units
+// built for different architectures (the linker keeps one of such a pair, and with it one
+// unit's registration, which might be the sm_90a one on an sm_80 device).
+#ifndef PLX_IGEMM_TU
+#define PLX_IGEMM_TU mma
+#endif
+
 namespace plexus::cuda::igemm {
+inline namespace PLX_IGEMM_TU {
 
 // ---- tile configurations ----
 //
@@ -82,6 +95,7 @@ namespace plexus::cuda::igemm {
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr bool kWgmma = false;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
@@ -125,6 +139,38 @@ using Tile128x32 = Tile<128, 32, 32, 32, 32, 3>;    // 4 warps, 37.5 KiB
 using Tile64x128 = Tile<64, 128, 32, 32, 64, 3>;    // 4 warps, 45 KiB
 using Tile256x32 = Tile<256, 32, 32, 64, 32, 3>;    // 4 warps, 67.5 KiB (opt-in); f16/bf16
 
+// The Hopper tiles (sm_90a: igemm_wgmma_kernel below): BM / 64 warp groups, each owning 64 rows
+// and all BN columns of the block tile, one wgmma.m64nBNk16 per 16 of k; BK = 64 (a 128-byte row
+// of 16-bit elements: one row of the 128-byte swizzle). To the epilogues a warp w is a warp tile
+// of 16 rows (WM) and all BN columns (WN): the wgmma accumulator fragment of warp w of a warp
+// group is mma.sync's C fragment of rows 16 w.., 8-column tile by 8-column tile.
+template <int BM_, int BN_, int STAGES_>
+struct WgTile {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr bool kWgmma = true;
+  static constexpr int WM = 16, WN = BN, WARPS_M = BM / 16, WARPS_N = 1;
+  static constexpr int THREADS = 2 * BM;  // BM / 64 warp groups of 128 threads
+  static constexpr int MI = 1, NI = BN / 8;
+  static constexpr int CPR = 8;  // 16-byte chunks per 128-byte row
+  static constexpr int A_ITERS = BM * CPR / THREADS, B_ITERS = BN * CPR / THREADS;
+  static constexpr int kABytes = BM * 128, kBBytes = BN * 128;  // one stage of each operand
+  static constexpr int kRing = STAGES * (kABytes + kBBytes);
+  static constexpr int SMEM = kRing + 1024;  // + the realignment to the 1024-byte swizzle atom
+  static_assert(BM % 64 == 0 && BN % 32 == 0 && BN <= 128,
+                "wgmma tiles: 64-row warp groups, n 32-128");
+  static_assert(STAGES >= 3, "a stage in flight, one computing, one being refilled");
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
+  static_assert(B_ITERS >= 1 && (BN * CPR) % THREADS == 0, "B's copies spread over the threads");
+
+  static std::string name() {
+    return "igemm_wgmma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" +
+           std::to_string(BK);
+  }
+};
+using WgTile128x128 = WgTile<128, 128, 4>;  // 128 KiB of stages
+using WgTile128x64 = WgTile<128, 64, 4>;    // 96 KiB
+using WgTile128x32 = WgTile<128, 32, 4>;    // 80 KiB
+
 // ---- the GEMM problem ----
 //
 // TF32 (f32 inputs) gathers its operands 4 bytes at a time with element offsets: KTap is entry
@@ -167,6 +213,8 @@ struct IgemmArgs {
   // k = tap·C + c and tap = kh·KW + kw, split in the K loop by these (device.cuh's FastDiv: a
   // multiply-high where `/` is about twenty instructions, twice per K tile and row copied).
   FastDiv fC, fKW;
+  // Bit kh·KW for each kh < KH (16 bits, KH·KW <= 32): the first tap of each filter row.
+  uint32_t rep;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -313,6 +361,87 @@ __device__ __forceinline__ void igemm_pixel(const IgemmArgs<T>& a, int64_t m, in
     n = m / a.OHW;
     const int p = static_cast<int>(m - n * a.OHW);
     oh = p / a.OW, ow = p - oh * a.OW;
+  }
+}
+
+// ---- the A gather (both 16-bit kernels) ----
+//
+// A thread copies one 16-byte chunk column of k into rows crow + i·step (i < N) of A's stage.
+// The pixel of each row is fixed for the whole K loop, so it is decomposed once: org[i] is the
+// address (an integer) of element ((n·H + ih0)·W + iw0)·C of x, where row i's receptive field
+// starts (before x, or past the image, where the field starts in the padding: only in-bounds
+// taps are read from it), so that a K tile adds one 32-bit tap offset (kh·W + kw)·C + c to it,
+// the same for every row (an integer address, not a pointer: nvcc then keeps x's address out of
+// the loop, and the sum is one 64-bit add where an element offset needed a scaling too); and
+// taps[i] has bit kh·KW + kw set where that tap of the field is inside the image (none for a
+// row past M), so that a K tile tests one bit per row (KH·KW <= 32: the host declines more).
+template <int N>
+struct ARows {
+  int64_t org[N];  // an address
+  uint32_t taps[N];
+};
+
+template <bool kPool, int N, class T>
+__device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, int crow, int step,
+                                            ARows<N>& r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int64_t m = m0 + crow + i * step;
+    r.org[i] = 0, r.taps[i] = 0;
+    if (m < a.M) {
+      int64_t n;
+      int oh, ow;
+      igemm_pixel<kPool>(a, m, n, oh, ow);
+      const int ih = oh * a.sh - a.ph, iw = ow * a.sw - a.pw;
+      r.org[i] = reinterpret_cast<int64_t>(a.x) +
+                 ((n * a.H + ih) * a.W + iw) * a.C * static_cast<int64_t>(sizeof(T));
+      // The field's rows kh in [kh0, kh1) and columns kw in [kw0, kw1) are inside the image:
+      // bits kw0..kw1-1 (one row of taps), times the rows' first bits kh·KW (a.rep, the bits
+      // kh0·KW..kh1·KW-1 of it), which puts a copy of the row at each (no carries: a row's bits
+      // stay below KW).
+      const int kh0 = max(0, -ih), kh1 = max(kh0, min(a.KH, a.H - ih));
+      const int kw0 = max(0, -iw), kw1 = max(kw0, min(a.KW, a.W - iw));
+      const auto bits = [](int lo, int hi) {  // bits lo..hi-1, hi <= 32
+        return static_cast<uint32_t>((uint64_t{1} << hi) - (uint64_t{1} << lo));
+      };
+      r.taps[i] = bits(kw0, kw1) * (a.rep & bits(kh0 * a.KW, kh1 * a.KW));
+    }
+  }
+}
+
+// The chunk of 8 k at k = tap·C + c (tap = kh·KW + kw): the tap's bit (0 past K; K % 8 == 0: a
+// chunk is wholly inside K or wholly past it) and its offset from a row's field origin.
+struct KChunk {
+  bool in;
+  uint32_t bit;
+  int off;  // (kh·W + kw)·C + c, 32 bits: one image's extent fits an int
+};
+
+template <class T>
+__device__ __forceinline__ KChunk k_chunk(const IgemmArgs<T>& a, int k) {
+  KChunk r{k < a.K, 0u, 0};
+  int c = 0, kh = 0, kw = 0;
+  if (r.in) {
+    int tap;
+    a.fC.divmod(k, tap, c);
+    a.fKW.divmod(tap, kh, kw);
+    r.bit = 1u << tap;
+  }
+  r.off = (kh * a.W + kw) * a.C + c;
+  return r;
+}
+
+// Issues the copies of chunk kc into the rows of `r`, row i at shared address dst + i·dst_step
+// (zero-filled where the tap falls in the padding, the row is past M or the chunk past K).
+template <int N, class T>
+__device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& r, const KChunk& kc,
+                                         uint32_t dst, int dst_step) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool ok = (r.taps[i] & kc.bit) != 0;
+    // A zero-filled copy reads nothing, but still gets a valid address.
+    const T* src = ok ? reinterpret_cast<const T*>(r.org[i] + kc.off * sizeof(T)) : a.x;
+    cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
   }
 }
 
@@ -538,27 +667,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int ccol = tid % TL::CPR;
   const int crow = tid / TL::CPR;
   constexpr int kRowStep = TL::THREADS / TL::CPR;
-  // a_org[i]: the offset in x where row i's receptive field starts, ((n·H + ih0)·W + iw0)·C
-  // (negative, or past the image, where the field starts in the padding: only in-bounds taps are
-  // read from it), so that a K tile adds one 32-bit tap offset (kh·W + kw)·C + c to it, the same
-  // for every row.
-  int64_t a_org[TL::A_ITERS];
-  int a_ih[TL::A_ITERS], a_iw[TL::A_ITERS];
-  uint32_t a_valid = 0;  // bit i: row i is a pixel (m < M)
-#pragma unroll
-  for (int i = 0; i < TL::A_ITERS; ++i) {
-    const int64_t m = m0 + crow + i * kRowStep;
-    a_org[i] = 0, a_ih[i] = 0, a_iw[i] = 0;
-    if (m < a.M) {
-      int64_t n;
-      int oh, ow;
-      igemm_pixel<kPool>(a, m, n, oh, ow);
-      a_ih[i] = oh * a.sh - a.ph;
-      a_iw[i] = ow * a.sw - a.pw;
-      a_org[i] = ((n * a.H + a_ih[i]) * a.W + a_iw[i]) * a.C;
-      a_valid |= 1u << i;
-    }
-  }
+  ARows<TL::A_ITERS> ar;
+  a_rows_init<kPool>(a, m0, crow, kRowStep, ar);
 
   const int KT = (a.K + TL::BK - 1) / TL::BK;
 
@@ -572,26 +682,9 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   // Issues the copies of K tile kt into stage `st` (no commit).
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
-    const bool kin = k < a.K;  // K % 8 == 0: a chunk is wholly inside K or wholly past it
-    int c = 0, kh = 0, kw = 0;
-    if (kin) {
-      int tap;
-      a.fC.divmod(k, tap, c);
-      a.fKW.divmod(tap, kh, kw);
-    }
-    const int tap_off = (kh * a.W + kw) * a.C + c;  // 32 bits: one image's extent fits an int
-    T* const as = As + st * TL::BM * TL::LDS;
-#pragma unroll
-    for (int i = 0; i < TL::A_ITERS; ++i) {
-      const int row = crow + i * kRowStep;
-      const int ih = a_ih[i] + kh, iw = a_iw[i] + kw;
-      const bool ok = kin && ((a_valid >> i) & 1u) &&
-                      static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-                      static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-      // A zero-filled copy reads nothing, but still gets a valid address.
-      const T* src = a.x + (ok ? a_org[i] + tap_off : 0);
-      cp_async16(smem_addr(as + row * TL::LDS + ccol * 8), src, ok);
-    }
+    const KChunk kch = k_chunk(a, k);
+    gather_a(a, ar, kch, smem_addr(As + st * TL::BM * TL::LDS + crow * TL::LDS + ccol * 8),
+             kRowStep * TL::LDS * static_cast<int>(sizeof(T)));
     T* const bs = Bs + st * kBStage;
     if constexpr (BT) {
       // Row k = tap·C + kc of B is w'[n0.., tap, kc] = w[kc, KH-1-kh, KW-1-kw, n0..] of the
@@ -618,7 +711,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
       for (int i = 0; i < TL::B_ITERS; ++i) {
         const int row = crow + i * kRowStep;
         const int o = n0 + row;
-        const bool ok = kin && o < a.O;
+        const bool ok = kch.in && o < a.O;
         const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
         cp_async16(smem_addr(bs + row * TL::LDS + ccol * 8), src, ok);
       }
@@ -672,6 +765,113 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   });
 
   igemm_store<T, TL, Ix, BT ? TL::SMEM_T : TL::SMEM>(a, acc, m0, n0, wm, wn, lane, tid, smem_raw);
+}
+
+// ---- Hopper: the forward and backward data on wgmma (sm_90a) ----
+//
+// The same GEMM and gather as igemm_conv_kernel, with the math on wgmma: per 16 of k, one
+// wgmma.m64nBNk16 per warp group reads A (its 64 rows) and B from shared memory through matrix
+// descriptors, where mma.sync needed a warp's MI·NI mma and its ldmatrix fragment loads (the
+// twenty-fifth session's H100 profile and the thirty-third session's SASS counts put the mma.sync
+// kernels' time in issuing instructions). Both operands are K-major with the 128-byte swizzle
+// (ops/wgmma_desc.cuh): row r of a stage is its 128 bytes (64 k), and its 16-byte chunk c lands at
+// chunk c ^ (r % 8), which cp.async writes directly (a thread's rows are 8 apart times an integer,
+// so its chunk's swizzled place is the same in all of them). B is always the row-major (O, K)
+// filter: backward data stages the flipped filter (no BT variant).
+//
+// Pipeline: STAGES stages, copies STAGES-2 tiles ahead, and one wgmma group in flight. Iteration
+// it waits for tile it's copies (cp.async.wait_group STAGES-3), makes them visible to the async
+// proxy that wgmma reads through (fence.proxy.async), syncs the block, issues the copies of tile
+// it+STAGES-2 into the stage of tile it-2 (every warp group retired that tile's wgmmas before the
+// barrier: wgmma.wait_group 1 at the end of iteration it-1), then issues tile it's four wgmmas
+// and waits until only they are in flight.
+template <class T, class TL, class Ix = void>
+__global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  constexpr bool kPool = !std::is_void_v<Ix>;
+  constexpr int S = TL::STAGES;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Realigned to the 1024-byte swizzle atom (the launch asks for 1024 bytes more).
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  unsigned char* const smem = smem_raw + (base - raw);
+  const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM][128 B], [S][BN][128 B]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  // The warp group, read from lane 0 so that the compiler knows it is the same in every lane: the
+  // descriptors made from it then stay in uniform registers (as CUTLASS reads its warp group).
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+
+  // Thread tid copies chunk ccol (k 8·ccol..) of rows crow + i·kRowStep of A and of B; kRowStep is
+  // a multiple of 8, so the chunk's swizzled place in the row is the same for all of them.
+  const int ccol = tid & 7, crow = tid >> 3;
+  constexpr int kRowStep = TL::THREADS / 8;
+  static_assert(kRowStep % 8 == 0, "a thread's rows share their swizzle phase");
+  const uint32_t cp_off = static_cast<uint32_t>(crow * 128 + ((ccol ^ (crow & 7)) << 4));
+  ARows<TL::A_ITERS> ar;
+  a_rows_init<kPool>(a, m0, crow, kRowStep, ar);
+  const int KT = (a.K + TL::BK - 1) / TL::BK;
+
+  auto load_tile = [&](int st, int kt) {
+    const int k = kt * TL::BK + ccol * 8;
+    const KChunk kch = k_chunk(a, k);
+    gather_a(a, ar, kch, sa + st * TL::kABytes + cp_off, kRowStep * 128);
+#pragma unroll
+    for (int i = 0; i < TL::B_ITERS; ++i) {
+      const int o = n0 + crow + i * kRowStep;
+      const bool ok = kch.in && o < a.O;
+      const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
+      cp_async16(sb + st * TL::kBBytes + cp_off + i * kRowStep * 128, src, ok);
+    }
+  };
+
+  float acc[1][TL::NI][4];
+  zero_acc<TL>(acc);
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < KT) load_tile(s, s);
+    cp_async_commit();
+  }
+  // Stage 0's descriptors, K-major (the leading byte offset unused: 16), atoms of 8 rows
+  // kAtomBytes apart: this warp group's 64 rows of A (8 atoms from row 64 wg) and B's BN rows.
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  for (int it = 0; it < KT; ++it) {
+    cp_async_wait<S - 3>();
+    fence_proxy_async();  // this thread's landed copies, visible to wgmma's reads
+    __syncthreads();
+    const int next = it + S - 2;
+    if (next < KT) load_tile(next % S, next);
+    cp_async_commit();
+    const int st = it % S;
+    fence_acc(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < TL::BK / 16; ++kk) {
+      // The 16-column slice kk of stage st starts 32 kk bytes into its rows.
+      wgmma_m64k16<T, TL::BN, false, false>(d, desc_advance(da0, st * TL::kABytes + 32 * kk),
+                                            desc_advance(db0, st * TL::kBBytes + 32 * kk));
+    }
+    wgmma_commit();
+    fence_acc(d);
+    wgmma_wait<1>();
+    fence_acc(d);
+  }
+  wgmma_wait<0>();
+  fence_acc(d);
+  cp_async_wait<0>();
+  fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
+
+  // Warp w of the block is the epilogues' warp tile (w, 0): rows 16 w.., all BN columns.
+  igemm_store<T, TL, Ix, TL::kRing>(a, acc, m0, n0, warp, 0, lane, tid, smem);
+#endif
 }
 
 // ---- TF32: the forward and backward data for f32 inputs ----
@@ -1305,6 +1505,10 @@ class IgemmConvKernel final : public Kernel {
                        "%s: igemm needs the reduced channel count to be a positive multiple of 8 "
                        "(16-byte cp.async rows), got %lld",
                        op, static_cast<long long>(Ca));
+    // The 16-bit gather keeps a bit per tap of each row's receptive field (ARows).
+    PLX_DECLINE_UNLESS(kTf32 || g.KH * g.KW <= 32,
+                       "%s: igemm's 16-bit kernels handle at most 32 taps (KH·KW), not %lld", op,
+                       static_cast<long long>(g.KH * g.KW));
     PLX_DECLINE_UNLESS(!kTf32 || Ca >= 8,
                        "%s: TF32 igemm leaves fewer than 8 reduced channels (%lld) to the direct "
                        "kernel",
@@ -1327,25 +1531,33 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
+    if constexpr (TL::kWgmma)
+      PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
+                         "%s: the wgmma tiles are sm_90a code, which runs on compute capability "
+                         "9.0 only (this device is %d.%d)",
+                         op, ctx.prop.major, ctx.prop.minor);
     // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
-    // extent, whose 16-byte chunks the copies take.
-    bt_ = !kTf32 && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
+    // extent, whose 16-byte chunks the copies take. The wgmma tiles stage the flipped filter.
+    bt_ = !kTf32 && !TL::kWgmma && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
     // (if constexpr: Tf32Tile is only instantiated for f32; the 256x32 tile has no TF32 form.)
-    if constexpr (kTf32) smem_ = Tf32Tile<TL>::SMEM;
-    else smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
+    if constexpr (kTf32)
+      smem_ = Tf32Tile<TL>::SMEM;
+    else if constexpr (TL::kWgmma)
+      smem_ = TL::SMEM;
+    else
+      smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);
     // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
     if constexpr (kTf32)
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+      opt_in(igemm_tf32_kernel<TL>);
+    else if constexpr (TL::kWgmma)
+      opt_in(igemm_wgmma_kernel<T, TL>);
     else if (bt_)
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+      opt_in(igemm_conv_kernel<T, TL, true>);
     else
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+      opt_in(igemm_conv_kernel<T, TL>);
 
     a_ = IgemmArgs<T>{};
     a_.H = static_cast<int>(Hi), a_.W = static_cast<int>(Wi), a_.C = static_cast<int>(Ca);
@@ -1355,6 +1567,9 @@ class IgemmConvKernel final : public Kernel {
     a_.ph = static_cast<int>(ph), a_.pw = static_cast<int>(pw);
     a_.K = static_cast<int>(K);
     a_.fC = FastDiv(Ca), a_.fKW = FastDiv(g.KW);
+    a_.rep = 0;
+    if (g.KH * g.KW <= 32)
+      for (int64_t kh = 0; kh < g.KH; ++kh) a_.rep |= 1u << (kh * g.KW);
     a_.M = M;
     a_.OHW = Ho * Wo;
     a_.relu = relu;
@@ -1446,6 +1661,13 @@ class IgemmConvKernel final : public Kernel {
         igemm_tf32_kernel<TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
       else
         igemm_tf32_kernel<TL><<<grid, TL::THREADS, smem_, s>>>(a);
+    } else if constexpr (TL::kWgmma) {
+      if (pool_ == PoolIx::U8)
+        igemm_wgmma_kernel<T, TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      else if (pool_ == PoolIx::I32)
+        igemm_wgmma_kernel<T, TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      else
+        igemm_wgmma_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(a);
     } else if (pool_ == PoolIx::U8)
       igemm_conv_kernel<T, TL, false, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
     else if (pool_ == PoolIx::I32)
@@ -1502,20 +1724,21 @@ class IgemmConvKernel final : public Kernel {
     out_elems_ = N * a_.O * PH * PW;
     in_x_ = p.slots.x, in_w_ = p.slots.w, in_b_ = p.slots.bias;
     out_y_ = p.slots.y, out_i_ = p.slots.indices;
-    if constexpr (kTf32) {
-      if (pool_ == PoolIx::U8)
-        PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL, uint8_t>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-      else
-        PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_tf32_kernel<TL, int32_t>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-    } else if (pool_ == PoolIx::U8) {
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, uint8_t>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-    } else {
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_conv_kernel<T, TL, false, int32_t>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
-    }
+    const bool u8 = pool_ == PoolIx::U8;
+    if constexpr (kTf32)
+      u8 ? opt_in(igemm_tf32_kernel<TL, uint8_t>) : opt_in(igemm_tf32_kernel<TL, int32_t>);
+    else if constexpr (TL::kWgmma)
+      u8 ? opt_in(igemm_wgmma_kernel<T, TL, uint8_t>) : opt_in(igemm_wgmma_kernel<T, TL, int32_t>);
+    else
+      u8 ? opt_in(igemm_conv_kernel<T, TL, false, uint8_t>)
+         : opt_in(igemm_conv_kernel<T, TL, false, int32_t>);
+  }
+
+  // Opts kernel f into smem_ bytes of dynamic shared memory (above the default 48 KiB a kernel
+  // must, per device).
+  template <class A>
+  void opt_in(void (*f)(A)) const {
+    PLX_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
   }
 
   int32_t device_;
@@ -1747,24 +1970,32 @@ void add_tile(KernelRegistry& r, plx_dtype d) {
   r.add<IgemmConvKernel<T, TL, Dir::Fwd>, CudaBackend>("conv2d", d, name.c_str(), f, l);
   r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, name.c_str(),
                                                            f, l);
-  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f, l);
+  // The wgmma tiles have no weight gradient (yet): the mma.sync tiles' takes every shape.
+  if constexpr (!TL::kWgmma)
+    r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f, l);
 }
 
-// Calls f(TL{}) for each tile of dtype T, in registration order (256x32 has no TF32 form).
-template <class T, class F>
+// Calls f(TL{}) for each tile of dtype T, in registration order: the mma.sync tiles (256x32 has
+// no TF32 form), or with kHopper the wgmma tiles (16 bits; the sm_90a unit only).
+template <class T, bool kHopper = false, class F>
 void for_each_tile(F&& f) {
-  f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
-  if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});
+  if constexpr (kHopper) {
+    static_assert(!std::is_same_v<T, float>, "wgmma tiles: f16 and bf16");
+    f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile128x32{});
+  } else {
+    f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
+    if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});
+  }
 }
 
-template <class T>
+template <class T, bool kHopper = false>
 void add_tiles(KernelRegistry& r) {
-  for_each_tile<T>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
+  for_each_tile<T, kHopper>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
 }
 
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
 // its epilogue; `op` names the node or group in a decline.
-template <class T>
+template <class T, bool kHopper = false>
 std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backend,
                                        const std::string& tile, bool relu, const Pool* pool,
                                        const char* op) {
@@ -1773,9 +2004,10 @@ std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backen
     if (!k && tile == TL::name())
       k = std::make_unique<IgemmConvKernel<T, TL, Dir::Fwd>>(conv, backend, relu, pool);
   };
-  for_each_tile<T>(try_tile);
+  for_each_tile<T, kHopper>(try_tile);
   if (!k) throw sdk::Unsupported(sdk::format("%s: no igemm tile named '%s'", op, tile.c_str()));
   return k;
 }
 
+}  // namespace PLX_IGEMM_TU
 }  // namespace plexus::cuda::igemm

@@ -12,10 +12,11 @@
 
 namespace plexus::cuda {
 
-// Adds the igemm_mma_* candidates to `r`; called by register_conv after the cuDNN kernels.
+// Adds the igemm_mma_* candidates to `r`, and the igemm_wgmma_* ones where they were built;
+// called by register_conv after the cuDNN kernels.
 void register_igemm_conv(KernelRegistry& r);
 
-// A conv2d node's forward kernel with tile `tile` (an igemm_mma_* impl name), with the ReLU in
+// A conv2d node's forward kernel with tile `tile` (an igemm_* impl name), with the ReLU in
 // its epilogue when `relu` (a fused conv2d -> relu whose conv the host gave to that candidate).
 // Throws Unsupported (a decline) where the registered candidate of that tile would.
 std::unique_ptr<Kernel> make_igemm_conv(const NodeInfo& node, CudaBackend& backend,
@@ -54,6 +55,12 @@ std::unique_ptr<Kernel> make_fwd_bf16(const NodeInfo& conv, CudaBackend& backend
 std::unique_ptr<Kernel> make_fwd_f32(const NodeInfo& conv, CudaBackend& backend,
                                      const std::string& tile, bool relu, const Pool* pool,
                                      const char* op);
+// The Hopper tiles (igemm_wgmma.cu, built for sm_90a where the plugin's architectures include
+// 90, PLEXUS_CUDA_WGMMA): f16 and bf16, conv2d and conv2d_backward_data.
+void add_wgmma(KernelRegistry& r);
+std::unique_ptr<Kernel> make_fwd_wgmma(const NodeInfo& conv, CudaBackend& backend,
+                                       const std::string& tile, bool relu, const Pool* pool,
+                                       const char* op);
 
 }  // namespace igemm
 

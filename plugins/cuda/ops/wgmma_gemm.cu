@@ -69,6 +69,7 @@
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
 #include "ops/simt_gemm.cuh"
+#include "ops/wgmma_desc.cuh"
 #include "ops/wgmma_gemm.hpp"
 #include "ops/wgmma_ptx.cuh"
 
@@ -110,8 +111,7 @@ struct Cfg {
   static_assert(BN % 64 == 0 && BN <= 256, "wgmma n and the TMA box (at most 256 rows)");
 };
 
-// The bytes of one 8-row (K-major) or 8-K-row (MN-major) swizzle atom, and of an MN-major box.
-constexpr uint32_t kAtomBytes = 1024;
+// The bytes of an MN-major box (a swizzle atom, kAtomBytes, is in ops/wgmma_desc.cuh).
 constexpr uint32_t kMnBoxBytes = 64 * 128;  // 64 K rows of 64 elements
 
 // Arguments of one launch beside the tensor maps (pointers as void: one struct for both dtypes).
@@ -127,17 +127,8 @@ struct WgArgs {
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
 };
 
-// ---- PTX (ops/wgmma_ptx.cuh) ----
+// ---- PTX (ops/wgmma_ptx.cuh; the descriptors, ops/wgmma_desc.cuh) ----
 using namespace ptx;
-
-// A wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor
-// Format"): start address, leading and stride byte offsets, all >> 4; bits 49-51 (base offset)
-// 0 since every atom is 1024-byte aligned; bits 62-63 = 1: 128B swizzle.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
 
 // Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
 // phase "before" it (parity 1) counts as completed: the producer's first wait on each empty

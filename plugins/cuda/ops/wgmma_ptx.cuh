@@ -104,6 +104,37 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 // memory through the descriptors da and db. TA: A is M-major (else K-major); TB: B is N-major
 // (else K-major). scale-d = 1: the accumulators are added to (they start at zero).
 // (Generated: every accumulator register is an in/out operand of the one instruction.)
+#define PLX_WGMMA_N32(TY)                                                                       \
+  asm volatile(                                                                                 \
+      "{\n"                                                                                     \
+      ".reg .pred p;\n"                                                                         \
+      "setp.ne.b32 p, %18, 0;\n"                                                                \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                   \
+      " {"                                                                                      \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                    \
+      "}, %16, %17, p, 1, 1, %19, %20;\n"                                                       \
+      "}\n"                                                                                     \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15])                                                                \
+      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
+#define PLX_WGMMA_N64(TY)                                                                          \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %34, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"             \
+      "}, %32, %33, p, 1, 1, %35, %36;\n"                                                          \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
+      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
 #define PLX_WGMMA_N128(TY)                                                                         \
   asm volatile(                                                                                    \
       "{\n"                                                                                        \
@@ -172,19 +203,31 @@ template <class T, int N, bool TA, bool TB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t da, uint64_t db) {
   static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "wgmma: bf16 or f16");
   constexpr int kTA = TA ? 1 : 0, kTB = TB ? 1 : 0;
-  if constexpr (N == 128) {
+  if constexpr (N == 32) {
+    if constexpr (std::is_same_v<T, bf16>)
+      PLX_WGMMA_N32("bf16");
+    else
+      PLX_WGMMA_N32("f16");
+  } else if constexpr (N == 64) {
+    if constexpr (std::is_same_v<T, bf16>)
+      PLX_WGMMA_N64("bf16");
+    else
+      PLX_WGMMA_N64("f16");
+  } else if constexpr (N == 128) {
     if constexpr (std::is_same_v<T, bf16>)
       PLX_WGMMA_N128("bf16");
     else
       PLX_WGMMA_N128("f16");
   } else {
-    static_assert(N == 256, "wgmma tiles: n128, n256");
+    static_assert(N == 256, "wgmma tiles: n32, n64, n128, n256");
     if constexpr (std::is_same_v<T, bf16>)
       PLX_WGMMA_N256("bf16");
     else
       PLX_WGMMA_N256("f16");
   }
 }
+#undef PLX_WGMMA_N32
+#undef PLX_WGMMA_N64
 #undef PLX_WGMMA_N128
 #undef PLX_WGMMA_N256
 
