@@ -409,19 +409,19 @@ __device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, i
   }
 }
 
-// The chunk of 8 k at k = tap·C + c (tap = kh·KW + kw): the tap's bit (0 past K; K % 8 == 0: a
-// chunk is wholly inside K or wholly past it) and its offset from a row's field origin.
+// The chunk of 8 k at k = tap·C + c (tap = kh·KW + kw): the tap's bit (0 past K, so that no row
+// copies it; K % 8 == 0: a chunk is wholly inside K or wholly past it) and its offset from a
+// row's field origin.
 struct KChunk {
-  bool in;
   uint32_t bit;
   int off;  // (kh·W + kw)·C + c, 32 bits: one image's extent fits an int
 };
 
 template <class T>
 __device__ __forceinline__ KChunk k_chunk(const IgemmArgs<T>& a, int k) {
-  KChunk r{k < a.K, 0u, 0};
+  KChunk r{0u, 0};
   int c = 0, kh = 0, kw = 0;
-  if (r.in) {
+  if (k < a.K) {
     int tap;
     a.fC.divmod(k, tap, c);
     a.fKW.divmod(tap, kh, kw);
@@ -441,6 +441,20 @@ __device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& 
     const bool ok = (r.taps[i] & kc.bit) != 0;
     // A zero-filled copy reads nothing, but still gets a valid address.
     const T* src = ok ? reinterpret_cast<const T*>(r.org[i] + kc.off * sizeof(T)) : a.x;
+    cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
+  }
+}
+
+// The filter's copies (B, the row-major (O, K) matrix): chunk k of rows o0 + i·step (i < N) at
+// shared address dst + i·dst_step, zero-filled past O or past K (kc's bit 0).
+template <int N, class T>
+__device__ __forceinline__ void gather_b(const IgemmArgs<T>& a, int o0, int step, int k,
+                                         const KChunk& kc, uint32_t dst, int dst_step) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int o = o0 + i * step;
+    const bool ok = kc.bit != 0 && o < a.O;
+    const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
     cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
   }
 }
@@ -707,14 +721,9 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
         cp_async16(smem_addr(bs + r * TL::LDB_T + b_ccol * 8), src, ok);
       }
     } else {
-#pragma unroll
-      for (int i = 0; i < TL::B_ITERS; ++i) {
-        const int row = crow + i * kRowStep;
-        const int o = n0 + row;
-        const bool ok = kch.in && o < a.O;
-        const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
-        cp_async16(smem_addr(bs + row * TL::LDS + ccol * 8), src, ok);
-      }
+      gather_b<TL::B_ITERS>(a, n0 + crow, kRowStep, k, kch,
+                            smem_addr(bs + crow * TL::LDS + ccol * 8),
+                            kRowStep * TL::LDS * static_cast<int>(sizeof(T)));
     }
   };
 
@@ -821,13 +830,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
     const int k = kt * TL::BK + ccol * 8;
     const KChunk kch = k_chunk(a, k);
     gather_a(a, ar, kch, sa + st * TL::kABytes + cp_off, kRowStep * 128);
-#pragma unroll
-    for (int i = 0; i < TL::B_ITERS; ++i) {
-      const int o = n0 + crow + i * kRowStep;
-      const bool ok = kch.in && o < a.O;
-      const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
-      cp_async16(sb + st * TL::kBBytes + cp_off + i * kRowStep * 128, src, ok);
-    }
+    gather_b<TL::B_ITERS>(a, n0 + crow, kRowStep, k, kch, sb + st * TL::kBBytes + cp_off,
+                          kRowStep * 128);
   };
 
   float acc[1][TL::NI][4];
