@@ -62,11 +62,13 @@ const std::vector<Geo>& tf32_geometries() {
   return g;
 }
 
-// The Hopper tiles (wgmma, sm_90a): registered for conv2d and conv2d_backward_data in 16 bits
-// where the plugin was built for sm_90 (the CUDA emulator is an H100), and declined by devices
-// other than 9.0.
+// The Hopper tiles (wgmma, sm_90a): registered in 16 bits where the plugin was built for sm_90
+// (the CUDA emulator is an H100), and declined by devices other than 9.0. The weight gradient has
+// tiles of its own (64 or 128 output channels, and N a multiple of 64: MN-major operands).
 const std::vector<std::string> kWgmmaTiles = {"igemm_wgmma_128x128x64", "igemm_wgmma_128x64x64",
                                               "igemm_wgmma_128x32x64"};
+const std::vector<std::string> kWgmmaWgradTiles = {
+    "igemm_wgmma_128x128x64", "igemm_wgmma_128x64x64", "igemm_wgmma_64x128x64"};
 
 bool is_wgmma_tile(const std::string& impl) {
   return impl.rfind("igemm_wgmma_", 0) == 0;
@@ -286,11 +288,12 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
         if (i.rfind(kPrefix, 0) == 0) igemm.push_back(i);
       std::vector<std::string> want = tiles;
       if (d == PLX_F32) want.pop_back();
-      // The Hopper tiles after them: 16 bits, no weight gradient, where built for sm_90 (as the
-      // wgmma GEMM is: the emulator's plugin always, a GPU build with 90 in its architectures).
+      // The Hopper tiles after them: 16 bits, where built for sm_90 (as the wgmma GEMM is: the
+      // emulator's plugin always, a GPU build with 90 in its architectures).
       const bool hopper = has_wgmma_tiles(*b);
-      if (hopper && d != PLX_F32 && std::string(op) != "conv2d_backward_weight")
-        want.insert(want.end(), kWgmmaTiles.begin(), kWgmmaTiles.end());
+      const std::vector<std::string>& hopper_tiles =
+          std::string(op) == "conv2d_backward_weight" ? kWgmmaWgradTiles : kWgmmaTiles;
+      if (hopper && d != PLX_F32) want.insert(want.end(), hopper_tiles.begin(), hopper_tiles.end());
       CHECK(igemm == want);
       for (const plx_kernel* k : candidates(*b, s, d)) {
         CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);

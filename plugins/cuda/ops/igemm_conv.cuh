@@ -170,6 +170,9 @@ struct WgTile {
 using WgTile128x128 = WgTile<128, 128, 4>;  // 128 KiB of stages
 using WgTile128x64 = WgTile<128, 64, 4>;    // 96 KiB
 using WgTile128x32 = WgTile<128, 32, 4>;    // 80 KiB
+// The weight gradient's (igemm_wgmma_wgrad_kernel) third tile: one warp group for 64 output
+// channels (convnet's conv2), where a 128-row tile would compute half zeros.
+using WgTile64x128 = WgTile<64, 128, 4>;  // 96 KiB
 
 // ---- the GEMM problem ----
 //
@@ -776,6 +779,54 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   igemm_store<T, TL, Ix, BT ? TL::SMEM_T : TL::SMEM>(a, acc, m0, n0, wm, wn, lane, tid, smem_raw);
 }
 
+// ---- the wgmma kernels' K loop ----
+//
+// STAGES shared-memory stages, copies STAGES-2 tiles ahead and one wgmma group in flight (two
+// tiles ahead, not three: the stage being refilled must be one whose wgmmas every warp group has
+// retired, and wgmma.wait_group 1 leaves the last tile's in flight). Prologue: tiles 0..STAGES-3
+// in flight, one commit group each. Iteration it waits for its tile's copies
+// (cp.async.wait_group STAGES-3), makes them visible to the async proxy that wgmma reads through
+// (fence.proxy.async), syncs the block, issues the copies of tile it+STAGES-2 into the stage of
+// tile it-2 (every warp group retired that tile's wgmmas at the end of iteration it-1), then
+// issues tile it's four wgmmas (from stage 0's descriptors da0, db0, advanced to stage it %
+// STAGES) and waits until only they are in flight. kMN: both operands MN-major (the weight
+// gradient: the 16 k rows of slice kk start 2048 kk bytes into each box), else K-major (the
+// 16-column slice kk starts 32 kk bytes into each row). load(stage, it) issues the copies of the
+// block's tile `it` into `stage`. No wgmma or copy is in flight at the end.
+template <class T, class TL, bool kMN, class Load>
+__device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
+                                             uint64_t da0, uint64_t db0) {
+  constexpr int S = TL::STAGES;
+  constexpr uint32_t kSlice = kMN ? 2048 : 32;
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < nk) load(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<S - 3>();
+    fence_proxy_async();  // this thread's landed copies, visible to wgmma's reads
+    __syncthreads();
+    const int next = it + S - 2;
+    if (next < nk) load(next % S, next);
+    cp_async_commit();
+    const int st = it % S;
+    fence_acc(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < TL::BK / 16; ++kk)
+      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da0, st * TL::kABytes + kSlice * kk),
+                                        desc_advance(db0, st * TL::kBBytes + kSlice * kk));
+    wgmma_commit();
+    fence_acc(d);
+    wgmma_wait<1>();
+    fence_acc(d);
+  }
+  wgmma_wait<0>();
+  fence_acc(d);
+  cp_async_wait<0>();
+}
+
 // ---- Hopper: the forward and backward data on wgmma (sm_90a) ----
 //
 // The same GEMM and gather as igemm_conv_kernel, with the math on wgmma: per 16 of k, one
@@ -788,12 +839,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // so its chunk's swizzled place is the same in all of them). B is always the row-major (O, K)
 // filter: backward data stages the flipped filter (no BT variant).
 //
-// Pipeline: STAGES stages, copies STAGES-2 tiles ahead, and one wgmma group in flight. Iteration
-// it waits for tile it's copies (cp.async.wait_group STAGES-3), makes them visible to the async
-// proxy that wgmma reads through (fence.proxy.async), syncs the block, issues the copies of tile
-// it+STAGES-2 into the stage of tile it-2 (every warp group retired that tile's wgmmas before the
-// barrier: wgmma.wait_group 1 at the end of iteration it-1), then issues tile it's four wgmmas
-// and waits until only they are in flight.
+// Pipeline: wgmma_k_loop (STAGES stages, copies STAGES-2 tiles ahead, one wgmma group in flight).
 template <class T, class TL, class Ix = void>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArgs<T> a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -838,39 +884,11 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
   zero_acc<TL>(acc);
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
 
-#pragma unroll
-  for (int s = 0; s < S - 2; ++s) {
-    if (s < KT) load_tile(s, s);
-    cp_async_commit();
-  }
   // Stage 0's descriptors, K-major (the leading byte offset unused: 16), atoms of 8 rows
   // kAtomBytes apart: this warp group's 64 rows of A (8 atoms from row 64 wg) and B's BN rows.
   const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
   const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
-  for (int it = 0; it < KT; ++it) {
-    cp_async_wait<S - 3>();
-    fence_proxy_async();  // this thread's landed copies, visible to wgmma's reads
-    __syncthreads();
-    const int next = it + S - 2;
-    if (next < KT) load_tile(next % S, next);
-    cp_async_commit();
-    const int st = it % S;
-    fence_acc(d);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < TL::BK / 16; ++kk) {
-      // The 16-column slice kk of stage st starts 32 kk bytes into its rows.
-      wgmma_m64k16<T, TL::BN, false, false>(d, desc_advance(da0, st * TL::kABytes + 32 * kk),
-                                            desc_advance(db0, st * TL::kBBytes + 32 * kk));
-    }
-    wgmma_commit();
-    fence_acc(d);
-    wgmma_wait<1>();
-    fence_acc(d);
-  }
-  wgmma_wait<0>();
-  fence_acc(d);
-  cp_async_wait<0>();
+  wgmma_k_loop<T, TL, false>(KT, load_tile, d, da0, db0);
   fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
 
   // Warp w of the block is the epilogues' warp tile (w, 0): rows 16 w.., all BN columns.
@@ -1071,7 +1089,8 @@ struct WgradArgs {
 template <class TL>
 struct WgradSmem {
   static constexpr int LDA = TL::BM + 8, LDB = TL::BN + 8;  // 16 bytes of padding per k row
-  static constexpr int BYTES = TL::STAGES * TL::BK * (LDA + LDB) * 2;
+  // The stages, then the pixel tables (PixTables: 16 bytes per k row).
+  static constexpr int BYTES = TL::STAGES * TL::BK * ((LDA + LDB) * 2 + 16);
   static constexpr int CA = TL::BM / 8, CB = TL::BN / 8;  // 16-byte chunks per k row
   static constexpr int A_ITERS = TL::BK * CA / TL::THREADS, B_ITERS = TL::BK * CB / TL::THREADS;
   static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0, "fixed chunk column per thread");
@@ -1129,6 +1148,141 @@ __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
       });
 }
 
+// ---- the weight gradient's copies (both kernel families) ----
+//
+// A thread copies one 16-byte chunk column of each operand, in k rows (pixels) row + i·step of
+// every K tile: of A, dy's output channels oa.. (O % 8 == 0: a chunk is wholly inside O or wholly
+// past it); of B, x's channels at column j = jb.. of the GEMM (J % 8 == 0 likewise; a chunk is
+// one tap's channels, since C % 8 == 0), whose tap is decomposed once. `dst` is the shared address
+// of the thread's first row's chunk, its later rows `bytes` apart.
+struct WgradCol {
+  bool oin, jin;  // the chunks lie inside O, inside J
+  int bkh, bkw;   // B: the tap
+  int tap_bytes;  // B: ((kh·W + kw)·C + c) elements, the chunk's offset from its pixel's origin
+};
+
+template <class T>
+__device__ __forceinline__ WgradCol wgrad_col(const WgradArgs<T>& a, int oa, int jb) {
+  WgradCol c{oa < a.O, jb < a.J, 0, 0, 0};
+  if (c.jin) {
+    const int tap = jb / a.C;
+    c.bkh = tap / a.KW;
+    c.bkw = tap - c.bkh * a.KW;
+    c.tap_bytes = ((c.bkh * a.W + c.bkw) * a.C + (jb - tap * a.C)) * static_cast<int>(sizeof(T));
+  }
+  return c;
+}
+
+// A's rows: dy[p, oa..oa+7] for the pixels p = pix + i·step of the next K tile, from `src` (row
+// 0's chunk); each call steps both one tile (BK pixels) on.
+template <class T>
+struct WgradRowsA {
+  const char* src;
+  int pix;
+};
+
+template <int N, int BK, class T>
+__device__ __forceinline__ void wgrad_copy_a(const WgradArgs<T>& a, const WgradCol& c,
+                                             WgradRowsA<T>& r, int step, uint32_t dst,
+                                             uint32_t bytes) {
+  const int64_t row_bytes = static_cast<int64_t>(step) * a.O * static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool ok = c.oin && r.pix + i * step < a.P;
+    const T* src = ok ? reinterpret_cast<const T*>(r.src + i * row_bytes) : a.dy;
+    cp_async16(dst + i * bytes, src, ok);
+  }
+  r.src += static_cast<int64_t>(BK) * a.O * static_cast<int>(sizeof(T));
+  r.pix += BK;
+}
+
+template <class T>
+__device__ __forceinline__ WgradRowsA<T> wgrad_rows_a(const WgradArgs<T>& a, int pix, int oa) {
+  return {reinterpret_cast<const char*>(a.dy + (static_cast<int64_t>(pix) * a.O + oa)), pix};
+}
+
+// The pixel table of a K tile: for each of its BK k rows (pixels p = (n, oh, ow)), where the
+// receptive field starts in x, ih = oh·sh - ph and iw = ow·sw - pw, and the address of
+// x[n, ih, iw, channel 0] (outside the image where padded: only taps inside it are read). A row
+// past the last pixel gets ih = -2^30, so that every tap fails the bounds test. B's copies of a
+// row are then a table read, two adds and two compares, where each thread stepped its rows'
+// pixels itself before (about 20 instructions a row). Thread tid < BK builds row tid of every
+// tile, stepping its pixel q one tile on (tiles in order, each once: advance() divides nothing).
+struct alignas(16) PixRow {
+  int ih, iw;
+  uint64_t addr;  // as an integer: where padded, it points before the image
+};
+
+template <int BK, class T>
+__device__ __forceinline__ void wgrad_table_row(const WgradArgs<T>& a, int kt, int tid, PixelPos& q,
+                                                const PixelPos& pstep, PixRow* slot) {
+  if (tid >= BK) return;
+  const int64_t x_img = static_cast<int64_t>(a.H) * a.W * a.C;  // one image of x (C·H·W < 2^31)
+  PixRow e;
+  e.ih = q.oh * a.sh - a.ph;
+  e.iw = q.ow * a.sw - a.pw;
+  const int64_t off = q.n * x_img + (e.ih * a.W + e.iw) * a.C;
+  e.addr = reinterpret_cast<uint64_t>(a.x) + static_cast<uint64_t>(off) * sizeof(T);
+  if (kt * BK + tid >= a.P) e.ih = -(1 << 30);
+  slot[tid] = e;
+  q = advance(q, pstep, a.OH, a.OW);
+}
+
+// B's rows of a K tile from its pixel table `slot`: x at the chunk's tap of each row's pixel.
+template <int N, class T>
+__device__ __forceinline__ void wgrad_copy_b(const WgradArgs<T>& a, const WgradCol& c,
+                                             const PixRow* slot, int row, int step, uint32_t dst,
+                                             uint32_t bytes) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    // One 16-byte read of the row.
+    const int4 v = *reinterpret_cast<const int4*>(slot + row + i * step);
+    const int ih = v.x + c.bkh, iw = v.y + c.bkw;
+    const bool ok = c.jin && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                    static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+    const uint64_t addr =
+        (static_cast<uint64_t>(static_cast<uint32_t>(v.w)) << 32 | static_cast<uint32_t>(v.z)) +
+        static_cast<uint64_t>(static_cast<int64_t>(c.tap_bytes));
+    const T* src = ok ? reinterpret_cast<const T*>(addr) : a.x;
+    cp_async16(dst + i * bytes, src, ok);
+  }
+}
+
+// The pixel tables of a pipeline that copies kAhead tiles ahead (tile t + kAhead while computing
+// tile t), in STAGES slots, tile t's in slot t % STAGES: before the K loop, the tables of tiles
+// 0..kAhead and a barrier; then the copies of tile t (t >= kAhead) build tile t + 1's table, into
+// the slot of tile t + 1 - STAGES, whose copies were issued before the barrier that precedes
+// them (STAGES > kAhead), and which no thread reads until after the next barrier.
+template <int BK, int STAGES, int kAhead, class T>
+struct PixTables {
+  static_assert(kAhead < STAGES, "a table slot per tile in flight");
+  PixRow* tab;  // [STAGES][BK] in shared memory
+  PixelPos q, pstep;
+  int kt0, nk;
+
+  __device__ __forceinline__ PixTables(const WgradArgs<T>& a, PixRow* t, int kt0_, int nk_, int tid)
+      : tab(t),
+        q(pixel_pos(kt0_ * BK + tid, a.OHW, a.OW)),
+        pstep(pixel_pos(BK, a.OHW, a.OW)),
+        kt0(kt0_),
+        nk(nk_) {}
+
+  __device__ __forceinline__ void prologue(const WgradArgs<T>& a, int tid) {
+#pragma unroll
+    for (int t = 0; t <= kAhead; ++t)
+      if (t < nk) wgrad_table_row<BK>(a, kt0 + t, tid, q, pstep, tab + t * BK);
+    __syncthreads();
+  }
+  // After the copies of the slice's tile `it` from slot st: tile it + 1's table.
+  __device__ __forceinline__ void after_copy(const WgradArgs<T>& a, int it, int st, int tid) {
+    if (it >= kAhead && it + 1 < nk)
+      wgrad_table_row<BK>(a, kt0 + it + 1, tid, q, pstep, tab + ((st + 1) % STAGES) * BK);
+  }
+  __device__ __forceinline__ const PixRow* slot(int st) const {
+    return tab + st * BK;
+  }
+};
+
 // Grid: x over O tiles, y over J tiles, z over K slices.
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
@@ -1146,58 +1300,26 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
   const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
 
-  // Copy assignment: chunk column fixed per thread, k rows (pixels) row + i·step. The B column
-  // j is fixed too, so its tap and channel are decomposed once.
+  // Copy assignment: chunk column fixed per thread, k rows (pixels) row + i·step.
   const int a_ccol = tid % S::CA, a_crow = tid / S::CA;
   const int b_ccol = tid % S::CB, b_crow = tid / S::CB;
   constexpr int kAStep = TL::THREADS / S::CA, kBStep = TL::THREADS / S::CB;
-  const int oa = m0 + a_ccol * 8;
-  const bool oin = oa < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
-  const int jb = n0 + b_ccol * 8;
-  const bool jin = jb < a.J;  // J % 8 == 0 likewise
-  int bc = 0, bkh = 0, bkw = 0;
-  if (jin) {
-    const int tap = jb / a.C;
-    bc = jb - tap * a.C;
-    bkh = tap / a.KW;
-    bkw = tap - bkh * a.KW;
-  }
+  const WgradCol col = wgrad_col(a, m0 + a_ccol * 8, n0 + b_ccol * 8);
+  // pipelined_k_loop copies STAGES - 1 tiles ahead.
+  PixTables<TL::BK, TL::STAGES, TL::STAGES - 1, T> px(
+      a, reinterpret_cast<PixRow*>(Bs + TL::STAGES * TL::BK * S::LDB), kt0, kt1 - kt0, tid);
+  px.prologue(a, tid);
 
-  // The pixel (n, oh, ow) of each B row this thread copies, for the slice's first K tile;
-  // load_tile steps it one K tile on (pipelined_k_loop loads the tiles in order, each once), so
-  // the K loop divides nothing.
-  const PixelPos step = pixel_pos(TL::BK, a.OHW, a.OW);
-  const int64_t x_img = static_cast<int64_t>(a.H) * a.W * a.C;  // one image of x (C·H·W < 2^31)
-  PixelPos bpix[S::B_ITERS];
-#pragma unroll
-  for (int i = 0; i < S::B_ITERS; ++i)
-    bpix[i] = pixel_pos(kt0 * TL::BK + b_crow + i * kBStep, a.OHW, a.OW);
+  WgradRowsA<T> ra = wgrad_rows_a(a, kt0 * TL::BK + a_crow, m0 + a_ccol * 8);
 
-  auto load_tile = [&](int st, int kt) {
-    T* const as = As + st * TL::BK * S::LDA;
-#pragma unroll
-    for (int i = 0; i < S::A_ITERS; ++i) {
-      const int r = a_crow + i * kAStep;
-      const int p = kt * TL::BK + r;
-      const bool ok = oin && p < a.P;
-      const T* src = ok ? a.dy + static_cast<int64_t>(p) * a.O + oa : a.dy;
-      cp_async16(smem_addr(as + r * S::LDA + a_ccol * 8), src, ok);
-    }
-    T* const bs = Bs + st * TL::BK * S::LDB;
-#pragma unroll
-    for (int i = 0; i < S::B_ITERS; ++i) {
-      const int r = b_crow + i * kBStep;
-      const int p = kt * TL::BK + r;
-      const PixelPos px = bpix[i];
-      const int ih = px.oh * a.sh - a.ph + bkh, iw = px.ow * a.sw - a.pw + bkw;
-      const bool ok = jin && p < a.P &&
-                      static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-                      static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-      // The image's base in 64 bits, the pixel inside it in 32 (the host declines larger images).
-      const T* src = ok ? a.x + px.n * x_img + ((ih * a.W + iw) * a.C + bc) : a.x;
-      cp_async16(smem_addr(bs + r * S::LDB + b_ccol * 8), src, ok);
-      bpix[i] = advance(px, step, a.OH, a.OW);
-    }
+  auto load_tile = [&](int st, int it) {
+    wgrad_copy_a<S::A_ITERS, TL::BK>(a, col, ra, kAStep,
+                                     smem_addr(As + (st * TL::BK + a_crow) * S::LDA + a_ccol * 8),
+                                     kAStep * S::LDA * sizeof(T));
+    wgrad_copy_b<S::B_ITERS>(a, col, px.slot(st), b_crow, kBStep,
+                             smem_addr(Bs + (st * TL::BK + b_crow) * S::LDB + b_ccol * 8),
+                             kBStep * S::LDB * sizeof(T));
+    px.after_copy(a, it, st, tid);
   };
 
   float acc[TL::MI][TL::NI][4];
@@ -1214,7 +1336,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   const int b_n = wn * TL::WN + ((lane >> 4) << 3);
 
   pipelined_k_loop<TL::STAGES>(
-      kt1 - kt0, [&](int st, int it) { load_tile(st, kt0 + it); },
+      kt1 - kt0, [&](int st, int it) { load_tile(st, it); },
       [&](int st) {
         const T* const as = As + st * TL::BK * S::LDA;
         const T* const bs = Bs + st * TL::BK * S::LDB;
@@ -1239,6 +1361,92 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
         }
       });
   wgrad_finish<T, TL>(a, acc, m0, n0, wm, wn, lane);
+}
+
+// ---- Hopper: the weight gradient on wgmma (sm_90a) ----
+
+// Its shared memory: the ring (realigned to 1024 bytes), then the pixel tables.
+template <class TL>
+constexpr int wgmma_wgrad_smem() {
+  return TL::SMEM + TL::STAGES * TL::BK * static_cast<int>(sizeof(PixRow));
+}
+
+// The same GEMM, copies, slices and last-slice sum as igemm_wgrad_kernel, with the math on wgmma
+// as in igemm_wgmma_kernel: BM / 64 warp groups, each owning 64 rows (output channels o) and all
+// BN columns (j) of the tile, one wgmma.m64nBNk16 per 16 of k (pixels). Both operands are
+// contiguous along M and N, not K, so both are read MN-major (wgmma's imm-trans-a and -b, which
+// 16-bit types allow): a stage holds, per 64 of M (of N), a box of BK = 64 k rows of 128 bytes,
+// 8 KiB, with the 128-byte swizzle (chunk c of k row r at chunk c ^ (r % 8)); the descriptors
+// step 1024 bytes per 8 k rows (SBO) and 8192 per 64 of M or N (LBO), and k slice kk starts
+// 2048 kk bytes in, as the Hopper GEMM's MN-major operands do (ops/wgmma_gemm.cu, checked on the
+// H100). Each thread's rows are a multiple of 8 apart, so its chunk's swizzled place is the same in
+// all of them; B's rows come from the pixel tables (PixTables, kept after the ring). Pipeline as
+// igemm_wgmma_kernel's: STAGES stages, copies STAGES-2 tiles ahead, one wgmma group in flight.
+template <class T, class TL>
+__global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_wgrad_kernel(const WgradArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  constexpr int S = TL::STAGES, BK = TL::BK;
+  constexpr uint32_t kBox = 64 * 128;              // 64 k rows of 64 elements
+  constexpr int CA = TL::BM / 8, CB = TL::BN / 8;  // 16-byte chunks per k row
+  constexpr int kAStep = TL::THREADS / CA, kBStep = TL::THREADS / CB;
+  constexpr int A_ITERS = BK / kAStep, B_ITERS = BK / kBStep;
+  static_assert(BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64 elements");
+  static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0 && kAStep % 8 == 0 &&
+                    kBStep % 8 == 0 && BK % kAStep == 0 && BK % kBStep == 0,
+                "a thread's rows share their swizzle phase, and the rows spread evenly");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Realigned to the 1024-byte swizzle atom (the launch asks for 1024 bytes more).
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM/64][64][128 B], [S][BN/64]...
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int KT = (a.P + BK - 1) / BK;
+  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
+  const int nk = min(KT, kt0 + a.kt_per) - kt0;  // the host makes every slice non-empty
+
+  // Thread tid copies chunk column ccol (of box ccol / 8) of k rows crow + i·step of each operand.
+  const int a_ccol = tid % CA, a_crow = tid / CA;
+  const int b_ccol = tid % CB, b_crow = tid / CB;
+  const auto swz = [](int ccol, int crow) {
+    return static_cast<uint32_t>((ccol >> 3) * kBox + crow * 128 +
+                                 (((ccol & 7) ^ (crow & 7)) << 4));
+  };
+  const uint32_t a_off = swz(a_ccol, a_crow), b_off = swz(b_ccol, b_crow);
+  const WgradCol col = wgrad_col(a, m0 + a_ccol * 8, n0 + b_ccol * 8);
+  // The pixel tables after the ring; the pipeline copies S - 2 tiles ahead.
+  PixTables<BK, S, S - 2, T> px(a, reinterpret_cast<PixRow*>(smem_raw + (base - raw) + TL::kRing),
+                                kt0, nk, tid);
+  px.prologue(a, tid);
+
+  WgradRowsA<T> ra = wgrad_rows_a(a, kt0 * BK + a_crow, m0 + a_ccol * 8);
+
+  auto load_tile = [&](int st, int it) {
+    wgrad_copy_a<A_ITERS, BK>(a, col, ra, kAStep, sa + st * TL::kABytes + a_off, kAStep * 128);
+    wgrad_copy_b<B_ITERS>(a, col, px.slot(st), b_crow, kBStep, sb + st * TL::kBBytes + b_off,
+                          kBStep * 128);
+    px.after_copy(a, it, st, tid);
+  };
+
+  float acc[1][TL::NI][4];
+  zero_acc<TL>(acc);
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+
+  // Stage 0's descriptors, MN-major: this warp group's box of A (its 64 output channels) and
+  // B's BN / 64 boxes, kBox apart (LBO), 8 k rows kAtomBytes apart (SBO).
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
+  wgmma_k_loop<T, TL, true>(nk, load_tile, d, da0, db0);
+
+  // Warp w of the block is wgrad_finish's warp tile (w, 0): rows 16 w.., all BN columns.
+  wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
+#endif
 }
 
 // TF32 weight gradient: the same GEMM, slices and last-slice sum, gathering 4 bytes at a time
@@ -1767,6 +1975,8 @@ class IgemmWgradKernel final : public Kernel {
   static constexpr bool kTf32 = std::is_same_v<T, float>;
   static constexpr int smem_bytes() {
     if constexpr (kTf32) return Tf32Tile<TL>::W_SMEM;
+    else if constexpr (TL::kWgmma)
+      return wgmma_wgrad_smem<TL>();
     else return S::BYTES;
   }
   static constexpr int kSmem = smem_bytes();
@@ -1838,11 +2048,19 @@ class IgemmWgradKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
+    if constexpr (TL::kWgmma)
+      PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
+                         "%s: the wgmma tiles are sm_90a code, which runs on compute capability "
+                         "9.0 only (this device is %d.%d)",
+                         op, ctx.prop.major, ctx.prop.minor);
     PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);
     if constexpr (kTf32)
       PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_tf32_kernel<TL>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    else if constexpr (TL::kWgmma)
+      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgmma_wgrad_kernel<T, TL>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     else
       PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
@@ -1944,6 +2162,8 @@ class IgemmWgradKernel final : public Kernel {
     if constexpr (kTf32) {
       a.tab = tab_.p;
       igemm_wgrad_tf32_kernel<TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+    } else if constexpr (TL::kWgmma) {
+      igemm_wgmma_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
     } else {
       igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
     }
@@ -1974,9 +2194,16 @@ void add_tile(KernelRegistry& r, plx_dtype d) {
   r.add<IgemmConvKernel<T, TL, Dir::Fwd>, CudaBackend>("conv2d", d, name.c_str(), f, l);
   r.add<IgemmConvKernel<T, TL, Dir::BwdData>, CudaBackend>("conv2d_backward_data", d, name.c_str(),
                                                            f, l);
-  // The wgmma tiles have no weight gradient (yet): the mma.sync tiles' takes every shape.
+  // The wgmma tiles' weight gradient has tiles of its own (for_each_wgrad_tile).
   if constexpr (!TL::kWgmma)
     r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", d, name.c_str(), f, l);
+}
+
+template <class T, class TL>
+void add_wgrad_tile(KernelRegistry& r) {
+  const uint32_t f = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_STRIDED | PLX_KERNEL_DETERMINISTIC;
+  r.add<IgemmWgradKernel<T, TL>, CudaBackend>("conv2d_backward_weight", dtype_v<T>,
+                                              TL::name().c_str(), f, PLX_LAYOUT_NHWC);
 }
 
 // Calls f(TL{}) for each tile of dtype T, in registration order: the mma.sync tiles (256x32 has
@@ -1992,9 +2219,17 @@ void for_each_tile(F&& f) {
   }
 }
 
+// The Hopper weight gradient's tiles (M = O, N = J = KH·KW·C: 64 or 128 output channels a tile,
+// read MN-major in boxes of 64).
+template <class F>
+void for_each_wgrad_tile(F&& f) {
+  f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile64x128{});
+}
+
 template <class T, bool kHopper = false>
 void add_tiles(KernelRegistry& r) {
   for_each_tile<T, kHopper>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
+  if constexpr (kHopper) for_each_wgrad_tile([&]<class TL>(TL) { add_wgrad_tile<T, TL>(r); });
 }
 
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in

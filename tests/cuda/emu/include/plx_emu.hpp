@@ -33,9 +33,12 @@
 struct uint3 {
   unsigned x, y, z;
 };
-// CUDA's vector type for 16-byte loads from shared memory (16-byte aligned, as on the GPU).
+// CUDA's vector types for 16-byte loads from shared memory (16-byte aligned, as on the GPU).
 struct alignas(16) float4 {
   float x, y, z, w;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
 };
 struct dim3 {
   unsigned x, y, z;
