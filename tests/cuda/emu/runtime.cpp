@@ -121,6 +121,11 @@ struct Block {
   struct Warp {
     unsigned arrived = 0, mask = 0, gen = 0;
     alignas(16) unsigned char slot[2][kWarp][kSlot];
+    // mma.sync: per bank, the generation of the meeting whose D the warp has computed (if any
+    // since the block began).
+    unsigned mma_gen[2] = {0, 0};
+    bool mma_done[2] = {false, false};
+    unsigned exited = 0;  // the lanes whose threads have exited
   };
   std::vector<Warp> warps;
   std::vector<unsigned char> smem;  // dynamic shared memory
@@ -220,6 +225,7 @@ void fiber_entry() {
     if (b.fault.empty()) b.fault = "a CUDA thread threw";
   }
   f->done = true;
+  b.warps[static_cast<size_t>(f->thread.linear / kWarp)].exited |= 1u << (f->thread.linear % kWarp);
   --b.live;
   b.progress = true;
   // Threads that exited are not waited for at __syncthreads: the others may go on now.
@@ -305,7 +311,8 @@ void run_block(Block& b, const char* name, int nthreads) {
   b.live = nthreads;
   b.arrived = 0;
   b.acc = 0;
-  for (auto& w : b.warps) w.arrived = 0, w.mask = 0;
+  for (auto& w : b.warps)
+    w.arrived = 0, w.mask = 0, w.exited = 0, w.mma_done[0] = w.mma_done[1] = false;
   b.async.resize(static_cast<size_t>(nthreads));
   for (auto& a : b.async) a.open.clear(), a.groups.clear();
   b.mbars.clear();
@@ -414,17 +421,18 @@ int sync_block_count(int v) {
 
 namespace {
 
-// The lanes of `mask` meet; returns the bank of slots written before the meeting.
-int warp_meet(Block& b, unsigned mask, const void* mine, size_t bytes, const char* what) {
+// The lanes of `mask` meet; returns the bank of slots written before the meeting, and sets
+// *gen_out (if given) to the meeting's generation.
+int warp_meet(Block& b, unsigned mask, const void* mine, size_t bytes, const char* what,
+              unsigned* gen_out = nullptr) {
   const int lane = lane_id(), w = g_thread->linear / kWarp;
   Block::Warp& warp = b.warps[w];
   const int lanes_here = std::min(kWarp, block_threads() - w * kWarp);
   const unsigned exists = lanes_here == kWarp ? ~0u : (1u << lanes_here) - 1u;
   if (!(mask & (1u << lane))) trap((std::string(what) + " called by a lane outside its mask").c_str());
   if (mask & ~exists) trap((std::string(what) + ": the mask names lanes the block does not have").c_str());
-  for (int l = 0; l < kWarp; ++l)
-    if ((mask & (1u << l)) && b.fibers[w * kWarp + l].done)
-      trap((std::string(what) + ": the mask names a lane that has exited").c_str());
+  if (mask & warp.exited)
+    trap((std::string(what) + ": the mask names a lane that has exited").c_str());
   if (warp.arrived == 0) warp.mask = mask;
   else if (warp.mask != mask) trap((std::string(what) + ": lanes of one warp disagree on the mask").c_str());
   const unsigned my_gen = warp.gen;
@@ -439,12 +447,12 @@ int warp_meet(Block& b, unsigned mask, const void* mine, size_t bytes, const cha
     for (;;) {
       park(b, what);
       if (warp.gen != my_gen) break;
-      for (int l = 0; l < kWarp; ++l)
-        if ((mask & (1u << l)) && b.fibers[w * kWarp + l].done)
-          trap((std::string(what) + ": the mask names a lane that has exited").c_str());
+      if (mask & warp.exited)
+        trap((std::string(what) + ": the mask names a lane that has exited").c_str());
     }
     b.progress = true;
   }
+  if (gen_out) *gen_out = my_gen;
   return static_cast<int>(my_gen & 1);
 }
 
@@ -584,17 +592,27 @@ void ldmatrix(uint32_t* r, int count, uint32_t addr, bool trans) {
   }
 }
 
+// mma.sync: the lanes meet with their fragments and the addresses of their accumulators; the
+// first lane to run after the meeting (the last to arrive) computes D for the whole warp, each
+// operand decoded once, and writes every lane's c (the lanes are all parked in the meeting, so
+// their accumulators hold what they held at the instruction); the others find it done.
 void mma(float* c, const uint32_t* a, const uint32_t* bf, MmaKind kind) {
   Block& b = *g_block;
   const unsigned mask = whole_warp("mma.sync");
-  uint32_t mine[6] = {a[0], a[1], a[2], a[3], bf[0], bf[1]};
-  const int bank = warp_meet(b, mask, mine, sizeof mine, "mma.sync");
-  const auto& slot = b.warps[g_thread->linear / kWarp].slot[bank];
-  auto reg = [&](int lane, int j) {
-    uint32_t v;
-    std::memcpy(&v, slot[lane] + 4 * j, sizeof v);
-    return v;
+  struct Offer {
+    uint32_t r[6];  // a0..a3, b0, b1
+    float* c;
   };
+  static_assert(sizeof(Offer) <= kSlot, "an mma's offer fits a lane's slot");
+  const Offer mine{{a[0], a[1], a[2], a[3], bf[0], bf[1]}, c};
+  unsigned gen = 0;
+  const int bank = warp_meet(b, mask, &mine, sizeof mine, "mma.sync", &gen);
+  Block::Warp& warp = b.warps[g_thread->linear / kWarp];
+  if (warp.mma_done[bank] && warp.mma_gen[bank] == gen) return;
+  warp.mma_done[bank] = true;
+  warp.mma_gen[bank] = gen;
+  Offer lanes[kWarp];
+  for (int l = 0; l < kWarp; ++l) std::memcpy(&lanes[l], warp.slot[bank][l], sizeof(Offer));
   auto half_value = [&](uint32_t v, int half) -> double {
     const auto bits = static_cast<uint16_t>(half ? v >> 16 : v & 0xffffu);
     if (kind == MmaKind::kBF16) return plexus::bf16_bits_to_f32(bits);
@@ -608,40 +626,47 @@ void mma(float* c, const uint32_t* a, const uint32_t* bf, MmaKind kind) {
   };
   // Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 / m16n8k8"): lane (g, t) = (lane / 4,
   // lane % 4) holds D rows g and g + 8, columns 2t and 2t + 1, as c0, c1 (row g), c2, c3.
-  const int lane = lane_id(), g = lane / 4, t = lane % 4;
   const int K = kind == MmaKind::kTF32 ? 8 : 16;
-  double A[2][16], B[16][2];
-  for (int h = 0; h < 2; ++h) {
-    const int row = g + 8 * h;
+  double A[16][16], B[16][8];
+  for (int row = 0; row < 16; ++row)
     for (int k = 0; k < K; ++k) {
       if (kind == MmaKind::kTF32) {
         // a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4].
-        A[h][k] = tf32_value(reg((row % 8) * 4 + k % 4, (row / 8) + 2 * (k / 4)));
+        A[row][k] = tf32_value(lanes[(row % 8) * 4 + k % 4].r[(row / 8) + 2 * (k / 4)]);
       } else {
         // Register j of lane (g', t'): A[g' + 8 (j % 2)][2t' + 8 (j / 2) + {0, 1}].
-        A[h][k] = half_value(reg((row % 8) * 4 + (k % 8) / 2, (row / 8) + 2 * (k / 8)), k % 2);
+        A[row][k] =
+            half_value(lanes[(row % 8) * 4 + (k % 8) / 2].r[(row / 8) + 2 * (k / 8)], k % 2);
       }
     }
-  }
-  for (int e = 0; e < 2; ++e) {
-    const int col = 2 * t + e;
+  for (int col = 0; col < 8; ++col)
     for (int k = 0; k < K; ++k) {
       if (kind == MmaKind::kTF32) {
         // b0 = B[t'][g'], b1 = B[t' + 4][g'] (registers 4 and 5 of the meeting).
-        B[k][e] = tf32_value(reg(col * 4 + k % 4, 4 + k / 4));
+        B[k][col] = tf32_value(lanes[col * 4 + k % 4].r[4 + k / 4]);
       } else {
         // Register j of lane (g', t'): B[2t' + 8j + {0, 1}][g'].
-        B[k][e] = half_value(reg(col * 4 + (k % 8) / 2, 4 + k / 8), k % 2);
+        B[k][col] = half_value(lanes[col * 4 + (k % 8) / 2].r[4 + k / 8], k % 2);
       }
     }
+  // The products are exact in double (at most 11 + 11 significant bits: so also inside an FMA);
+  // each sum starts from c, adds the products in k order and is rounded once, to f32. k is the
+  // outer loop, so the 128 sums are independent chains (vectorised along a row of D).
+  double D[16][8];
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e) D[g + 8 * h][2 * t + e] = lanes[l].c[2 * h + e];
   }
-  // The products are exact in double; the sum is rounded once, to f32, with c.
-  for (int h = 0; h < 2; ++h)
-    for (int e = 0; e < 2; ++e) {
-      double s = c[2 * h + e];
-      for (int k = 0; k < K; ++k) s += A[h][k] * B[k][e];
-      c[2 * h + e] = static_cast<float>(s);
-    }
+  for (int k = 0; k < K; ++k)
+    for (int row = 0; row < 16; ++row)
+      for (int col = 0; col < 8; ++col) D[row][col] += A[row][k] * B[k][col];
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e)
+        lanes[l].c[2 * h + e] = static_cast<float>(D[g + 8 * h][2 * t + e]);
+  }
 }
 
 // ---- Hopper PTX (plx_emu_wgmma.hpp) ----
@@ -810,7 +835,9 @@ Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
   return d;
 }
 
-uint16_t desc_element(const Desc& d, int mn, int k) {
+// `smem`: the block's dynamic shared memory, fetched once per wgmma (not per element from the
+// thread-local block); an element outside it traps through shared_at, with its message.
+uint16_t desc_element(const Desc& d, int mn, int k, const std::vector<unsigned char>& smem) {
   const uint32_t logical =
       d.mn_major
           ? d.start + static_cast<uint32_t>(mn % 64) * 2 + static_cast<uint32_t>(mn / 64) * d.lbo +
@@ -818,8 +845,12 @@ uint16_t desc_element(const Desc& d, int mn, int k) {
           : d.start + static_cast<uint32_t>(mn % 8) * 128 + static_cast<uint32_t>(mn / 8) * d.sbo +
                 static_cast<uint32_t>(k) * 2;
   const uint32_t physical = logical ^ (((logical >> 7) & 7) << 4);
+  const unsigned char* p =
+      physical >= kSharedBase && physical % 2 == 0 && physical - kSharedBase + 2 <= smem.size()
+          ? smem.data() + (physical - kSharedBase)
+          : shared_at(physical, 2, 2, "wgmma.mma_async (operand)");
   uint16_t v;
-  std::memcpy(&v, shared_at(physical, 2, 2, "wgmma.mma_async (operand)"), sizeof v);
+  std::memcpy(&v, p, sizeof v);
   return v;
 }
 
@@ -827,28 +858,54 @@ uint16_t desc_element(const Desc& d, int mn, int k) {
 // accumulator fragment (PTX ISA, "Register Fragments: wgmma .m64nNk16", D): warp w of the warp
 // group holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + 2 h + e] is row
 // 16 w + g + 8 h, column 8 i + 2 (lane % 4) + e. Products exact, the sum rounded once to f32.
+// The 16 k elements of row mn of a descriptor's operand, as bits. K-major, they are 32 bytes of
+// one 128-byte row (decode_desc checks that), i.e. two 16-byte chunks, each moved whole by the
+// swizzle: two reads; MN-major, one element per k row.
+void desc_row(const Desc& d, int mn, const std::vector<unsigned char>& smem, uint16_t (&out)[16]) {
+  if (d.mn_major) {
+    for (int k = 0; k < 16; ++k) out[k] = desc_element(d, mn, k, smem);
+    return;
+  }
+  const uint32_t logical =
+      d.start + static_cast<uint32_t>(mn % 8) * 128 + static_cast<uint32_t>(mn / 8) * d.sbo;
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t at = logical + 16 * j;
+    const uint32_t physical = at ^ (((at >> 7) & 7) << 4);
+    const unsigned char* p =
+        physical >= kSharedBase && physical % 16 == 0 && physical - kSharedBase + 16 <= smem.size()
+            ? smem.data() + (physical - kSharedBase)
+            : shared_at(physical, 16, 16, "wgmma.mma_async (operand)");
+    std::memcpy(out + 8 * j, p, 16);
+  }
+}
+
 void wgmma_evaluate(const Block::WgOp& op) {
   const Desc &a = op.a, &bd = op.b;
   const int wt = g_thread->linear % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, q = lane % 4;
-  auto value = [&](uint16_t bits) -> double {
-    return op.kind == MmaKind::kBF16 ? plexus::bf16_bits_to_f32(bits)
-                                     : plexus::f16_bits_to_f32(bits);
-  };
-  double A[2][16];
+  const std::vector<unsigned char>& smem = g_block->smem;
+  // This thread's rows (16 w + g + 8 h) of A and columns c = 8 i + 2 q + e of B (column 2 i + e
+  // of Bt and D), as bits, then as values.
+  const int cols = op.n / 4;
+  uint16_t abits[2][16], bbits[64][16];
+  for (int h = 0; h < 2; ++h) desc_row(a, 16 * warp + g + 8 * h, smem, abits[h]);
+  for (int c = 0; c < cols; ++c) desc_row(bd, 8 * (c / 2) + 2 * q + c % 2, smem, bbits[c]);
+  double A[2][16], B[16][64], D[2][64];
+  const bool bf = op.kind == MmaKind::kBF16;
   for (int h = 0; h < 2; ++h)
-    for (int k = 0; k < 16; ++k) A[h][k] = value(desc_element(a, 16 * warp + g + 8 * h, k));
-  double B[16][2];
-  for (int i = 0; i < op.n / 8; ++i) {
-    for (int e = 0; e < 2; ++e)
-      for (int k = 0; k < 16; ++k) B[k][e] = value(desc_element(bd, 8 * i + 2 * q + e, k));
+    for (int k = 0; k < 16; ++k)
+      A[h][k] = bf ? plexus::bf16_bits_to_f32(abits[h][k]) : plexus::f16_bits_to_f32(abits[h][k]);
+  for (int c = 0; c < cols; ++c)
+    for (int k = 0; k < 16; ++k)
+      B[k][c] = bf ? plexus::bf16_bits_to_f32(bbits[c][k]) : plexus::f16_bits_to_f32(bbits[c][k]);
+  // k is the outer loop, so the sums are independent chains (each from d, the products exact in
+  // double, added in k order, rounded once).
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < cols; ++c) D[h][c] = op.d[4 * (c / 2) + 2 * h + c % 2];
+  for (int k = 0; k < 16; ++k)
     for (int h = 0; h < 2; ++h)
-      for (int e = 0; e < 2; ++e) {
-        float& d = op.d[4 * i + 2 * h + e];
-        double s = d;
-        for (int k = 0; k < 16; ++k) s += A[h][k] * B[k][e];
-        d = static_cast<float>(s);
-      }
-  }
+      for (int c = 0; c < cols; ++c) D[h][c] += A[h][k] * B[k][c];
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < cols; ++c) op.d[4 * (c / 2) + 2 * h + c % 2] = static_cast<float>(D[h][c]);
 }
 
 }  // namespace
