@@ -153,6 +153,15 @@ struct DeviceContext {
   std::mutex mu;
 };
 
+// sm_90a code (wgmma, setmaxnreg, TMA) runs on compute capability 9.0 only: its candidates
+// decline every other device at creation. `op` names the node in the reason.
+inline void decline_unless_sm90a(const DeviceContext& ctx, const char* op) {
+  PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
+                     "%s: wgmma kernels are sm_90a code, which runs on compute capability 9.0 "
+                     "only (this device is %d.%d)",
+                     op, ctx.prop.major, ctx.prop.minor);
+}
+
 class CudaBackend final : public sdk::Backend {
  public:
   CudaBackend(CudaOptions options);

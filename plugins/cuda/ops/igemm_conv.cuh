@@ -1175,7 +1175,6 @@ __device__ __forceinline__ WgradCol wgrad_col(const WgradArgs<T>& a, int oa, int
 
 // A's rows: dy[p, oa..oa+7] for the pixels p = pix + i·step of the next K tile, from `src` (row
 // 0's chunk); each call steps both one tile (BK pixels) on.
-template <class T>
 struct WgradRowsA {
   const char* src;
   int pix;
@@ -1183,7 +1182,7 @@ struct WgradRowsA {
 
 template <int N, int BK, class T>
 __device__ __forceinline__ void wgrad_copy_a(const WgradArgs<T>& a, const WgradCol& c,
-                                             WgradRowsA<T>& r, int step, uint32_t dst,
+                                             WgradRowsA& r, int step, uint32_t dst,
                                              uint32_t bytes) {
   const int64_t row_bytes = static_cast<int64_t>(step) * a.O * static_cast<int>(sizeof(T));
 #pragma unroll
@@ -1197,7 +1196,7 @@ __device__ __forceinline__ void wgrad_copy_a(const WgradArgs<T>& a, const WgradC
 }
 
 template <class T>
-__device__ __forceinline__ WgradRowsA<T> wgrad_rows_a(const WgradArgs<T>& a, int pix, int oa) {
+__device__ __forceinline__ WgradRowsA wgrad_rows_a(const WgradArgs<T>& a, int pix, int oa) {
   return {reinterpret_cast<const char*>(a.dy + (static_cast<int64_t>(pix) * a.O + oa)), pix};
 }
 
@@ -1310,7 +1309,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
       a, reinterpret_cast<PixRow*>(Bs + TL::STAGES * TL::BK * S::LDB), kt0, kt1 - kt0, tid);
   px.prologue(a, tid);
 
-  WgradRowsA<T> ra = wgrad_rows_a(a, kt0 * TL::BK + a_crow, m0 + a_ccol * 8);
+  WgradRowsA ra = wgrad_rows_a(a, kt0 * TL::BK + a_crow, m0 + a_ccol * 8);
 
   auto load_tile = [&](int st, int it) {
     wgrad_copy_a<S::A_ITERS, TL::BK>(a, col, ra, kAStep,
@@ -1425,7 +1424,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_wgrad_kernel(const Wg
                                 kt0, nk, tid);
   px.prologue(a, tid);
 
-  WgradRowsA<T> ra = wgrad_rows_a(a, kt0 * BK + a_crow, m0 + a_ccol * 8);
+  WgradRowsA ra = wgrad_rows_a(a, kt0 * BK + a_crow, m0 + a_ccol * 8);
 
   auto load_tile = [&](int st, int it) {
     wgrad_copy_a<A_ITERS, BK>(a, col, ra, kAStep, sa + st * TL::kABytes + a_off, kAStep * 128);
@@ -1743,11 +1742,7 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
-    if constexpr (TL::kWgmma)
-      PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
-                         "%s: the wgmma tiles are sm_90a code, which runs on compute capability "
-                         "9.0 only (this device is %d.%d)",
-                         op, ctx.prop.major, ctx.prop.minor);
+    if constexpr (TL::kWgmma) decline_unless_sm90a(ctx, op);
     // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
     // extent, whose 16-byte chunks the copies take. The wgmma tiles stage the flipped filter.
     bt_ = !kTf32 && !TL::kWgmma && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
@@ -2048,11 +2043,7 @@ class IgemmWgradKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
-    if constexpr (TL::kWgmma)
-      PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
-                         "%s: the wgmma tiles are sm_90a code, which runs on compute capability "
-                         "9.0 only (this device is %d.%d)",
-                         op, ctx.prop.major, ctx.prop.minor);
+    if constexpr (TL::kWgmma) decline_unless_sm90a(ctx, op);
     PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);

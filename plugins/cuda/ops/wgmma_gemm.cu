@@ -474,10 +474,7 @@ class WgPlan {
                        static_cast<long long>(mt_), static_cast<long long>(nt_));
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
-    PLX_DECLINE_UNLESS(ctx.prop.major == 9 && ctx.prop.minor == 0,
-                       "%s: wgmma kernels are built for sm_90a, which runs on compute capability "
-                       "9.0 only (this device is %d.%d)",
-                       op, ctx.prop.major, ctx.prop.minor);
+    decline_unless_sm90a(ctx, op);
     PLX_DECLINE_UNLESS(encode_fn() != nullptr,
                        "%s: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12)", op);
     PLX_DECLINE_UNLESS(static_cast<size_t>(C::kSmemBytes) <= ctx.prop.sharedMemPerBlockOptin,
