@@ -72,6 +72,7 @@
 #include "ops/conv_strides.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/tma_map.hpp"
 #include "ops/wgmma_desc.cuh"
 #include "ops/wgmma_ptx.cuh"
 #include "plexus/sdk/fusion_conv_pool.hpp"
@@ -152,15 +153,16 @@ struct WgTile {
   static constexpr int THREADS = 2 * BM;  // BM / 64 warp groups of 128 threads
   static constexpr int MI = 1, NI = BN / 8;
   static constexpr int CPR = 8;  // 16-byte chunks per 128-byte row
-  static constexpr int A_ITERS = BM * CPR / THREADS, B_ITERS = BN * CPR / THREADS;
+  static constexpr int A_ITERS = BM * CPR / THREADS;  // the forward's gathered A (B: the TMA)
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128;  // one stage of each operand
   static constexpr int kRing = STAGES * (kABytes + kBBytes);
-  static constexpr int SMEM = kRing + 1024;  // + the realignment to the 1024-byte swizzle atom
+  static constexpr int kBarBytes = STAGES * 8;  // an mbarrier per stage (the TMA operand's)
+  // + the realignment to the 1024-byte swizzle atom
+  static constexpr int SMEM = kRing + kBarBytes + 1024;
   static_assert(BM % 64 == 0 && BN % 32 == 0 && BN <= 128,
                 "wgmma tiles: 64-row warp groups, n 32-128");
   static_assert(STAGES >= 3, "a stage in flight, one computing, one being refilled");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
-  static_assert(B_ITERS >= 1 && (BN * CPR) % THREADS == 0, "B's copies spread over the threads");
 
   static std::string name() {
     return "igemm_wgmma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" +
@@ -788,14 +790,17 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // (cp.async.wait_group STAGES-3), makes them visible to the async proxy that wgmma reads through
 // (fence.proxy.async), syncs the block, issues the copies of tile it+STAGES-2 into the stage of
 // tile it-2 (every warp group retired that tile's wgmmas at the end of iteration it-1), then
-// issues tile it's four wgmmas (from stage 0's descriptors da0, db0, advanced to stage it %
-// STAGES) and waits until only they are in flight. kMN: both operands MN-major (the weight
-// gradient: the 16 k rows of slice kk start 2048 kk bytes into each box), else K-major (the
-// 16-column slice kk starts 32 kk bytes into each row). load(stage, it) issues the copies of the
-// block's tile `it` into `stage`. No wgmma or copy is in flight at the end.
+// waits for the TMA operand's box of tile it (the mbarrier of its stage, at full0 + 8·stage,
+// whose phase n completes with the stage's n-th tile), issues tile it's four wgmmas (from stage
+// 0's descriptors da0, db0, advanced to stage it % STAGES) and waits until only they are in
+// flight. kMN: both operands MN-major (the weight gradient: the 16 k rows of slice kk start
+// 2048 kk bytes into each box), else K-major (the 16-column slice kk starts 32 kk bytes into
+// each row). load(stage, it) issues the copies of the block's tile `it` into `stage`: the
+// gathered operand's cp.async, and (TmaStage) the other's box. No wgmma or copy is in flight
+// at the end.
 template <class T, class TL, bool kMN, class Load>
 __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
-                                             uint64_t da0, uint64_t db0) {
+                                             uint64_t da0, uint64_t db0, uint32_t full0) {
   constexpr int S = TL::STAGES;
   constexpr uint32_t kSlice = kMN ? 2048 : 32;
 #pragma unroll
@@ -811,6 +816,7 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
     if (next < nk) load(next % S, next);
     cp_async_commit();
     const int st = it % S;
+    mbar_wait(full0 + 8 * st, (static_cast<unsigned>(it) / S) & 1u);
     fence_acc(d);
     wgmma_fence();
 #pragma unroll
@@ -827,6 +833,27 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
   cp_async_wait<0>();
 }
 
+// ---- The Hopper tiles' TMA operand ----
+//
+// Of a Hopper tile's two operands, the one that is a plain matrix in memory comes through the
+// TMA: the forward's and backward data's filter ((O, K) row-major, K-major boxes of 64 k x BN
+// rows) and the weight gradient's dy ((P, O): MN-major boxes of 64 channels x 64 pixels). The
+// boxes land with the 128-byte swizzle, the layout the cp.async copies wrote and the
+// descriptors read, and the TMA zero-fills what lies outside the tensor (rows past O or P, k past
+// K) as the copies did. So a stage's copies of that operand are one thread's instruction or two
+// instead of every thread's 16-byte copies with their addresses and bounds. The gathered operand
+// (x through the receptive fields) stays on cp.async. Each stage has an mbarrier (count 1:
+// thread 0's arrive.expect_tx, then the boxes' bytes), after the ring; thread 0 initialises
+// them before its first copy, and every thread waits on its stage's before the stage's wgmmas
+// (wgmma_k_loop), after the barrier that also orders the cp.async copies.
+template <int S>
+__device__ __forceinline__ void tma_stages_init(uint32_t full0, const CUtensorMap* map) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) mbar_init(full0 + 8 * s, 1);
+  fence_mbarrier_init();
+  prefetch_tensormap(map);
+}
+
 // ---- Hopper: the forward and backward data on wgmma (sm_90a) ----
 //
 // The same GEMM and gather as igemm_conv_kernel, with the math on wgmma: per 16 of k, one
@@ -835,13 +862,15 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
 // twenty-fifth session's H100 profile and the thirty-third session's SASS counts put the mma.sync
 // kernels' time in issuing instructions). Both operands are K-major with the 128-byte swizzle
 // (ops/wgmma_desc.cuh): row r of a stage is its 128 bytes (64 k), and its 16-byte chunk c lands at
-// chunk c ^ (r % 8), which cp.async writes directly (a thread's rows are 8 apart times an integer,
-// so its chunk's swizzled place is the same in all of them). B is always the row-major (O, K)
-// filter: backward data stages the flipped filter (no BT variant).
+// chunk c ^ (r % 8), which cp.async writes directly for A (a thread's rows are 8 apart times an
+// integer, so its chunk's swizzled place is the same in all of them) and the TMA for B (tmw: the
+// box of 64 k x BN rows at (kt·64, n0)). B is always the row-major (O, K) filter: backward data
+// stages the flipped filter (no BT variant).
 //
 // Pipeline: wgmma_k_loop (STAGES stages, copies STAGES-2 tiles ahead, one wgmma group in flight).
 template <class T, class TL, class Ix = void>
-__global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArgs<T> a) {
+__global__ void __launch_bounds__(TL::THREADS)
+    igemm_wgmma_kernel(const __grid_constant__ CUtensorMap tmw, const IgemmArgs<T> a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
@@ -853,6 +882,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
   const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
   unsigned char* const smem = smem_raw + (base - raw);
   const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM][128 B], [S][BN][128 B]
+  const uint32_t full0 = base + TL::kRing;                // B's mbarriers, one per stage
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -862,8 +892,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
 
-  // Thread tid copies chunk ccol (k 8·ccol..) of rows crow + i·kRowStep of A and of B; kRowStep is
-  // a multiple of 8, so the chunk's swizzled place in the row is the same for all of them.
+  // Thread tid copies chunk ccol (k 8·ccol..) of A's rows crow + i·kRowStep; kRowStep is a
+  // multiple of 8, so the chunk's swizzled place in the row is the same for all of them.
   const int ccol = tid & 7, crow = tid >> 3;
   constexpr int kRowStep = TL::THREADS / 8;
   static_assert(kRowStep % 8 == 0, "a thread's rows share their swizzle phase");
@@ -871,13 +901,16 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
   ARows<TL::A_ITERS> ar;
   a_rows_init<kPool>(a, m0, crow, kRowStep, ar);
   const int KT = (a.K + TL::BK - 1) / TL::BK;
+  if (tid == 0) tma_stages_init<S>(full0, &tmw);
 
   auto load_tile = [&](int st, int kt) {
-    const int k = kt * TL::BK + ccol * 8;
-    const KChunk kch = k_chunk(a, k);
-    gather_a(a, ar, kch, sa + st * TL::kABytes + cp_off, kRowStep * 128);
-    gather_b<TL::B_ITERS>(a, n0 + crow, kRowStep, k, kch, sb + st * TL::kBBytes + cp_off,
-                          kRowStep * 128);
+    gather_a(a, ar, k_chunk(a, kt * TL::BK + ccol * 8), sa + st * TL::kABytes + cp_off,
+             kRowStep * 128);
+    if (tid == 0) {
+      const uint32_t bar = full0 + 8 * st;
+      mbar_arrive_expect_tx(bar, TL::kBBytes);
+      tma_load_3d(sb + st * TL::kBBytes, &tmw, kt * TL::BK, n0, 0, bar);
+    }
   };
 
   float acc[1][TL::NI][4];
@@ -888,7 +921,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_kernel(const IgemmArg
   // kAtomBytes apart: this warp group's 64 rows of A (8 atoms from row 64 wg) and B's BN rows.
   const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
   const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
-  wgmma_k_loop<T, TL, false>(KT, load_tile, d, da0, db0);
+  wgmma_k_loop<T, TL, false>(KT, load_tile, d, da0, db0, full0);
   fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
 
   // Warp w of the block is the epilogues' warp tile (w, 0): rows 16 w.., all BN columns.
@@ -1228,22 +1261,35 @@ __device__ __forceinline__ void wgrad_table_row(const WgradArgs<T>& a, int kt, i
 }
 
 // B's rows of a K tile from its pixel table `slot`: x at the chunk's tap of each row's pixel.
+// The table entries are read G rows at a time before those rows' copies: a cp.async is asm with
+// a memory clobber, so a read after it stays after it, and on sm_90 ptxas puts three
+// never-executed shared loads (`@!PT LDS RZ, [RZ]`, four issue slots a copy) before each LDGSTS
+// that follows a shared load. G = 4 (reading all 8 rows of the 64x128 tile at once costs more
+// registers than it saves: nvcc then recomputes the thread's offsets in the loop).
 template <int N, class T>
 __device__ __forceinline__ void wgrad_copy_b(const WgradArgs<T>& a, const WgradCol& c,
                                              const PixRow* slot, int row, int step, uint32_t dst,
                                              uint32_t bytes) {
+  constexpr int G = N < 4 ? N : 4;
+  static_assert(N % G == 0, "whole groups of rows");
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    // One 16-byte read of the row.
-    const int4 v = *reinterpret_cast<const int4*>(slot + row + i * step);
-    const int ih = v.x + c.bkh, iw = v.y + c.bkw;
-    const bool ok = c.jin && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-                    static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-    const uint64_t addr =
-        (static_cast<uint64_t>(static_cast<uint32_t>(v.w)) << 32 | static_cast<uint32_t>(v.z)) +
-        static_cast<uint64_t>(static_cast<int64_t>(c.tap_bytes));
-    const T* src = ok ? reinterpret_cast<const T*>(addr) : a.x;
-    cp_async16(dst + i * bytes, src, ok);
+  for (int i0 = 0; i0 < N; i0 += G) {
+    int4 rows[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      rows[g] = *reinterpret_cast<const int4*>(slot + row + (i0 + g) * step);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int4 v = rows[g];
+      const int ih = v.x + c.bkh, iw = v.y + c.bkw;
+      const bool ok = c.jin && static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
+                      static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
+      const uint64_t addr =
+          (static_cast<uint64_t>(static_cast<uint32_t>(v.w)) << 32 | static_cast<uint32_t>(v.z)) +
+          static_cast<uint64_t>(static_cast<int64_t>(c.tap_bytes));
+      const T* src = ok ? reinterpret_cast<const T*>(addr) : a.x;
+      cp_async16(dst + (i0 + g) * bytes, src, ok);
+    }
   }
 }
 
@@ -1364,10 +1410,14 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
 
 // ---- Hopper: the weight gradient on wgmma (sm_90a) ----
 
-// Its shared memory: the ring (realigned to 1024 bytes), then the pixel tables.
+// Its shared memory: the ring (realigned to 1024 bytes), the pixel tables, then A's mbarriers.
+template <class TL>
+constexpr int wgmma_wgrad_tables() {
+  return TL::STAGES * TL::BK * static_cast<int>(sizeof(PixRow));
+}
 template <class TL>
 constexpr int wgmma_wgrad_smem() {
-  return TL::SMEM + TL::STAGES * TL::BK * static_cast<int>(sizeof(PixRow));
+  return TL::SMEM + wgmma_wgrad_tables<TL>();
 }
 
 // The same GEMM, copies, slices and last-slice sum as igemm_wgrad_kernel, with the math on wgmma
@@ -1378,22 +1428,25 @@ constexpr int wgmma_wgrad_smem() {
 // 8 KiB, with the 128-byte swizzle (chunk c of k row r at chunk c ^ (r % 8)); the descriptors
 // step 1024 bytes per 8 k rows (SBO) and 8192 per 64 of M or N (LBO), and k slice kk starts
 // 2048 kk bytes in, as the Hopper GEMM's MN-major operands do (ops/wgmma_gemm.cu, checked on the
-// H100). Each thread's rows are a multiple of 8 apart, so its chunk's swizzled place is the same in
-// all of them; B's rows come from the pixel tables (PixTables, kept after the ring). Pipeline as
-// igemm_wgmma_kernel's: STAGES stages, copies STAGES-2 tiles ahead, one wgmma group in flight.
+// H100). A (dy, a plain (P, O) matrix) comes through the TMA (tmy): per stage BM / 64 boxes of 64
+// channels x 64 pixels at (o, p) = (m0 + 64 j, kt·64), each one 8 KiB box of the stage. B is
+// gathered by cp.async: each thread's rows are a multiple of 8 apart, so its chunk's swizzled
+// place is the same in all of them, and the rows come from the pixel tables (PixTables, kept
+// after the ring). Pipeline as igemm_wgmma_kernel's: STAGES stages, copies STAGES-2 tiles ahead,
+// one wgmma group in flight.
 template <class T, class TL>
-__global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_wgrad_kernel(const WgradArgs<T> a) {
+__global__ void __launch_bounds__(TL::THREADS)
+    igemm_wgmma_wgrad_kernel(const __grid_constant__ CUtensorMap tmy, const WgradArgs<T> a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
   constexpr int S = TL::STAGES, BK = TL::BK;
-  constexpr uint32_t kBox = 64 * 128;              // 64 k rows of 64 elements
-  constexpr int CA = TL::BM / 8, CB = TL::BN / 8;  // 16-byte chunks per k row
-  constexpr int kAStep = TL::THREADS / CA, kBStep = TL::THREADS / CB;
-  constexpr int A_ITERS = BK / kAStep, B_ITERS = BK / kBStep;
+  constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
+  constexpr int CB = TL::BN / 8;       // B's 16-byte chunks per k row
+  constexpr int kBStep = TL::THREADS / CB;
+  constexpr int B_ITERS = BK / kBStep;
   static_assert(BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64 elements");
-  static_assert(TL::THREADS % CA == 0 && TL::THREADS % CB == 0 && kAStep % 8 == 0 &&
-                    kBStep % 8 == 0 && BK % kAStep == 0 && BK % kBStep == 0,
+  static_assert(TL::THREADS % CB == 0 && kBStep % 8 == 0 && BK % kBStep == 0,
                 "a thread's rows share their swizzle phase, and the rows spread evenly");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Realigned to the 1024-byte swizzle atom (the launch asks for 1024 bytes more).
@@ -1410,24 +1463,26 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_wgrad_kernel(const Wg
   const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
   const int nk = min(KT, kt0 + a.kt_per) - kt0;  // the host makes every slice non-empty
 
-  // Thread tid copies chunk column ccol (of box ccol / 8) of k rows crow + i·step of each operand.
-  const int a_ccol = tid % CA, a_crow = tid / CA;
+  // Thread tid copies B's chunk column ccol (of box ccol / 8) of k rows crow + i·step.
   const int b_ccol = tid % CB, b_crow = tid / CB;
-  const auto swz = [](int ccol, int crow) {
-    return static_cast<uint32_t>((ccol >> 3) * kBox + crow * 128 +
-                                 (((ccol & 7) ^ (crow & 7)) << 4));
-  };
-  const uint32_t a_off = swz(a_ccol, a_crow), b_off = swz(b_ccol, b_crow);
-  const WgradCol col = wgrad_col(a, m0 + a_ccol * 8, n0 + b_ccol * 8);
-  // The pixel tables after the ring; the pipeline copies S - 2 tiles ahead.
+  const uint32_t b_off = static_cast<uint32_t>((b_ccol >> 3) * kBox + b_crow * 128 +
+                                               (((b_ccol & 7) ^ (b_crow & 7)) << 4));
+  const WgradCol col = wgrad_col(a, 0, n0 + b_ccol * 8);
+  // The pixel tables after the ring, then A's mbarriers; the pipeline copies S - 2 tiles ahead.
+  const uint32_t full0 = base + TL::kRing + wgmma_wgrad_tables<TL>();
+  if (tid == 0) tma_stages_init<S>(full0, &tmy);
   PixTables<BK, S, S - 2, T> px(a, reinterpret_cast<PixRow*>(smem_raw + (base - raw) + TL::kRing),
                                 kt0, nk, tid);
   px.prologue(a, tid);
 
-  WgradRowsA ra = wgrad_rows_a(a, kt0 * BK + a_crow, m0 + a_ccol * 8);
-
   auto load_tile = [&](int st, int it) {
-    wgrad_copy_a<A_ITERS, BK>(a, col, ra, kAStep, sa + st * TL::kABytes + a_off, kAStep * 128);
+    if (tid == 0) {
+      const uint32_t bar = full0 + 8 * st, dst = sa + st * TL::kABytes;
+      mbar_arrive_expect_tx(bar, TL::kABytes);
+#pragma unroll
+      for (int j = 0; j < TL::BM / 64; ++j)
+        tma_load_3d(dst + j * kBox, &tmy, m0 + 64 * j, (kt0 + it) * BK, 0, bar);
+    }
     wgrad_copy_b<B_ITERS>(a, col, px.slot(st), b_crow, kBStep, sb + st * TL::kBBytes + b_off,
                           kBStep * 128);
     px.after_copy(a, it, st, tid);
@@ -1441,7 +1496,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgmma_wgrad_kernel(const Wg
   // B's BN / 64 boxes, kBox apart (LBO), 8 k rows kAtomBytes apart (SBO).
   const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
   const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
-  wgmma_k_loop<T, TL, true>(nk, load_tile, d, da0, db0);
+  wgmma_k_loop<T, TL, true>(nk, load_tile, d, da0, db0, full0);
 
   // Warp w of the block is wgrad_finish's warp tile (w, 0): rows 16 w.., all BN columns.
   wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
@@ -1742,7 +1797,13 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
-    if constexpr (TL::kWgmma) decline_unless_sm90a(ctx, op);
+    if constexpr (TL::kWgmma) {
+      decline_unless_sm90a(ctx, op);
+      // The filter through the TMA: (Co, K) row-major, boxes of 64 k x BN rows.
+      PLX_DECLINE_UNLESS(tma_accepts<T>(tma_matrix(K, Co, TL::BN)),
+                         "%s: the TMA (cuTensorMapEncodeTiled) refuses the (%lld, %lld) filter", op,
+                         static_cast<long long>(Co), static_cast<long long>(K));
+    }
     // Backward data reads a channels-last filter in place (BT); Co is then the filter's inner
     // extent, whose 16-byte chunks the copies take. The wgmma tiles stage the flipped filter.
     bt_ = !kTf32 && !TL::kWgmma && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
@@ -1869,12 +1930,17 @@ class IgemmConvKernel final : public Kernel {
       else
         igemm_tf32_kernel<TL><<<grid, TL::THREADS, smem_, s>>>(a);
     } else if constexpr (TL::kWgmma) {
+      CUtensorMap tmw;
+      if (!tma_encode<T>(tmw, tma_matrix(a.K, a.O, TL::BN), a.w))
+        throw sdk::Error(PLX_ERR_INTERNAL,
+                         "igemm convolution: cuTensorMapEncodeTiled refused the filter it "
+                         "accepted at creation");
       if (pool_ == PoolIx::U8)
-        igemm_wgmma_kernel<T, TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+        igemm_wgmma_kernel<T, TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
       else if (pool_ == PoolIx::I32)
-        igemm_wgmma_kernel<T, TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+        igemm_wgmma_kernel<T, TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
       else
-        igemm_wgmma_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(a);
+        igemm_wgmma_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
     } else if (pool_ == PoolIx::U8)
       igemm_conv_kernel<T, TL, false, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
     else if (pool_ == PoolIx::I32)
@@ -1943,8 +2009,8 @@ class IgemmConvKernel final : public Kernel {
 
   // Opts kernel f into smem_ bytes of dynamic shared memory (above the default 48 KiB a kernel
   // must, per device).
-  template <class A>
-  void opt_in(void (*f)(A)) const {
+  template <class... A>
+  void opt_in(void (*f)(A...)) const {
     PLX_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
   }
 
@@ -2043,7 +2109,14 @@ class IgemmWgradKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
-    if constexpr (TL::kWgmma) decline_unless_sm90a(ctx, op);
+    if constexpr (TL::kWgmma) {
+      decline_unless_sm90a(ctx, op);
+      // dy through the TMA: (P, O), boxes of 64 channels x 64 pixels.
+      PLX_DECLINE_UNLESS(tma_accepts<T>(tma_matrix(g.O, P, 64)),
+                         "%s: the TMA (cuTensorMapEncodeTiled) refuses dy as a (%lld, %lld) "
+                         "matrix",
+                         op, static_cast<long long>(P), static_cast<long long>(g.O));
+    }
     PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);
@@ -2154,7 +2227,12 @@ class IgemmWgradKernel final : public Kernel {
       a.tab = tab_.p;
       igemm_wgrad_tf32_kernel<TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
     } else if constexpr (TL::kWgmma) {
-      igemm_wgmma_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+      CUtensorMap tmy;
+      if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy))
+        throw sdk::Error(PLX_ERR_INTERNAL,
+                         "igemm convolution: cuTensorMapEncodeTiled refused the dy it accepted "
+                         "at creation");
+      igemm_wgmma_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(tmy, a);
     } else {
       igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
     }

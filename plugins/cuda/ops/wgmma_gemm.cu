@@ -56,9 +56,6 @@
 // - Deterministic (each output is one fixed sequence of wgmmas over K) and capturable (compute()
 //   encodes two tensor maps on the host and launches). The >48 KiB shared memory is opted into
 //   once, at creation.
-#include <cuda.h>          // CUtensorMap and its enums (types only: libcuda is not linked)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -69,6 +66,7 @@
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
 #include "ops/simt_gemm.cuh"
+#include "ops/tma_map.hpp"
 #include "ops/wgmma_desc.cuh"
 #include "ops/wgmma_gemm.hpp"
 #include "ops/wgmma_ptx.cuh"
@@ -129,14 +127,6 @@ struct WgArgs {
 
 // ---- PTX (ops/wgmma_ptx.cuh; the descriptors, ops/wgmma_desc.cuh) ----
 using namespace ptx;
-
-// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
-// phase "before" it (parity 1) counts as completed: the producer's first wait on each empty
-// barrier, with parity 1, returns at once.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
 
 // ---- epilogue ----
 // The CPU's constants, rounded to f32 as its functors round them (as ops/mma_gemm.cu).
@@ -398,30 +388,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (fetched once; null if the
-// driver lacks it).
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// One operand as its tensor map sees it: `inner` contiguous elements per row, `outer` rows with
-// row stride `ld` (= inner), `batch` entries `bstride` elements apart (batch 1: shared).
-struct Operand {
-  uint64_t inner = 0, outer = 0, ld = 0, batch = 1, bstride = 0;
-  uint32_t box_inner = kBK, box_outer = 0;
-};
-
 // One GEMM (or a strided batch of them) as the kernel sees it, fixed at creation.
 using WgShape = GemmProblem;
 
@@ -475,7 +441,7 @@ class WgPlan {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     decline_unless_sm90a(ctx, op);
-    PLX_DECLINE_UNLESS(encode_fn() != nullptr,
+    PLX_DECLINE_UNLESS(tma_encode_fn() != nullptr,
                        "%s: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12)", op);
     PLX_DECLINE_UNLESS(static_cast<size_t>(C::kSmemBytes) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %s needs %d bytes of shared memory, the device allows %zu", op,
@@ -489,15 +455,13 @@ class WgPlan {
     b_.inner = static_cast<uint64_t>(b_row);
     b_.outer = static_cast<uint64_t>(s.b_kmajor ? s.N : s.K);
     b_.box_outer = s.b_kmajor ? C::BN : 64;
-    for (Operand* o : {&a_, &b_}) o->ld = o->inner;
+    for (TmaOperand* o : {&a_, &b_}) o->ld = o->inner;
     set_batch(a_, s.sa);
     set_batch(b_, s.sb);
     // Every check the driver makes, once, with a stand-in (aligned) address; an empty output
     // launches nothing (and its zero dimensions are no tensor map).
     if (s.M > 0 && s.N > 0 && s.batch > 0) {
-      void* stand_in = reinterpret_cast<void*>(uintptr_t{1} << 20);
-      CUtensorMap m;
-      PLX_DECLINE_UNLESS(encode(m, a_, stand_in) && encode(m, b_, stand_in),
+      PLX_DECLINE_UNLESS(tma_accepts<T>(a_) && tma_accepts<T>(b_),
                          "%s: cuTensorMapEncodeTiled refuses these operands (%lld x %lld x %lld)",
                          op, static_cast<long long>(s.M), static_cast<long long>(s.N),
                          static_cast<long long>(s.K));
@@ -526,7 +490,7 @@ class WgPlan {
     p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
     CUtensorMap ma, mb;
-    if (aligned16(a) && aligned16(b) && encode(ma, a_, a) && encode(mb, b_, b)) {
+    if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
       const dim3 grid(static_cast<unsigned>(mt_ * nt_), z);
       kernel_<<<grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream>>>(ma, mb, p);
     } else {
@@ -547,7 +511,7 @@ class WgPlan {
  private:
   // A batched operand (stride != 0) gets a batch dimension; a shared one a batch of 1, whose
   // stride the driver still checks (a multiple of 16 bytes: the whole matrix).
-  void set_batch(Operand& o, int64_t stride) const {
+  void set_batch(TmaOperand& o, int64_t stride) const {
     if (stride != 0 && s_.batch > 1) {
       o.batch = static_cast<uint64_t>(s_.batch);
       o.bstride = static_cast<uint64_t>(stride);
@@ -557,24 +521,11 @@ class WgPlan {
     }
   }
 
-  static bool encode(CUtensorMap& m, const Operand& o, const void* ptr) {
-    constexpr CUtensorMapDataType kType = std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const cuuint64_t dims[3] = {o.inner, o.outer, o.batch};
-    const cuuint64_t strides[2] = {o.ld * sizeof(T), o.bstride * sizeof(T)};  // bytes, dims 1, 2
-    const cuuint32_t box[3] = {o.box_inner, o.box_outer, 1};
-    const cuuint32_t elem_strides[3] = {1, 1, 1};
-    return encode_fn()(&m, kType, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  }
-
   WgShape s_;
   int32_t device_;
   MmaAct act_;
   int64_t mt_ = 0, nt_ = 0;
-  Operand a_, b_;
+  TmaOperand a_, b_;
   WgFn kernel_ = nullptr;
 };
 

@@ -42,6 +42,12 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
+// Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the
+// phase "before" it (parity 1) counts as completed: a first wait with parity 1 returns at once.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
 // Initialised mbarriers made visible to the other threads and to the async proxy (the TMA unit).
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

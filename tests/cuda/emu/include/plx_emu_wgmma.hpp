@@ -26,6 +26,10 @@ inline void mbar_arrive(uint32_t bar) {
 inline bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return ::plx_emu::mbarrier_try_wait(bar, parity);
 }
+inline void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
 // One memory for every proxy and every thread: the fences order nothing further here.
 inline void fence_mbarrier_init() {}
 inline void fence_proxy_async() {}
