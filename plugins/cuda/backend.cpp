@@ -6,7 +6,10 @@
 // `plexus info` prints and a config asking for `cuda` fails with.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "common.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
@@ -24,6 +27,18 @@ std::string where(const char* expr, const char* file, int line) {
   return sdk::format("%s (%s:%d)", expr, base ? base + 1 : file, line);
 }
 }  // namespace
+
+void allow_dynamic_smem(const void* fn, int bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> limit;  // (device, function) -> bytes
+  int device = 0;
+  PLX_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  int& have = limit[{device, fn}];
+  if (bytes <= have) return;
+  PLX_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  have = bytes;
+}
 
 void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
   // A failed launch or allocation leaves the error to be read once; clear it so the next call

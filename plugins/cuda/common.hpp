@@ -162,6 +162,18 @@ inline void decline_unless_sm90a(const DeviceContext& ctx, const char* op) {
                      op, ctx.prop.major, ctx.prop.minor);
 }
 
+// Lets kernel `fn` launch with `bytes` of dynamic shared memory on the current device (the
+// opt-in above 48 KiB). The attribute belongs to the function, not to a kernel object, and
+// kernel objects of one function whose need depends on the shape (an igemm tile's K table, a
+// direct kernel's image) share it: setting each object's own need would let a later, smaller
+// one fail the launches of an earlier, larger one. So the limit only ever grows, per device and
+// function (a process-wide table under a lock).
+void allow_dynamic_smem(const void* fn, int bytes);
+template <class... A>
+void allow_dynamic_smem(void (*fn)(A...), int bytes) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(fn), bytes);
+}
+
 class CudaBackend final : public sdk::Backend {
  public:
   CudaBackend(CudaOptions options);

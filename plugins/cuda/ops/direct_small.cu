@@ -82,11 +82,11 @@ void decline_over_optin(CudaBackend& backend, int32_t device, uint64_t smem, con
                      static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
 }
 // Lets `kernel` launch with `smem` bytes of dynamic shared memory (the opt-in, above 48 KiB).
+// The need depends on the image, so the function's limit only grows (allow_dynamic_smem): a
+// smaller layer's kernel object created later must not lower an earlier, larger one's.
 template <class K>
 void allow_smem(K* kernel, uint64_t smem) {
-  if (smem > 48 * 1024)
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+  if (smem > 48 * 1024) allow_dynamic_smem(kernel, static_cast<int>(smem));
 }
 
 template <class T>

@@ -417,7 +417,7 @@ __device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, i
 // The chunk of 8 k at k = tap·C + c (tap = kh·KW + kw): the tap's bit (0 past K, so that no row
 // copies it; K % 8 == 0: a chunk is wholly inside K or wholly past it) and its offset from a
 // row's field origin.
-struct KChunk {
+struct alignas(8) KChunk {
   uint32_t bit;
   int off;  // (kh·W + kw)·C + c, 32 bits: one image's extent fits an int
 };
@@ -436,10 +436,57 @@ __device__ __forceinline__ KChunk k_chunk(const IgemmArgs<T>& a, int k) {
   return r;
 }
 
+// The K tiles' chunk table (16 bits): entry e is k_chunk(8 e), for every 8 columns of every K
+// tile (bit 0 past K), KT·BK / 8 entries of 8 bytes in shared memory after the kernel's stages.
+// A block builds it once, before its first copy (thread tid takes entries tid, tid + THREADS,
+// ..., then a barrier); a K tile's copies then read their chunk's entry (one 8-byte shared load)
+// where each thread split k by C and KW with two FastDivs, about 20 instructions a tile.
+template <int BK>
+constexpr int k_table_bytes(int K) {
+  return (K + BK - 1) / BK * BK;  // KT·(BK / 8) entries of 8 bytes
+}
+
+// BT (backward data reading the forward's channels-last filter in place): row k = tap·C + kc of
+// B starts at w[kc, KH-1-kh, KW-1-kw, 0], the same for every tile's row k, so a second table
+// holds that offset for every k row of every K tile (-1 past K), KT·BK entries of 4 bytes after
+// the chunk table, built with it (k_table_build's barrier). A B row's copy then reads it where
+// every thread split its rows' k by C and KW each tile.
+template <int BK>
+constexpr int bt_table_bytes(int K) {
+  return (K + BK - 1) / BK * BK * 4;
+}
+
+template <class TL, class T>
+__device__ __forceinline__ void bt_table_build(const IgemmArgs<T>& a, int32_t* tab, int tid) {
+  const int n = (a.K + TL::BK - 1) / TL::BK * TL::BK;
+  for (int e0 = 0; e0 < n; e0 += TL::THREADS) {
+    const int k = e0 + tid;
+    if (k >= n) continue;
+    int32_t off = -1;
+    if (k < a.K) {
+      int tap, kc, kh, kw;
+      a.fC.divmod(k, tap, kc);
+      a.fKW.divmod(tap, kh, kw);
+      off = ((kc * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O;  // O·K fits an int
+    }
+    tab[k] = off;
+  }
+}
+
+template <class TL, class T>
+__device__ __forceinline__ void k_table_build(const IgemmArgs<T>& a, KChunk* tab, int tid) {
+  const int n = (a.K + TL::BK - 1) / TL::BK * (TL::BK / 8);
+  // (A uniform trip count: with `e = tid; e < n` nvcc kept the K loop's counter, and so the
+  // wgmma descriptors, in per-thread registers.)
+  for (int e0 = 0; e0 < n; e0 += TL::THREADS)
+    if (e0 + tid < n) tab[e0 + tid] = k_chunk(a, 8 * (e0 + tid));
+  __syncthreads();
+}
+
 // Issues the copies of chunk kc into the rows of `r`, row i at shared address dst + i·dst_step
 // (zero-filled where the tap falls in the padding, the row is past M or the chunk past K).
 template <int N, class T>
-__device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& r, const KChunk& kc,
+__device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& r, const KChunk kc,
                                          uint32_t dst, int dst_step) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
@@ -454,7 +501,7 @@ __device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& 
 // shared address dst + i·dst_step, zero-filled past O or past K (kc's bit 0).
 template <int N, class T>
 __device__ __forceinline__ void gather_b(const IgemmArgs<T>& a, int o0, int step, int k,
-                                         const KChunk& kc, uint32_t dst, int dst_step) {
+                                         const KChunk kc, uint32_t dst, int dst_step) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int o = o0 + i * step;
@@ -698,31 +745,31 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int bn = n0 + b_ccol * 8;
   const bool bn_in = bn < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
 
+  // The K tiles' chunk table after the stages (and the staged epilogue's bytes).
+  KChunk* const ktab = reinterpret_cast<KChunk*>(smem_raw + (BT ? TL::SMEM_T : TL::SMEM));
+  int32_t* const btab = reinterpret_cast<int32_t*>(ktab) + k_table_bytes<TL::BK>(a.K) / 4;
+  if constexpr (BT) bt_table_build<TL>(a, btab, tid);
+  k_table_build<TL>(a, ktab, tid);
+
   // Issues the copies of K tile kt into stage `st` (no commit).
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
-    const KChunk kch = k_chunk(a, k);
+    const KChunk kch = ktab[kt * (TL::BK / 8) + ccol];
     gather_a(a, ar, kch, smem_addr(As + st * TL::BM * TL::LDS + crow * TL::LDS + ccol * 8),
              kRowStep * TL::LDS * static_cast<int>(sizeof(T)));
     T* const bs = Bs + st * kBStage;
     if constexpr (BT) {
       // Row k = tap·C + kc of B is w'[n0.., tap, kc] = w[kc, KH-1-kh, KW-1-kw, n0..] of the
       // forward filter (channels-last, a.O = its input channels): 8 contiguous n per chunk.
+      // The rows' offsets first (btab), then their copies: see wgrad_copy_b.
+      int32_t off[TL::B_ITERS_T];
+#pragma unroll
+      for (int i = 0; i < TL::B_ITERS_T; ++i) off[i] = btab[kt * TL::BK + b_crow + i * kBStepT];
 #pragma unroll
       for (int i = 0; i < TL::B_ITERS_T; ++i) {
         const int r = b_crow + i * kBStepT;
-        const int kr = kt * TL::BK + r;
-        const bool ok = bn_in && kr < a.K;
-        const T* src = a.w;
-        if (ok) {
-          int tap, kc, kh, kw;
-          a.fC.divmod(kr, tap, kc);
-          a.fKW.divmod(tap, kh, kw);
-          src =
-              a.w +
-              ((static_cast<int64_t>(kc) * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O +
-              bn;
-        }
+        const bool ok = bn_in && off[i] >= 0;
+        const T* src = ok ? a.w + off[i] + bn : a.w;
         cp_async16(smem_addr(bs + r * TL::LDB_T + b_ccol * 8), src, ok);
       }
     } else {
@@ -907,10 +954,14 @@ __global__ void __launch_bounds__(TL::THREADS)
   a_rows_init<kPool>(a, m0, crow, kRowStep, ar);
   const int KT = (a.K + TL::BK - 1) / TL::BK;
   if (tid == 0) tma_stages_init<S>(full0, &tmw);
+  // The K tiles' chunk table after B's mbarriers.
+  KChunk* const ktab = reinterpret_cast<KChunk*>(smem + TL::kRing + TL::kBarBytes);
+  k_table_build<TL>(a, ktab, tid);
+  const KChunk* kp = ktab + ccol;  // this thread's entry of the next tile copied
 
   auto load_tile = [&](int st, int kt) {
-    gather_a(a, ar, k_chunk(a, kt * TL::BK + ccol * 8), sa + st * TL::kABytes + cp_off,
-             kRowStep * 128);
+    gather_a(a, ar, *kp, sa + st * TL::kABytes + cp_off, kRowStep * 128);
+    kp += TL::BK / 8;
     if (tid == 0) {
       const uint32_t bar = full0 + 8 * st;
       mbar_arrive_expect_tx(bar, TL::kBBytes);
@@ -1813,12 +1864,14 @@ class IgemmConvKernel final : public Kernel {
     // extent, whose 16-byte chunks the copies take. The wgmma tiles stage the flipped filter.
     bt_ = !kTf32 && !TL::kWgmma && D == Dir::BwdData && nhwc[1] && Co % 8 == 0;
     // (if constexpr: Tf32Tile is only instantiated for f32; the 256x32 tile has no TF32 form.)
+    // 16 bits: the stages, then the K tiles' chunk table.
     if constexpr (kTf32)
       smem_ = Tf32Tile<TL>::SMEM;
     else if constexpr (TL::kWgmma)
-      smem_ = TL::SMEM;
+      smem_ = TL::SMEM + k_table_bytes<TL::BK>(static_cast<int>(K));
     else
-      smem_ = bt_ ? TL::SMEM_T : TL::SMEM;
+      smem_ = (bt_ ? TL::SMEM_T + bt_table_bytes<TL::BK>(static_cast<int>(K)) : TL::SMEM) +
+              k_table_bytes<TL::BK>(static_cast<int>(K));
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);
@@ -2016,7 +2069,7 @@ class IgemmConvKernel final : public Kernel {
   // must, per device).
   template <class... A>
   void opt_in(void (*f)(A...)) const {
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    allow_dynamic_smem(f, smem_);  // smem_ depends on K (the tables): the limit only grows
   }
 
   int32_t device_;
@@ -2126,14 +2179,11 @@ class IgemmWgradKernel final : public Kernel {
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);
     if constexpr (kTf32)
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_tf32_kernel<TL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL>, kSmem);
     else if constexpr (TL::kWgmma)
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgmma_wgrad_kernel<T, TL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      allow_dynamic_smem(igemm_wgmma_wgrad_kernel<T, TL>, kSmem);
     else
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(igemm_wgrad_kernel<T, TL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      allow_dynamic_smem(igemm_wgrad_kernel<T, TL>, kSmem);
 
     // Split K so that about two blocks per SM are in flight, each slice at least 4 K tiles.
     int64_t bk = TL::BK;
