@@ -843,8 +843,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // flight. kMN: both operands MN-major (the weight gradient: the 16 k rows of slice kk start
 // 2048 kk bytes into each box), else K-major (the 16-column slice kk starts 32 kk bytes into
 // each row). load(stage, it) issues the copies of the block's tile `it` into `stage`: the
-// gathered operand's cp.async, and (TmaStage) the other's box. No wgmma or copy is in flight
-// at the end.
+// gathered operand's cp.async, and (thread 0) the other operand's TMA boxes with the stage's
+// arrive.expect_tx. No wgmma or copy is in flight at the end.
 template <class T, class TL, bool kMN, class Load>
 __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
                                              uint64_t da0, uint64_t db0, uint32_t full0) {
