@@ -1523,7 +1523,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int b_ccol = tid % CB, b_crow = tid / CB;
   const uint32_t b_off = static_cast<uint32_t>((b_ccol >> 3) * kBox + b_crow * 128 +
                                                (((b_ccol & 7) ^ (b_crow & 7)) << 4));
-  const WgradCol col = wgrad_col(a, 0, n0 + b_ccol * 8);
+  const WgradCol col = wgrad_col(a, 0, n0 + b_ccol * 8);  // (A's column: unused, dy is the TMA's)
   // The pixel tables after the ring, then A's mbarriers; the pipeline copies S - 2 tiles ahead.
   const uint32_t full0 = base + TL::kRing + wgmma_wgrad_tables<TL>();
   if (tid == 0) tma_stages_init<S>(full0, &tmy);
