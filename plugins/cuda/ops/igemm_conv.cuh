@@ -422,65 +422,67 @@ struct alignas(8) KChunk {
   int off;  // (kh·W + kw)·C + c, 32 bits: one image's extent fits an int
 };
 
+// k = tap·C + c (< K) split into the tap, its filter row and column, and the channel.
+struct KSplit {
+  int tap, kh, kw, c;
+};
 template <class T>
-__device__ __forceinline__ KChunk k_chunk(const IgemmArgs<T>& a, int k) {
-  KChunk r{0u, 0};
-  int c = 0, kh = 0, kw = 0;
-  if (k < a.K) {
-    int tap;
-    a.fC.divmod(k, tap, c);
-    a.fKW.divmod(tap, kh, kw);
-    r.bit = 1u << tap;
-  }
-  r.off = (kh * a.W + kw) * a.C + c;
+__device__ __forceinline__ KSplit k_split(const IgemmArgs<T>& a, int k) {
+  KSplit r;
+  a.fC.divmod(k, r.tap, r.c);
+  a.fKW.divmod(r.tap, r.kh, r.kw);
   return r;
 }
 
-// The K tiles' chunk table (16 bits): entry e is k_chunk(8 e), for every 8 columns of every K
-// tile (bit 0 past K), KT·BK / 8 entries of 8 bytes in shared memory after the kernel's stages.
-// A block builds it once, before its first copy (thread tid takes entries tid, tid + THREADS,
-// ..., then a barrier); a K tile's copies then read their chunk's entry (one 8-byte shared load)
-// where each thread split k by C and KW with two FastDivs, about 20 instructions a tile.
-template <int BK>
-constexpr int k_table_bytes(int K) {
-  return (K + BK - 1) / BK * BK;  // KT·(BK / 8) entries of 8 bytes
+template <class T>
+__device__ __forceinline__ KChunk k_chunk(const IgemmArgs<T>& a, int k) {
+  if (k >= a.K) return {0u, 0};
+  const KSplit q = k_split(a, k);
+  return {1u << q.tap, (q.kh * a.W + q.kw) * a.C + q.c};
 }
 
-// BT (backward data reading the forward's channels-last filter in place): row k = tap·C + kc of
-// B starts at w[kc, KH-1-kh, KW-1-kw, 0], the same for every tile's row k, so a second table
-// holds that offset for every k row of every K tile (-1 past K), KT·BK entries of 4 bytes after
-// the chunk table, built with it (k_table_build's barrier). A B row's copy then reads it where
-// every thread split its rows' k by C and KW each tile.
+// The K tables in shared memory after the kernel's stages, built once per block before its first
+// copy, where each thread split its k by C and KW with two FastDivs every K tile (about 20
+// instructions a tile):
+// - the chunk table: entry e is k_chunk(8 e), for every 8 columns of every K tile (bit 0 past
+//   K), KT·BK / 8 entries of 8 bytes; a tile's A copies read their chunk's entry;
+// - BT only (backward data reading the forward's channels-last filter in place), after it: row
+//   k = tap·C + kc of B starts at w[kc, KH-1-kh, KW-1-kw, 0], the same in every tile, so entry k
+//   is that offset (-1 past K), KT·BK entries of 4 bytes; a B row's copy reads its entry.
 template <int BK>
-constexpr int bt_table_bytes(int K) {
-  return (K + BK - 1) / BK * BK * 4;
+constexpr int k_table_bytes(int K, bool bt) {
+  return (K + BK - 1) / BK * BK * (bt ? 5 : 1);  // KT·BK / 8 entries of 8 bytes, + KT·BK of 4
 }
 
-template <class TL, class T>
-__device__ __forceinline__ void bt_table_build(const IgemmArgs<T>& a, int32_t* tab, int tid) {
-  const int n = (a.K + TL::BK - 1) / TL::BK * TL::BK;
-  for (int e0 = 0; e0 < n; e0 += TL::THREADS) {
-    const int k = e0 + tid;
-    if (k >= n) continue;
-    int32_t off = -1;
-    if (k < a.K) {
-      int tap, kc, kh, kw;
-      a.fC.divmod(k, tap, kc);
-      a.fKW.divmod(tap, kh, kw);
-      off = ((kc * a.KH + (a.KH - 1 - kh)) * a.KW + (a.KW - 1 - kw)) * a.O;  // O·K fits an int
-    }
-    tab[k] = off;
+// Calls f(e) for e = tid, tid + THREADS, ... below n, in a loop whose trip count is the same in
+// every thread: with `e = tid; e < n` nvcc kept the wgmma kernel's K-loop counter, and with it
+// the descriptors, in per-thread registers.
+template <int THREADS, class F>
+__device__ __forceinline__ void for_block_strided(int n, int tid, F&& f) {
+  for (int e0 = 0; e0 < n; e0 += THREADS)
+    if (e0 + tid < n) f(e0 + tid);
+}
+
+// Builds the chunk table at ktab (and with BT the row table after it, which it returns), then a
+// barrier.
+template <class TL, bool BT, class T>
+__device__ __forceinline__ const int32_t* k_tables_build(const IgemmArgs<T>& a, KChunk* ktab,
+                                                         int tid) {
+  const int kpad = (a.K + TL::BK - 1) / TL::BK * TL::BK;
+  for_block_strided<TL::THREADS>(kpad / 8, tid, [&](int e) { ktab[e] = k_chunk(a, 8 * e); });
+  int32_t* const btab = reinterpret_cast<int32_t*>(ktab + kpad / 8);
+  if constexpr (BT) {
+    for_block_strided<TL::THREADS>(kpad, tid, [&](int k) {
+      int32_t off = -1;
+      if (k < a.K) {
+        const KSplit q = k_split(a, k);  // O·K fits an int
+        off = ((q.c * a.KH + (a.KH - 1 - q.kh)) * a.KW + (a.KW - 1 - q.kw)) * a.O;
+      }
+      btab[k] = off;
+    });
   }
-}
-
-template <class TL, class T>
-__device__ __forceinline__ void k_table_build(const IgemmArgs<T>& a, KChunk* tab, int tid) {
-  const int n = (a.K + TL::BK - 1) / TL::BK * (TL::BK / 8);
-  // (A uniform trip count: with `e = tid; e < n` nvcc kept the K loop's counter, and so the
-  // wgmma descriptors, in per-thread registers.)
-  for (int e0 = 0; e0 < n; e0 += TL::THREADS)
-    if (e0 + tid < n) tab[e0 + tid] = k_chunk(a, 8 * (e0 + tid));
   __syncthreads();
+  return btab;
 }
 
 // Issues the copies of chunk kc into the rows of `r`, row i at shared address dst + i·dst_step
@@ -747,9 +749,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 
   // The K tiles' chunk table after the stages (and the staged epilogue's bytes).
   KChunk* const ktab = reinterpret_cast<KChunk*>(smem_raw + (BT ? TL::SMEM_T : TL::SMEM));
-  int32_t* const btab = reinterpret_cast<int32_t*>(ktab) + k_table_bytes<TL::BK>(a.K) / 4;
-  if constexpr (BT) bt_table_build<TL>(a, btab, tid);
-  k_table_build<TL>(a, ktab, tid);
+  const int32_t* const btab = k_tables_build<TL, BT>(a, ktab, tid);
 
   // Issues the copies of K tile kt into stage `st` (no commit).
   auto load_tile = [&](int st, int kt) {
@@ -956,7 +956,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   if (tid == 0) tma_stages_init<S>(full0, &tmw);
   // The K tiles' chunk table after B's mbarriers.
   KChunk* const ktab = reinterpret_cast<KChunk*>(smem + TL::kRing + TL::kBarBytes);
-  k_table_build<TL>(a, ktab, tid);
+  k_tables_build<TL, false>(a, ktab, tid);
   const KChunk* kp = ktab + ccol;  // this thread's entry of the next tile copied
 
   auto load_tile = [&](int st, int kt) {
@@ -1868,10 +1868,9 @@ class IgemmConvKernel final : public Kernel {
     if constexpr (kTf32)
       smem_ = Tf32Tile<TL>::SMEM;
     else if constexpr (TL::kWgmma)
-      smem_ = TL::SMEM + k_table_bytes<TL::BK>(static_cast<int>(K));
+      smem_ = TL::SMEM + k_table_bytes<TL::BK>(static_cast<int>(K), false);
     else
-      smem_ = (bt_ ? TL::SMEM_T + bt_table_bytes<TL::BK>(static_cast<int>(K)) : TL::SMEM) +
-              k_table_bytes<TL::BK>(static_cast<int>(K));
+      smem_ = (bt_ ? TL::SMEM_T : TL::SMEM) + k_table_bytes<TL::BK>(static_cast<int>(K), bt_);
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);

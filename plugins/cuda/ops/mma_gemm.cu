@@ -611,10 +611,8 @@ class MmaPlan {
       done_ = BlockCounter(blocks * split_sum_counters(static_cast<unsigned>(splits_)));
     }
     kernel_ = pick_kernel<T, TL, ACT, SPLIT>(s.a_kmajor, s.b_kmajor);
-    // Once per kernel and device: the attribute stays set for every later launch.
-    if (smem_ > 48 * 1024)
-      PLX_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    // The attribute stays set for every later launch (common.hpp: it only grows).
+    if (smem_ > 48 * 1024) allow_dynamic_smem(kernel_, smem_);
   }
 
   // f32 partial sums of the splits (0 without split-K).

@@ -467,10 +467,8 @@ class WgPlan {
                          static_cast<long long>(s.K));
     }
     kernel_ = pick_kernel<T, TL>(s.a_kmajor, s.b_kmajor);
-    // Once per kernel and device: the attribute stays set for every later launch.
-    PLX_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        C::kSmemBytes));
+    // The attribute stays set for every later launch (common.hpp: it only grows).
+    allow_dynamic_smem(kernel_, C::kSmemBytes);
   }
 
   // y (batch, M, N) from a, b (and bias, null if none), on `stream`.
