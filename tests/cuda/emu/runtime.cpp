@@ -62,12 +62,13 @@ plx_emu_switch:
 #error "the CUDA emulator's fibers are written for x86-64"
 #endif
 
+thread_local dim3 blockDim{1, 1, 1};
+thread_local dim3 gridDim{1, 1, 1};
+
 namespace plx_emu {
 
 thread_local Thread* g_thread = nullptr;
 thread_local uint3 g_block_idx{0, 0, 0};
-thread_local dim3 g_block_dim{1, 1, 1};
-thread_local dim3 g_grid_dim{1, 1, 1};
 
 namespace {
 
@@ -78,7 +79,9 @@ constexpr size_t kSlot = 32;  // bytes a lane offers at a warp meeting (an mma's
 // that a kernel needing more (the 1024-byte swizzle atoms of TMA and wgmma) must realign it.
 constexpr uint32_t kSharedBase = 16;
 
-int block_threads() { return static_cast<int>(g_block_dim.x * g_block_dim.y * g_block_dim.z); }
+int block_threads() {
+  return static_cast<int>(::blockDim.x * ::blockDim.y * ::blockDim.z);
+}
 
 // A wgmma operand's shared-memory matrix descriptor, decoded (decode_desc, "Hopper PTX" below).
 struct Desc {
@@ -109,6 +112,7 @@ struct Block {
   const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
   size_t sched_size = 0;
   const std::function<void()>* body = nullptr;
+  bool programmatic = false;  // the grid was launched with programmatic stream serialization
   std::string fault;  // set by a thread that threw
   int live = 0;       // fibers not done
   bool progress = false;
@@ -219,6 +223,16 @@ void fiber_entry() {
 #endif
   try {
     (*b.body)();
+    if (f->thread.pdl_pending && b.fault.empty()) {
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "thread (%u,%u,%u) of block (%u,%u,%u) exited without "
+                    "cudaGridDependencySynchronize (pdl_wait), in a kernel launched to overlap "
+                    "the kernel before it (programmatic stream serialization)",
+                    f->thread.idx.x, f->thread.idx.y, f->thread.idx.z, g_block_idx.x, g_block_idx.y,
+                    g_block_idx.z);
+      b.fault = buf;
+    }
   } catch (const std::exception& e) {
     if (b.fault.empty()) b.fault = e.what();
   } catch (...) {
@@ -329,8 +343,9 @@ void run_block(Block& b, const char* name, int nthreads) {
     f.done = false;
     f.waiting = false;
     f.thread.linear = t;
-    f.thread.idx = {t % g_block_dim.x, (t / g_block_dim.x) % g_block_dim.y,
-                    t / (g_block_dim.x * g_block_dim.y)};
+    f.thread.pdl_pending = b.programmatic;
+    f.thread.idx = {t % ::blockDim.x, (t / ::blockDim.x) % ::blockDim.y,
+                    t / (::blockDim.x * ::blockDim.y)};
     // A fresh stack: fiber_entry's address for plx_emu_switch's `ret`, six zero registers below.
 #if PLX_EMU_ASAN
     // Frames a fiber left when its launch failed may still be poisoned.
@@ -540,6 +555,7 @@ uint32_t shared_address(const void* p) {
 }
 
 void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
+  check_device_access("cp.async", src);
   if (bytes != 4 && bytes != 8 && bytes != 16) trap("cp.async: the copy size must be 4, 8 or 16");
   if (src_bytes < 0 || src_bytes > bytes) trap("cp.async: src-size past the copy size");
   if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
@@ -950,6 +966,7 @@ void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, ui
   Block& b = *g_block;
   const char* what = "cp.async.bulk.tensor";
   const TensorMap& t = tensor_map(map, what);
+  check_device_access(what, reinterpret_cast<const void*>(t.address));
   char buf[240];
   if (rank != t.rank) {
     std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
@@ -1139,6 +1156,26 @@ void trap(const char* what) {
   throw std::runtime_error(what);
 }
 
+// ---- programmatic dependent launch ----
+
+void grid_dependency_wait() {
+  if (!g_thread) trap("cudaGridDependencySynchronize outside a kernel");
+  g_thread->pdl_pending = false;
+}
+void grid_dependency_trigger() {
+  if (!g_thread) trap("cudaTriggerProgrammaticLaunchCompletion outside a kernel");
+}
+void early_device_access(const char* what, const void* p) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%s of device memory %p by thread (%u,%u,%u) of block (%u,%u,%u) before "
+                "cudaGridDependencySynchronize (pdl_wait), in a kernel launched to overlap the "
+                "kernel before it: that kernel may still be writing it",
+                what, p, g_thread->idx.x, g_thread->idx.y, g_thread->idx.z, g_block_idx.x,
+                g_block_idx.y, g_block_idx.z);
+  trap(buf);
+}
+
 // ---- the runtime ----
 
 namespace {
@@ -1232,9 +1269,10 @@ void run_grid(const char* name, const Config& c, const std::function<void()>& th
   if (b.fibers.size() < static_cast<size_t>(nthreads)) b.fibers.resize(nthreads);
   b.warps.resize((nthreads + kWarp - 1) / kWarp);
   b.body = &thread;
+  b.programmatic = c.programmatic;
   b.fault.clear();
-  g_grid_dim = c.grid;
-  g_block_dim = c.block;
+  ::gridDim = c.grid;
+  ::blockDim = c.block;
   const uint64_t gx = c.grid.x, gxy = gx * c.grid.y, n = gxy * c.grid.z;
   ++launches;
   for (uint64_t i = 0; i < n; ++i) {
@@ -1286,18 +1324,56 @@ bool runtime_memory(const void* p, size_t bytes) {
   return false;
 }
 
+// Names kernels had at their launches, for cudaFuncGetName.
+std::map<const void*, std::string> g_kernel_names;
+thread_local const char* g_next_launch_name = nullptr;
+
 }  // namespace
 
-void submit_launch(const char* name, const void* fn, const Config& c, std::function<void()> thread) {
+// Called from a kernel, with the launch's lock held (blocks run inside submit_launch or a graph's
+// replay).
+bool device_memory(const void* p) {
+  return runtime_memory(p, 1);
+}
+
+void name_next_launch(const char* name) {
+  g_next_launch_name = name;
+}
+const char* take_launch_name() {
+  const char* n = g_next_launch_name;
+  g_next_launch_name = nullptr;
+  return n ? n : "cudaLaunchKernelEx";
+}
+
+cudaError_t launch_config(const cudaLaunchConfig_t* cfg, Config* out) {
+  if (!cfg || (cfg->numAttrs > 0 && !cfg->attrs)) return fail(cudaErrorInvalidValue);
+  Config c(cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, cfg->stream);
+  for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+    const cudaLaunchAttribute& a = cfg->attrs[i];
+    if (a.id == cudaLaunchAttributeIgnore) continue;
+    if (a.id != cudaLaunchAttributeProgrammaticStreamSerialization) {
+      std::fprintf(stderr,
+                   "cuda emulator: cudaLaunchKernelEx: launch attribute %d is not modelled\n",
+                   static_cast<int>(a.id));
+      return fail(cudaErrorInvalidValue);
+    }
+    c.programmatic = a.val.programmaticStreamSerializationAllowed != 0;
+  }
+  *out = c;
+  return cudaSuccess;
+}
+
+cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
+                          std::function<void()> thread) {
   std::lock_guard<std::mutex> lock(g_mu);
   host_trace(c.stream, name);
+  g_kernel_names.try_emplace(fn, name);
   const unsigned long long nthreads = 1ull * c.block.x * c.block.y * c.block.z;
   if (nthreads == 0 || nthreads > 1024 || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
       c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.grid.x > 2147483647u) {
     std::fprintf(stderr, "cuda emulator: %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)\n",
                  name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z);
-    fail(cudaErrorInvalidConfiguration);
-    return;
+    return fail(cudaErrorInvalidConfiguration);
   }
   const auto opt = g_smem_optin.find(fn);
   const size_t smem_limit = c.smem <= (48u << 10) ? (48u << 10)
@@ -1308,16 +1384,16 @@ void submit_launch(const char* name, const void* fn, const Config& c, std::funct
                  "cuda emulator: %s: %zu bytes of dynamic shared memory, above the %zu the kernel "
                  "may have (more than 48 KiB needs cudaFuncSetAttribute)\n",
                  name, c.smem, smem_limit);
-    fail(cudaErrorInvalidValue);
-    return;
+    return fail(cudaErrorInvalidValue);
   }
   FILE* trace = trace_file();
   const Config cfg = c;
   const std::string kernel = name;
   if (trace) {
     run_or_record(c.stream, [trace, cfg, kernel] {
-      std::fprintf(trace, "%s grid (%u,%u,%u) block (%u,%u,%u)\n", kernel.c_str(), cfg.grid.x,
-                   cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
+      std::fprintf(trace, "%s grid (%u,%u,%u) block (%u,%u,%u)%s\n", kernel.c_str(), cfg.grid.x,
+                   cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z,
+                   cfg.programmatic ? " programmatic" : "");
       std::fflush(trace);
     });
   }
@@ -1329,6 +1405,7 @@ void submit_launch(const char* name, const void* fn, const Config& c, std::funct
       g_last = cudaErrorLaunchFailure;
     }
   });
+  return cudaSuccess;
 }
 
 cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* what) {
@@ -1674,6 +1751,29 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
     if (value < 0 || value > (227 << 10)) return fail(cudaErrorInvalidValue);
     plx_emu::g_smem_optin[fn] = value;
   }
+  return cudaSuccess;
+}
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* fn) {
+  if (!attr || !fn) return fail(cudaErrorInvalidValue);
+  static const int ptx = [] {
+    const char* e = std::getenv("PLEXUS_EMU_PTX_VERSION");
+    return e && *e ? std::atoi(e) : 90;
+  }();
+  *attr = cudaFuncAttributes{};
+  attr->maxThreadsPerBlock = 1024;
+  attr->ptxVersion = ptx;
+  attr->binaryVersion = 90;
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto opt = plx_emu::g_smem_optin.find(fn);
+  attr->maxDynamicSharedSizeBytes = opt == plx_emu::g_smem_optin.end() ? 48 << 10 : opt->second;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncGetName(const char** name, const void* fn) {
+  if (!name || !fn) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = plx_emu::g_kernel_names.find(fn);
+  if (it == plx_emu::g_kernel_names.end()) return fail(cudaErrorInvalidValue);
+  *name = it->second.c_str();
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {

@@ -1,9 +1,11 @@
 // The CUDA emulator's own checks (tests/cuda/emu/README.md): that its threads, barriers, warp
-// shuffles, launch checks, stream capture and the Tensor Core kernels' PTX (cp.async, ldmatrix,
-// mma.sync; the Hopper GEMM's TMA, mbarriers, named barriers and wgmma), checked here against
+// shuffles, launch checks (programmatic dependent launch among them), stream capture and the
+// Tensor Core kernels' PTX (cp.async, ldmatrix, mma.sync; the Hopper GEMM's TMA, mbarriers,
+// named barriers and wgmma), checked here against
 // the PTX ISA's and the CUDA programming guide's own formulas ("element i of lane l is at row
 // ..., column ...", "chunk x of row y lands at x ^ (y % 8)"), behave as CUDA specifies, so that a
-// kernel passing on the emulator has passed something. Built by tests/cuda/emu/emu.cmake, run by ctest.
+// kernel passing on the emulator has passed something. Built by tests/cuda/emu/emu.cmake, run by
+// ctest.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -319,6 +321,37 @@ __global__ void wgmma_kernel(const uint16_t* a, const uint16_t* b, float* d, int
 }
 }  // namespace
 
+// Programmatic dependent launch: a kernel that waits for the one before it, one that never
+// waits, and one that adds to device memory before it waits.
+__global__ void pdl_add_kernel(int* out) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  atomicAdd(out, 1);
+}
+__global__ void pdl_no_wait_kernel(int* out) {
+  if (threadIdx.x == 0) out[1] = 7;  // a plain store: the emulator cannot see it, only the exit
+}
+__global__ void pdl_early_kernel(int* out) {
+  __shared__ int local;
+  if (threadIdx.x == 0) atomicExch(&local, 1);  // shared memory: allowed before the wait
+  __syncthreads();
+  atomicAdd(out, local);
+  cudaGridDependencySynchronize();
+}
+
+cudaError_t launch_pdl(void (*k)(int*), int* out, int threads, bool programmatic) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = programmatic ? 1 : 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(threads);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  ::plx_emu::name_next_launch("pdl kernel");
+  return cudaLaunchKernelEx(&cfg, k, out);
+}
+
 int main() {
   {
     int* out = device_array<int>(3);
@@ -616,6 +649,46 @@ int main() {
       EXPECT(bad == 0);
     }
     cudaFree(a), cudaFree(b), cudaFree(d);
+  }
+  {
+    int* out = device_array<int>(2);
+    *out = 0;
+    EXPECT(launch_pdl(pdl_add_kernel, out, 64, true) == cudaSuccess);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    EXPECT(*out == 128);
+    cudaFuncAttributes fa{};
+    EXPECT(cudaFuncGetAttributes(&fa, reinterpret_cast<const void*>(pdl_add_kernel)) ==
+           cudaSuccess);
+    EXPECT(fa.ptxVersion >= 90);
+    const char* name = nullptr;
+    EXPECT(cudaFuncGetName(&name, reinterpret_cast<const void*>(pdl_add_kernel)) == cudaSuccess);
+    EXPECT(name && std::strcmp(name, "pdl kernel") == 0);
+    std::fprintf(stderr,
+                 "selftest: the next two launches must fail (no wait before the exit, an "
+                 "atomic on device memory before the wait):\n");
+    EXPECT(launch_pdl(pdl_no_wait_kernel, out, 32, true) == cudaSuccess);
+    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT(launch_pdl(pdl_early_kernel, out, 32, true) == cudaSuccess);
+    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    // Launched the ordinary way, neither kernel has anything to wait for.
+    *out = 0;
+    EXPECT(launch_pdl(pdl_no_wait_kernel, out, 32, false) == cudaSuccess);
+    EXPECT(launch_pdl(pdl_early_kernel, out, 32, false) == cudaSuccess);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    EXPECT(out[0] == 64 && out[1] == 7);
+    // The emulator knows one launch attribute; any other is refused, not ignored.
+    cudaLaunchAttribute other{};
+    other.id = static_cast<cudaLaunchAttributeID>(4);  // cluster dimensions
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.attrs = &other;
+    cfg.numAttrs = 1;
+    std::fprintf(stderr,
+                 "selftest: the next launch must be refused (an attribute not modelled):\n");
+    EXPECT(cudaLaunchKernelEx(&cfg, pdl_add_kernel, out) == cudaErrorInvalidValue);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+    cudaFree(out);
   }
   if (g_failures) {
     std::fprintf(stderr, "cuda emulator selftest: %d checks failed\n", g_failures);

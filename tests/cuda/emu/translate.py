@@ -5,10 +5,13 @@ Two constructs are not C++: a launch, `kernel<targs><<<grid, block, smem, stream
 becomes `::plx_emu::launch("kernel<targs>", &kernel<targs>, ::plx_emu::Config(grid, block,
 smem, stream), args);`, and a dynamic shared-memory array, `extern __shared__ T name[];` (on a
 line of its own), becomes a pointer to the launch's dynamic shared memory (a local variable in
-a function, a macro at namespace scope). The headers of inline PTX, ops/mma_ptx.cuh and
-ops/wgmma_ptx.cuh, are replaced by the emulator's plx_emu_ptx.hpp and plx_emu_wgmma.hpp. Everything else (keywords, built-in indices,
-intrinsics) is defined by the emulator's headers. Line numbers are kept, so compiler errors
-point at the original file.
+a function, a macro at namespace scope). The plugin's own launches go through its helper,
+`launch_kernel(kernel<targs>, grid, block, smem, stream, args)` (device.cuh), which calls
+cudaLaunchKernelEx: that stays as it is, named for the emulator's trace by
+`(::plx_emu::name_next_launch("kernel<targs>"), launch_kernel(...))`. The headers of inline PTX,
+ops/mma_ptx.cuh and ops/wgmma_ptx.cuh, are replaced by the emulator's plx_emu_ptx.hpp and
+plx_emu_wgmma.hpp. Everything else (keywords, built-in indices, intrinsics) is defined by the
+emulator's headers. Line numbers are kept, so compiler errors point at the original file.
 
 usage: translate.py IN.cu OUT.cpp
 """
@@ -81,6 +84,54 @@ def rewrite_launches(s):
         pos = rp + 1
 
 
+LAUNCH_KERNEL = re.compile(r"(?<![\w:.>])launch_kernel\(")
+
+
+def kernel_expression_end(s, i):
+    """The end of the kernel expression (a name, maybe qualified, with template arguments) that
+    starts at index i."""
+    k = i
+    while k < len(s) and (s[k].isalnum() or s[k] in "_:"):
+        k += 1
+    j = k
+    while j < len(s) and s[j].isspace():
+        j += 1
+    if j < len(s) and s[j] == "<":
+        depth = 0
+        for k in range(j, len(s)):
+            if s[k] in "<(":
+                depth += 1
+            elif s[k] in ">)":
+                depth -= 1
+                if depth == 0:
+                    return k + 1
+        raise SystemExit(f"unbalanced template arguments from offset {j}")
+    return k
+
+
+def name_kernel_launches(s):
+    """`launch_kernel(kernel<targs>, ...)` (the plugin's launch helper, device.cuh) becomes
+    `(::plx_emu::name_next_launch("kernel<targs>"), launch_kernel(kernel<targs>, ...))`: the helper
+    runs as written, and the emulated cudaLaunchKernelEx it calls traces the kernel by its name."""
+    out = []
+    pos = 0
+    for m in LAUNCH_KERNEL.finditer(s):
+        line_start = s.rfind("\n", 0, m.start()) + 1
+        if "//" in s[line_start:m.start()]:
+            continue  # in a comment
+        lp = m.end() - 1
+        a = lp + 1
+        while s[a].isspace():
+            a += 1
+        name = " ".join(s[a:kernel_expression_end(s, a)].split())
+        rp = matching(s, lp, "(", ")")
+        out.append(s[pos:m.start()])
+        out.append(f'(::plx_emu::name_next_launch("{name}"), ' + s[m.start():rp + 1] + ")")
+        pos = rp + 1
+    out.append(s[pos:])
+    return "".join(out)
+
+
 SHARED = re.compile(
     r"^([ \t]*)extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:]+(?:\s+[\w:]+)*)\s+"
     r"(?:__align__\(\s*\d+\s*\)\s+)?(\w+)\s*\[\s*\]\s*;", re.M)
@@ -108,6 +159,7 @@ def main():
     src, dst = sys.argv[1], sys.argv[2]
     s = open(src).read()
     s = rewrite_launches(s)
+    s = name_kernel_launches(s)
     s = SHARED.sub(shared_declaration, s)
     for header, emulated in EMULATED_HEADERS.items():
         s = s.replace(f'#include "{header}"', f'#include "{emulated}"')

@@ -63,6 +63,35 @@ enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
   cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
+// What cudaFuncGetAttributes says of a kernel (the fields the plugin reads): the emulated device
+// runs code "compiled for" compute capability 9.0 (PLEXUS_EMU_PTX_VERSION overrides the PTX
+// version, to run a plugin as an sm_80 build would).
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int ptxVersion;
+  int binaryVersion;
+  int cacheModeCA;
+  int maxDynamicSharedSizeBytes;
+  int preferredShmemCarveout;
+};
+// cudaLaunchKernelEx's configuration and the one launch attribute the emulator knows:
+// programmatic stream serialization (programmatic dependent launch). Any other is refused.
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeIgnore = 0,
+  cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+};
+union cudaLaunchAttributeValue {
+  char pad[64];
+  int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00
@@ -150,6 +179,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value);
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* fn);
+// The kernel's name as its launches gave it (translate.py), or an error for a kernel never
+// launched.
+cudaError_t cudaFuncGetName(const char** name, const void* fn);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode);
 
@@ -174,38 +207,58 @@ cudaError_t cudaFuncSetAttribute(R (*fn)(P...), cudaFuncAttribute attr, int valu
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), attr, value);
 }
 
+struct cudaLaunchConfig_t {
+  dim3 gridDim;
+  dim3 blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+
 namespace plx_emu {
 
-// A launch's configuration, as between <<< and >>>.
+// A launch's configuration, as between <<< and >>>, and whether it may overlap the kernel
+// before it on the stream (cudaLaunchKernelEx's programmatic stream serialization).
 struct Config {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
+  bool programmatic = false;
   Config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr)
       : grid(g), block(b), smem(s), stream(st) {}
 };
 
-// Checks the configuration (the error is kept for cudaGetLastError, as CUDA does), then runs
-// the grid now or records it into the stream's capture. `thread` runs one CUDA thread.
-void submit_launch(const char* name, const void* fn, const Config& c,
-                   std::function<void()> thread);
+// Checks the configuration (the error is kept for cudaGetLastError, as CUDA does, and returned),
+// then runs the grid now or records it into the stream's capture. `thread` runs one CUDA thread.
+cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
+                          std::function<void()> thread);
 
 // `kernel<<<config>>>(args...)`, as tests/cuda/emu/translate.py rewrites it: the arguments are
 // converted to the kernel's parameter types once, at the launch, and every thread gets a copy.
 template <class... P, class... A>
-void launch(const char* name, void (*kernel)(P...), const Config& c, A&&... a) {
+cudaError_t launch(const char* name, void (*kernel)(P...), const Config& c, A&&... a) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
   auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(static_cast<std::decay_t<P>>(a)...);
-  submit_launch(name, reinterpret_cast<const void*>(kernel), c,
-                [kernel, args] { std::apply(kernel, *args); });
+  return submit_launch(name, reinterpret_cast<const void*>(kernel), c,
+                       [kernel, args] { std::apply(kernel, *args); });
 }
 
 // A launch through a variable that holds the kernel (`kernel_<<<...>>>(args)`): translate.py
 // takes its address as for a kernel's name.
 template <class... P, class... A>
-void launch(const char* name, void (*const* kernel)(P...), const Config& c, A&&... a) {
-  launch(name, *kernel, c, std::forward<A>(a)...);
+cudaError_t launch(const char* name, void (*const* kernel)(P...), const Config& c, A&&... a) {
+  return launch(name, *kernel, c, std::forward<A>(a)...);
 }
+
+// The name the next cudaLaunchKernelEx on this thread traces its kernel by: translate.py puts
+// `(::plx_emu::name_next_launch("kernel<targs>"), launch_kernel(kernel<targs>, ...))` around
+// each of the plugin's launch_kernel calls (device.cuh), which call cudaLaunchKernelEx.
+void name_next_launch(const char* name);
+// The name given, once ("cudaLaunchKernelEx" when none was).
+const char* take_launch_name();
+// The configuration of a cudaLaunchKernelEx, or an error (unknown attributes, a bad value).
+cudaError_t launch_config(const cudaLaunchConfig_t* cfg, Config* out);
 
 // Runs `work` on stream `s` now, or records it when the stream is being captured (library
 // calls such as cub's sort go through here).
@@ -215,3 +268,12 @@ cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* 
 void submit_library_call(cudaStream_t s, std::function<void()> work, const char* name);
 
 }  // namespace plx_emu
+
+template <class... P, class... A>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(P...),
+                               A&&... args) {
+  const char* name = ::plx_emu::take_launch_name();
+  ::plx_emu::Config c(dim3{}, dim3{});
+  if (const cudaError_t e = ::plx_emu::launch_config(config, &c); e != cudaSuccess) return e;
+  return ::plx_emu::launch(name, kernel, c, std::forward<A>(args)...);
+}

@@ -53,11 +53,12 @@ constexpr int kWarp = 32;
 struct Thread {
   uint3 idx;
   int linear;  // x + y * bx + z * bx * by
+  // In a kernel launched with programmatic stream serialization, until the thread calls
+  // cudaGridDependencySynchronize: it may not touch device memory yet, nor exit.
+  bool pdl_pending;
 };
 extern thread_local Thread* g_thread;
 extern thread_local uint3 g_block_idx;
-extern thread_local dim3 g_block_dim;
-extern thread_local dim3 g_grid_dim;
 
 // Barriers (the calling fiber waits until the others arrive).
 void sync_block();
@@ -100,6 +101,19 @@ void wgmma(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool trans_a, bool
 void wgmma_commit();
 void wgmma_wait(int pending);
 [[noreturn]] void trap(const char* what);
+// Programmatic dependent launch: cudaGridDependencySynchronize (griddepcontrol.wait) and
+// cudaTriggerProgrammaticLaunchCompletion (griddepcontrol.launch_dependents). Kernels run one
+// after another here, so the wait has nothing to wait for; what is checked is the contract of a
+// kernel launched to overlap the one before it: every thread waits before it exits, and before
+// any access to device memory the emulator sees (cp.async, TMA, atomics, __ldcg), which fails
+// the launch naming `what`.
+void grid_dependency_wait();
+void grid_dependency_trigger();
+[[noreturn]] void early_device_access(const char* what, const void* p);
+bool device_memory(const void* p);
+inline void check_device_access(const char* what, const void* p) {
+  if (g_thread && g_thread->pdl_pending && device_memory(p)) early_device_access(what, p);
+}
 
 inline int lane_id() { return g_thread->linear & (kWarp - 1); }
 
@@ -107,16 +121,24 @@ inline int lane_id() { return g_thread->linear & (kWarp - 1); }
 
 #define threadIdx (::plx_emu::g_thread->idx)
 #define blockIdx (::plx_emu::g_block_idx)
-#define blockDim (::plx_emu::g_block_dim)
-#define gridDim (::plx_emu::g_grid_dim)
+// The launch's block and grid sizes: variables, not macros as the indices are, because
+// cudaLaunchConfig_t has members of these names.
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
 inline constexpr int warpSize = 32;
 
 inline void __syncthreads() { ::plx_emu::sync_block(); }
+inline void cudaGridDependencySynchronize() {
+  ::plx_emu::grid_dependency_wait();
+}
+inline void cudaTriggerProgrammaticLaunchCompletion() {
+  ::plx_emu::grid_dependency_trigger();
+}
 inline int __syncthreads_or(int v) { return ::plx_emu::sync_block_or(v); }
 inline int __syncthreads_count(int v) { return ::plx_emu::sync_block_count(v); }
 inline int __syncthreads_and(int v) {
-  return ::plx_emu::sync_block_count(v != 0) == static_cast<int>(
-      ::plx_emu::g_block_dim.x * ::plx_emu::g_block_dim.y * ::plx_emu::g_block_dim.z);
+  return ::plx_emu::sync_block_count(v != 0) ==
+         static_cast<int>(::blockDim.x * ::blockDim.y * ::blockDim.z);
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::plx_emu::sync_warp(mask); }
 inline size_t __cvta_generic_to_shared(const void* p) { return ::plx_emu::shared_address(p); }
@@ -125,7 +147,10 @@ inline void __threadfence_block() {}
 inline void __threadfence_system() {}
 // Cache-hinted loads (__ldcg: through L2 only) are plain loads here: blocks run one at a time.
 template <class T>
-inline T __ldcg(const T* p) { return *p; }
+inline T __ldcg(const T* p) {
+  ::plx_emu::check_device_access("__ldcg", p);
+  return *p;
+}
 [[noreturn]] inline void __trap() { ::plx_emu::trap("__trap()"); }
 
 template <class T>
@@ -178,42 +203,49 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 // ---- atomics: the fibers of a launch run one at a time, so a read-modify-write is atomic ----
 template <class T>
 inline T atomicAdd(T* p, T v) {
+  ::plx_emu::check_device_access("atomicAdd", p);
   const T old = *p;
   *p = old + v;
   return old;
 }
 template <class T>
 inline T atomicSub(T* p, T v) {
+  ::plx_emu::check_device_access("atomicSub", p);
   const T old = *p;
   *p = old - v;
   return old;
 }
 template <class T>
 inline T atomicMin(T* p, T v) {
+  ::plx_emu::check_device_access("atomicMin", p);
   const T old = *p;
   if (v < old) *p = v;
   return old;
 }
 template <class T>
 inline T atomicMax(T* p, T v) {
+  ::plx_emu::check_device_access("atomicMax", p);
   const T old = *p;
   if (v > old) *p = v;
   return old;
 }
 template <class T>
 inline T atomicCAS(T* p, T compare, T v) {
+  ::plx_emu::check_device_access("atomicCAS", p);
   const T old = *p;
   if (old == compare) *p = v;
   return old;
 }
 template <class T>
 inline T atomicExch(T* p, T v) {
+  ::plx_emu::check_device_access("atomicExch", p);
   const T old = *p;
   *p = v;
   return old;
 }
 template <class T>
 inline T atomicOr(T* p, T v) {
+  ::plx_emu::check_device_access("atomicOr", p);
   const T old = *p;
   *p = old | v;
   return old;
