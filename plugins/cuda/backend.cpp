@@ -4,6 +4,9 @@
 // A machine without a GPU or driver loads the plugin: device_count() is then 0 and the reason
 // (the runtime's own message) is available to the host as "plexus.unavailable_reason", which
 // `plexus info` prints and a config asking for `cuda` fails with.
+#include <cxxabi.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -38,6 +41,50 @@ void allow_dynamic_smem(const void* fn, int bytes) {
   if (bytes <= have) return;
   PLX_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   have = bytes;
+}
+
+namespace {
+std::atomic<bool> g_programmatic_launch{true};
+}  // namespace
+
+void set_programmatic_launch(bool on) {
+  g_programmatic_launch.store(on, std::memory_order_relaxed);
+}
+
+bool programmatic_launch(const void* fn) {
+  if (!g_programmatic_launch.load(std::memory_order_relaxed)) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  thread_local std::map<std::pair<int, const void*>, bool> known;
+  const auto [it, fresh] = known.try_emplace({device, fn}, false);
+  if (fresh) {
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, fn) == cudaSuccess)
+      it->second = a.ptxVersion >= 90;
+    else
+      (void)cudaGetLastError();  // launched the ordinary way; the launch itself will say more
+  }
+  return it->second;
+}
+
+void throw_launch(cudaError_t e, const void* fn) {
+  (void)cudaGetLastError();
+  const char* mangled = nullptr;
+  if (cudaFuncGetName(&mangled, fn) != cudaSuccess || !mangled) {
+    (void)cudaGetLastError();
+    mangled = "(unnamed)";
+  }
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  const std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  const std::string msg = sdk::format("CUDA error %s: %s launching kernel %s", cudaGetErrorName(e),
+                                      cudaGetErrorString(e), name.c_str());
+  if (e == cudaErrorMemoryAllocation) throw sdk::OutOfMemory(msg);
+  throw sdk::BackendError(msg);
 }
 
 void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
@@ -92,6 +139,7 @@ CudaBackend::CudaBackend(CudaOptions options) : sdk::Backend("cuda"), options_(s
   }
   device_count_ = n;
   contexts_.resize(static_cast<size_t>(n));
+  set_programmatic_launch(options_.programmatic_launch);
   register_elementwise(kernels());
   register_misc(kernels());
   register_optim(kernels());
@@ -389,7 +437,7 @@ class CudaPlugin final : public sdk::Plugin {
  public:
   explicit CudaPlugin(const sdk::HostContext& host) {
     host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace", "fuse_chunk_bytes",
-                        "pool_bias", "conv_bias_activation", "graph_api"});
+                        "pool_bias", "conv_bias_activation", "graph_api", "programmatic_launch"});
     CudaOptions o;
     o.tf32 = option_bool(host, "tf32", false);
     o.benchmark = option_bool(host, "benchmark", true);
@@ -406,6 +454,7 @@ class CudaPlugin final : public sdk::Plugin {
     o.pool_bias = option_bool(host, "pool_bias", true);
     o.conv_bias_activation = option_bool(host, "conv_bias_activation", true);
     o.graph_api = option_bool(host, "graph_api", true);
+    o.programmatic_launch = option_bool(host, "programmatic_launch", true);
     auto& b = add_backend(std::make_unique<CudaBackend>(std::move(o)));
     if (b.device_count() == 0)
       PLX_LOG(PLX_LOG_DEBUG, "cuda", "%s", b.unavailable_reason().c_str());

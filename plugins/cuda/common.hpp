@@ -102,6 +102,10 @@ struct CudaOptions {
   // The convolutions' cudnn_graph candidates (ops/conv_graph.cpp); false: they decline, and the
   // legacy cuDNN calls and the plugin's own kernels take the nodes.
   bool graph_api = true;
+  // Kernels launched to overlap the kernel before them on the stream where the device and their
+  // code allow (launch_kernel, device.cuh); false: every launch the ordinary way, to time the
+  // two against each other.
+  bool programmatic_launch = true;
 };
 
 // n elements of T in device memory owned by one kernel object: zeroed, or copied from the host,
@@ -173,6 +177,20 @@ template <class... A>
 void allow_dynamic_smem(void (*fn)(A...), int bytes) {
   allow_dynamic_smem(reinterpret_cast<const void*>(fn), bytes);
 }
+
+// Whether launches of kernel `fn` on the current device may overlap the kernel before them on
+// the stream (launch_kernel, device.cuh): programmatic launches are on (the
+// `programmatic_launch` option) and the code the device runs for `fn` was compiled for compute
+// capability 9.0 or up. The test is the function's PTX version, not the device's: sm_80 code that
+// a newer GPU compiled from PTX has no pdl_wait in it and must launch the ordinary way. Cached
+// per thread, device and function.
+bool programmatic_launch(const void* fn);
+// Switches programmatic launches on or off for the whole process (every CUDA backend in it: the
+// launches that need the switch have no backend at hand). The last backend created sets it.
+void set_programmatic_launch(bool on);
+// A launch CUDA refused: raised as a BackendError (OutOfMemory for cudaErrorMemoryAllocation)
+// naming the kernel and CUDA's error.
+[[noreturn]] void throw_launch(cudaError_t e, const void* fn);
 
 class CudaBackend final : public sdk::Backend {
  public:

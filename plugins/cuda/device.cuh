@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "common.hpp"
 
@@ -107,6 +108,69 @@ struct FastDiv {
     r = n - q * static_cast<int>(d);
   }
 };
+
+// ---- launches: programmatic dependent launch (compute capability 9.0 and up) ----
+//
+// Every kernel of the plugin goes through launch_kernel, which lets it start while the kernel
+// before it on the stream is still finishing, where the device and the kernel's code allow
+// (CUDA's programmatic stream serialization; in a captured graph a programmatic edge). Its
+// blocks are then scheduled as the earlier kernel's last blocks leave the SMs, so that the gap
+// between two kernels (the next grid's launch and set-up, a few microseconds: a good part of a
+// small step such as simplecnn's at batch 128, whose kernels run 5 to 80 µs) overlaps the earlier
+// kernel's tail instead of following it. In exchange every kernel synchronises itself:
+//
+// pdl_wait(): waits until the kernels this one depends on have completed and their writes are
+// visible (griddepcontrol.wait). Every thread calls it before its first access to global memory
+// that another kernel reads or writes; what comes before uses only the kernel's parameters,
+// registers and shared memory.
+// pdl_trigger(): lets the next kernel on the stream launch once every block of this one has
+// called it or exited (griddepcontrol.launch_dependents). It orders no memory: the next kernel's
+// pdl_wait waits for this one to complete.
+// pdl_begin(): both, first in a kernel with nothing to do before its inputs are ready. Since a
+// kernel triggers only after its own wait, at most two kernels of a stream are in flight: the
+// running one and the next one's blocks, waiting.
+//
+// Both compile to nothing below sm_90 and do nothing in a kernel launched the ordinary way. The
+// CUDA emulator checks that every thread of a kernel launched this way waits before it exits,
+// and before any copy, TMA load or atomic on device memory (tests/cuda/emu/README.md).
+__device__ __forceinline__ void pdl_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization where
+// programmatic_launch(kernel) says so (common.hpp). A launch that CUDA refuses (a bad
+// configuration, too much shared memory) throws; a fault while the kernel runs shows at the next
+// synchronisation.
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   A&&... args) {
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  if (programmatic_launch(fn)) {
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  if (e != cudaSuccess) throw_launch(e, fn);
+}
 
 // ---- launch geometry ----
 constexpr int kBlock = 256;

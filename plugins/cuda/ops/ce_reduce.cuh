@@ -33,6 +33,7 @@ template <class T, class L>
 __global__ void __launch_bounds__(kBlock)
     ce_reduce(const float* __restrict__ row_loss, const L* __restrict__ labels,
               T* __restrict__ loss, int64_t n, long long ignore, bool mean) {
+  pdl_begin();
   ce_reduce_block<T, L>(row_loss, labels, loss, n, ignore, mean);
 }
 

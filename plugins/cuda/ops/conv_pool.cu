@@ -14,6 +14,7 @@ namespace {
 template <class T>
 __global__ void chunk_accumulate_kernel(const T* __restrict__ part, float* acc, T* out, int64_t n,
                                         ChunkAccum mode) {
+  pdl_begin();
   PLX_GRID_STRIDE(i, n) {
     const float p = to_accum<T>(part[i]);
     if (mode == ChunkAccum::Set)
@@ -28,8 +29,8 @@ __global__ void chunk_accumulate_kernel(const T* __restrict__ part, float* acc, 
 template <class T>
 void launch_typed(const void* part, float* acc, void* out, int64_t n, ChunkAccum mode,
                   cudaStream_t s) {
-  chunk_accumulate_kernel<T><<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(part), acc,
-                                                            static_cast<T*>(out), n, mode);
+  launch_kernel(chunk_accumulate_kernel<T>, grid_for(n), kBlock, 0, s, static_cast<const T*>(part),
+                acc, static_cast<T*>(out), n, mode);
   PLX_CUDA_LAUNCH_CHECK();
 }
 

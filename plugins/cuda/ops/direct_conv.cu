@@ -300,6 +300,7 @@ __device__ __forceinline__ float conv_at(const DirectArgs<T>& a, const float* ws
 
 template <class T>
 __global__ void __launch_bounds__(kBlock) direct_conv_kernel(const DirectArgs<T> a) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   constexpr int TP = kFwdTile;
   SmemCarve carve{direct_smem};
@@ -361,6 +362,7 @@ __device__ __forceinline__ uint8_t encode_index(int32_t, int tap, bool none, uin
 template <class T, class Ix>
 __global__ void __launch_bounds__(kBlock)
     direct_conv_pool_kernel(const DirectArgs<T> a, const PoolArgs q, Ix* __restrict__ idx) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   constexpr int TP = kFwdTile;
   SmemCarve carve{direct_smem};
@@ -447,6 +449,7 @@ __device__ __forceinline__ void store_wgrad_sum(const DirectArgs<T>& a, int e, f
 // rounded once.
 template <class T, int R>
 __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T> a) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   constexpr int TP = kWgradTile;
   SmemCarve carve{direct_smem};
@@ -527,6 +530,7 @@ __global__ void __launch_bounds__(kBlock) direct_wgrad_kernel(const DirectArgs<T
 // read the same x has then failed anyway).
 template <class T, int KT, int KB>
 __global__ void __launch_bounds__(kBlock) direct_image_wgrad_kernel(const DirectArgs<T> a) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   float* xs = reinterpret_cast<float*>(direct_smem);  // C planes XH x XW, then the block's sums
   const int t = static_cast<int>(threadIdx.x), S = a.S;
@@ -728,7 +732,7 @@ class DirectConvKernel final : public Kernel {
     a.w = static_cast<const T*>(c.in(1).data);
     a.bias = has_bias_ ? static_cast<const T*>(c.in(2).data) : nullptr;
     a.y = static_cast<T*>(c.out(0).data);
-    direct_conv_kernel<T><<<grid_, kBlock, smem_, native(c.stream)>>>(a);
+    launch_kernel(direct_conv_kernel<T>, grid_, kBlock, smem_, native(c.stream), a);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -817,11 +821,11 @@ class DirectConvPoolKernel final : public Kernel {
     void* idx = c.out(slots_.indices).data;
     const cudaStream_t s = native(c.stream);
     if (u8_)
-      direct_conv_pool_kernel<T, uint8_t>
-          <<<grid_, kBlock, smem_, s>>>(a, q_, static_cast<uint8_t*>(idx));
+      launch_kernel(direct_conv_pool_kernel<T, uint8_t>, grid_, kBlock, smem_, s, a, q_,
+                    static_cast<uint8_t*>(idx));
     else
-      direct_conv_pool_kernel<T, int32_t>
-          <<<grid_, kBlock, smem_, s>>>(a, q_, static_cast<int32_t*>(idx));
+      launch_kernel(direct_conv_pool_kernel<T, int32_t>, grid_, kBlock, smem_, s, a, q_,
+                    static_cast<int32_t*>(idx));
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -939,31 +943,32 @@ class DirectWgradKernel final : public Kernel {
     const cudaStream_t s = native(c.stream);
     if (by_image_) {
       if (a.K <= 9)
-        direct_image_wgrad_kernel<T, 9, kImageWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_image_wgrad_kernel<T, 9, kImageWgradBatch>, grid, kBlock, smem_, s, a);
       else
-        direct_image_wgrad_kernel<T, kMaxTaps, kImageWgradBatch><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_image_wgrad_kernel<T, kMaxTaps, kImageWgradBatch>, grid, kBlock, smem_,
+                      s, a);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     switch (sums_per_thread_) {
       case 1:
-        direct_wgrad_kernel<T, 1><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_wgrad_kernel<T, 1>, grid, kBlock, smem_, s, a);
         break;
       case 2:
-        direct_wgrad_kernel<T, 2><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_wgrad_kernel<T, 2>, grid, kBlock, smem_, s, a);
         break;
       case 3:
       case 4:
-        direct_wgrad_kernel<T, 4><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_wgrad_kernel<T, 4>, grid, kBlock, smem_, s, a);
         break;
       case 5:
       case 6:
       case 7:
       case 8:
-        direct_wgrad_kernel<T, 8><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_wgrad_kernel<T, 8>, grid, kBlock, smem_, s, a);
         break;
       default:
-        direct_wgrad_kernel<T, kWgradMaxSums><<<grid, kBlock, smem_, s>>>(a);
+        launch_kernel(direct_wgrad_kernel<T, kWgradMaxSums>, grid, kBlock, smem_, s, a);
         break;
     }
     PLX_CUDA_LAUNCH_CHECK();

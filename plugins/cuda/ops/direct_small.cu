@@ -352,6 +352,7 @@ __device__ __forceinline__ void weight_gradient(const SmallBwdArgs<T>& a, float*
 
 template <class T, int CB>
 __global__ void __launch_bounds__(kBlock) small_conv_backward_kernel(const SmallBwdArgs<T> a) {
+  pdl_begin();
   extern __shared__ __align__(16) float small_bwd_smem[];
   if (static_cast<int>(blockIdx.x) < a.w_blocks) {  // uniform over the block
     weight_gradient(a, small_bwd_smem, small_bwd_smem + static_cast<int64_t>(a.O) * a.yplane);
@@ -409,6 +410,7 @@ __device__ __forceinline__ void put_index(void* idx, int64_t at, int32_t pos, in
 
 template <class T, int CB, class Ix>
 __global__ void __launch_bounds__(kBlock) small_conv_forward_kernel(const SmallFwdArgs<T> a) {
+  pdl_begin();
   extern __shared__ __align__(16) float small_fwd_smem[];
   constexpr bool kPool = !std::is_same_v<Ix, NoIndex>;
   float* xs = small_fwd_smem;
@@ -651,7 +653,9 @@ class SmallConvBackwardKernel final : public Kernel {
       a.done = done_.p;
     }
     const cudaStream_t s = native(c.stream);
-    for_kernel([&]<int CB>() { small_conv_backward_kernel<T, CB><<<grid, kBlock, smem_, s>>>(a); });
+    for_kernel([&]<int CB>() {
+      launch_kernel(small_conv_backward_kernel<T, CB>, grid, kBlock, smem_, s, a);
+    });
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -799,7 +803,7 @@ class SmallConvForwardKernel final : public Kernel {
     if (pool_) a.idx = c.out(slots_.idx).data;
     const cudaStream_t s = native(c.stream);
     for_kernel([&]<int CB, class Ix>() {
-      small_conv_forward_kernel<T, CB, Ix><<<grid_, kBlock, smem_, s>>>(a);
+      launch_kernel(small_conv_forward_kernel<T, CB, Ix>, grid_, kBlock, smem_, s, a);
     });
     PLX_CUDA_LAUNCH_CHECK();
   }

@@ -29,6 +29,7 @@ namespace {
 // Each element is read and written by the same thread, so y may alias x.
 template <class T, int V, class F>
 __global__ void __launch_bounds__(kBlock) map1_kernel(const T* x, T* y, int64_t n, F f) {
+  pdl_begin();
   using P = Pack<T, V>;
   const int64_t packs = n / V;
   for (int64_t i = thread_index(); i < packs; i += thread_count()) {
@@ -49,9 +50,9 @@ void launch_map1(const T* x, T* y, int64_t n, const F& f, cudaStream_t s) {
   if (n == 0) return;
   constexpr int V = kVec<T>;
   if (aligned16(x) && aligned16(y))
-    map1_kernel<T, V, F><<<grid_for((n + V - 1) / V), kBlock, 0, s>>>(x, y, n, f);
+    launch_kernel(map1_kernel<T, V, F>, grid_for((n + V - 1) / V), kBlock, 0, s, x, y, n, f);
   else
-    map1_kernel<T, 1, F><<<grid_for(n), kBlock, 0, s>>>(x, y, n, f);
+    launch_kernel(map1_kernel<T, 1, F>, grid_for(n), kBlock, 0, s, x, y, n, f);
   PLX_CUDA_LAUNCH_CHECK();
 }
 
@@ -70,6 +71,7 @@ __device__ __forceinline__ A apply2(const F& f, A a, A b, int64_t ib, BadItem& b
 template <class T, int V, bool SA, bool SB, class F>
 __global__ void __launch_bounds__(kBlock)
     flat2_kernel(const T* a, const T* b, T* y, int64_t n, F f, DeviceErrorRecord* err) {
+  pdl_begin();
   using P = Pack<T, V>;
   using A = accum_t<T>;
   BadItem bad;
@@ -106,6 +108,7 @@ __global__ void __launch_bounds__(kBlock)
 template <class T, class F>
 __global__ void __launch_bounds__(kBlock)
     strided2_kernel(StridedPlan<2> p, const T* a, const T* b, T* y, F f, DeviceErrorRecord* err) {
+  pdl_begin();
   BadItem bad;
   int64_t i = thread_index();
   Cursor<2> c;
@@ -125,9 +128,10 @@ void launch_same_shape2(const T* a, const T* b, T* y, int64_t n, const F& f,
   if (n == 0) return;
   constexpr int V = kVec<T>;
   if (aligned16(a) && aligned16(b) && aligned16(y))
-    flat2_kernel<T, V, true, true, F><<<grid_for((n + V - 1) / V), kBlock, 0, s>>>(a, b, y, n, f, err);
+    launch_kernel(flat2_kernel<T, V, true, true, F>, grid_for((n + V - 1) / V), kBlock, 0, s, a, b,
+                  y, n, f, err);
   else
-    flat2_kernel<T, 1, true, true, F><<<grid_for(n), kBlock, 0, s>>>(a, b, y, n, f, err);
+    launch_kernel(flat2_kernel<T, 1, true, true, F>, grid_for(n), kBlock, 0, s, a, b, y, n, f, err);
   PLX_CUDA_LAUNCH_CHECK();
 }
 
@@ -361,17 +365,20 @@ class BinaryKernel final : public Kernel {
       // a one-element output where both are).
       const bool sa = plan_.stride[0][0] != 0, sb = plan_.stride[1][0] != 0;
       if (sa && sb && aligned16(a) && aligned16(b) && aligned16(y)) {
-        flat2_kernel<T, V, true, true, Op><<<vgrid, kBlock, 0, s>>>(a, b, y, n, op, err_);
+        launch_kernel(flat2_kernel<T, V, true, true, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
+                      err_);
         PLX_CUDA_LAUNCH_CHECK();
         return;
       }
       if (sa && !sb && aligned16(a) && aligned16(y)) {
-        flat2_kernel<T, V, true, false, Op><<<vgrid, kBlock, 0, s>>>(a, b, y, n, op, err_);
+        launch_kernel(flat2_kernel<T, V, true, false, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
+                      err_);
         PLX_CUDA_LAUNCH_CHECK();
         return;
       }
       if (!sa && sb && aligned16(b) && aligned16(y)) {
-        flat2_kernel<T, V, false, true, Op><<<vgrid, kBlock, 0, s>>>(a, b, y, n, op, err_);
+        launch_kernel(flat2_kernel<T, V, false, true, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
+                      err_);
         PLX_CUDA_LAUNCH_CHECK();
         return;
       }
@@ -379,7 +386,7 @@ class BinaryKernel final : public Kernel {
     const unsigned grid = grid_for(n);
     StridedPlan<2> p = plan_;
     p.set_step(static_cast<int64_t>(grid) * kBlock);
-    strided2_kernel<T, Op><<<grid, kBlock, 0, s>>>(p, a, b, y, op, err_);
+    launch_kernel(strided2_kernel<T, Op>, grid, kBlock, 0, s, p, a, b, y, op, err_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -495,7 +502,7 @@ class ExpandKernel final : public Kernel {
     const unsigned grid = grid_for(n);
     StridedPlan<1> p = plan_;
     p.set_step(static_cast<int64_t>(grid) * kBlock);
-    gather_kernel<U><<<grid, kBlock, 0, s>>>(p, x, y);
+    launch_kernel(gather_kernel<U>, grid, kBlock, 0, s, p, x, y);
     PLX_CUDA_LAUNCH_CHECK();
   }
 

@@ -11,6 +11,7 @@ namespace {
 template <class T, class I>
 __global__ void fill_bias_kernel(T* __restrict__ y, const T* __restrict__ bias, I total, I channels,
                                  I inner) {
+  pdl_begin();
   const I step = static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x);
   for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
        i < total; i += step) {
@@ -26,12 +27,12 @@ void launch(void* y, const void* bias, int64_t total, int64_t channels, int64_t 
   // i + step must not overflow I: step is at most grid_for's cap times the block.
   const int64_t step = int64_t{grid} * kBlock;
   if (total + step <= INT32_MAX) {
-    fill_bias_kernel<T, int32_t><<<grid, kBlock, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<int32_t>(total),
-        static_cast<int32_t>(channels), static_cast<int32_t>(inner));
+    launch_kernel(fill_bias_kernel<T, int32_t>, grid, kBlock, 0, stream, static_cast<T*>(y),
+                  static_cast<const T*>(bias), static_cast<int32_t>(total),
+                  static_cast<int32_t>(channels), static_cast<int32_t>(inner));
   } else {
-    fill_bias_kernel<T, int64_t><<<grid, kBlock, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), total, channels, inner);
+    launch_kernel(fill_bias_kernel<T, int64_t>, grid, kBlock, 0, stream, static_cast<T*>(y),
+                  static_cast<const T*>(bias), total, channels, inner);
   }
   PLX_CUDA_LAUNCH_CHECK();
 }

@@ -750,6 +750,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   // The K tiles' chunk table after the stages (and the staged epilogue's bytes).
   KChunk* const ktab = reinterpret_cast<KChunk*>(smem_raw + (BT ? TL::SMEM_T : TL::SMEM));
   const int32_t* const btab = k_tables_build<TL, BT>(a, ktab, tid);
+  // All of the above reads only the parameters: it may overlap the kernel before this one.
+  pdl_begin();
 
   // Issues the copies of K tile kt into stage `st` (no commit).
   auto load_tile = [&](int st, int kt) {
@@ -924,6 +926,7 @@ template <class T, class TL, class Ix = void>
 __global__ void __launch_bounds__(TL::THREADS)
     igemm_wgmma_kernel(const __grid_constant__ CUtensorMap tmw, const IgemmArgs<T> a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
   constexpr bool kPool = !std::is_void_v<Ix>;
@@ -957,6 +960,9 @@ __global__ void __launch_bounds__(TL::THREADS)
   // The K tiles' chunk table after B's mbarriers.
   KChunk* const ktab = reinterpret_cast<KChunk*>(smem + TL::kRing + TL::kBarBytes);
   k_tables_build<TL, false>(a, ktab, tid);
+  // All of the above (the mbarriers, the tensor map's prefetch, the tables) reads only the
+  // parameters: it may overlap the kernel before this one.
+  pdl_begin();
   const KChunk* kp = ktab + ccol;  // this thread's entry of the next tile copied
 
   auto load_tile = [&](int st, int kt) {
@@ -1027,6 +1033,7 @@ __device__ __forceinline__ uint32_t tf32_of(uint32_t bits) {
 
 template <class TL, class Ix = void>
 __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs<float> a) {
+  pdl_begin();
   using G = Tf32Tile<TL>;
   constexpr bool kPool = !std::is_void_v<Ix>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1387,6 +1394,7 @@ struct PixTables {
 // Grid: x over O tiles, y over J tiles, z over K slices.
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
+  pdl_begin();
   using S = WgradSmem<TL>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const As = reinterpret_cast<T*>(smem_raw);     // [STAGES][BK][LDA]
@@ -1493,6 +1501,7 @@ constexpr int wgmma_wgrad_smem() {
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS)
     igemm_wgmma_wgrad_kernel(const __grid_constant__ CUtensorMap tmy, const WgradArgs<T> a) {
+  pdl_begin();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
@@ -1569,6 +1578,7 @@ __global__ void __launch_bounds__(TL::THREADS)
 // on 32 banks.
 template <class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const WgradArgs<float> a) {
+  pdl_begin();
   using G = Tf32Tile<TL>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const As = reinterpret_cast<float*>(smem_raw);  // [STAGES][BK][LDA_K]
@@ -1663,6 +1673,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
 template <class T>
 __global__ void nchw_to_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t N,
                                     int64_t C, int64_t HW) {
+  pdl_begin();
   __shared__ T tile[32][33];
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * 32;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32;
@@ -1688,6 +1699,7 @@ template <class T>
 __global__ void stage_filter_kernel(const T* __restrict__ w, T* __restrict__ out, int64_t Co,
                                     int64_t KH, int64_t KW, int64_t Ca, int64_t s0, int64_t s1,
                                     int64_t s2, int64_t s3, bool flip) {
+  pdl_begin();
   const int64_t total = Co * KH * KW * Ca;
   PLX_GRID_STRIDE(i, total) {
     int64_t r = i;
@@ -1721,7 +1733,7 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
   const int64_t N = d[0], C = d[1], HW = d[2];
   const dim3 grid(static_cast<unsigned>((HW + 31) / 32), static_cast<unsigned>((C + 31) / 32),
                   static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-  nchw_to_nhwc_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, N, C, HW);
+  launch_kernel(nchw_to_nhwc_kernel<T>, grid, dim3(32, 8), 0, s, src, dst, N, C, HW);
   PLX_CUDA_LAUNCH_CHECK();
 }
 
@@ -1959,9 +1971,9 @@ class IgemmConvKernel final : public Kernel {
     if (stage_w_) {
       T* dst = reinterpret_cast<T*>(ws + act_bytes_);
       const int64_t total = static_cast<int64_t>(a.O) * a.K;
-      stage_filter_kernel<T><<<grid_for(total), kBlock, 0, s>>>(
-          a.w, dst, a.O, a.KH, a.KW, a.C, w_strides_[0], w_strides_[1], w_strides_[2],
-          w_strides_[3], D == Dir::BwdData);
+      launch_kernel(stage_filter_kernel<T>, grid_for(total), kBlock, 0, s, a.w, dst, a.O, a.KH,
+                    a.KW, a.C, w_strides_[0], w_strides_[1], w_strides_[2], w_strides_[3],
+                    D == Dir::BwdData);
       PLX_CUDA_LAUNCH_CHECK();
       a.w = dst;
     }
@@ -1981,11 +1993,11 @@ class IgemmConvKernel final : public Kernel {
     if constexpr (kTf32) {
       a.tab = tab_.p;
       if (pool_ == PoolIx::U8)
-        igemm_tf32_kernel<TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+        launch_kernel(igemm_tf32_kernel<TL, uint8_t>, grid, TL::THREADS, smem_, s, a);
       else if (pool_ == PoolIx::I32)
-        igemm_tf32_kernel<TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+        launch_kernel(igemm_tf32_kernel<TL, int32_t>, grid, TL::THREADS, smem_, s, a);
       else
-        igemm_tf32_kernel<TL><<<grid, TL::THREADS, smem_, s>>>(a);
+        launch_kernel(igemm_tf32_kernel<TL>, grid, TL::THREADS, smem_, s, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmw;
       if (!tma_encode<T>(tmw, tma_matrix(a.K, a.O, TL::BN), a.w))
@@ -1993,19 +2005,19 @@ class IgemmConvKernel final : public Kernel {
                          "igemm convolution: cuTensorMapEncodeTiled refused the filter it "
                          "accepted at creation");
       if (pool_ == PoolIx::U8)
-        igemm_wgmma_kernel<T, TL, uint8_t><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
+        launch_kernel(igemm_wgmma_kernel<T, TL, uint8_t>, grid, TL::THREADS, smem_, s, tmw, a);
       else if (pool_ == PoolIx::I32)
-        igemm_wgmma_kernel<T, TL, int32_t><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
+        launch_kernel(igemm_wgmma_kernel<T, TL, int32_t>, grid, TL::THREADS, smem_, s, tmw, a);
       else
-        igemm_wgmma_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(tmw, a);
+        launch_kernel(igemm_wgmma_kernel<T, TL>, grid, TL::THREADS, smem_, s, tmw, a);
     } else if (pool_ == PoolIx::U8)
-      igemm_conv_kernel<T, TL, false, uint8_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      launch_kernel(igemm_conv_kernel<T, TL, false, uint8_t>, grid, TL::THREADS, smem_, s, a);
     else if (pool_ == PoolIx::I32)
-      igemm_conv_kernel<T, TL, false, int32_t><<<grid, TL::THREADS, smem_, s>>>(a);
+      launch_kernel(igemm_conv_kernel<T, TL, false, int32_t>, grid, TL::THREADS, smem_, s, a);
     else if (bt_)
-      igemm_conv_kernel<T, TL, true><<<grid, TL::THREADS, smem_, s>>>(a);
+      launch_kernel(igemm_conv_kernel<T, TL, true>, grid, TL::THREADS, smem_, s, a);
     else
-      igemm_conv_kernel<T, TL><<<grid, TL::THREADS, smem_, s>>>(a);
+      launch_kernel(igemm_conv_kernel<T, TL>, grid, TL::THREADS, smem_, s, a);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -2279,16 +2291,16 @@ class IgemmWgradKernel final : public Kernel {
     a.done = done_.p;
     if constexpr (kTf32) {
       a.tab = tab_.p;
-      igemm_wgrad_tf32_kernel<TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+      launch_kernel(igemm_wgrad_tf32_kernel<TL>, grid_, TL::THREADS, kSmem, s, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmy;
       if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy))
         throw sdk::Error(PLX_ERR_INTERNAL,
                          "igemm convolution: cuTensorMapEncodeTiled refused the dy it accepted "
                          "at creation");
-      igemm_wgmma_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(tmy, a);
+      launch_kernel(igemm_wgmma_wgrad_kernel<T, TL>, grid_, TL::THREADS, kSmem, s, tmy, a);
     } else {
-      igemm_wgrad_kernel<T, TL><<<grid_, TL::THREADS, kSmem, s>>>(a);
+      launch_kernel(igemm_wgrad_kernel<T, TL>, grid_, TL::THREADS, kSmem, s, a);
     }
     PLX_CUDA_LAUNCH_CHECK();
   }

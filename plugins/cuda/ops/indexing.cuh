@@ -227,6 +227,7 @@ inline StridedPlan<1> plan_strided(const plx_tensor& x) {
 // for expand, any strides for copy). U is an unsigned type of the element's size.
 template <class U>
 __global__ void __launch_bounds__(kBlock) gather_kernel(StridedPlan<1> p, const U* x, U* y) {
+  pdl_begin();
   int64_t i = thread_index();
   Cursor<1> c;
   c.start(p, i);

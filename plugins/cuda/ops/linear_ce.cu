@@ -98,6 +98,7 @@ __device__ __forceinline__ bool beats(float v, long long i, float bv, long long 
 
 template <class TL, class TC, class L>
 __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
+  pdl_begin();
   // The weight (C, K) and the bias (C, zero without one) in f32, then kWarps rows of C logits,
   // then (with db) kWarps rows of C per-warp sums of dl.
   extern __shared__ float smem[];
@@ -396,7 +397,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     a.err = err_;
     if (s.n > 0 || last_reduces_) {
       // One launch: with no rows, the last (only) block still writes the loss and db.
-      linear_ce_rows<TL, TC, L><<<grid_, kThreads, smem_, stream>>>(a);
+      launch_kernel(linear_ce_rows<TL, TC, L>, grid_, kThreads, smem_, stream, a);
       PLX_CUDA_LAUNCH_CHECK();
     }
   }

@@ -67,7 +67,7 @@ class CopyKernel final : public Kernel {
     }
     const unsigned grid = grid_for(n);
     p.set_step(static_cast<int64_t>(grid) * kBlock);
-    gather_kernel<U><<<grid, kBlock, 0, s>>>(p, src, dst);
+    launch_kernel(gather_kernel<U>, grid, kBlock, 0, s, p, src, dst);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -125,13 +125,14 @@ __device__ __forceinline__ To cast_value(From v) {
 
 template <class From, class To>
 __global__ void __launch_bounds__(kBlock) cast_kernel(const From* x, To* y, int64_t n) {
+  pdl_begin();
   PLX_GRID_STRIDE(i, n) y[i] = cast_value<To>(x[i]);
 }
 
 template <class From, class To>
 void launch_cast(const void* x, void* y, int64_t n, cudaStream_t s) {
-  cast_kernel<From, To>
-      <<<grid_for(n), kBlock, 0, s>>>(static_cast<const From*>(x), static_cast<To*>(y), n);
+  launch_kernel(cast_kernel<From, To>, grid_for(n), kBlock, 0, s, static_cast<const From*>(x),
+                static_cast<To*>(y), n);
   PLX_CUDA_LAUNCH_CHECK();
 }
 
@@ -178,6 +179,7 @@ static_assert(sizeof(MultiCastLaunch) <= 4000, "kernel parameters are limited to
 // Each block casts one chunk of one tensor (multi_tensor.cuh).
 template <class From, class To>
 __global__ void __launch_bounds__(kBlock) multi_cast_kernel(const MultiCastLaunch L) {
+  pdl_begin();
   const int t = block_tensor(L);
   const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kCastChunk;
   const int64_t end = min(L.numel[t], begin + kCastChunk);
@@ -211,7 +213,7 @@ void launch_multi_cast_typed(int32_t count, const void* const* src, void* const*
         L.cl_hw[slot] = cl_hw ? cl_hw[i] : 0;
       },
       [&](unsigned blocks) {
-        multi_cast_kernel<From, To><<<blocks, kBlock, 0, stream>>>(L);
+        launch_kernel(multi_cast_kernel<From, To>, blocks, kBlock, 0, stream, L);
         PLX_CUDA_LAUNCH_CHECK();
       });
 }
@@ -266,6 +268,7 @@ static_assert(sizeof(MultiUnscaleLaunch) <= 4000, "kernel parameters are limited
 
 template <class G>
 __global__ void __launch_bounds__(kBlock) multi_unscale_kernel(const MultiUnscaleLaunch L) {
+  pdl_begin();
   __shared__ float shared_sum[32];
   const int t = block_tensor(L);
   const int64_t begin = static_cast<int64_t>(static_cast<int32_t>(blockIdx.x) - L.first_block[t]) * kUnscaleChunk;
@@ -311,7 +314,7 @@ void launch_multi_unscale_typed(const MultiUnscaleArgs& a, int64_t total, cudaSt
       },
       [&](unsigned blocks) {
         L.block_base = base;
-        multi_unscale_kernel<G><<<blocks, kBlock, 0, stream>>>(L);
+        launch_kernel(multi_unscale_kernel<G>, blocks, kBlock, 0, stream, L);
         PLX_CUDA_LAUNCH_CHECK();
         base += static_cast<int32_t>(blocks);
       });
@@ -361,6 +364,7 @@ template <class T, bool Vec>
 __global__ void __launch_bounds__(kBlock)
     dropout_kernel(const T* x, T* y, uint8_t* mask, int64_t n, float p, float scale, uint32_t k0,
                    uint32_t k1, uint32_t c2, uint32_t c3) {
+  pdl_begin();
   using P = Pack<T, 4>;
   const int64_t groups = (n + 3) / 4;
   PLX_GRID_STRIDE(g, groups) {
@@ -425,9 +429,11 @@ class DropoutKernel final : public Kernel {
     const uint32_t c2 = static_cast<uint32_t>(offset_), c3 = static_cast<uint32_t>(offset_ >> 32);
     const unsigned grid = grid_for((n + 3) / 4);
     if (aligned_to(x, 4 * sizeof(T)) && aligned_to(y, 4 * sizeof(T)) && aligned_to(mask, 4))
-      dropout_kernel<T, true><<<grid, kBlock, 0, s>>>(x, y, mask, n, p_, scale_, k0, k1, c2, c3);
+      launch_kernel(dropout_kernel<T, true>, grid, kBlock, 0, s, x, y, mask, n, p_, scale_, k0, k1,
+                    c2, c3);
     else
-      dropout_kernel<T, false><<<grid, kBlock, 0, s>>>(x, y, mask, n, p_, scale_, k0, k1, c2, c3);
+      launch_kernel(dropout_kernel<T, false>, grid, kBlock, 0, s, x, y, mask, n, p_, scale_, k0, k1,
+                    c2, c3);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -443,6 +449,7 @@ class DropoutKernel final : public Kernel {
 template <class T>
 __global__ void __launch_bounds__(kBlock)
     dropout_backward_kernel(const T* dy, const uint8_t* mask, T* dx, int64_t n, float scale) {
+  pdl_begin();
   PLX_GRID_STRIDE(i, n) dx[i] = from_accum<T>(to_accum<T>(dy[i]) * (mask[i] ? scale : 0.f));
 }
 
@@ -458,7 +465,8 @@ class DropoutBackwardKernel final : public Kernel {
     T* dx = ptr<T>(call.out(0));                     // (same shape)
     const int64_t n = numel(call.in(0));
     if (n == 0) return;
-    dropout_backward_kernel<T><<<grid_for(n), kBlock, 0, native(call.stream)>>>(dy, mask, dx, n, scale_);
+    launch_kernel(dropout_backward_kernel<T>, grid_for(n), kBlock, 0, native(call.stream), dy, mask,
+                  dx, n, scale_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -477,6 +485,7 @@ template <class T, class I, int V>
 __global__ void __launch_bounds__(kBlock)
     embedding_kernel(const T* w, const I* idx, T* y, int64_t n, int64_t rows, int64_t dv,
                      DeviceErrorRecord* err) {
+  pdl_begin();
   using P = Pack<T, V>;
   BadItem bad;
   const int64_t total = n * dv;
@@ -509,6 +518,7 @@ __global__ void __launch_bounds__(kBlock)
 template <class I>
 __global__ void __launch_bounds__(kBlock)
     check_indices_kernel(const I* idx, int64_t n, int64_t rows, int32_t code, DeviceErrorRecord* err) {
+  pdl_begin();
   BadItem bad;
   PLX_GRID_STRIDE(i, n) {
     const int64_t v = static_cast<int64_t>(idx[i]);
@@ -544,16 +554,19 @@ class EmbeddingKernel final : public Kernel {
     if (n == 0) return;
     const cudaStream_t s = native(call.stream);
     if (D == 0) {
-      check_indices_kernel<I><<<grid_for(n), kBlock, 0, s>>>(idx, n, rows_, kErrEmbeddingIndex, err_);
+      launch_kernel(check_indices_kernel<I>, grid_for(n), kBlock, 0, s, idx, n, rows_,
+                    kErrEmbeddingIndex, err_);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     constexpr int V = kVec<T>;
     if (D % V == 0 && aligned16(w) && aligned16(y)) {
       const int64_t dv = D / V;
-      embedding_kernel<T, I, V><<<grid_for(n * dv), kBlock, 0, s>>>(w, idx, y, n, rows_, dv, err_);
+      launch_kernel(embedding_kernel<T, I, V>, grid_for(n * dv), kBlock, 0, s, w, idx, y, n, rows_,
+                    dv, err_);
     } else {
-      embedding_kernel<T, I, 1><<<grid_for(n * D), kBlock, 0, s>>>(w, idx, y, n, rows_, D, err_);
+      launch_kernel(embedding_kernel<T, I, 1>, grid_for(n * D), kBlock, 0, s, w, idx, y, n, rows_,
+                    D, err_);
     }
     PLX_CUDA_LAUNCH_CHECK();
   }
@@ -582,6 +595,7 @@ template <class I>
 __global__ void __launch_bounds__(kBlock)
     embedding_keys_kernel(const I* idx, int64_t n, int64_t rows, int64_t padding, uint32_t* keys,
                           int32_t* positions, DeviceErrorRecord* err) {
+  pdl_begin();
   BadItem bad;
   PLX_GRID_STRIDE(i, n) {
     const int64_t v = static_cast<int64_t>(idx[i]);
@@ -602,6 +616,7 @@ __global__ void __launch_bounds__(kBlock)
 // is [starts[v], starts[v + 1]). One binary search per row, all rows in parallel.
 __global__ void __launch_bounds__(kBlock)
     segment_starts_kernel(const uint32_t* keys, int64_t n, int64_t rows, int32_t* starts) {
+  pdl_begin();
   PLX_GRID_STRIDE(v, rows + 1) {
     int64_t lo = 0, hi = n;
     while (lo < hi) {
@@ -621,6 +636,7 @@ template <class T>
 __global__ void __launch_bounds__(kBlock)
     embedding_rows_kernel(const T* dy, const int32_t* starts, const int32_t* positions,
                           int64_t rows, int64_t D, T* dw) {
+  pdl_begin();
   for (int64_t v = blockIdx.x; v < rows; v += gridDim.x) {
     const int64_t begin = starts[v], end = starts[v + 1];
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
@@ -696,7 +712,8 @@ class EmbeddingBackwardKernel final : public Kernel {
     void* scratch = ws + 2 * nk + 2 * np;
     int32_t* starts = reinterpret_cast<int32_t*>(ws + 2 * nk + 2 * np + align_up(sort_bytes_));
     if (n > 0) {
-      embedding_keys_kernel<I><<<grid_for(n), kBlock, 0, s>>>(idx, n, V, padding_, keys_in, pos_in, err_);
+      launch_kernel(embedding_keys_kernel<I>, grid_for(n), kBlock, 0, s, idx, n, V, padding_,
+                    keys_in, pos_in, err_);
       PLX_CUDA_LAUNCH_CHECK();
     }
     if (V * D == 0) return;  // nothing to write; the indices were still checked
@@ -707,12 +724,12 @@ class EmbeddingBackwardKernel final : public Kernel {
                                                      s));
     }
     // With no indices every start is 0 and every row sums nothing: dweight is zeroed.
-    segment_starts_kernel<<<grid_for(V + 1), kBlock, 0, s>>>(keys, n, V, starts);
+    launch_kernel(segment_starts_kernel, grid_for(V + 1), kBlock, 0, s, keys, n, V, starts);
     PLX_CUDA_LAUNCH_CHECK();
     // Threads per block: D rounded up to whole warps, at most kBlock.
     const int threads = static_cast<int>(std::min<int64_t>(kBlock, (D + 31) / 32 * 32));
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(V, int64_t{1} << 16));
-    embedding_rows_kernel<T><<<grid, threads, 0, s>>>(dy, starts, positions, V, D, dw);
+    launch_kernel(embedding_rows_kernel<T>, grid, threads, 0, s, dy, starts, positions, V, D, dw);
     PLX_CUDA_LAUNCH_CHECK();
   }
 

@@ -219,6 +219,7 @@ extern __shared__ __align__(16) unsigned char mma_smem[];
 // y over N tiles, z over batch x splits (split = z % splits).
 template <class T, class TL, bool AK, bool BKM, MmaAct ACT, bool SPLIT>
 __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const MmaArgs p) {
+  pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async, ldmatrix and these MMAs need sm_80; the host declines older devices
 #else
@@ -456,6 +457,7 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
 template <class T, MmaAct ACT>
 __global__ void __launch_bounds__(kSimtTile* kSimtTile)
     simt_gemm_kernel(const MmaArgs p, int64_t sam, int64_t sak, int64_t sbk, int64_t sbn) {
+  pdl_begin();
   const int tx = static_cast<int>(threadIdx.x) % kSimtTile;
   const int ty = static_cast<int>(threadIdx.x) / kSimtTile;
   const int64_t z = blockIdx.z;
@@ -508,7 +510,8 @@ void launch_simt(const MmaArgs& p, const MmaShape& s, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((s.M + kSimtTile - 1) / kSimtTile),
                   static_cast<unsigned>((s.N + kSimtTile - 1) / kSimtTile),
                   static_cast<unsigned>(s.batch));
-  simt_gemm_kernel<T, ACT><<<grid, kSimtTile * kSimtTile, 0, stream>>>(p, sam, sak, sbk, sbn);
+  launch_kernel(simt_gemm_kernel<T, ACT>, grid, kSimtTile * kSimtTile, 0, stream, p, sam, sak, sbk,
+                sbn);
   PLX_CUDA_LAUNCH_CHECK();
 }
 
@@ -631,7 +634,7 @@ class MmaPlan {
     if (aligned16(a) && aligned16(b)) {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
                       static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z * splits_);
-      kernel_<<<grid, C::kThreads, static_cast<size_t>(smem_), stream>>>(p);
+      launch_kernel(kernel_, grid, C::kThreads, static_cast<size_t>(smem_), stream, p);
       PLX_CUDA_LAUNCH_CHECK();
     } else {
       launch_simt<T, ACT>(p, s_, stream);  // one pass, no partials: it sums all of K itself

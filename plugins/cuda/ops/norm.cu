@@ -167,6 +167,7 @@ template <class Acc>
 __global__ void __launch_bounds__(kBlock)
     channel_planes(Acc acc, typename Acc::State* __restrict__ partial, int64_t N, int64_t C,
                    int64_t S, int64_t chunk_len) {
+  pdl_begin();
   using St = typename Acc::State;
   __shared__ St shared[32];
   const int64_t M = N * S;
@@ -195,6 +196,7 @@ template <class Acc>
 __global__ void __launch_bounds__(kColX* kColY)
     channel_cols(Acc acc, typename Acc::State* __restrict__ partial, int64_t N, int64_t C,
                  int64_t S, int64_t chunk_len) {
+  pdl_begin();
   using St = typename Acc::State;
   __shared__ St shared[kColY][kColX];
   const int64_t M = N * S;
@@ -253,11 +255,12 @@ struct ChannelPlan {
   template <class Acc>
   void launch(const Acc& acc, typename Acc::State* partial, cudaStream_t st) const {
     if (planes) {
-      channel_planes<Acc><<<dim3(clamp_grid(c), static_cast<unsigned>(chunks)), kBlock, 0, st>>>(
-          acc, partial, n, c, s, chunk_len);
+      launch_kernel(channel_planes<Acc>, dim3(clamp_grid(c), static_cast<unsigned>(chunks)), kBlock,
+                    0, st, acc, partial, n, c, s, chunk_len);
     } else {
-      channel_cols<Acc><<<dim3(clamp_grid(ceil_div(c, kColX)), static_cast<unsigned>(chunks)),
-                          dim3(kColX, kColY), 0, st>>>(acc, partial, n, c, s, chunk_len);
+      launch_kernel(channel_cols<Acc>,
+                    dim3(clamp_grid(ceil_div(c, kColX)), static_cast<unsigned>(chunks)),
+                    dim3(kColX, kColY), 0, st, acc, partial, n, c, s, chunk_len);
     }
     PLX_CUDA_LAUNCH_CHECK();
   }
@@ -276,6 +279,7 @@ __global__ void bn_finalize(const Moments* __restrict__ partial, int64_t chunks,
                             ParamOut<T> rv_out, bool has_running, double momentum, double eps,
                             float* __restrict__ save_mean, float* __restrict__ save_invstd,
                             float* __restrict__ coef) {
+  pdl_begin();
   PLX_GRID_STRIDE(c, C) {
     double mean, var;
     if (training) {
@@ -307,6 +311,7 @@ __global__ void bn_finalize(const Moments* __restrict__ partial, int64_t chunks,
 template <class T, class I>
 __global__ void bn_apply(const T* __restrict__ x, T* __restrict__ y,
                          const float* __restrict__ coef, I total, I S, I C) {
+  pdl_begin();
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<I>(blockDim.x) * gridDim.x) {
     const I c = i / S % C;
@@ -349,22 +354,23 @@ class BatchNormKernel final : public Kernel {
     if (training_) p.launch(MomentsAcc<T>{x}, partial, s);
     const bool has_running = call.has_in(3);
     const plx_tensor none{};
-    bn_finalize<T><<<grid_for(p.c), kBlock, 0, s>>>(
-        partial, p.chunks, p.c, p.per_channel(), training_, param_in<T>(call, 1),
-        param_in<T>(call, 2), param_in<T>(call, 3), param_in<T>(call, 4),
-        param_out<T>(has_running ? call.in(3) : none), param_out<T>(has_running ? call.in(4) : none),
-        has_running, momentum_, eps_, ptr<float>(call.out(1)), ptr<float>(call.out(2)), coef);
+    launch_kernel(bn_finalize<T>, grid_for(p.c), kBlock, 0, s, partial, p.chunks, p.c,
+                  p.per_channel(), training_, param_in<T>(call, 1), param_in<T>(call, 2),
+                  param_in<T>(call, 3), param_in<T>(call, 4),
+                  param_out<T>(has_running ? call.in(3) : none),
+                  param_out<T>(has_running ? call.in(4) : none), has_running, momentum_, eps_,
+                  ptr<float>(call.out(1)), ptr<float>(call.out(2)), coef);
     PLX_CUDA_LAUNCH_CHECK();
     const int64_t total = p.total();
     if (total == 0) return;
     if (fits_u32(total))
-      bn_apply<T, uint32_t><<<grid_for(total), kBlock, 0, s>>>(
-          x, y, coef, static_cast<uint32_t>(total), static_cast<uint32_t>(p.s),
-          static_cast<uint32_t>(p.c));
+      launch_kernel(bn_apply<T, uint32_t>, grid_for(total), kBlock, 0, s, x, y, coef,
+                    static_cast<uint32_t>(total), static_cast<uint32_t>(p.s),
+                    static_cast<uint32_t>(p.c));
     else
-      bn_apply<T, uint64_t><<<grid_for(total), kBlock, 0, s>>>(
-          x, y, coef, static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
-          static_cast<uint64_t>(p.c));
+      launch_kernel(bn_apply<T, uint64_t>, grid_for(total), kBlock, 0, s, x, y, coef,
+                    static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
+                    static_cast<uint64_t>(p.c));
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -388,6 +394,7 @@ template <class T>
 __global__ void bn_apply_coef(const float* __restrict__ mean, const float* __restrict__ invstd,
                               ParamIn<T> gamma, ParamIn<T> beta, int64_t C,
                               float* __restrict__ coef) {
+  pdl_begin();
   PLX_GRID_STRIDE(c, C) {
     coef[c] = mean[c];
     coef[C + c] = static_cast<float>(static_cast<double>(invstd[c]) * gamma.get(c, 1.f));
@@ -422,21 +429,20 @@ class BatchNormApplyKernel final : public Kernel {
     use_device(device_);
     const cudaStream_t s = native(call.stream);
     auto* coef = static_cast<float*>(call.workspace);
-    bn_apply_coef<T><<<grid_for(c_), kBlock, 0, s>>>(ptr<const float>(call.in(3)),
-                                                      ptr<const float>(call.in(4)),
-                                                      param_in<T>(call, 1), param_in<T>(call, 2),
-                                                      c_, coef);
+    launch_kernel(bn_apply_coef<T>, grid_for(c_), kBlock, 0, s, ptr<const float>(call.in(3)),
+                  ptr<const float>(call.in(4)), param_in<T>(call, 1), param_in<T>(call, 2), c_,
+                  coef);
     PLX_CUDA_LAUNCH_CHECK();
     const T* x = ptr<const T>(call.in(0));
     T* y = ptr<T>(call.out(0));
     if (fits_u32(total_))
-      bn_apply<T, uint32_t><<<grid_for(total_), kBlock, 0, s>>>(
-          x, y, coef, static_cast<uint32_t>(total_), static_cast<uint32_t>(s_),
-          static_cast<uint32_t>(c_));
+      launch_kernel(bn_apply<T, uint32_t>, grid_for(total_), kBlock, 0, s, x, y, coef,
+                    static_cast<uint32_t>(total_), static_cast<uint32_t>(s_),
+                    static_cast<uint32_t>(c_));
     else
-      bn_apply<T, uint64_t><<<grid_for(total_), kBlock, 0, s>>>(
-          x, y, coef, static_cast<uint64_t>(total_), static_cast<uint64_t>(s_),
-          static_cast<uint64_t>(c_));
+      launch_kernel(bn_apply<T, uint64_t>, grid_for(total_), kBlock, 0, s, x, y, coef,
+                    static_cast<uint64_t>(total_), static_cast<uint64_t>(s_),
+                    static_cast<uint64_t>(c_));
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -456,6 +462,7 @@ __global__ void bn_backward_finalize(const Sums2* __restrict__ partial, int64_t 
                                      const float* __restrict__ mean,
                                      const float* __restrict__ invstd, ParamOut<T> dgamma,
                                      ParamOut<T> dbeta, float* __restrict__ coef) {
+  pdl_begin();
   PLX_GRID_STRIDE(c, C) {
     Sums2 t = partial[c];
     for (int64_t p = 1; p < chunks; ++p) t = GradAcc<T>::merge(t, partial[p * C + c]);
@@ -475,6 +482,7 @@ __global__ void bn_backward_finalize(const Sums2* __restrict__ partial, int64_t 
 template <class T, class I>
 __global__ void bn_dx(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx,
                       const float* __restrict__ coef, I total, I S, I C) {
+  pdl_begin();
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<I>(blockDim.x) * gridDim.x) {
     const I c = i / S % C;
@@ -512,20 +520,20 @@ class BatchNormBackwardKernel final : public Kernel {
     auto* partial = reinterpret_cast<Sums2*>(ws);
     auto* coef = reinterpret_cast<float*>(ws + coef_offset());
     p.launch(GradAcc<T>{dy, x, mean}, partial, s);
-    bn_backward_finalize<T><<<grid_for(p.c), kBlock, 0, s>>>(
-        partial, p.chunks, p.c, p.per_channel(), training_, param_in<T>(call, 2), mean, invstd,
-        param_out<T>(call.out(1)), param_out<T>(call.out(2)), coef);
+    launch_kernel(bn_backward_finalize<T>, grid_for(p.c), kBlock, 0, s, partial, p.chunks, p.c,
+                  p.per_channel(), training_, param_in<T>(call, 2), mean, invstd,
+                  param_out<T>(call.out(1)), param_out<T>(call.out(2)), coef);
     PLX_CUDA_LAUNCH_CHECK();
     const int64_t total = p.total();
     if (total == 0) return;
     if (fits_u32(total))
-      bn_dx<T, uint32_t><<<grid_for(total), kBlock, 0, s>>>(
-          dy, x, dx, coef, static_cast<uint32_t>(total), static_cast<uint32_t>(p.s),
-          static_cast<uint32_t>(p.c));
+      launch_kernel(bn_dx<T, uint32_t>, grid_for(total), kBlock, 0, s, dy, x, dx, coef,
+                    static_cast<uint32_t>(total), static_cast<uint32_t>(p.s),
+                    static_cast<uint32_t>(p.c));
     else
-      bn_dx<T, uint64_t><<<grid_for(total), kBlock, 0, s>>>(
-          dy, x, dx, coef, static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
-          static_cast<uint64_t>(p.c));
+      launch_kernel(bn_dx<T, uint64_t>, grid_for(total), kBlock, 0, s, dy, x, dx, coef,
+                    static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
+                    static_cast<uint64_t>(p.c));
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -568,6 +576,7 @@ __global__ void __launch_bounds__(kBlock)
     ln_forward(const T* __restrict__ x, T* __restrict__ y, float* __restrict__ mean_out,
                float* __restrict__ invstd_out, ParamIn<T> gamma, ParamIn<T> beta, int64_t R,
                int64_t D, double eps) {
+  pdl_begin();
   __shared__ float shared[32];
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -619,11 +628,11 @@ class LayerNormKernel final : public Kernel {
     float* invstd = ptr<float>(call.out(2));      // (R)
     const ParamIn<T> gamma = param_in<T>(call, 1), beta = param_in<T>(call, 2);
     if (team_for(D) == 32)
-      ln_forward<T, 32><<<row_blocks(R, 32), kBlock, 0, s>>>(x, y, mean, invstd, gamma, beta, R,
-                                                              D, eps_);
+      launch_kernel(ln_forward<T, 32>, row_blocks(R, 32), kBlock, 0, s, x, y, mean, invstd, gamma,
+                    beta, R, D, eps_);
     else
-      ln_forward<T, kBlock><<<row_blocks(R, kBlock), kBlock, 0, s>>>(x, y, mean, invstd, gamma,
-                                                                      beta, R, D, eps_);
+      launch_kernel(ln_forward<T, kBlock>, row_blocks(R, kBlock), kBlock, 0, s, x, y, mean, invstd,
+                    gamma, beta, R, D, eps_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -641,6 +650,7 @@ __global__ void __launch_bounds__(kBlock)
     ln_backward_dx(const T* __restrict__ dy, const T* __restrict__ x,
                    const float* __restrict__ mean, const float* __restrict__ invstd,
                    ParamIn<T> gamma, T* __restrict__ dx, int64_t R, int64_t D) {
+  pdl_begin();
   __shared__ float shared[32];
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -675,6 +685,7 @@ __global__ void __launch_bounds__(kColX* kColY)
     ln_params(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
               const float* __restrict__ invstd, Sums2* __restrict__ partial, ParamOut<T> dgamma,
               ParamOut<T> dbeta, int64_t R, int64_t D, int64_t chunk_len) {
+  pdl_begin();
   __shared__ Sums2 shared[kColY][kColX];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_len, r1 = min(R, r0 + chunk_len);
   const int64_t tiles = (D + kColX - 1) / kColX;
@@ -706,6 +717,7 @@ __global__ void __launch_bounds__(kColX* kColY)
 template <class T>
 __global__ void ln_params_finalize(const Sums2* __restrict__ partial, int64_t chunks, int64_t D,
                                    ParamOut<T> dgamma, ParamOut<T> dbeta) {
+  pdl_begin();
   PLX_GRID_STRIDE(j, D) {
     Sums2 t = partial[j];
     for (int64_t p = 1; p < chunks; ++p) t = GradAcc<T>::merge(t, partial[p * D + j]);
@@ -748,20 +760,21 @@ class LayerNormBackwardKernel final : public Kernel {
     if (R > 0) {
       const ParamIn<T> gamma = param_in<T>(call, 2);
       if (team_for(D) == 32)
-        ln_backward_dx<T, 32><<<row_blocks(R, 32), kBlock, 0, s>>>(dy, x, mean, invstd, gamma,
-                                                                    dx, R, D);
+        launch_kernel(ln_backward_dx<T, 32>, row_blocks(R, 32), kBlock, 0, s, dy, x, mean, invstd,
+                      gamma, dx, R, D);
       else
-        ln_backward_dx<T, kBlock><<<row_blocks(R, kBlock), kBlock, 0, s>>>(dy, x, mean, invstd,
-                                                                            gamma, dx, R, D);
+        launch_kernel(ln_backward_dx<T, kBlock>, row_blocks(R, kBlock), kBlock, 0, s, dy, x, mean,
+                      invstd, gamma, dx, R, D);
       PLX_CUDA_LAUNCH_CHECK();
     }
     Sums2* partial = chunks_ > 1 ? static_cast<Sums2*>(call.workspace) : nullptr;
-    ln_params<T><<<dim3(clamp_grid(ceil_div(D, kColX)), static_cast<unsigned>(chunks_)),
-                   dim3(kColX, kColY), 0, s>>>(dy, x, mean, invstd, partial, dgamma, dbeta, R, D,
-                                               chunk_len_);
+    launch_kernel(
+        ln_params<T>, dim3(clamp_grid(ceil_div(D, kColX)), static_cast<unsigned>(chunks_)),
+        dim3(kColX, kColY), 0, s, dy, x, mean, invstd, partial, dgamma, dbeta, R, D, chunk_len_);
     PLX_CUDA_LAUNCH_CHECK();
     if (partial) {
-      ln_params_finalize<T><<<grid_for(D), kBlock, 0, s>>>(partial, chunks_, D, dgamma, dbeta);
+      launch_kernel(ln_params_finalize<T>, grid_for(D), kBlock, 0, s, partial, chunks_, D, dgamma,
+                    dbeta);
       PLX_CUDA_LAUNCH_CHECK();
     }
   }

@@ -88,7 +88,10 @@ __device__ __forceinline__ void loss_scale_step(const LossScaleArgs& a) {
   a.report[4] = skipped;
 }
 
-__global__ void loss_scale_kernel(const LossScaleArgs a) { loss_scale_step(a); }
+__global__ void loss_scale_kernel(const LossScaleArgs a) {
+  pdl_begin();
+  loss_scale_step(a);
+}
 
 // A multi-tensor update's end: with a loss scale, the last block of the launch sequence to
 // finish (every other block has read the step count and the check) moves it.
@@ -199,6 +202,7 @@ __device__ __forceinline__ void sgd_chunk(const SgdLaunch<G>& L, const SgdCoef& 
 
 template <class G>
 __global__ void __launch_bounds__(kOptimBlock) multi_sgd_kernel(const SgdLaunch<G> L) {
+  pdl_begin();
   __shared__ SgdCoef s_coef;
   if (threadIdx.x == 0) s_coef = sgd_coef(L.h);
   __syncthreads();
@@ -303,6 +307,7 @@ __device__ __forceinline__ void adamw_chunk(const AdamwLaunch<G>& L, const Adamw
 
 template <class G>
 __global__ void __launch_bounds__(kOptimBlock) multi_adamw_kernel(const AdamwLaunch<G> L) {
+  pdl_begin();
   __shared__ AdamwCoef s_coef;
   if (threadIdx.x == 0) {
     s_coef = adamw_coef(L.h);
@@ -364,7 +369,7 @@ void launch_sgd_typed(const MultiSgdArgs& a, cudaStream_t stream) {
         L.buf[slot] = a.momentum_buf ? a.momentum_buf[i] : nullptr;
       },
       [&](unsigned blocks) {
-        multi_sgd_kernel<G><<<blocks, kOptimBlock, 0, stream>>>(L);
+        launch_kernel(multi_sgd_kernel<G>, blocks, kOptimBlock, 0, stream, L);
         PLX_CUDA_LAUNCH_CHECK();
       });
 }
@@ -385,7 +390,7 @@ void launch_adamw_typed(const MultiAdamwArgs& a, cudaStream_t stream) {
         L.v[slot] = a.exp_avg_sq[i];
       },
       [&](unsigned blocks) {
-        multi_adamw_kernel<G><<<blocks, kOptimBlock, 0, stream>>>(L);
+        launch_kernel(multi_adamw_kernel<G>, blocks, kOptimBlock, 0, stream, L);
         PLX_CUDA_LAUNCH_CHECK();
       });
 }
@@ -434,7 +439,7 @@ void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
 }
 
 void launch_loss_scale_update(const LossScaleArgs& a, cudaStream_t stream) {
-  loss_scale_kernel<<<1, 1, 0, stream>>>(a);
+  launch_kernel(loss_scale_kernel, 1, 1, 0, stream, a);
   PLX_CUDA_LAUNCH_CHECK();
 }
 

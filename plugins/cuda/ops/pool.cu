@@ -234,6 +234,7 @@ template <class T, class I, class Ix>
 __global__ void max_pool_kernel(const T* __restrict__ x, T* __restrict__ y, Ix* __restrict__ idx,
                                 PoolGeom g, I total, bool relu_mask, bool relu_out,
                                 const T* __restrict__ bias) {
+  pdl_begin();
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), C = static_cast<I>(g.C);
   const I kh = static_cast<I>(g.kh), kw = static_cast<I>(g.kw);
@@ -324,6 +325,7 @@ template <class T, class I, class Ix>
 __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const Ix* __restrict__ idx,
                                          T* __restrict__ dx, PoolGeom g, I total,
                                          const T* __restrict__ relu_y) {
+  pdl_begin();
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W), C = static_cast<I>(g.C);
   PLX_POOL_LOOP(I, i, total) {
     I n, c, ih, iw;
@@ -342,6 +344,7 @@ template <class T, class I, class F>
 __global__ void __launch_bounds__(kBlock)
     channel_sum_kernel(const F f, T* __restrict__ dx, I channels, I images, I HW, float* part,
                        T* __restrict__ db, unsigned* done) {
+  pdl_begin();
   __shared__ float shared_sum[32];
   const I c = static_cast<I>(blockIdx.x), s = static_cast<I>(blockIdx.y);
   const I splits = static_cast<I>(gridDim.y);
@@ -400,6 +403,7 @@ template <class T, class F>
 __global__ void __launch_bounds__(kBlock)
     column_sum_kernel(const F f, T* __restrict__ dx, int64_t rows, int64_t cols, float* part,
                       T* __restrict__ db, unsigned* done) {
+  pdl_begin();
   __shared__ float lanes[kRowLanes][kColTile + 1];
   const int tx = static_cast<int>(threadIdx.x) % kColTile, lane = static_cast<int>(threadIdx.x) / kColTile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
@@ -488,6 +492,7 @@ BlockCounter sum_counters(bool columns, int64_t channels, unsigned splits) {
 // y = avg_pool2d(x); one thread per output element.
 template <class T, class I>
 __global__ void avg_pool_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeom g, I total) {
+  pdl_begin();
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const bool include_pad = g.include_pad != 0;
@@ -514,6 +519,7 @@ __global__ void avg_pool_kernel(const T* __restrict__ x, T* __restrict__ y, Pool
 template <class T, class I>
 __global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g,
                                          I total) {
+  pdl_begin();
   const I OW = static_cast<I>(g.OW), OH = static_cast<I>(g.OH);
   const I H = static_cast<I>(g.H), W = static_cast<I>(g.W);
   const I sh = static_cast<I>(g.sh), sw = static_cast<I>(g.sw);
@@ -586,11 +592,11 @@ class MaxPool2dKernel final : public Kernel {
     const T* bias = bias_ ? ptr<T>(c.in(1)) : nullptr;  // (C)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
-      max_pool_kernel<T, int32_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
-          x, y, idx, g_, static_cast<int32_t>(total), relu_mask_, relu_out_, bias);
+      launch_kernel(max_pool_kernel<T, int32_t, Ix>, grid_for(total), kBlock, 0, s, x, y, idx, g_,
+                    static_cast<int32_t>(total), relu_mask_, relu_out_, bias);
     else
-      max_pool_kernel<T, int64_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, idx, g_, total, relu_mask_, relu_out_, bias);
+      launch_kernel(max_pool_kernel<T, int64_t, Ix>, grid_for(total), kBlock, 0, s, x, y, idx, g_,
+                    total, relu_mask_, relu_out_, bias);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -638,11 +644,11 @@ class MaxPool2dBackwardKernel final : public Kernel {
     use_device(device_);
     const cudaStream_t s = native(stream);
     if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
-      max_pool_backward_kernel<T, int32_t, Ix><<<grid_for(total), kBlock, 0, s>>>(
-          dy, idx, dx, g_, static_cast<int32_t>(total), relu_y);
+      launch_kernel(max_pool_backward_kernel<T, int32_t, Ix>, grid_for(total), kBlock, 0, s, dy,
+                    idx, dx, g_, static_cast<int32_t>(total), relu_y);
     else
-      max_pool_backward_kernel<T, int64_t, Ix>
-          <<<grid_for(total), kBlock, 0, s>>>(dy, idx, dx, g_, total, relu_y);
+      launch_kernel(max_pool_backward_kernel<T, int64_t, Ix>, grid_for(total), kBlock, 0, s, dy,
+                    idx, dx, g_, total, relu_y);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -707,22 +713,25 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
       }
       const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
       if (fits_i32(std::max(rows * channels_, g_.planes * g_.OH * g_.OW)))
-        column_sum_kernel<T, PoolCols<T, Ix, int32_t>><<<grid, kBlock, 0, s>>>(
-            PoolCols<T, Ix, int32_t>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
+        launch_kernel(column_sum_kernel<T, PoolCols<T, Ix, int32_t>>, grid, kBlock, 0, s,
+                      PoolCols<T, Ix, int32_t>{dy, idx, g_}, dx, rows, channels_, part, db,
+                      done_.p);
       else
-        column_sum_kernel<T, PoolCols<T, Ix, int64_t>><<<grid, kBlock, 0, s>>>(
-            PoolCols<T, Ix, int64_t>{dy, idx, g_}, dx, rows, channels_, part, db, done_.p);
+        launch_kernel(column_sum_kernel<T, PoolCols<T, Ix, int64_t>>, grid, kBlock, 0, s,
+                      PoolCols<T, Ix, int64_t>{dy, idx, g_}, dx, rows, channels_, part, db,
+                      done_.p);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
     if (fits_i32(std::max(g_.planes * hw, g_.planes * g_.OH * g_.OW)))
-      channel_sum_kernel<T, int32_t, PoolGrad<T, int32_t, Ix>><<<grid, kBlock, 0, s>>>(
-          PoolGrad<T, int32_t, Ix>{dy, idx, g_}, dx, static_cast<int32_t>(channels_),
-          static_cast<int32_t>(images_), static_cast<int32_t>(hw), part, db, done_.p);
+      launch_kernel(channel_sum_kernel<T, int32_t, PoolGrad<T, int32_t, Ix>>, grid, kBlock, 0, s,
+                    PoolGrad<T, int32_t, Ix>{dy, idx, g_}, dx, static_cast<int32_t>(channels_),
+                    static_cast<int32_t>(images_), static_cast<int32_t>(hw), part, db, done_.p);
     else
-      channel_sum_kernel<T, int64_t, PoolGrad<T, int64_t, Ix>><<<grid, kBlock, 0, s>>>(
-          PoolGrad<T, int64_t, Ix>{dy, idx, g_}, dx, channels_, images_, hw, part, db, done_.p);
+      launch_kernel(channel_sum_kernel<T, int64_t, PoolGrad<T, int64_t, Ix>>, grid, kBlock, 0, s,
+                    PoolGrad<T, int64_t, Ix>{dy, idx, g_}, dx, channels_, images_, hw, part, db,
+                    done_.p);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -788,9 +797,9 @@ class ReluBackwardSumKernel final : public Kernel {
         return;
       }
       const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
-      column_sum_kernel<T, ReluCols<T>><<<grid, kBlock, 0, s>>>(
-          ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)), images_, channels_,
-          static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
+      launch_kernel(column_sum_kernel<T, ReluCols<T>>, grid, kBlock, 0, s,
+                    ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)), images_,
+                    channels_, static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -801,13 +810,14 @@ class ReluBackwardSumKernel final : public Kernel {
     T* db = ptr<T>(c.out(db_));
     float* part = static_cast<float*>(c.workspace);
     if (fits_i32(images_ * channels_ * hw_))
-      channel_sum_kernel<T, int32_t, ReluGrad<T, int32_t>><<<grid, kBlock, 0, s>>>(
-          ReluGrad<T, int32_t>{dy, y, static_cast<int32_t>(hw_)}, dx,
-          static_cast<int32_t>(channels_), static_cast<int32_t>(images_),
-          static_cast<int32_t>(hw_), part, db, done_.p);
+      launch_kernel(channel_sum_kernel<T, int32_t, ReluGrad<T, int32_t>>, grid, kBlock, 0, s,
+                    ReluGrad<T, int32_t>{dy, y, static_cast<int32_t>(hw_)}, dx,
+                    static_cast<int32_t>(channels_), static_cast<int32_t>(images_),
+                    static_cast<int32_t>(hw_), part, db, done_.p);
     else
-      channel_sum_kernel<T, int64_t, ReluGrad<T, int64_t>><<<grid, kBlock, 0, s>>>(
-          ReluGrad<T, int64_t>{dy, y, hw_}, dx, channels_, images_, hw_, part, db, done_.p);
+      launch_kernel(channel_sum_kernel<T, int64_t, ReluGrad<T, int64_t>>, grid, kBlock, 0, s,
+                    ReluGrad<T, int64_t>{dy, y, hw_}, dx, channels_, images_, hw_, part, db,
+                    done_.p);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -866,10 +876,10 @@ class AvgPool2dKernel final : public Kernel {
     T* y = ptr<T>(c.out(0));       // (N·C, OH, OW)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.H * g_.W)))
-      avg_pool_kernel<T, int32_t>
-          <<<grid_for(total), kBlock, 0, s>>>(x, y, g_, static_cast<int32_t>(total));
+      launch_kernel(avg_pool_kernel<T, int32_t>, grid_for(total), kBlock, 0, s, x, y, g_,
+                    static_cast<int32_t>(total));
     else
-      avg_pool_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(x, y, g_, total);
+      launch_kernel(avg_pool_kernel<T, int64_t>, grid_for(total), kBlock, 0, s, x, y, g_, total);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -895,10 +905,11 @@ class AvgPool2dBackwardKernel final : public Kernel {
     T* dx = ptr<T>(c.out(0));       // (N·C, H, W)
     const cudaStream_t s = native(c.stream);
     if (fits_i32(std::max(total, g_.planes * g_.OH * g_.OW)))
-      avg_pool_backward_kernel<T, int32_t>
-          <<<grid_for(total), kBlock, 0, s>>>(dy, dx, g_, static_cast<int32_t>(total));
+      launch_kernel(avg_pool_backward_kernel<T, int32_t>, grid_for(total), kBlock, 0, s, dy, dx, g_,
+                    static_cast<int32_t>(total));
     else
-      avg_pool_backward_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(dy, dx, g_, total);
+      launch_kernel(avg_pool_backward_kernel<T, int64_t>, grid_for(total), kBlock, 0, s, dy, dx, g_,
+                    total);
     PLX_CUDA_LAUNCH_CHECK();
   }
 

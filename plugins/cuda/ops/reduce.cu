@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kBlock)
     reduce_rows(const T* __restrict__ x, typename P::Out* __restrict__ y,
                 typename P::V* __restrict__ partial, Groups g, int64_t outs, int64_t red,
                 int64_t chunk_len) {
+  pdl_begin();
   using V = typename P::V;
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -184,6 +185,7 @@ __global__ void __launch_bounds__(kColX* kColY)
     reduce_cols(const T* __restrict__ x, typename P::Out* __restrict__ y,
                 typename P::V* __restrict__ partial, Groups g, int64_t outs, int64_t red,
                 int64_t chunk_len, int64_t inner, int64_t tiles_per_row, int64_t tiles) {
+  pdl_begin();
   using V = typename P::V;
   __shared__ V shared[kColY][kColX];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -217,6 +219,7 @@ template <class P>
 __global__ void reduce_chunks(const typename P::V* __restrict__ partial,
                               typename P::Out* __restrict__ y, int64_t outs, int64_t chunks,
                               int64_t red) {
+  pdl_begin();
   PLX_GRID_STRIDE(o, outs) {
     typename P::V acc = partial[o];
     for (int64_t ch = 1; ch < chunks; ++ch) acc = P::combine(acc, partial[ch * outs + o]);
@@ -229,6 +232,7 @@ __global__ void reduce_chunks(const typename P::V* __restrict__ partial,
 template <class P, class T>
 __global__ void reduce_trivial(const T* __restrict__ x, typename P::Out* __restrict__ y,
                                int64_t outs, bool copy) {
+  pdl_begin();
   PLX_GRID_STRIDE(o, outs) {
     y[o] = copy ? P::finish(P::make(x[o], 0), 1) : P::finish(P::identity(), 0);
   }
@@ -296,7 +300,8 @@ class ReduceEngine {
     const T* x = ptr<const T>(c.in(0));
     Out* y = ptr<Out>(c.out(0));
     if (mode_ == Mode::kCopy || mode_ == Mode::kEmpty) {
-      reduce_trivial<P, T><<<grid_for(outs_), kBlock, 0, s>>>(x, y, outs_, mode_ == Mode::kCopy);
+      launch_kernel(reduce_trivial<P, T>, grid_for(outs_), kBlock, 0, s, x, y, outs_,
+                    mode_ == Mode::kCopy);
       PLX_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -310,15 +315,16 @@ class ReduceEngine {
       const dim3 block(kColX, kColY);
       const int64_t tiles = blocks_;
       if (simple)
-        reduce_cols<P, T, true><<<grid, block, 0, s>>>(x, y, partial, g_, outs_, red_, chunk_len_,
-                                                       inner_, tiles_per_row_, tiles);
+        launch_kernel(reduce_cols<P, T, true>, grid, block, 0, s, x, y, partial, g_, outs_, red_,
+                      chunk_len_, inner_, tiles_per_row_, tiles);
       else
-        reduce_cols<P, T, false><<<grid, block, 0, s>>>(x, y, partial, g_, outs_, red_,
-                                                        chunk_len_, inner_, tiles_per_row_, tiles);
+        launch_kernel(reduce_cols<P, T, false>, grid, block, 0, s, x, y, partial, g_, outs_, red_,
+                      chunk_len_, inner_, tiles_per_row_, tiles);
     }
     PLX_CUDA_LAUNCH_CHECK();
     if (partial) {
-      reduce_chunks<P><<<grid_for(outs_), kBlock, 0, s>>>(partial, y, outs_, chunks_, red_);
+      launch_kernel(reduce_chunks<P>, grid_for(outs_), kBlock, 0, s, partial, y, outs_, chunks_,
+                    red_);
       PLX_CUDA_LAUNCH_CHECK();
     }
   }
@@ -327,11 +333,11 @@ class ReduceEngine {
   template <int kTeam>
   void rows(dim3 grid, cudaStream_t s, const T* x, Out* y, V* partial, bool simple) const {
     if (simple)
-      reduce_rows<P, T, kTeam, true><<<grid, kBlock, 0, s>>>(x, y, partial, g_, outs_, red_,
-                                                             chunk_len_);
+      launch_kernel(reduce_rows<P, T, kTeam, true>, grid, kBlock, 0, s, x, y, partial, g_, outs_,
+                    red_, chunk_len_);
     else
-      reduce_rows<P, T, kTeam, false><<<grid, kBlock, 0, s>>>(x, y, partial, g_, outs_, red_,
-                                                              chunk_len_);
+      launch_kernel(reduce_rows<P, T, kTeam, false>, grid, kBlock, 0, s, x, y, partial, g_, outs_,
+                    red_, chunk_len_);
   }
   void launch_rows(dim3 grid, cudaStream_t s, const T* x, Out* y, V* partial, bool simple) const {
     if (team_ == 1) rows<1>(grid, s, x, y, partial, simple);

@@ -95,6 +95,7 @@ __device__ __forceinline__ float column_combine(float v, float (*shared)[kColX])
 template <class T, bool kLog, int kTeam>
 __global__ void __launch_bounds__(kBlock)
     softmax_rows(const T* x, T* y, int64_t rows, int64_t len) {
+  pdl_begin();
   __shared__ float shared[32];
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -123,6 +124,7 @@ template <class T, bool kLog>
 __global__ void __launch_bounds__(kColX* kColY)
     softmax_cols(const T* x, T* y, int64_t len, int64_t inner, int64_t tiles_per_row,
                  int64_t tiles) {
+  pdl_begin();
   __shared__ float shared[kColY][kColX];
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform over the block
     const int64_t j = t % tiles_per_row * kColX + threadIdx.x;
@@ -158,6 +160,7 @@ __global__ void __launch_bounds__(kColX* kColY)
 template <class T, bool kLog, int kTeam>
 __global__ void __launch_bounds__(kBlock)
     softmax_backward_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t len) {
+  pdl_begin();
   __shared__ float shared[32];
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -179,6 +182,7 @@ template <class T, bool kLog>
 __global__ void __launch_bounds__(kColX* kColY)
     softmax_backward_cols(const T* dy, const T* y, T* dx, int64_t len, int64_t inner,
                           int64_t tiles_per_row, int64_t tiles) {
+  pdl_begin();
   __shared__ float shared[kColY][kColX];
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t j = t % tiles_per_row * kColX + threadIdx.x;
@@ -216,14 +220,15 @@ class SoftmaxKernel final : public Kernel {
     T* y = ptr<T>(c.out(0));             // (outer, len, inner); may be x
     if (p.inner == 1) {
       if (team_for(p.len) == 32)
-        softmax_rows<T, kLog, 32><<<row_blocks(p.outer, 32), kBlock, 0, s>>>(x, y, p.outer, p.len);
+        launch_kernel(softmax_rows<T, kLog, 32>, row_blocks(p.outer, 32), kBlock, 0, s, x, y,
+                      p.outer, p.len);
       else
-        softmax_rows<T, kLog, kBlock>
-            <<<row_blocks(p.outer, kBlock), kBlock, 0, s>>>(x, y, p.outer, p.len);
+        launch_kernel(softmax_rows<T, kLog, kBlock>, row_blocks(p.outer, kBlock), kBlock, 0, s, x,
+                      y, p.outer, p.len);
     } else {
       const unsigned grid = static_cast<unsigned>(std::min(p.tiles(), kMaxGrid));
-      softmax_cols<T, kLog><<<grid, dim3(kColX, kColY), 0, s>>>(x, y, p.len, p.inner,
-                                                                p.tiles_per_row(), p.tiles());
+      launch_kernel(softmax_cols<T, kLog>, grid, dim3(kColX, kColY), 0, s, x, y, p.len, p.inner,
+                    p.tiles_per_row(), p.tiles());
     }
     PLX_CUDA_LAUNCH_CHECK();
   }
@@ -249,15 +254,15 @@ class SoftmaxBackwardKernel final : public Kernel {
     T* dx = ptr<T>(c.out(0));             // (outer, len, inner); may be dy
     if (p.inner == 1) {
       if (team_for(p.len) == 32)
-        softmax_backward_rows<T, kLog, 32>
-            <<<row_blocks(p.outer, 32), kBlock, 0, s>>>(dy, y, dx, p.outer, p.len);
+        launch_kernel(softmax_backward_rows<T, kLog, 32>, row_blocks(p.outer, 32), kBlock, 0, s, dy,
+                      y, dx, p.outer, p.len);
       else
-        softmax_backward_rows<T, kLog, kBlock>
-            <<<row_blocks(p.outer, kBlock), kBlock, 0, s>>>(dy, y, dx, p.outer, p.len);
+        launch_kernel(softmax_backward_rows<T, kLog, kBlock>, row_blocks(p.outer, kBlock), kBlock,
+                      0, s, dy, y, dx, p.outer, p.len);
     } else {
       const unsigned grid = static_cast<unsigned>(std::min(p.tiles(), kMaxGrid));
-      softmax_backward_cols<T, kLog><<<grid, dim3(kColX, kColY), 0, s>>>(
-          dy, y, dx, p.len, p.inner, p.tiles_per_row(), p.tiles());
+      launch_kernel(softmax_backward_cols<T, kLog>, grid, dim3(kColX, kColY), 0, s, dy, y, dx,
+                    p.len, p.inner, p.tiles_per_row(), p.tiles());
     }
     PLX_CUDA_LAUNCH_CHECK();
   }
@@ -303,6 +308,7 @@ __global__ void __launch_bounds__(kBlock)
     ce_forward(const T* __restrict__ x, const L* __restrict__ labels, T* __restrict__ loss,
                float* __restrict__ row_loss, T* __restrict__ lp, int64_t n, int64_t C,
                long long ignore, float on, float off, bool smoothing, DeviceErrorRecord* err) {
+  pdl_begin();
   __shared__ float shared[32];
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
@@ -374,18 +380,18 @@ class CrossEntropyKernel final : public Kernel {
     float* row_loss = none ? nullptr : static_cast<float*>(c.workspace);  // (N)
     if (p.n > 0) {
       if (team_for(p.c) == 32)
-        ce_forward<T, L, 32><<<row_blocks(p.n, 32), kBlock, 0, s>>>(
-            x, labels, loss, row_loss, lp, p.n, p.c, p.ignore_index, p.on(), p.off(),
-            p.smoothing != 0, err_);
+        launch_kernel(ce_forward<T, L, 32>, row_blocks(p.n, 32), kBlock, 0, s, x, labels, loss,
+                      row_loss, lp, p.n, p.c, p.ignore_index, p.on(), p.off(), p.smoothing != 0,
+                      err_);
       else
-        ce_forward<T, L, kBlock><<<row_blocks(p.n, kBlock), kBlock, 0, s>>>(
-            x, labels, loss, row_loss, lp, p.n, p.c, p.ignore_index, p.on(), p.off(),
-            p.smoothing != 0, err_);
+        launch_kernel(ce_forward<T, L, kBlock>, row_blocks(p.n, kBlock), kBlock, 0, s, x, labels,
+                      loss, row_loss, lp, p.n, p.c, p.ignore_index, p.on(), p.off(),
+                      p.smoothing != 0, err_);
       PLX_CUDA_LAUNCH_CHECK();
     }
     if (none) return;
-    ce_reduce<T, L><<<1, kBlock, 0, s>>>(row_loss, labels, loss, p.n, p.ignore_index,
-                                         p.reduction == Reduction::kMean);
+    launch_kernel(ce_reduce<T, L>, 1, kBlock, 0, s, row_loss, labels, loss, p.n, p.ignore_index,
+                  p.reduction == Reduction::kMean);
     PLX_CUDA_LAUNCH_CHECK();
   }
 
@@ -399,6 +405,7 @@ template <class T, class L>
 __global__ void __launch_bounds__(kBlock)
     ce_mean_scale(const T* __restrict__ dloss, const L* __restrict__ labels,
                   float* __restrict__ scale, int64_t n, long long ignore) {
+  pdl_begin();
   __shared__ long long shared_count[32];
   long long count = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
@@ -415,6 +422,7 @@ __global__ void __launch_bounds__(kBlock)
                 const L* __restrict__ labels, T* __restrict__ dx,
                 const float* __restrict__ mean_scale, int64_t n, int64_t C, long long ignore,
                 float on, float off, Reduction reduction, DeviceErrorRecord* err) {
+  pdl_begin();
   constexpr int kTeams = kBlock / kTeam;
   const int lane = static_cast<int>(threadIdx.x) % kTeam;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kTeams + threadIdx.x / kTeam; row < n;
@@ -471,17 +479,17 @@ class CrossEntropyBackwardKernel final : public Kernel {
     float* scale = nullptr;
     if (p.reduction == Reduction::kMean) {
       scale = static_cast<float*>(c.workspace);
-      ce_mean_scale<T, L><<<1, kBlock, 0, s>>>(dloss, labels, scale, p.n, p.ignore_index);
+      launch_kernel(ce_mean_scale<T, L>, 1, kBlock, 0, s, dloss, labels, scale, p.n,
+                    p.ignore_index);
       PLX_CUDA_LAUNCH_CHECK();
     }
     if (team_for(p.c) == 32)
-      ce_backward<T, L, 32><<<row_blocks(p.n, 32), kBlock, 0, s>>>(
-          dloss, lp, labels, dx, scale, p.n, p.c, p.ignore_index, p.on(), p.off(), p.reduction,
-          err_);
+      launch_kernel(ce_backward<T, L, 32>, row_blocks(p.n, 32), kBlock, 0, s, dloss, lp, labels, dx,
+                    scale, p.n, p.c, p.ignore_index, p.on(), p.off(), p.reduction, err_);
     else
-      ce_backward<T, L, kBlock><<<row_blocks(p.n, kBlock), kBlock, 0, s>>>(
-          dloss, lp, labels, dx, scale, p.n, p.c, p.ignore_index, p.on(), p.off(), p.reduction,
-          err_);
+      launch_kernel(ce_backward<T, L, kBlock>, row_blocks(p.n, kBlock), kBlock, 0, s, dloss, lp,
+                    labels, dx, scale, p.n, p.c, p.ignore_index, p.on(), p.off(), p.reduction,
+                    err_);
     PLX_CUDA_LAUNCH_CHECK();
   }
 

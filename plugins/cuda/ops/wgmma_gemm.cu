@@ -187,6 +187,7 @@ template <class T, class TL, bool AK, bool BKM>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                         const __grid_constant__ CUtensorMap tma_b, const WgArgs p) {
+  pdl_begin();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma and setmaxnreg need sm_90a; the host declines every other device
 #else
@@ -366,6 +367,7 @@ struct SimtArgs {
 template <class T>
 __global__ void __launch_bounds__(kSimtTile* kSimtTile)
     wgmma_simt_fallback_kernel(const WgArgs p, const SimtArgs q) {
+  pdl_begin();
   const int tx = static_cast<int>(threadIdx.x) % kSimtTile;
   const int ty = static_cast<int>(threadIdx.x) / kSimtTile;
   const int64_t z = blockIdx.z;
@@ -490,7 +492,7 @@ class WgPlan {
     CUtensorMap ma, mb;
     if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
       const dim3 grid(static_cast<unsigned>(mt_ * nt_), z);
-      kernel_<<<grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream>>>(ma, mb, p);
+      launch_kernel(kernel_, grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream, ma, mb, p);
     } else {
       // Creation checked everything but the addresses: misaligned operands land here.
       SimtArgs q{};
@@ -501,7 +503,7 @@ class WgPlan {
       q.sa = s_.sa, q.sb = s_.sb;
       const dim3 grid(static_cast<unsigned>((s_.M + kSimtTile - 1) / kSimtTile),
                       static_cast<unsigned>((s_.N + kSimtTile - 1) / kSimtTile), z);
-      wgmma_simt_fallback_kernel<T><<<grid, kSimtTile * kSimtTile, 0, stream>>>(p, q);
+      launch_kernel(wgmma_simt_fallback_kernel<T>, grid, kSimtTile * kSimtTile, 0, stream, p, q);
     }
     PLX_CUDA_LAUNCH_CHECK();
   }

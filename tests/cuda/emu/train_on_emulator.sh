@@ -7,7 +7,10 @@
 # other, and the same run uncaptured and with batches from the host to it exactly; one epoch
 # evaluated on the test set (captured and not, against the CPU's evaluation); then the same in bf16
 # and in f16 with loss scaling on the emulator alone, which must train (finite, falling losses)
-# and, for f16, start at a loss scale of 65536. Those runs take the library side (the emulator's
+# and, for f16, start at a loss scale of 65536. On the emulator every kernel of the plugin is
+# launched to overlap the one before it (programmatic dependent launch), which the trace shows;
+# launched the ordinary way (the option off, or kernels compiled for sm_80) none is, with the
+# same bits. Those runs take the library side (the emulator's
 # stand-ins for cuBLASLt and cuDNN): the tuner would time every candidate on the CPU, minutes for
 # nothing. A last run takes the native side, the plugin's own Tensor Core kernels (mma.sync
 # GEMMs, implicit-GEMM convolutions) on the emulator's PTX, and is held to the CPU as well.
@@ -23,7 +26,7 @@ echo "== cpu, f32"
 "$plexus" train configs/simplecnn.toml --set backend.name=\"cpu\" "${common[@]}" \
   --set output.dir=\"$work/cpu\"
 echo "== emulated cuda, f32"
-"$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+PLEXUS_EMU_TRACE="$work/cuda.trace" "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
   --set plugins.options.cuda.tf32=false --set output.dir=\"$work/cuda\" 2>&1 | tee "$work/cuda.log"
 grep -q "on cuda:0" "$work/cuda.log" || { echo "the run was not on cuda:0"; exit 1; }
 echo "== compare"
@@ -37,6 +40,36 @@ echo "== emulated cuda, f32, the bias in the convolution"
   --set output.dir=\"$work/cuda-conv-bias\"
 echo "== compare, exactly"
 "$compare" "$work/cuda" "$work/cuda-conv-bias" --rtol 0 --atol 0
+# Programmatic dependent launch: on the emulated compute capability 9.0 every kernel of the
+# plugin is launched to overlap the kernel before it (and the emulator fails any launch whose
+# threads touch device memory or exit before they wait); with the option off, or as an sm_80
+# build would run (PTX version 80: kernels without the wait), none is, and the bits are the same.
+programmatic() {  # TRACE all|none: the plugin's kernel launches (library calls aside)
+  python3 - "$1" "$2" <<'PY'
+import sys
+lines = [l.rstrip("\n") for l in open(sys.argv[1]) if not l.rstrip().endswith("(library)")]
+on = [l for l in lines if l.endswith(" programmatic")]
+assert len(lines) >= 10, f"{len(lines)} kernel launches traced"
+want = len(lines) if sys.argv[2] == "all" else 0
+assert len(on) == want, f"{len(on)} of {len(lines)} launches programmatic, {sys.argv[2]} expected: " + \
+    next((l for l in lines if (l in on) != (want > 0)), "")
+print(f"{len(on)} of {len(lines)} kernel launches programmatic")
+PY
+}
+echo "== the plugin's kernels, launched programmatically"
+programmatic "$work/cuda.trace" all
+echo "== emulated cuda, f32, programmatic_launch=false"
+PLEXUS_EMU_TRACE="$work/cuda-ordinary.trace" "$plexus" train configs/simplecnn.toml "${emu_args[@]}" \
+  "${common[@]}" --set plugins.options.cuda.tf32=false \
+  --set plugins.options.cuda.programmatic_launch=false --set output.dir=\"$work/cuda-ordinary\"
+programmatic "$work/cuda-ordinary.trace" none
+echo "== compare, exactly"
+"$compare" "$work/cuda" "$work/cuda-ordinary" --rtol 0 --atol 0
+echo "== emulated cuda, f32, kernels compiled for compute capability 8.0"
+PLEXUS_EMU_PTX_VERSION=80 PLEXUS_EMU_TRACE="$work/cuda-sm80.trace" "$plexus" train configs/simplecnn.toml \
+  "${emu_args[@]}" "${common[@]}" --set train.max_steps=2 --set plugins.options.cuda.tf32=false \
+  --set output.dir=\"$work/cuda-sm80\"
+programmatic "$work/cuda-sm80.trace" none
 # The pipeline's copies and gather are captured with the step, one graph per slot: the same run
 # with the step uncaptured (every copy on its own) and with the batches from the host instead of
 # gathered on the device must give the same bits.
