@@ -1,0 +1,38 @@
+# Sourced by the SASS checks (sass_check_*.sh): finds cuobjdump and the nvdisasm its --dump-sass
+# runs, as $cuobjdump and $nvdisasm (nvdisasm's folder put on PATH), or exits 77 (skipped)
+# saying which is missing. cuobjdump is taken from $CUOBJDUMP, PATH, the CUDA toolkit's bin
+# directory or the pip package nvidia-cuda-cuobjdump; nvdisasm from $NVDISASM_PATH, PATH, the
+# toolkit or the pip package nvidia-cuda-nvdisasm.
+
+# A tool: the first executable among the candidates, then the pip packages' copies.
+find_tool() {
+  local name=$1
+  shift
+  local c
+  for c in "$@" "$(command -v "$name" || true)" "/usr/local/cuda/bin/$name"; do
+    if [[ -n "$c" && -x "$c" ]]; then echo "$c"; return 0; fi
+  done
+  command -v python3 > /dev/null || return 0
+  python3 - "$name" << 'PY' 2> /dev/null || true
+import glob, os, site, sys
+name = sys.argv[1]
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for p in sorted(glob.glob(os.path.join(r, "nvidia", "*", "bin", name))):
+        if os.access(p, os.X_OK):
+            print(p)
+            sys.exit(0)
+PY
+}
+
+cuobjdump=$(find_tool cuobjdump "${CUOBJDUMP:-}")
+if [[ -z "$cuobjdump" ]]; then
+  echo "skipped: no cuobjdump (the CUDA toolkit's, or: pip install nvidia-cuda-cuobjdump)"
+  exit 77
+fi
+nvdisasm=$(find_tool nvdisasm "${NVDISASM_PATH:+$NVDISASM_PATH/nvdisasm}" "$(dirname "$cuobjdump")/nvdisasm")
+if [[ -z "$nvdisasm" ]]; then
+  echo "skipped: no nvdisasm, which cuobjdump --dump-sass runs (pip install nvidia-cuda-nvdisasm)"
+  exit 77
+fi
+export PATH="$(dirname "$nvdisasm"):$PATH"
