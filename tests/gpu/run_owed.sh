@@ -225,9 +225,11 @@ if has goalprofile; then
   # Where the two speed goals' steps spend their time, kernel by kernel, and our GEMM tiles
   # against cuBLASLt on the square shapes (the short form of the kernels phase).
   # "nofusion": whole-batch convolution backwards instead of the chunked conv + pool groups
-  # (69% of the convnet bf16 step on 2026-11-28); "chunk256": those groups with 256 MiB chunks.
-  for model_batch_prec in 'simplecnn 128 f32' 'convnet 1024 bf16' 'convnet 1024 bf16 nofusion' \
-                          'convnet 1024 bf16 chunk256'; do
+  # (69% of the convnet bf16 step on 2026-11-28); "chunk256": those groups with 256 MiB chunks;
+  # "ordinary": every kernel launched the ordinary way, not overlapping the one before it
+  # (programmatic_launch = false: what programmatic dependent launch saves a small step).
+  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 f32 ordinary' 'convnet 1024 bf16' \
+                          'convnet 1024 bf16 nofusion' 'convnet 1024 bf16 chunk256'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile${4:+-$4}"
     extra=()
@@ -236,6 +238,7 @@ if has goalprofile; then
     # simplecnn: the fused groups' timings as a whole (the thirty-first session's direct backward
     # of conv2 against the chunked cuDNN group), from a fresh tuning.
     [[ $1 == simplecnn ]] && extra=(--log-level debug --set backend.tune_cache=\"off\")
+    [[ ${4:-} == ordinary ]] && extra+=(--set plugins.options.cuda.programmatic_launch=false)
     bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done
   # Every candidate (our tiles, cuDNN, cuBLASLt) on each problem of the convnet bf16 step at
