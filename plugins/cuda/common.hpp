@@ -56,8 +56,6 @@ using sdk::numel;
     if (plx_s_ != CUDNN_STATUS_SUCCESS)                                             \
       ::plexus::cuda::throw_cudnn(plx_s_, #expr, __FILE__, __LINE__);               \
   } while (0)
-// After a kernel launch: a bad configuration shows here, a fault at the next synchronisation.
-#define PLX_CUDA_LAUNCH_CHECK() PLX_CUDA_CHECK(cudaGetLastError())
 
 // Makes `device` current on the calling thread (remembered per thread, so repeated calls are free).
 void use_device(int32_t device);

@@ -733,7 +733,6 @@ class DirectConvKernel final : public Kernel {
     a.bias = has_bias_ ? static_cast<const T*>(c.in(2).data) : nullptr;
     a.y = static_cast<T*>(c.out(0).data);
     launch_kernel(direct_conv_kernel<T>, grid_, kBlock, smem_, native(c.stream), a);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -826,7 +825,6 @@ class DirectConvPoolKernel final : public Kernel {
     else
       launch_kernel(direct_conv_pool_kernel<T, int32_t>, grid_, kBlock, smem_, s, a, q_,
                     static_cast<int32_t*>(idx));
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -947,7 +945,6 @@ class DirectWgradKernel final : public Kernel {
       else
         launch_kernel(direct_image_wgrad_kernel<T, kMaxTaps, kImageWgradBatch>, grid, kBlock, smem_,
                       s, a);
-      PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     switch (sums_per_thread_) {
@@ -971,7 +968,6 @@ class DirectWgradKernel final : public Kernel {
         launch_kernel(direct_wgrad_kernel<T, kWgradMaxSums>, grid, kBlock, smem_, s, a);
         break;
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:

@@ -656,7 +656,6 @@ class SmallConvBackwardKernel final : public Kernel {
     for_kernel([&]<int CB>() {
       launch_kernel(small_conv_backward_kernel<T, CB>, grid, kBlock, smem_, s, a);
     });
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -805,7 +804,6 @@ class SmallConvForwardKernel final : public Kernel {
     for_kernel([&]<int CB, class Ix>() {
       launch_kernel(small_conv_forward_kernel<T, CB, Ix>, grid_, kBlock, smem_, s, a);
     });
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:

@@ -53,7 +53,6 @@ void launch_map1(const T* x, T* y, int64_t n, const F& f, cudaStream_t s) {
     launch_kernel(map1_kernel<T, V, F>, grid_for((n + V - 1) / V), kBlock, 0, s, x, y, n, f);
   else
     launch_kernel(map1_kernel<T, 1, F>, grid_for(n), kBlock, 0, s, x, y, n, f);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 // Two-operand functors either compute f(a, b) or, when they can find bad data (integer division
@@ -132,7 +131,6 @@ void launch_same_shape2(const T* a, const T* b, T* y, int64_t n, const F& f,
                   y, n, f, err);
   else
     launch_kernel(flat2_kernel<T, 1, true, true, F>, grid_for(n), kBlock, 0, s, a, b, y, n, f, err);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 // ---- activations ----
@@ -367,19 +365,16 @@ class BinaryKernel final : public Kernel {
       if (sa && sb && aligned16(a) && aligned16(b) && aligned16(y)) {
         launch_kernel(flat2_kernel<T, V, true, true, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
                       err_);
-        PLX_CUDA_LAUNCH_CHECK();
         return;
       }
       if (sa && !sb && aligned16(a) && aligned16(y)) {
         launch_kernel(flat2_kernel<T, V, true, false, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
                       err_);
-        PLX_CUDA_LAUNCH_CHECK();
         return;
       }
       if (!sa && sb && aligned16(b) && aligned16(y)) {
         launch_kernel(flat2_kernel<T, V, false, true, Op>, vgrid, kBlock, 0, s, a, b, y, n, op,
                       err_);
-        PLX_CUDA_LAUNCH_CHECK();
         return;
       }
     }
@@ -387,7 +382,6 @@ class BinaryKernel final : public Kernel {
     StridedPlan<2> p = plan_;
     p.set_step(static_cast<int64_t>(grid) * kBlock);
     launch_kernel(strided2_kernel<T, Op>, grid, kBlock, 0, s, p, a, b, y, op, err_);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -503,7 +497,6 @@ class ExpandKernel final : public Kernel {
     StridedPlan<1> p = plan_;
     p.set_step(static_cast<int64_t>(grid) * kBlock);
     launch_kernel(gather_kernel<U>, grid, kBlock, 0, s, p, x, y);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:

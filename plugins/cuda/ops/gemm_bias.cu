@@ -34,7 +34,6 @@ void launch(void* y, const void* bias, int64_t total, int64_t channels, int64_t 
     launch_kernel(fill_bias_kernel<T, int64_t>, grid, kBlock, 0, stream, static_cast<T*>(y),
                   static_cast<const T*>(bias), total, channels, inner);
   }
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace

@@ -1734,7 +1734,6 @@ void launch_nchw_to_nhwc(const T* src, T* dst, const int64_t (&d)[3], cudaStream
   const dim3 grid(static_cast<unsigned>((HW + 31) / 32), static_cast<unsigned>((C + 31) / 32),
                   static_cast<unsigned>(std::min<int64_t>(N, 65535)));
   launch_kernel(nchw_to_nhwc_kernel<T>, grid, dim3(32, 8), 0, s, src, dst, N, C, HW);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 // The TF32 kernels' k table in device memory, made once when the kernel object is created.
@@ -1974,7 +1973,6 @@ class IgemmConvKernel final : public Kernel {
       launch_kernel(stage_filter_kernel<T>, grid_for(total), kBlock, 0, s, a.w, dst, a.O, a.KH,
                     a.KW, a.C, w_strides_[0], w_strides_[1], w_strides_[2], w_strides_[3],
                     D == Dir::BwdData);
-      PLX_CUDA_LAUNCH_CHECK();
       a.w = dst;
     }
     // cp.async moves 16 aligned bytes; the allocator's buffers and the workspace are aligned far
@@ -2018,7 +2016,6 @@ class IgemmConvKernel final : public Kernel {
       launch_kernel(igemm_conv_kernel<T, TL, true>, grid, TL::THREADS, smem_, s, a);
     else
       launch_kernel(igemm_conv_kernel<T, TL>, grid, TL::THREADS, smem_, s, a);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -2302,7 +2299,6 @@ class IgemmWgradKernel final : public Kernel {
     } else {
       launch_kernel(igemm_wgrad_kernel<T, TL>, grid_, TL::THREADS, kSmem, s, a);
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:

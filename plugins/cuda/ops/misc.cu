@@ -68,7 +68,6 @@ class CopyKernel final : public Kernel {
     const unsigned grid = grid_for(n);
     p.set_step(static_cast<int64_t>(grid) * kBlock);
     launch_kernel(gather_kernel<U>, grid, kBlock, 0, s, p, src, dst);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -133,7 +132,6 @@ template <class From, class To>
 void launch_cast(const void* x, void* y, int64_t n, cudaStream_t s) {
   launch_kernel(cast_kernel<From, To>, grid_for(n), kBlock, 0, s, static_cast<const From*>(x),
                 static_cast<To*>(y), n);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 template <class From>
@@ -214,7 +212,6 @@ void launch_multi_cast_typed(int32_t count, const void* const* src, void* const*
       },
       [&](unsigned blocks) {
         launch_kernel(multi_cast_kernel<From, To>, blocks, kBlock, 0, stream, L);
-        PLX_CUDA_LAUNCH_CHECK();
       });
 }
 
@@ -315,7 +312,6 @@ void launch_multi_unscale_typed(const MultiUnscaleArgs& a, int64_t total, cudaSt
       [&](unsigned blocks) {
         L.block_base = base;
         launch_kernel(multi_unscale_kernel<G>, blocks, kBlock, 0, stream, L);
-        PLX_CUDA_LAUNCH_CHECK();
         base += static_cast<int32_t>(blocks);
       });
 }
@@ -434,7 +430,6 @@ class DropoutKernel final : public Kernel {
     else
       launch_kernel(dropout_kernel<T, false>, grid, kBlock, 0, s, x, y, mask, n, p_, scale_, k0, k1,
                     c2, c3);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -467,7 +462,6 @@ class DropoutBackwardKernel final : public Kernel {
     if (n == 0) return;
     launch_kernel(dropout_backward_kernel<T>, grid_for(n), kBlock, 0, native(call.stream), dy, mask,
                   dx, n, scale_);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -556,7 +550,6 @@ class EmbeddingKernel final : public Kernel {
     if (D == 0) {
       launch_kernel(check_indices_kernel<I>, grid_for(n), kBlock, 0, s, idx, n, rows_,
                     kErrEmbeddingIndex, err_);
-      PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     constexpr int V = kVec<T>;
@@ -568,7 +561,6 @@ class EmbeddingKernel final : public Kernel {
       launch_kernel(embedding_kernel<T, I, 1>, grid_for(n * D), kBlock, 0, s, w, idx, y, n, rows_,
                     D, err_);
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
@@ -714,7 +706,6 @@ class EmbeddingBackwardKernel final : public Kernel {
     if (n > 0) {
       launch_kernel(embedding_keys_kernel<I>, grid_for(n), kBlock, 0, s, idx, n, V, padding_,
                     keys_in, pos_in, err_);
-      PLX_CUDA_LAUNCH_CHECK();
     }
     if (V * D == 0) return;  // nothing to write; the indices were still checked
     if (n > 0) {
@@ -725,12 +716,10 @@ class EmbeddingBackwardKernel final : public Kernel {
     }
     // With no indices every start is 0 and every row sums nothing: dweight is zeroed.
     launch_kernel(segment_starts_kernel, grid_for(V + 1), kBlock, 0, s, keys, n, V, starts);
-    PLX_CUDA_LAUNCH_CHECK();
     // Threads per block: D rounded up to whole warps, at most kBlock.
     const int threads = static_cast<int>(std::min<int64_t>(kBlock, (D + 31) / 32 * 32));
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(V, int64_t{1} << 16));
     launch_kernel(embedding_rows_kernel<T>, grid, threads, 0, s, dy, starts, positions, V, D, dw);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;

@@ -512,7 +512,6 @@ void launch_simt(const MmaArgs& p, const MmaShape& s, cudaStream_t stream) {
                   static_cast<unsigned>(s.batch));
   launch_kernel(simt_gemm_kernel<T, ACT>, grid, kSimtTile * kSimtTile, 0, stream, p, sam, sak, sbk,
                 sbn);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 // Whether the grids of both kernels can hold shape s: x over M tiles (2^31 - 1 blocks), y over
@@ -635,7 +634,6 @@ class MmaPlan {
       const dim3 grid(static_cast<unsigned>((s_.M + C::BM - 1) / C::BM),
                       static_cast<unsigned>((s_.N + C::BN - 1) / C::BN), z * splits_);
       launch_kernel(kernel_, grid, C::kThreads, static_cast<size_t>(smem_), stream, p);
-      PLX_CUDA_LAUNCH_CHECK();
     } else {
       launch_simt<T, ACT>(p, s_, stream);  // one pass, no partials: it sums all of K itself
     }

@@ -262,7 +262,6 @@ struct ChannelPlan {
                     dim3(clamp_grid(ceil_div(c, kColX)), static_cast<unsigned>(chunks)),
                     dim3(kColX, kColY), 0, st, acc, partial, n, c, s, chunk_len);
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 };
 
@@ -360,7 +359,6 @@ class BatchNormKernel final : public Kernel {
                   param_out<T>(has_running ? call.in(3) : none),
                   param_out<T>(has_running ? call.in(4) : none), has_running, momentum_, eps_,
                   ptr<float>(call.out(1)), ptr<float>(call.out(2)), coef);
-    PLX_CUDA_LAUNCH_CHECK();
     const int64_t total = p.total();
     if (total == 0) return;
     if (fits_u32(total))
@@ -371,7 +369,6 @@ class BatchNormKernel final : public Kernel {
       launch_kernel(bn_apply<T, uint64_t>, grid_for(total), kBlock, 0, s, x, y, coef,
                     static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
                     static_cast<uint64_t>(p.c));
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -432,7 +429,6 @@ class BatchNormApplyKernel final : public Kernel {
     launch_kernel(bn_apply_coef<T>, grid_for(c_), kBlock, 0, s, ptr<const float>(call.in(3)),
                   ptr<const float>(call.in(4)), param_in<T>(call, 1), param_in<T>(call, 2), c_,
                   coef);
-    PLX_CUDA_LAUNCH_CHECK();
     const T* x = ptr<const T>(call.in(0));
     T* y = ptr<T>(call.out(0));
     if (fits_u32(total_))
@@ -443,7 +439,6 @@ class BatchNormApplyKernel final : public Kernel {
       launch_kernel(bn_apply<T, uint64_t>, grid_for(total_), kBlock, 0, s, x, y, coef,
                     static_cast<uint64_t>(total_), static_cast<uint64_t>(s_),
                     static_cast<uint64_t>(c_));
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -523,7 +518,6 @@ class BatchNormBackwardKernel final : public Kernel {
     launch_kernel(bn_backward_finalize<T>, grid_for(p.c), kBlock, 0, s, partial, p.chunks, p.c,
                   p.per_channel(), training_, param_in<T>(call, 2), mean, invstd,
                   param_out<T>(call.out(1)), param_out<T>(call.out(2)), coef);
-    PLX_CUDA_LAUNCH_CHECK();
     const int64_t total = p.total();
     if (total == 0) return;
     if (fits_u32(total))
@@ -534,7 +528,6 @@ class BatchNormBackwardKernel final : public Kernel {
       launch_kernel(bn_dx<T, uint64_t>, grid_for(total), kBlock, 0, s, dy, x, dx, coef,
                     static_cast<uint64_t>(total), static_cast<uint64_t>(p.s),
                     static_cast<uint64_t>(p.c));
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -633,7 +626,6 @@ class LayerNormKernel final : public Kernel {
     else
       launch_kernel(ln_forward<T, kBlock>, row_blocks(R, kBlock), kBlock, 0, s, x, y, mean, invstd,
                     gamma, beta, R, D, eps_);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -765,17 +757,14 @@ class LayerNormBackwardKernel final : public Kernel {
       else
         launch_kernel(ln_backward_dx<T, kBlock>, row_blocks(R, kBlock), kBlock, 0, s, dy, x, mean,
                       invstd, gamma, dx, R, D);
-      PLX_CUDA_LAUNCH_CHECK();
     }
     Sums2* partial = chunks_ > 1 ? static_cast<Sums2*>(call.workspace) : nullptr;
     launch_kernel(
         ln_params<T>, dim3(clamp_grid(ceil_div(D, kColX)), static_cast<unsigned>(chunks_)),
         dim3(kColX, kColY), 0, s, dy, x, mean, invstd, partial, dgamma, dbeta, R, D, chunk_len_);
-    PLX_CUDA_LAUNCH_CHECK();
     if (partial) {
       launch_kernel(ln_params_finalize<T>, grid_for(D), kBlock, 0, s, partial, chunks_, D, dgamma,
                     dbeta);
-      PLX_CUDA_LAUNCH_CHECK();
     }
   }
 

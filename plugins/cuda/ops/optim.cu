@@ -370,7 +370,6 @@ void launch_sgd_typed(const MultiSgdArgs& a, cudaStream_t stream) {
       },
       [&](unsigned blocks) {
         launch_kernel(multi_sgd_kernel<G>, blocks, kOptimBlock, 0, stream, L);
-        PLX_CUDA_LAUNCH_CHECK();
       });
 }
 
@@ -391,7 +390,6 @@ void launch_adamw_typed(const MultiAdamwArgs& a, cudaStream_t stream) {
       },
       [&](unsigned blocks) {
         launch_kernel(multi_adamw_kernel<G>, blocks, kOptimBlock, 0, stream, L);
-        PLX_CUDA_LAUNCH_CHECK();
       });
 }
 
@@ -440,7 +438,6 @@ void launch_multi_adamw(const MultiAdamwArgs& a, cudaStream_t stream) {
 
 void launch_loss_scale_update(const LossScaleArgs& a, cudaStream_t stream) {
   launch_kernel(loss_scale_kernel, 1, 1, 0, stream, a);
-  PLX_CUDA_LAUNCH_CHECK();
 }
 
 namespace {

@@ -597,7 +597,6 @@ class MaxPool2dKernel final : public Kernel {
     else
       launch_kernel(max_pool_kernel<T, int64_t, Ix>, grid_for(total), kBlock, 0, s, x, y, idx, g_,
                     total, relu_mask_, relu_out_, bias);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
@@ -649,7 +648,6 @@ class MaxPool2dBackwardKernel final : public Kernel {
     else
       launch_kernel(max_pool_backward_kernel<T, int64_t, Ix>, grid_for(total), kBlock, 0, s, dy,
                     idx, dx, g_, total, relu_y);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -720,7 +718,6 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
         launch_kernel(column_sum_kernel<T, PoolCols<T, Ix, int64_t>>, grid, kBlock, 0, s,
                       PoolCols<T, Ix, int64_t>{dy, idx, g_}, dx, rows, channels_, part, db,
                       done_.p);
-      PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
@@ -732,7 +729,6 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
       launch_kernel(channel_sum_kernel<T, int64_t, PoolGrad<T, int64_t, Ix>>, grid, kBlock, 0, s,
                     PoolGrad<T, int64_t, Ix>{dy, idx, g_}, dx, channels_, images_, hw, part, db,
                     done_.p);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
@@ -800,7 +796,6 @@ class ReluBackwardSumKernel final : public Kernel {
       launch_kernel(column_sum_kernel<T, ReluCols<T>>, grid, kBlock, 0, s,
                     ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)), images_,
                     channels_, static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
-      PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
@@ -818,7 +813,6 @@ class ReluBackwardSumKernel final : public Kernel {
       launch_kernel(channel_sum_kernel<T, int64_t, ReluGrad<T, int64_t>>, grid, kBlock, 0, s,
                     ReluGrad<T, int64_t>{dy, y, hw_}, dx, channels_, images_, hw_, part, db,
                     done_.p);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -880,7 +874,6 @@ class AvgPool2dKernel final : public Kernel {
                     static_cast<int32_t>(total));
     else
       launch_kernel(avg_pool_kernel<T, int64_t>, grid_for(total), kBlock, 0, s, x, y, g_, total);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -910,7 +903,6 @@ class AvgPool2dBackwardKernel final : public Kernel {
     else
       launch_kernel(avg_pool_backward_kernel<T, int64_t>, grid_for(total), kBlock, 0, s, dy, dx, g_,
                     total);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:

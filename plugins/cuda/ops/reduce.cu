@@ -302,7 +302,6 @@ class ReduceEngine {
     if (mode_ == Mode::kCopy || mode_ == Mode::kEmpty) {
       launch_kernel(reduce_trivial<P, T>, grid_for(outs_), kBlock, 0, s, x, y, outs_,
                     mode_ == Mode::kCopy);
-      PLX_CUDA_LAUNCH_CHECK();
       return;
     }
     V* partial = chunks_ > 1 ? static_cast<V*>(c.workspace) : nullptr;
@@ -321,11 +320,9 @@ class ReduceEngine {
         launch_kernel(reduce_cols<P, T, false>, grid, block, 0, s, x, y, partial, g_, outs_, red_,
                       chunk_len_, inner_, tiles_per_row_, tiles);
     }
-    PLX_CUDA_LAUNCH_CHECK();
     if (partial) {
       launch_kernel(reduce_chunks<P>, grid_for(outs_), kBlock, 0, s, partial, y, outs_, chunks_,
                     red_);
-      PLX_CUDA_LAUNCH_CHECK();
     }
   }
 

@@ -230,7 +230,6 @@ class SoftmaxKernel final : public Kernel {
       launch_kernel(softmax_cols<T, kLog>, grid, dim3(kColX, kColY), 0, s, x, y, p.len, p.inner,
                     p.tiles_per_row(), p.tiles());
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -264,7 +263,6 @@ class SoftmaxBackwardKernel final : public Kernel {
       launch_kernel(softmax_backward_cols<T, kLog>, grid, dim3(kColX, kColY), 0, s, dy, y, dx,
                     p.len, p.inner, p.tiles_per_row(), p.tiles());
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
@@ -387,12 +385,10 @@ class CrossEntropyKernel final : public Kernel {
         launch_kernel(ce_forward<T, L, kBlock>, row_blocks(p.n, kBlock), kBlock, 0, s, x, labels,
                       loss, row_loss, lp, p.n, p.c, p.ignore_index, p.on(), p.off(),
                       p.smoothing != 0, err_);
-      PLX_CUDA_LAUNCH_CHECK();
     }
     if (none) return;
     launch_kernel(ce_reduce<T, L>, 1, kBlock, 0, s, row_loss, labels, loss, p.n, p.ignore_index,
                   p.reduction == Reduction::kMean);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;
@@ -481,7 +477,6 @@ class CrossEntropyBackwardKernel final : public Kernel {
       scale = static_cast<float*>(c.workspace);
       launch_kernel(ce_mean_scale<T, L>, 1, kBlock, 0, s, dloss, labels, scale, p.n,
                     p.ignore_index);
-      PLX_CUDA_LAUNCH_CHECK();
     }
     if (team_for(p.c) == 32)
       launch_kernel(ce_backward<T, L, 32>, row_blocks(p.n, 32), kBlock, 0, s, dloss, lp, labels, dx,
@@ -490,7 +485,6 @@ class CrossEntropyBackwardKernel final : public Kernel {
       launch_kernel(ce_backward<T, L, kBlock>, row_blocks(p.n, kBlock), kBlock, 0, s, dloss, lp,
                     labels, dx, scale, p.n, p.c, p.ignore_index, p.on(), p.off(), p.reduction,
                     err_);
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
   int32_t device_;

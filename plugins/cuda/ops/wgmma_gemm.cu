@@ -505,7 +505,6 @@ class WgPlan {
                       static_cast<unsigned>((s_.N + kSimtTile - 1) / kSimtTile), z);
       launch_kernel(wgmma_simt_fallback_kernel<T>, grid, kSimtTile * kSimtTile, 0, stream, p, q);
     }
-    PLX_CUDA_LAUNCH_CHECK();
   }
 
  private:
