@@ -70,6 +70,11 @@ namespace plx_emu {
 thread_local Thread* g_thread = nullptr;
 thread_local uint3 g_block_idx{0, 0, 0};
 
+// Programmatic dependent launch (below): an access to device memory before the wait fails the
+// launch naming `what`; whether p lies in an allocation of the runtime's.
+[[noreturn]] void early_device_access(const char* what, const void* p);
+bool device_memory(const void* p);
+
 namespace {
 
 constexpr size_t kStack = size_t{256} << 10;  // per CUDA thread; the pages are touched on use
@@ -100,6 +105,10 @@ struct Fiber {
   void* asan_fake = nullptr;  // AddressSanitizer's fake stack while switched out
   bool done = false;
   bool waiting = false;  // parked at a barrier
+  // In a kernel launched with programmatic stream serialization, until the thread calls
+  // cudaGridDependencySynchronize: it may not touch device memory yet, nor exit (the kernels'
+  // atomics ask through check_device_access).
+  bool pdl_pending = false;
   const char* where = "";
 };
 
@@ -223,7 +232,7 @@ void fiber_entry() {
 #endif
   try {
     (*b.body)();
-    if (f->thread.pdl_pending && b.fault.empty()) {
+    if (f->pdl_pending && b.fault.empty()) {
       char buf[320];
       std::snprintf(buf, sizeof buf,
                     "thread (%u,%u,%u) of block (%u,%u,%u) exited without "
@@ -343,7 +352,7 @@ void run_block(Block& b, const char* name, int nthreads) {
     f.done = false;
     f.waiting = false;
     f.thread.linear = t;
-    f.thread.pdl_pending = b.programmatic;
+    f.pdl_pending = b.programmatic;
     f.thread.idx = {t % ::blockDim.x, (t / ::blockDim.x) % ::blockDim.y,
                     t / (::blockDim.x * ::blockDim.y)};
     // A fresh stack: fiber_entry's address for plx_emu_switch's `ret`, six zero registers below.
@@ -555,7 +564,9 @@ uint32_t shared_address(const void* p) {
 }
 
 void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
-  check_device_access("cp.async", src);
+  // (The thread read once: each thread-local read here is a call, and cp.async is hot.)
+  Thread* const t = g_thread;
+  if (g_block->current->pdl_pending && device_memory(src)) early_device_access("cp.async", src);
   if (bytes != 4 && bytes != 8 && bytes != 16) trap("cp.async: the copy size must be 4, 8 or 16");
   if (src_bytes < 0 || src_bytes > bytes) trap("cp.async: src-size past the copy size");
   if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
@@ -564,7 +575,8 @@ void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
                      {}, bytes};  // data zeroed: the zero fill past src_bytes
   if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   if (cp_async_early()) land({c});
-  else g_block->async[static_cast<size_t>(g_thread->linear)].open.push_back(c);
+  else
+    g_block->async[static_cast<size_t>(t->linear)].open.push_back(c);
 }
 
 void cp_async_commit() {
@@ -1160,10 +1172,13 @@ void trap(const char* what) {
 
 void grid_dependency_wait() {
   if (!g_thread) trap("cudaGridDependencySynchronize outside a kernel");
-  g_thread->pdl_pending = false;
+  g_block->current->pdl_pending = false;
 }
 void grid_dependency_trigger() {
   if (!g_thread) trap("cudaTriggerProgrammaticLaunchCompletion outside a kernel");
+}
+void check_device_access(const char* what, const void* p) {
+  if (g_thread && g_block->current->pdl_pending && device_memory(p)) early_device_access(what, p);
 }
 void early_device_access(const char* what, const void* p) {
   char buf[320];

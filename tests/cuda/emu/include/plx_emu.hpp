@@ -53,9 +53,6 @@ constexpr int kWarp = 32;
 struct Thread {
   uint3 idx;
   int linear;  // x + y * bx + z * bx * by
-  // In a kernel launched with programmatic stream serialization, until the thread calls
-  // cudaGridDependencySynchronize: it may not touch device memory yet, nor exit.
-  bool pdl_pending;
 };
 extern thread_local Thread* g_thread;
 extern thread_local uint3 g_block_idx;
@@ -105,15 +102,11 @@ void wgmma_wait(int pending);
 // cudaTriggerProgrammaticLaunchCompletion (griddepcontrol.launch_dependents). Kernels run one
 // after another here, so the wait has nothing to wait for; what is checked is the contract of a
 // kernel launched to overlap the one before it: every thread waits before it exits, and before
-// any access to device memory the emulator sees (cp.async, TMA, atomics, __ldcg), which fails
-// the launch naming `what`.
+// any access to device memory the emulator sees (cp.async, TMA, atomics; not plain loads and
+// stores), which fails the launch naming `what`.
 void grid_dependency_wait();
 void grid_dependency_trigger();
-[[noreturn]] void early_device_access(const char* what, const void* p);
-bool device_memory(const void* p);
-inline void check_device_access(const char* what, const void* p) {
-  if (g_thread && g_thread->pdl_pending && device_memory(p)) early_device_access(what, p);
-}
+void check_device_access(const char* what, const void* p);
 
 inline int lane_id() { return g_thread->linear & (kWarp - 1); }
 
@@ -148,7 +141,6 @@ inline void __threadfence_system() {}
 // Cache-hinted loads (__ldcg: through L2 only) are plain loads here: blocks run one at a time.
 template <class T>
 inline T __ldcg(const T* p) {
-  ::plx_emu::check_device_access("__ldcg", p);
   return *p;
 }
 [[noreturn]] inline void __trap() { ::plx_emu::trap("__trap()"); }
