@@ -1394,7 +1394,6 @@ struct PixTables {
 // Grid: x over O tiles, y over J tiles, z over K slices.
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArgs<T> a) {
-  pdl_begin();
   using S = WgradSmem<TL>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const As = reinterpret_cast<T*>(smem_raw);     // [STAGES][BK][LDA]
@@ -1418,6 +1417,9 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   PixTables<TL::BK, TL::STAGES, TL::STAGES - 1, T> px(
       a, reinterpret_cast<PixRow*>(Bs + TL::STAGES * TL::BK * S::LDB), kt0, kt1 - kt0, tid);
   px.prologue(a, tid);
+  // All of the above (the column's tap, the first tiles' pixel tables) reads only the
+  // parameters: it may overlap the kernel before this one.
+  pdl_begin();
 
   WgradRowsA ra = wgrad_rows_a(a, kt0 * TL::BK + a_crow, m0 + a_ccol * 8);
 
@@ -1501,8 +1503,8 @@ constexpr int wgmma_wgrad_smem() {
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS)
     igemm_wgmma_wgrad_kernel(const __grid_constant__ CUtensorMap tmy, const WgradArgs<T> a) {
-  pdl_begin();
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
   constexpr int S = TL::STAGES, BK = TL::BK;
@@ -1539,6 +1541,9 @@ __global__ void __launch_bounds__(TL::THREADS)
   PixTables<BK, S, S - 2, T> px(a, reinterpret_cast<PixRow*>(smem_raw + (base - raw) + TL::kRing),
                                 kt0, nk, tid);
   px.prologue(a, tid);
+  // All of the above (the mbarriers, the tensor map's prefetch, the first tiles' pixel tables)
+  // reads only the parameters: it may overlap the kernel before this one.
+  pdl_begin();
 
   auto load_tile = [&](int st, int it) {
     if (tid == 0) {
