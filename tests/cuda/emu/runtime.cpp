@@ -106,8 +106,8 @@ struct Fiber {
   bool done = false;
   bool waiting = false;  // parked at a barrier
   // In a kernel launched with programmatic stream serialization, until the thread calls
-  // cudaGridDependencySynchronize: it may not touch device memory yet, nor exit (the kernels'
-  // atomics ask through check_device_access).
+  // cudaGridDependencySynchronize: it may not touch device memory yet, nor exit (cp.async, TMA
+  // loads and atomics ask through check_device_access).
   bool pdl_pending = false;
   const char* where = "";
 };
@@ -564,9 +564,7 @@ uint32_t shared_address(const void* p) {
 }
 
 void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
-  // (The thread read once: each thread-local read here is a call, and cp.async is hot.)
-  Thread* const t = g_thread;
-  if (g_block->current->pdl_pending && device_memory(src)) early_device_access("cp.async", src);
+  check_device_access("cp.async", src);
   if (bytes != 4 && bytes != 8 && bytes != 16) trap("cp.async: the copy size must be 4, 8 or 16");
   if (src_bytes < 0 || src_bytes > bytes) trap("cp.async: src-size past the copy size");
   if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0)
@@ -576,7 +574,7 @@ void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
   if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   if (cp_async_early()) land({c});
   else
-    g_block->async[static_cast<size_t>(t->linear)].open.push_back(c);
+    g_block->async[static_cast<size_t>(g_thread->linear)].open.push_back(c);
 }
 
 void cp_async_commit() {
