@@ -1,5 +1,26 @@
 # Finds the libraries Plexus builds on. All come from Debian (or Ubuntu) packages; the GPU
 # machine lacks toml++, whose headers can be carried in and found through CMAKE_PREFIX_PATH.
+#
+# PLEXUS_FALLBACK_PREFIXES: install prefixes searched after the system's own (appended to
+# CMAKE_SYSTEM_PREFIX_PATH), for a machine that lacks some of these libraries: the GPU machine's
+# image, which gets Debian's packages carried in (tests/gpu/stage_deps.sh, one prefix each). A
+# library the machine has is found first; only what it lacks comes from these.
+set(PLEXUS_FALLBACK_PREFIXES "" CACHE STRING
+    "Install prefixes searched after the system's, for libraries the machine lacks")
+if(PLEXUS_FALLBACK_PREFIXES)
+  list(APPEND CMAKE_SYSTEM_PREFIX_PATH ${PLEXUS_FALLBACK_PREFIXES})
+endif()
+# Whether a path found lies under one of the fallback prefixes (its libraries then need a run
+# path that reaches their own dependencies: see the CPU plugin).
+function(plexus_from_fallback path out)
+  set(${out} OFF PARENT_SCOPE)
+  foreach(p ${PLEXUS_FALLBACK_PREFIXES})
+    string(FIND "${path}" "${p}/" at)
+    if(at EQUAL 0)
+      set(${out} ON PARENT_SCOPE)
+    endif()
+  endforeach()
+endfunction()
 
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
@@ -29,9 +50,27 @@ find_path(PLEXUS_CBLAS_INCLUDE_DIR cblas.h
   PATH_SUFFIXES x86_64-linux-gnu/${PLEXUS_OPENBLAS_VARIANT} ${PLEXUS_OPENBLAS_VARIANT}
                 openblas x86_64-linux-gnu REQUIRED)
 message(STATUS "OpenBLAS: ${PLEXUS_OPENBLAS_LIBRARY} (headers ${PLEXUS_CBLAS_INCLUDE_DIR})")
+plexus_from_fallback("${PLEXUS_OPENBLAS_LIBRARY}" PLEXUS_OPENBLAS_FROM_FALLBACK)
 add_library(plexus_openblas INTERFACE)
 target_include_directories(plexus_openblas SYSTEM INTERFACE ${PLEXUS_CBLAS_INCLUDE_DIR})
 target_link_libraries(plexus_openblas INTERFACE ${PLEXUS_OPENBLAS_LIBRARY})
+
+# The folders of Python's nvidia-<name> wheels (site-packages/nvidia/<name>, where PyTorch's
+# cuDNN and NCCL live) as `out`, for machines whose only cuDNN or NCCL came with PyTorch.
+function(plexus_python_nvidia_dirs name out)
+  set(${out} "" PARENT_SCOPE)
+  find_program(PLEXUS_PYTHON3 python3)
+  if(NOT PLEXUS_PYTHON3)
+    return()
+  endif()
+  execute_process(
+    COMMAND ${PLEXUS_PYTHON3} -c
+      "import importlib.util as u; s = u.find_spec('nvidia.${name}'); print(';'.join(s.submodule_search_locations) if s else '')"
+    OUTPUT_VARIABLE dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+  if(rc EQUAL 0 AND dirs)
+    set(${out} ${dirs} PARENT_SCOPE)
+  endif()
+endfunction()
 
 # ---- CUDA (optional): the CUDA plugin is built whenever the toolkit is found ----
 # nvcc on the PATH (or CMAKE_CUDA_COMPILER) switches it on; PLEXUS_CUDA=OFF switches it off.
@@ -55,11 +94,27 @@ if(PLEXUS_CUDA)
     find_package(CUDAToolkit REQUIRED)
     # cuDNN 9: under the toolkit on some machines, in the multiarch folders (Ubuntu's packages)
     # on others. Found, never hard-coded.
-    find_path(PLEXUS_CUDNN_INCLUDE_DIR cudnn_version.h
-      HINTS ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES x86_64-linux-gnu aarch64-linux-gnu)
-    find_library(PLEXUS_CUDNN_LIBRARY cudnn
-      HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+    # CUDNN_ROOT (a variable or the environment) points at any other install; last, the cuDNN
+    # of Python's nvidia-cudnn wheel (where PyTorch gets it: site-packages/nvidia/cudnn), whose
+    # library has only its versioned name.
+    plexus_python_nvidia_dirs(cudnn _plexus_pip_cudnn)
+    find_library(PLEXUS_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+      HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+      PATHS ${_plexus_pip_cudnn}
       PATH_SUFFIXES lib lib64 x86_64-linux-gnu aarch64-linux-gnu)
+    # The header from the library's own install first (a header newer than the library would
+    # describe functions it does not have).
+    set(_plexus_cudnn_header_hints)
+    if(PLEXUS_CUDNN_LIBRARY)
+      get_filename_component(_plexus_cudnn_libdir ${PLEXUS_CUDNN_LIBRARY} DIRECTORY)
+      list(APPEND _plexus_cudnn_header_hints ${_plexus_cudnn_libdir}/../include
+           ${_plexus_cudnn_libdir}/../../include)
+    endif()
+    find_path(PLEXUS_CUDNN_INCLUDE_DIR cudnn_version.h
+      HINTS ${_plexus_cudnn_header_hints} ${CUDNN_ROOT}/include $ENV{CUDNN_ROOT}/include
+            ${CUDAToolkit_INCLUDE_DIRS}
+      PATHS ${_plexus_pip_cudnn}
+      PATH_SUFFIXES include x86_64-linux-gnu aarch64-linux-gnu)
     if(PLEXUS_CUDNN_INCLUDE_DIR AND PLEXUS_CUDNN_LIBRARY)
       file(STRINGS ${PLEXUS_CUDNN_INCLUDE_DIR}/cudnn_version.h _cudnn_major
            REGEX "^#define CUDNN_MAJOR [0-9]+")

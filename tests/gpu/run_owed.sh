@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs, in one call on the GPU machine, what docs/gpu-owed.md lists: build, the whole suite, the
 # CUDA tests under compute-sanitizer, and the training benchmarks beside PyTorch's. Every log goes
-# to $OUT (the device tool brings that folder back). Stage first, on the dev machine
-# (../shared/GPU.md): toml++ in .deps/include, the peer scripts in .deps/bench, Fashion-MNIST in
-# .deps/fashion-mnist; then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
+# to $OUT (the device tool brings that folder back). Stage first, on the dev machine:
+# `bash tests/gpu/stage_deps.sh` (toml++ in .deps/include, the peer scripts in .deps/bench,
+# Fashion-MNIST in .deps/fashion-mnist, and the C++ libraries the GPU image may lack in
+# .deps/sysdeps.tar.xz); then: run(command="bash tests/gpu/run_owed.sh", carry=[".deps"]).
 #
 #   PHASES="build tests goals sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
 #   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs), "ncu" (Nsight Compute on
@@ -82,10 +83,55 @@ bench_step() {  # TAG MAX MODEL BATCH PREC [ARGS...]
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 
+# The C++ libraries carried in .deps/sysdeps.tar.xz (tests/gpu/stage_deps.sh: Debian's Boost,
+# spdlog and fmt, CLI11, Catch2, zlib and OpenBLAS, one prefix each), for an image that lacks
+# them (the H200's `cuda` image is a Python one): CMake searches them after the system's own.
+FALLBACK=()
+prefixes=
+if [[ -f .deps/sysdeps.tar.xz ]]; then
+  if [[ ! -d .deps/sys ]]; then
+    mkdir -p .deps/sys
+    tar -C .deps/sys -xJf .deps/sysdeps.tar.xz 2> /dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        .deps/sysdeps.tar.xz .deps/sys
+  fi
+  prefixes=$(printf "$PWD/.deps/sys/%s;" boost spdlog cli11 catch2 zlib openblas)
+  FALLBACK=(-DPLEXUS_FALLBACK_PREFIXES="${prefixes%;}")
+fi
+
+# What the machine's image has of what the build needs, before the build tries it: on a new
+# image a failed configure then says all of it in one call.
+preflight() {
+  {
+    echo "compilers: $(g++ --version 2>&1 | head -1); $(cmake --version 2>&1 | head -1); nvcc $(command -v nvcc) $(nvcc --version 2>&1 | tail -2 | head -1)"
+    for h in boost/dll.hpp spdlog/spdlog.h fmt/format.h CLI/CLI.hpp catch2/catch.hpp \
+             catch2/catch_session.hpp zlib.h toml++/toml.h nccl.h cudnn_version.h; do
+      found=
+      for d in /usr/include /usr/include/x86_64-linux-gnu /usr/local/include /usr/local/cuda/include; do
+        [[ -e $d/$h ]] && { found=$d/$h; break; }
+      done
+      [[ -n $found ]] || found=$(find /usr/include /usr/local -maxdepth 4 -path "*/$h" 2> /dev/null | head -1)
+      echo "  header $h: ${found:-none}"
+    done
+    echo "  cblas.h: $(find /usr/include -name cblas.h 2> /dev/null | head -2 | tr '\n' ' ')"
+    for l in libopenblas libz.so libgfortran libspdlog libcudnn.so libnccl.so libcublasLt libmpi.so; do
+      echo "  library $l: $(ldconfig -p 2> /dev/null | grep -m2 "$l" | awk '{print $NF}' | tr '\n' ' ')"
+    done
+    echo "  python's nvidia wheels: $(python3 -c 'import nvidia, os; print(" ".join(sorted(os.listdir(list(nvidia.__path__)[0]))))' 2>&1 | tail -1)"
+    echo "  mpirun: $(command -v mpirun || echo none); ncu: $(command -v ncu || echo none); cuobjdump: $(command -v cuobjdump || echo none)"
+  } 2>&1 | tee -a "$OUT/summary.txt"
+}
+
 if has build; then
   stamp build
+  preflight
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_PREFIX_PATH="$PWD/.deps" -DPLEXUS_CUDA_EMULATOR=${EMULATOR:-OFF} > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+    -DCMAKE_PREFIX_PATH="$PWD/.deps" "${FALLBACK[@]}" -DPLEXUS_CUDA_EMULATOR=${EMULATOR:-OFF} \
+    > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log" | tee -a "$OUT/summary.txt"; exit 1; }
+  # Which libraries came from the carried prefixes, and where cuDNN and NCCL were found.
+  grep -E '^(Boost_DIR|spdlog_DIR|CLI11_DIR|Catch2_DIR|ZLIB_LIBRARY_RELEASE|PLEXUS_OPENBLAS_LIBRARY|PLEXUS_CUDNN_LIBRARY|PLEXUS_NCCL_LIBRARY|PLEXUS_CUDNN_INCLUDE_DIR)[:=]' \
+    $B/CMakeCache.txt | tee -a "$OUT/summary.txt"
+  grep -E 'CUDA plugin|NCCL plugin|MPI plugin|not built' "$OUT/configure.log" | tee -a "$OUT/summary.txt"
   targets=()
   known=$(cmake --build $B --target help 2>/dev/null)
   for t in plexus plexus_tests plexus_plugin_cpu plexus_plugin_cuda plexus_plugin_nccl \
@@ -102,14 +148,28 @@ if has build; then
   grep -A2 'cuda (plugin' "$OUT/info.txt" | tee -a "$OUT/summary.txt"
 fi
 
+# A cuDNN or NCCL from Python's wheels (site-packages/nvidia/...): the plugins link them by path,
+# and cuDNN loads its sub-libraries (engines, graph) from its own folder; the folders go on the
+# loader's path for every later phase too (they are PyTorch's own, so its runs load the same).
+if [[ -f $B/CMakeCache.txt ]]; then
+  for v in PLEXUS_CUDNN_LIBRARY PLEXUS_NCCL_LIBRARY; do
+    lib=$(grep -E "^$v:" $B/CMakeCache.txt | cut -d= -f2-)
+    [[ $lib == */site-packages/* ]] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+  [[ -n ${LD_LIBRARY_PATH:-} ]] && echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee -a "$OUT/summary.txt"
+fi
+
 if has ab; then
   # A change's worth on the GPU, measured against the commit before it in one call (a ratio
   # across calls or machines says little): both builds' goal steps, base then head, twice.
   if [[ -f .deps/base-src/CMakeLists.txt ]]; then
     stamp "ab: build the base (.deps/base-src)"
     BB=build-gpu-base
+    # (An earlier commit may not know PLEXUS_FALLBACK_PREFIXES: the carried prefixes go into
+    # CMAKE_PREFIX_PATH there, searched before the system's.)
     cmake -S .deps/base-src -B $BB -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DCMAKE_PREFIX_PATH="$PWD/.deps" -DPLEXUS_CUDA_EMULATOR=OFF > "$OUT/configure-base.log" 2>&1
+      -DCMAKE_PREFIX_PATH="$PWD/.deps${prefixes:+;${prefixes%;}}" -DPLEXUS_CUDA_EMULATOR=OFF \
+      > "$OUT/configure-base.log" 2>&1
     run_for 200 cmake --build $BB -j16 --target plexus plexus_plugin_cpu plexus_plugin_cuda \
       > "$OUT/build-base.log" 2>&1
     tail -1 "$OUT/build-base.log" | tee -a "$OUT/summary.txt"
