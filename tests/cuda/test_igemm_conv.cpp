@@ -134,7 +134,9 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
   cuda::Tf32Off tf32_guard(gpu);
   uint64_t seed = 20261123;
   int ran_fwd = 0, ran_bd = 0, ran_bw = 0;
-  for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
+  const std::vector<plx_dtype> dtypes = test_dtypes({PLX_F16, PLX_BF16, PLX_F32});
+  REQUIRE(!dtypes.empty());
+  for (plx_dtype d : dtypes) {
     // f32 is TF32 (the kernels decline it with the option off: the decline test).
     REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
     std::vector<Geo> geos = geometries();

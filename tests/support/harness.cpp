@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include "plexus/op_schema.hpp"
 #include "plexus/optimizer.hpp"
@@ -24,6 +26,24 @@ std::string plugin_dir() {
   return d && *d ? d : PLEXUS_TEST_PLUGIN_DIR;
 }
 std::string source_dir() { return PLEXUS_SOURCE_DIR; }
+
+std::vector<plx_dtype> test_dtypes(const std::vector<plx_dtype>& all) {
+  const char* env = std::getenv("PLEXUS_TEST_DTYPES");
+  if (!env || !*env) return all;
+  std::vector<plx_dtype> keep;
+  std::stringstream list(env);
+  for (std::string name; std::getline(list, name, ',');) {
+    const plx_dtype d = dtype_from_name(name);
+    if (d == PLX_DTYPE_NONE)
+      throw std::invalid_argument("PLEXUS_TEST_DTYPES: unknown dtype '" + name +
+                                  "' (expected names such as f32,bf16)");
+    keep.push_back(d);
+  }
+  std::vector<plx_dtype> out;
+  for (plx_dtype d : all)
+    if (std::find(keep.begin(), keep.end(), d) != keep.end()) out.push_back(d);
+  return out;
+}
 
 RuntimeOptions plugin_dir_options() {
   RuntimeOptions o;

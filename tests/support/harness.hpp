@@ -36,6 +36,11 @@ std::string source_dir();
 // The float dtypes every float kernel is tested in.
 inline const std::vector<plx_dtype> kFloatDtypes = {PLX_F32, PLX_F16, PLX_BF16, PLX_F64};
 
+// `all`, less the dtypes that PLEXUS_TEST_DTYPES (a comma-separated list of names, when set)
+// leaves out: a test run again under a slow checker (the emulator's memcheck) can skip a dtype
+// whose kernels are another's template with the same element size. An unknown name fails.
+std::vector<plx_dtype> test_dtypes(const std::vector<plx_dtype>& all);
+
 // Uniform values in [lo, hi), reproducible from the seed.
 std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Values rounded to what dtype `d` stores (identity for f64).
