@@ -72,6 +72,16 @@ function(plexus_python_nvidia_dirs name out)
   endif()
 endfunction()
 
+# The include folders of the install that library `lib` belongs to, as `out` (for find_path's
+# HINTS): <prefix>/lib -> <prefix>/include, <prefix>/lib/<multiarch> -> <prefix>/include.
+function(plexus_include_beside lib out)
+  set(${out} "" PARENT_SCOPE)
+  if(lib)
+    get_filename_component(dir ${lib} DIRECTORY)
+    set(${out} ${dir}/../include ${dir}/../../include PARENT_SCOPE)
+  endif()
+endfunction()
+
 # ---- CUDA (optional): the CUDA plugin is built whenever the toolkit is found ----
 # nvcc on the PATH (or CMAKE_CUDA_COMPILER) switches it on; PLEXUS_CUDA=OFF switches it off.
 # Architectures: sm_80 and sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise.
@@ -104,12 +114,7 @@ if(PLEXUS_CUDA)
       PATH_SUFFIXES lib lib64 x86_64-linux-gnu aarch64-linux-gnu)
     # The header from the library's own install first (a header newer than the library would
     # describe functions it does not have).
-    set(_plexus_cudnn_header_hints)
-    if(PLEXUS_CUDNN_LIBRARY)
-      get_filename_component(_plexus_cudnn_libdir ${PLEXUS_CUDNN_LIBRARY} DIRECTORY)
-      list(APPEND _plexus_cudnn_header_hints ${_plexus_cudnn_libdir}/../include
-           ${_plexus_cudnn_libdir}/../../include)
-    endif()
+    plexus_include_beside("${PLEXUS_CUDNN_LIBRARY}" _plexus_cudnn_header_hints)
     find_path(PLEXUS_CUDNN_INCLUDE_DIR cudnn_version.h
       HINTS ${_plexus_cudnn_header_hints} ${CUDNN_ROOT}/include $ENV{CUDNN_ROOT}/include
             ${CUDAToolkit_INCLUDE_DIRS}
