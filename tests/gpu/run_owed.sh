@@ -95,7 +95,8 @@ if [[ -f .deps/sysdeps.tar.xz ]]; then
       python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
         .deps/sysdeps.tar.xz .deps/sys
   fi
-  prefixes=$(printf "$PWD/.deps/sys/%s;" boost spdlog cli11 catch2 zlib openblas)
+  # One prefix per folder of the archive (stage_deps.sh names them).
+  prefixes=$(printf "%s;" "$PWD"/.deps/sys/*/ | sed 's|/;|;|g')
   FALLBACK=(-DPLEXUS_FALLBACK_PREFIXES="${prefixes%;}")
 fi
 

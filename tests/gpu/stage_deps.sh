@@ -88,8 +88,8 @@ for f in libgfortran.so.5 libquadmath.so.0; do
 done
 
 # What each prefix came from, for the summary on the GPU machine.
-for p in boost spdlog cli11 catch2 zlib openblas; do
-  echo "$p: $(find "$stage/$p" -type f | wc -l) files"
+for p in "$stage"/*/; do
+  echo "$(basename "$p"): $(find "$p" -type f | wc -l) files"
 done > "$stage/CONTENTS"
 dpkg-query -W libboost1.74-dev libspdlog-dev libfmt-dev libcli11-dev catch2 zlib1g-dev \
   libopenblas-openmp-dev libgfortran5 >> "$stage/CONTENTS"

@@ -10,8 +10,8 @@
 #include <memory>
 #include <random>
 #include <sstream>
-#include <stdexcept>
 
+#include "plexus/comm_bench.hpp"  // parse_dtype
 #include "plexus/op_schema.hpp"
 #include "plexus/optimizer.hpp"
 #include "plexus/sdk/dtype.hpp"
@@ -32,13 +32,8 @@ std::vector<plx_dtype> test_dtypes(const std::vector<plx_dtype>& all) {
   if (!env || !*env) return all;
   std::vector<plx_dtype> keep;
   std::stringstream list(env);
-  for (std::string name; std::getline(list, name, ',');) {
-    const plx_dtype d = dtype_from_name(name);
-    if (d == PLX_DTYPE_NONE)
-      throw std::invalid_argument("PLEXUS_TEST_DTYPES: unknown dtype '" + name +
-                                  "' (expected names such as f32,bf16)");
-    keep.push_back(d);
-  }
+  for (std::string name; std::getline(list, name, ',');)
+    keep.push_back(parse_dtype("PLEXUS_TEST_DTYPES", name));
   std::vector<plx_dtype> out;
   for (plx_dtype d : all)
     if (std::find(keep.begin(), keep.end(), d) != keep.end()) out.push_back(d);
