@@ -46,6 +46,10 @@ const std::vector<ConfigKey>& Config::keys() {
                         "fastest, remember it in backend.tune_cache), native (the plugin's own "
                         "kernels first) or library (cuBLAS, cuDNN, OpenBLAS first)");
     kernels.choices = {"auto", "native", "library"};
+    add("backend.exclude_kernels", ConfigType::StringList, "[]",
+        "Kernels never to run: shell patterns (fnmatch) matched against each kernel's name as "
+        "`plexus info` lists it and each fused kernel's, e.g. [\"igemm_wgmma_*\", "
+        "\"cudnn_graph\"]; a node goes to its next kernel, a fused group runs its nodes apart");
     add("backend.tune_cache", ConfigType::String, "\"\"",
         "File that keeps the tuned choices: empty for $PLEXUS_CACHE_DIR/kernels.tsv, else "
         "$XDG_CACHE_HOME/plexus/kernels.tsv or ~/.cache/plexus/kernels.tsv; \"off\": this "

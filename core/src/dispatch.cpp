@@ -100,7 +100,8 @@ KernelResolution resolve_kernel(Backend& backend, const OpSchema& schema,
   const auto registered = backend.kernels(schema.id, dtype);
   std::vector<const plx_kernel*> order;
   for (const plx_kernel* k : registered) {
-    const std::string why = accept ? accept(*k) : std::string();
+    std::string why = tuner.exclusion(k->impl ? k->impl : "?");
+    if (why.empty() && accept) why = accept(*k);
     if (why.empty()) {
       order.push_back(k);
     } else {
@@ -239,6 +240,7 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
   std::vector<CandidateTime> out;
   std::string newer;
   const uint16_t need_minor = schema::abi_minor_needed(schema, attrs, &newer, given_inputs(inputs));
+  const KernelTuner& tuner = backend.runtime().tuner();
   for (const plx_kernel* k : backend.kernels(schema.id, dtype)) {
     CandidateTime t;
     t.impl = k->impl ? k->impl : "?";
@@ -246,6 +248,11 @@ std::vector<CandidateTime> time_all_kernels(Backend& backend, const OpSchema& sc
     void* state = nullptr;
     uint64_t ws = 0;
     const LoadedPlugin& source = backend.kernel_plugin(k);
+    if (std::string why = tuner.exclusion(t.impl); !why.empty()) {
+      t.error = why;  // never created, so never run: a kernel excluded because it hangs or faults
+      out.push_back(std::move(t));
+      continue;
+    }
     if (source.abi_minor() < need_minor) {
       t.error = "declined: " + too_old(source, newer);
       out.push_back(std::move(t));
@@ -324,7 +331,8 @@ std::vector<Tensor> call(Backend& backend, std::string_view op, const std::vecto
   // Kernels get contiguous inputs unless one of them accepts strides.
   bool strided_ok = false;
   for (const plx_kernel* k : backend.kernels(s.id, dtype))
-    strided_ok = strided_ok || (k->flags & PLX_KERNEL_STRIDED);
+    strided_ok = strided_ok || ((k->flags & PLX_KERNEL_STRIDED) &&
+                                !backend.runtime().tuner().excluded_by(k->impl ? k->impl : "?"));
   std::vector<Tensor> ins = inputs;
   ins.resize(s.inputs.size());
   for (size_t i = 0; i < ins.size(); ++i) {

@@ -26,9 +26,13 @@ std::vector<std::pair<std::string, std::string>> kernel_candidates(const Backend
       const auto ks = b.kernels(s.id, d);
       if (ks.size() < 2) continue;
       std::string list;
-      for (const plx_kernel* k : ks)
-        list += (list.empty() ? "" : ", ") + std::string(k->impl ? k->impl : "?") +
-                (is_library_kernel(*k) ? " [library]" : " [native]");
+      const KernelTuner& tuner = b.runtime().tuner();
+      for (const plx_kernel* k : ks) {
+        const char* impl = k->impl ? k->impl : "?";
+        list += (list.empty() ? "" : ", ") + std::string(impl) +
+                (is_library_kernel(*k) ? " [library" : " [native") +
+                (tuner.excluded_by(impl) ? ", excluded]" : "]");
+      }
       out.emplace_back(name + " " + dtype_name(d), list);
     }
   }
@@ -88,7 +92,12 @@ std::string info_text(const Runtime& rt) {
     const auto cands = kernel_candidates(*b);
     if (cands.empty()) continue;
     os << "\nKernel candidates on " << b->name() << " (backend.kernels = "
-       << kernel_side_name(rt.options().kernels) << "):\n";
+       << kernel_side_name(rt.options().kernels);
+    if (!rt.options().exclude_kernels.empty()) {
+      os << "; backend.exclude_kernels =";
+      for (const std::string& p : rt.options().exclude_kernels) os << " '" << p << "'";
+    }
+    os << "):\n";
     for (const auto& [what, list] : cands) {
       std::string padded = what;
       if (padded.size() < 36) padded.resize(36, ' ');
@@ -192,8 +201,11 @@ std::string info_json(const Runtime& rt) {
     toml::array choices;
     for (const auto& [key, e] : t.entries())
       choices.push_back(toml::table{{"key", key}, {"kernel", e.impl}, {"ms", e.ms}});
+    toml::array excluded;
+    for (const std::string& p : rt.options().exclude_kernels) excluded.push_back(p);
     root.insert("kernel_choice", toml::table{{"side", kernel_side_name(rt.options().kernels)},
                                              {"cache", t.cache_path()},
+                                             {"excluded", excluded},
                                              {"tuned", choices}});
   }
   toml::array comms;

@@ -1,11 +1,16 @@
 #include "plexus/runtime.hpp"
 
+#include <fnmatch.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "plexus/config.hpp"
 #include "plexus/error.hpp"
 #include "plexus/log.hpp"
 #include "plexus/sdk/dtype.hpp"
+#include "text.hpp"
 
 namespace plexus {
 
@@ -20,11 +25,23 @@ RuntimeOptions runtime_options(const Config& config) {
   o.kernels = parse_kernel_side(config.get_string("backend.kernels"));
   const std::string cache = config.get_string("backend.tune_cache");
   o.tune_cache = cache == "off" ? "" : cache.empty() ? default_tune_cache_path() : cache;
+  o.exclude_kernels = config.get_strings("backend.exclude_kernels");
+  for (const std::string& p : o.exclude_kernels)
+    if (p.empty())
+      throw ConfigError("backend.exclude_kernels: an empty pattern matches no kernel; expected "
+                        "kernel names or shell patterns, e.g. \"igemm_wgmma_*\"");
+  // PLEXUS_EXCLUDE_KERNELS adds comma-separated patterns (empty ones dropped) to the list, for
+  // every run of a shell: a benchmark script kept clear of a kernel without editing each command.
+  if (const char* env = std::getenv("PLEXUS_EXCLUDE_KERNELS"))
+    for (const std::string& p : text::split(env, ','))
+      if (std::find(o.exclude_kernels.begin(), o.exclude_kernels.end(), p) == o.exclude_kernels.end())
+        o.exclude_kernels.push_back(p);
   return o;
 }
 
 Runtime::Runtime(RuntimeOptions options)
-    : options_(std::move(options)), tuner_(options_.kernels, options_.tune_cache) {
+    : options_(std::move(options)),
+      tuner_(options_.kernels, options_.tune_cache, options_.exclude_kernels) {
   logging::init();
   PluginLoadResult r = PluginLoader::load(options_.plugins);
   skipped_ = std::move(r.skipped);
@@ -32,9 +49,32 @@ Runtime::Runtime(RuntimeOptions options)
   for (auto& p : r.loaded) add_plugin(std::move(p));
   for (auto& b : backends_) b->index_kernels(ops_);
   attach_extension_kernels();
+  warn_unmatched_exclusions();
   if (!options_.fallback.empty() && !find_backend(options_.fallback))
     throw PluginError("backend.fallback names backend '" + options_.fallback +
                       "', which is not loaded");
+}
+
+// A pattern of backend.exclude_kernels that names none of the loaded backends' kernels is
+// likely a typo; it is not an error, since one config serves machines with other plugins, and a
+// fused kernel (made only when a graph is prepared) may still match it.
+void Runtime::warn_unmatched_exclusions() const {
+  for (const std::string& p : options_.exclude_kernels) {
+    bool hit = false;
+    std::string names;
+    for (const auto& b : backends_) {
+      names += (names.empty() ? "" : ", ") + b->name();
+      for (const auto& [op, dts] : b->supported_ops())
+        for (plx_dtype d : dts)
+          for (const plx_kernel* k : b->kernels(ops_.get(op).id, d))
+            hit = hit || fnmatch(p.c_str(), k->impl ? k->impl : "?", 0) == 0;
+    }
+    if (!hit)
+      spdlog::warn("backend.exclude_kernels: '{}' matches no kernel of the loaded backends ({}); "
+                   "`plexus info` lists their names (a fused kernel's name is matched when it is "
+                   "made)",
+                   p, names.empty() ? "none" : names);
+  }
 }
 
 Runtime::~Runtime() {

@@ -1,6 +1,7 @@
 #include "plexus/tune.hpp"
 
 #include <spdlog/spdlog.h>
+#include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,8 +151,25 @@ void load(KernelTuner::Shared& s, const std::string& path) {
 
 }  // namespace
 
-KernelTuner::KernelTuner(KernelSide side, std::string cache_path)
-    : side_(side), path_(std::move(cache_path)), shared_(shared_for(path_)) {}
+KernelTuner::KernelTuner(KernelSide side, std::string cache_path,
+                         std::vector<std::string> excluded)
+    : side_(side),
+      path_(std::move(cache_path)),
+      excluded_(std::move(excluded)),
+      shared_(shared_for(path_)) {}
+
+const std::string* KernelTuner::excluded_by(std::string_view impl) const {
+  if (excluded_.empty()) return nullptr;
+  const std::string name(impl);
+  for (const std::string& p : excluded_)
+    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return &p;
+  return nullptr;
+}
+
+std::string KernelTuner::exclusion(std::string_view impl) const {
+  const std::string* p = excluded_by(impl);
+  return p ? "excluded by backend.exclude_kernels ('" + *p + "')" : std::string();
+}
 
 std::optional<std::string> KernelTuner::lookup(const std::string& key) {
   std::lock_guard lock(shared_->mu);
@@ -271,6 +289,12 @@ std::string tune_key(const Backend& backend, int32_t device, const OpSchema& sch
   const auto& opts = backend.runtime().options().plugins.options;
   if (auto it = opts.find(backend.plugin().name()); it != opts.end())
     for (const auto& [k, v] : it->second) os << " " << k << "=" << v;
+  // A choice among fewer kernels is another problem's.
+  const auto& excluded = backend.runtime().tuner().excluded();
+  if (!excluded.empty()) {
+    os << " exclude_kernels=";
+    for (size_t i = 0; i < excluded.size(); ++i) os << (i ? "," : "") << excluded[i];
+  }
   os << "|" << schema.name << "|";
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i) os << ",";

@@ -489,6 +489,31 @@ TEST_CASE("a run's manifest says how each kernel was chosen, and a second run ta
                                            "conv2d_1.grad conv2d_backward_weight"});
     CHECK(kc.at("tuned").integer == (run == 0 ? 5 : 0));
     CHECK(kc.at("cached").integer == (run == 0 ? 0 : 5));
+    CHECK(kc.at("excluded").items.empty());
+  }
+  {
+    // Winograd excluded: the manifest lists the pattern, no node runs or times it, and the
+    // choices among what is left are tuned afresh (another key), not read from the cache.
+    const fs::path out = dir.path / "excluded";
+    const Run r = run_plexus("train " + cfg + " --set output.dir=\\\"" + out.string() +
+                             "\\\" --set 'backend.exclude_kernels=[\"winograd*\"]'");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const plexus::JsonValue m = plexus::parse_json(read_text(out / "manifest.json"));
+    const plexus::JsonValue& kc = m.at("kernel_choice");
+    REQUIRE(kc.at("excluded").items.size() == 1);
+    CHECK(kc.at("excluded").items[0].string == "winograd*");
+    std::vector<std::string> seen;
+    for (const plexus::JsonValue& n : kc.at("nodes").items) {
+      seen.push_back(n.at("node").string + " " + n.at("op").string);
+      INFO(seen.back());
+      CHECK(n.at("how").string == "tuned");
+      CHECK(n.at("ms").members.size() == 2);  // im2col and direct
+      for (const auto& [impl, ms] : n.at("ms").members) CHECK(impl.find("winograd") == std::string::npos);
+    }
+    CHECK(seen == std::vector<std::string>{"conv2d_1 conv2d", "conv2d_1.grad conv2d_backward_weight"});
+    for (const plexus::JsonValue& k : m.at("kernels").items)
+      CHECK(k.string.find("winograd") == std::string::npos);
   }
   const Run info = run_plexus("info --config " + cfg);
   CHECK_THAT(info.output, PLX_CONTAINS("Kernel candidates on cpu (backend.kernels = auto):"));

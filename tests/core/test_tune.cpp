@@ -8,8 +8,16 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <cstdlib>
+#include <sstream>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "plexus/config.hpp"
+#include "plexus/dispatch.hpp"
 #include "plexus/error.hpp"
+#include "plexus/info.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/tune.hpp"
@@ -325,4 +333,145 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
     }
   }
   std::filesystem::remove(cache);
+}
+
+namespace {
+
+// The warnings logged while it lives.
+struct WarnCapture {
+  std::ostringstream text;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink =
+      std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+  WarnCapture() {
+    sink->set_level(spdlog::level::warn);
+    spdlog::default_logger()->sinks().push_back(sink);
+  }
+  ~WarnCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  }
+};
+
+}  // namespace
+
+// backend.exclude_kernels (plexus/tune.hpp): an excluded kernel is passed over as a decline that
+// names the pattern, by resolution, the tuner and `plexus bench kernels` alike; a fused kernel
+// whose name matches is not kept; a choice tuned without some kernels is cached under a key of its
+// own; a pattern that matches nothing is warned about.
+TEST_CASE("backend.exclude_kernels passes over the kernels it names", "[cpu][tune][config]") {
+  TempDir dir("exclude");
+  const std::string cache = dir / "kernels.tsv";
+  auto excluding = [&](std::vector<std::string> patterns) {
+    RuntimeOptions o = with_testdev(KernelSide::Auto, cache);
+    o.exclude_kernels = std::move(patterns);
+    return o;
+  };
+
+  SECTION("the tuner keeps the fastest of the others, under a key of its own") {
+    {
+      Runtime rt(excluding({"test-scale"}));
+      // y = 2x checked; the picky kernel declines 64 elements, so the slow one is the only one
+      // left: no choice to report, and its name in the step's.
+      const Prepared p = prepare_scale(rt, 64);
+      CHECK(p.choices.empty());
+      CHECK_THAT(p.names.at(0), PLX_CONTAINS("testdev/test-scale-slow"));
+      // Resolution lists the exclusion among the declines, with its pattern.
+      Backend& dev = rt.backend("testdev");
+      const OpSchema& s = rt.ops().get("testgood.scale");
+      const TensorDesc d{PLX_F32, {64}};
+      std::vector<plx_tensor> in{make_desc(d, 0)}, out{make_desc(d, 0)};
+      const KernelResolution r = resolve_kernel(dev, s, in, out, s.complete_attrs({}), 0, true);
+      REQUIRE(r.kernel);
+      CHECK(std::string(r.kernel->kernel().impl) == "test-scale-slow");
+      CHECK(std::find(r.declines.begin(), r.declines.end(),
+                      "test-scale: excluded by backend.exclude_kernels ('test-scale')") !=
+            r.declines.end());
+      // `plexus bench kernels` neither creates nor times it.
+      const auto times = time_all_kernels(dev, s, in, out, s.complete_attrs({}), 0, 5);
+      REQUIRE(times.size() == 3);
+      for (const CandidateTime& t : times) {
+        INFO(t.impl << ": " << t.ms << " ms, " << t.error);
+        if (t.impl == "test-scale") {
+          CHECK(t.ms < 0);
+          CHECK(t.error == "excluded by backend.exclude_kernels ('test-scale')");
+        }
+        if (t.impl == "test-scale-slow") CHECK(t.ms >= 3.0);
+      }
+      // `plexus info` marks it.
+      CHECK_THAT(info_text(rt), PLX_CONTAINS("test-scale [native, excluded]"));
+      CHECK_THAT(info_text(rt), PLX_CONTAINS("backend.exclude_kernels = 'test-scale'"));
+    }
+    {
+      // A pattern that leaves two candidates: timed, and remembered with the pattern in its key.
+      Runtime rt(excluding({"*-picky"}));
+      const Prepared p = prepare_scale(rt, 64);
+      CHECK(p.choices.at(0).impl == "test-scale");
+      CHECK(p.choices.at(0).choice.how == KernelChoice::How::Tuned);
+    }
+    CHECK_THAT(read_all(cache), PLX_CONTAINS(" exclude_kernels=*-picky|testgood.scale|"));
+    // Without the list the problem is a new one: timed among all, not the cached choice.
+    Runtime rt(with_testdev(KernelSide::Auto, cache));
+    const Prepared p = prepare_scale(rt, 64);
+    CHECK(p.choices.at(0).impl == "test-scale");
+    CHECK(p.choices.at(0).choice.how == KernelChoice::How::Tuned);
+  }
+
+  SECTION("a node whose every kernel is excluded is an error naming the patterns") {
+    Runtime rt(excluding({"test-scale*"}));
+    Backend& dev = rt.backend("testdev");
+    Graph g(rt.ops());
+    const Var x = g.input("x", {PLX_F32, {64}});
+    g.mark_output(g.add1("testgood.scale", {x}, {}, "s"), "y");
+    TensorStore store;
+    REQUIRE_THROWS_WITH(Executable(dev, g, store),
+                        PLX_CONTAINS("op 'testgood.scale' (f32) has no kernel on backend "
+                                     "'testdev'; its kernels declined: [test-scale-slow: "
+                                     "excluded by backend.exclude_kernels ('test-scale*')]"));
+    const Tensor t = Tensor::from_vector(dev, std::vector<float>(4, 1.0f), {4});
+    REQUIRE_THROWS_WITH(call(dev, "testgood.scale", {t}),
+                        PLX_CONTAINS("excluded by backend.exclude_kernels ('test-scale*')"));
+  }
+
+  SECTION("a fused kernel whose name matches is not kept: its nodes run apart") {
+    for (const char* pattern : {"test-chain", "test-c?ain"}) {
+      INFO(pattern);
+      RuntimeOptions o = excluding({pattern});
+      o.tune_cache = "";
+      o.plugins.options["testgood"]["claims"] = "0,1";
+      Runtime rt(o);
+      Backend& dev = rt.backend("testdev");
+      const ScaleRelu sr(rt);
+      TensorStore store;
+      Executable exe(dev, sr.g, store);
+      CHECK(exe.plan().fused_kernels == 0);
+      sr.run(exe, 2);  // y = max(0, 2x)
+      for (const std::string& n : exe.kernel_names()) CHECK(n.find("test-chain") == std::string::npos);
+    }
+  }
+
+  SECTION("the config's list, an empty pattern, and one that matches nothing") {
+    Config c = Config::parse("[backend]\nexclude_kernels = [\"igemm_wgmma_*\", \"cudnn_graph\"]\n",
+                             "t.toml");
+    CHECK(runtime_options(c).exclude_kernels ==
+          std::vector<std::string>{"igemm_wgmma_*", "cudnn_graph"});
+    CHECK(runtime_options(Config::parse("", "t.toml")).exclude_kernels.empty());
+    c = Config::parse("[backend]\nexclude_kernels = [\"\"]\n", "t.toml");
+    REQUIRE_THROWS_AS(runtime_options(c), ConfigError);
+    REQUIRE_THROWS_WITH(runtime_options(c),
+                        PLX_CONTAINS("backend.exclude_kernels: an empty pattern matches no kernel"));
+    REQUIRE_THROWS_WITH(Config::parse("[backend]\nexclude_kernels = \"igemm\"\n", "t.toml"),
+                        PLX_CONTAINS("backend.exclude_kernels"));
+    // PLEXUS_EXCLUDE_KERNELS adds to the config's list, once each, empty parts dropped.
+    c = Config::parse("[backend]\nexclude_kernels = [\"cudnn_graph\"]\n", "t.toml");
+    ::setenv("PLEXUS_EXCLUDE_KERNELS", "igemm_*,,cudnn_graph,", 1);
+    const std::vector<std::string> both = runtime_options(c).exclude_kernels;
+    ::unsetenv("PLEXUS_EXCLUDE_KERNELS");
+    CHECK(both == std::vector<std::string>{"cudnn_graph", "igemm_*"});
+    WarnCapture warned;
+    Runtime rt(excluding({"test-scal", "test-scale-slow"}));
+    CHECK_THAT(warned.text.str(),
+               PLX_CONTAINS("backend.exclude_kernels: 'test-scal' matches no kernel of the loaded "
+                            "backends (testdev)"));
+    CHECK(warned.text.str().find("'test-scale-slow'") == std::string::npos);
+  }
 }

@@ -33,6 +33,8 @@ struct RuntimeOptions {
   // kept in ("": this process only; runtime_options() fills in the default path).
   KernelSide kernels = KernelSide::Auto;
   std::string tune_cache;
+  // Shell patterns of kernel names never to run (backend.exclude_kernels, plexus/tune.hpp).
+  std::vector<std::string> exclude_kernels;
 };
 
 // A kernel one plugin gives a backend of another (an ABI 1.2 kernel extension), as reported by
@@ -47,7 +49,7 @@ struct ExtensionKernel {
 };
 
 // RuntimeOptions from a Config: plugins.*, backend.fallback, backend.kernels,
-// backend.tune_cache, memory.limit.
+// backend.tune_cache, backend.exclude_kernels, memory.limit.
 RuntimeOptions runtime_options(const Config& config);
 
 class Runtime {
@@ -91,6 +93,8 @@ class Runtime {
   // Appends every plugin's kernel extensions to the backends they name (after all plugins have
   // loaded and the backends indexed their own kernels); reports those it cannot attach.
   void attach_extension_kernels();
+  // Warns about each backend.exclude_kernels pattern that matches none of their kernels.
+  void warn_unmatched_exclusions() const;
 
   RuntimeOptions options_;
   OpRegistry ops_;

@@ -11,6 +11,15 @@
 // "native" and "library" put that side's kernels first and take the first that accepts, with no
 // timing; a node no kernel of that side accepts runs on the other side. Eager calls never time:
 // they take a cached choice when there is one, else the backend's order.
+//
+// `backend.exclude_kernels` lists kernels never to run, as shell patterns (fnmatch) of their
+// names: every consumer of a backend's kernels (resolution, the tuner, fused groups, `plexus
+// bench kernels`) passes over a kernel whose name matches, as if it had declined ("excluded by
+// backend.exclude_kernels ('pattern')"), and the core does not keep a fused kernel whose name
+// matches (its nodes run apart, or in other groups). A tuned choice made with some kernels
+// excluded is kept under a key of its own (the patterns are part of it), so it never stands in
+// for the choice among all of them. The list is the escape hatch for a kernel that is wrong or
+// slow on some machine: the run goes on without it while it is fixed.
 #pragma once
 
 #include <cstdint>
@@ -78,11 +87,18 @@ std::string default_tune_cache_path();
 // bits).
 class KernelTuner {
  public:
-  // `cache_path` "": choices live for the process only.
-  KernelTuner(KernelSide side = KernelSide::Auto, std::string cache_path = "");
+  // `cache_path` "": choices live for the process only. `excluded`: backend.exclude_kernels.
+  KernelTuner(KernelSide side = KernelSide::Auto, std::string cache_path = "",
+              std::vector<std::string> excluded = {});
 
   KernelSide side() const { return side_; }
   const std::string& cache_path() const { return path_; }
+  const std::vector<std::string>& excluded() const { return excluded_; }
+  // The first pattern of backend.exclude_kernels that `impl` matches, else null.
+  const std::string* excluded_by(std::string_view impl) const;
+  // Why a kernel named `impl` is passed over ("excluded by backend.exclude_kernels ('p')"), or
+  // "" when it is not.
+  std::string exclusion(std::string_view impl) const;
 
   std::optional<std::string> lookup(const std::string& key);
   // `times`: every candidate's timing, kept for this process (timed_here).
@@ -108,10 +124,12 @@ class KernelTuner {
  private:
   KernelSide side_;
   std::string path_;
+  std::vector<std::string> excluded_;
   std::shared_ptr<Shared> shared_;
 };
 
-// The cache key of a node's problem on `device` of `backend`.
+// The cache key of a node's problem on `device` of `backend` (with the runtime's
+// backend.exclude_kernels, when it has any).
 std::string tune_key(const Backend& backend, int32_t device, const OpSchema& schema,
                      const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                      const Attrs& attrs);

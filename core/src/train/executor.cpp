@@ -356,7 +356,8 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
     if (!r.kernel) continue;  // the fused kernel will say why it cannot run the node
     const plx_kernel* chosen = &r.kernel->kernel();
     sub[k].kernel_hint = kernel_index(chosen);
-    regs[k].assign(registered.begin(), registered.end());
+    for (const plx_kernel* cand : registered)  // what a cached group decision may name
+      if (!tuner.excluded_by(cand->impl ? cand->impl : "?")) regs[k].push_back(cand);
     member_of[k] = f.members.size();
     // The other candidates the tuner timed: a fused kernel around one of them may beat the one
     // around the fastest alone (a kernel that also does a neighbour's pass, say).
@@ -393,6 +394,14 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       backend_.fail(m.status, "preparing " + label);
     if (m.status == PLX_OK && !m.kernel)
       throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+    if (m.status == PLX_OK) {
+      if (std::string why = tuner.exclusion(m.kernel->impl ? m.kernel->impl : "?"); !why.empty()) {
+        m.kernel->destroy(m.state);  // made, never run
+        m = MadeGroup{};
+        m.status = PLX_ERR_UNSUPPORTED;
+        m.why = std::move(why);
+      }
+    }
     return m;
   };
   auto prepared = [&](const MadeGroup& m) {

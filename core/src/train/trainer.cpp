@@ -739,9 +739,12 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
           choices.push(c);
         }
       }
+      JsonArray excluded;
+      for (const std::string& p : tuner.excluded()) excluded.push(p);
       m.add("kernel_choice", JsonObject()
                                  .add("side", std::string(kernel_side_name(tuner.side())))
                                  .add("cache", tuner.cache_path())
+                                 .add("excluded", excluded)
                                  .add("tuned", tuned)
                                  .add("cached", cached)
                                  .add("nodes", choices));
