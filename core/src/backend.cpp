@@ -155,6 +155,11 @@ void Backend::destroy_event(plx_event e) noexcept {
 void Backend::record(plx_event e, plx_stream s) { check(t_->event_record(t_->ctx, e, s), "event_record"); }
 void Backend::wait(plx_stream s, plx_event e) { check(t_->stream_wait_event(t_->ctx, s, e), "stream_wait_event"); }
 void Backend::sync_event(plx_event e) { check(t_->event_sync(t_->ctx, e), "event_sync"); }
+bool Backend::event_done(plx_event e) {
+  int32_t done = 0;
+  check(t_->event_query(t_->ctx, e, &done), "event_query");
+  return done != 0;
+}
 double Backend::elapsed_ms(plx_event start, plx_event end) {
   float ms = 0;
   check(t_->event_elapsed_ms(t_->ctx, start, end, &ms), "event_elapsed_ms");

@@ -50,6 +50,11 @@ const std::vector<ConfigKey>& Config::keys() {
         "Kernels never to run: shell patterns (fnmatch) matched against each kernel's name as "
         "`plexus info` lists it and each fused kernel's, e.g. [\"igemm_wgmma_*\", "
         "\"cudnn_graph\"]; a node goes to its next kernel, a fused group runs its nodes apart");
+    add("backend.tune_timeout_s", ConfigType::Float, "60",
+        "Seconds the tuner waits for one timing run of a candidate before it takes the device "
+        "for stuck: it logs the kernel and how to exclude it, and the process exits with "
+        "status 3")
+        .fmin = 0;
     add("backend.tune_cache", ConfigType::String, "\"\"",
         "File that keeps the tuned choices: empty for $PLEXUS_CACHE_DIR/kernels.tsv, else "
         "$XDG_CACHE_HOME/plexus/kernels.tsv or ~/.cache/plexus/kernels.tsv; \"off\": this "

@@ -26,6 +26,10 @@ RuntimeOptions runtime_options(const Config& config) {
   const std::string cache = config.get_string("backend.tune_cache");
   o.tune_cache = cache == "off" ? "" : cache.empty() ? default_tune_cache_path() : cache;
   o.exclude_kernels = config.get_strings("backend.exclude_kernels");
+  o.tune_timeout_s = config.get_float("backend.tune_timeout_s");
+  if (!(o.tune_timeout_s > 0))
+    throw ConfigError("backend.tune_timeout_s: expected a number of seconds above 0, got " +
+                      std::to_string(o.tune_timeout_s));
   for (const std::string& p : o.exclude_kernels)
     if (p.empty())
       throw ConfigError("backend.exclude_kernels: an empty pattern matches no kernel; expected "

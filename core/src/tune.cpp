@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "plexus/allocator.hpp"
 #include "plexus/backend.hpp"
@@ -323,6 +325,40 @@ void sort_fastest_first(std::vector<CandidateTime>& times) {
   });
 }
 
+namespace {
+
+// Waits for `done` as sync_event would, for at most backend.tune_timeout_s. A candidate whose run
+// never completes (a kernel that deadlocks on this device) would otherwise hang the process where
+// it prepares a graph, and nothing more can run on a stream stuck behind it: the process says
+// which kernel it was and how to keep it out, keeps what the tuner has timed so far, and exits
+// with status 3.
+void wait_for_run(Backend& backend, plx_event done, const PreparedKernel& kernel) {
+  const double limit = backend.runtime().options().tune_timeout_s;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int polls = 0; !backend.event_done(done); ++polls) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > limit) {
+      const std::string impl = kernel.kernel().impl ? kernel.kernel().impl : "?";
+      spdlog::critical(
+          "{} on '{}': the tuner's run of candidate {} has not completed in {:g} s "
+          "(backend.tune_timeout_s), so the device is taken for stuck and the process exits; keep "
+          "the kernel out with backend.exclude_kernels = [\"{}\"] or PLEXUS_EXCLUDE_KERNELS={}",
+          kernel.label(), backend.name(), impl, limit, impl, impl);
+      backend.runtime().tuner().flush();
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
+    if (polls < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 20 : 1000));
+  }
+}
+
+}  // namespace
+
 double time_kernel(Backend& backend, const PreparedKernel& kernel,
                    const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                    int32_t device, double budget_ms) {
@@ -367,7 +403,7 @@ double time_kernel(Backend& backend, const PreparedKernel& kernel,
         kernel.run(in.data(), static_cast<int32_t>(in.size()), out.data(),
                    static_cast<int32_t>(out.size()), ws ? ws->ptr : nullptr, stream);
       backend.record(end, stream);
-      backend.sync_event(end);
+      wait_for_run(backend, end, kernel);
       return backend.elapsed_ms(start, end);
     };
     run(1);  // warm-up: first-touch pages, lazy module loads, caches

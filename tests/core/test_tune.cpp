@@ -5,21 +5,23 @@
 // depend on this machine's load), remembers it on disk, and a second runtime takes it from there
 // without timing; "native" and "library" force a side without timing; eager calls follow the
 // cache or the order; a corrupt cache file is reported by file and line and ignored.
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <cstdlib>
-#include <sstream>
-
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "plexus/config.hpp"
 #include "plexus/dispatch.hpp"
 #include "plexus/error.hpp"
-#include "plexus/info.hpp"
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
+#include "plexus/info.hpp"
 #include "plexus/tune.hpp"
 #include "support/harness.hpp"
 
@@ -455,6 +457,11 @@ TEST_CASE("backend.exclude_kernels passes over the kernels it names", "[cpu][tun
     CHECK(runtime_options(c).exclude_kernels ==
           std::vector<std::string>{"igemm_wgmma_*", "cudnn_graph"});
     CHECK(runtime_options(Config::parse("", "t.toml")).exclude_kernels.empty());
+    // backend.tune_timeout_s: 60 s unless set, and above 0.
+    CHECK(runtime_options(Config::parse("", "t.toml")).tune_timeout_s == 60);
+    CHECK(runtime_options(Config::parse("[backend]\ntune_timeout_s = 2.5\n", "t.toml")).tune_timeout_s == 2.5);
+    REQUIRE_THROWS_WITH(runtime_options(Config::parse("[backend]\ntune_timeout_s = 0\n", "t.toml")),
+                        PLX_CONTAINS("backend.tune_timeout_s"));
     c = Config::parse("[backend]\nexclude_kernels = [\"\"]\n", "t.toml");
     REQUIRE_THROWS_AS(runtime_options(c), ConfigError);
     REQUIRE_THROWS_WITH(runtime_options(c),
@@ -474,4 +481,51 @@ TEST_CASE("backend.exclude_kernels passes over the kernels it names", "[cpu][tun
                             "backends (testdev)"));
     CHECK(warned.text.str().find("'test-scale-slow'") == std::string::npos);
   }
+}
+
+// A candidate whose run never completes (a kernel that deadlocks on the device) must not hang
+// the process that tunes it: after backend.tune_timeout_s the tuner names the kernel and how to
+// keep it out, and the process exits with status 3. The test plugin's option never_completes
+// leaves testdev's stream stuck after its fast scale kernel runs (no event completes after it).
+// This test runs the hidden one below in a process of its own, once as is and once with the
+// kernel kept out through PLEXUS_EXCLUDE_KERNELS.
+TEST_CASE("a candidate that never completes while timed exits the process naming it",
+          "[cpu][tune]") {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  auto child = [&](const std::string& env) {
+    const std::string cmd = "env -u PLEXUS_EXCLUDE_KERNELS " + env + " '" + self +
+                            "' 'a stuck candidate in a process of its own' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  const auto [status, out] = child("");
+  INFO(out);
+  CHECK(status == 3);
+  CHECK_THAT(out, PLX_CONTAINS("op 'testgood.scale' on 'testdev': the tuner's run of candidate "
+                               "test-scale has not completed in 0.2 s (backend.tune_timeout_s)"));
+  CHECK_THAT(out, PLX_CONTAINS("backend.exclude_kernels = [\"test-scale\"] or "
+                               "PLEXUS_EXCLUDE_KERNELS=test-scale"));
+  const auto [status2, out2] = child("PLEXUS_EXCLUDE_KERNELS=test-scale");
+  INFO(out2);
+  CHECK(status2 == 0);
+  CHECK_THAT(out2, PLX_CONTAINS("All tests passed"));
+}
+
+TEST_CASE("a stuck candidate in a process of its own", "[.][stuck-child]") {
+  Config c = Config::parse("[plugins]\npaths = [\"" + fixture_dir() + "/good\"]\n"
+                           "[plugins.options.testgood]\nnever_completes = 1\n"
+                           "[backend]\ntune_timeout_s = 0.2\ntune_cache = \"off\"\n",
+                           "stuck.toml");
+  RuntimeOptions o = runtime_options(c);
+  o.plugins.use_env = false;
+  o.plugins.use_default_dir = false;
+  Runtime rt(o);
+  const Prepared p = prepare_scale(rt, 64);  // exits here unless test-scale is kept out
+  CHECK(std::getenv("PLEXUS_EXCLUDE_KERNELS") != nullptr);
+  CHECK(p.names.at(0).find("test-scale-slow") != std::string::npos);
 }

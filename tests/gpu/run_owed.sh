@@ -71,15 +71,38 @@ run_for() {
   timeout "$max" "$@"
 }
 
+# A candidate that never completes while the tuner times it (a kernel that deadlocks on this GPU)
+# ends plexus after backend.tune_timeout_s (20 s here) with status 3, naming it: the command
+# then runs again with that kernel kept out, and so does every later run of this call
+# (PLEXUS_EXCLUDE_KERNELS), at most three kernels a command. Its log: LOG (each stuck try's
+# beside it as LOG.stuckN).
+TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
+run_unstuck() {  # LOG MAX COMMAND...
+  local log=$1 max=$2 st=0 k try
+  shift 2
+  for try in 1 2 3 4; do
+    run_for "$max" "$@" > "$log" 2>&1
+    st=$?
+    ((st == 3 && try < 4)) || return $st
+    k=$(grep -o 'PLEXUS_EXCLUDE_KERNELS=[^ ]*' "$log" | tail -1 | cut -d= -f2)
+    [[ -n $k ]] || return $st
+    cp "$log" "$log.stuck$try"
+    export PLEXUS_EXCLUDE_KERNELS=${PLEXUS_EXCLUDE_KERNELS:+$PLEXUS_EXCLUDE_KERNELS,}$k
+    echo "STUCK while timed: $k; PLEXUS_EXCLUDE_KERNELS=$PLEXUS_EXCLUDE_KERNELS from here on" |
+      tee -a "$OUT/summary.txt"
+  done
+  return $st
+}
+
 # `plexus bench step` of configs/MODEL.toml on CUDA at BATCH in PREC, then any further arguments
 # (--set ...), under run_for MAX: its log and JSON as bench-step-TAG.*, its head in the summary.
 bench_step() {  # TAG MAX MODEL BATCH PREC [ARGS...]
   local tag=$1 max=$2 model=$3 batch=$4 prec=$5
   shift 5
   stamp "plexus bench step: $tag"
-  run_for "$max" $B/bin/plexus bench step configs/$model.toml --backend cuda \
+  run_unstuck "$OUT/bench-step-$tag.log" "$max" $B/bin/plexus bench step configs/$model.toml --backend cuda \
     --set train.batch_size=$batch --set train.precision=\"$prec\" --set data.path=\"$DATA\" \
-    --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json" > "$OUT/bench-step-$tag.log" 2>&1
+    "${TUNE_TIMEOUT[@]}" --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -v '\[debug\]' "$OUT/bench-step-$tag.log" | head -30 | tee -a "$OUT/summary.txt"
   # With --log-level debug: what the tuner made of each fused group ("timed as a whole").
@@ -252,8 +275,9 @@ if has goals; then
     local tag=$1
     shift
     stamp "goal: plexus train $tag"
-    run_for 200 $B/bin/plexus train "$@" --set backend.name=cuda --set data.path=\"$DATA\" \
-      --set logging.progress=plain --set output.dir=\"$OUT/runs/goal-$tag\" > "$OUT/goal-$tag.log" 2>&1
+    run_unstuck "$OUT/goal-$tag.log" 200 $B/bin/plexus train "$@" --set backend.name=cuda \
+      --set data.path=\"$DATA\" "${TUNE_TIMEOUT[@]}" --set logging.progress=plain \
+      --set output.dir=\"$OUT/runs/goal-$tag\"
     echo "exit $?" | tee -a "$OUT/summary.txt"
     grep -E 'img/s|target test accuracy|capturing the work around' "$OUT/goal-$tag.log" | tail -5 | tee -a "$OUT/summary.txt"
   }
@@ -285,6 +309,22 @@ if has goals; then
   run_for 200 python3 tests/gpu/torch_graphs_tta.py "$DATA" --models convnet --recipe short \
     > "$OUT/goal-torch-tta-short.log" 2>&1
   tail -4 "$OUT/goal-torch-tta-short.log" | tee -a "$OUT/summary.txt"
+  # Last, as it is on the edge: one epoch of AdamW at 5e-3 (cosine, 0.1-epoch warm-up) reached
+  # 91.18% on the CPU with seed 0 but 90.93% with seed 1 (docs/benchmarks.md, fortieth session),
+  # so "not reached" here is no fault; where it is reached, half the short recipe's steps. Its
+  # shapes are the short recipe's, so the tuning cache has them.
+  goal_train convnet-tta-one configs/convnet.toml --set train.epochs=1 --set train.batch_size=128 \
+    --set train.optimizer=\"adamw\" --set train.lr=5e-3 --set train.schedule=\"cosine\" \
+    --set train.warmup_epochs=0.1 --set train.weight_decay=0 --set train.precision=\"tf32\" \
+    --set train.target_accuracy=0.91 --set data.resident=\"on\"
+  goal_train convnet-tta-one-bf16 configs/convnet.toml --set train.epochs=1 --set train.batch_size=128 \
+    --set train.optimizer=\"adamw\" --set train.lr=5e-3 --set train.schedule=\"cosine\" \
+    --set train.warmup_epochs=0.1 --set train.weight_decay=0 --set train.precision=\"bf16\" \
+    --set train.target_accuracy=0.91 --set data.resident=\"on\"
+  stamp "goal bars: torch_graphs_tta --recipe one"
+  run_for 120 python3 tests/gpu/torch_graphs_tta.py "$DATA" --models convnet --recipe one \
+    > "$OUT/goal-torch-tta-one.log" 2>&1
+  tail -4 "$OUT/goal-torch-tta-one.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has goalprofile; then
@@ -315,18 +355,18 @@ if has goalprofile; then
   tag=convnet-b1024-bf16
   stamp "plexus bench kernels: the $tag training step"
   # (--log-level debug: each cudnn_graph kernel's engines, timed, and the one it kept.)
-  run_for 150 $B/bin/plexus bench kernels configs/convnet.toml --backend cuda \
-    --set train.batch_size=1024 --set train.precision=\"bf16\" --set data.path=\"$DATA\" \
-    --log-level debug \
-    --json "$OUT/bench-kernels-$tag.json" > "$OUT/bench-kernels-$tag.log" 2>&1
+  run_unstuck "$OUT/bench-kernels-$tag.log" 150 $B/bin/plexus bench kernels configs/convnet.toml \
+    --backend cuda --set train.batch_size=1024 --set train.precision=\"bf16\" \
+    --set data.path=\"$DATA\" "${TUNE_TIMEOUT[@]}" --log-level debug \
+    --json "$OUT/bench-kernels-$tag.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
   grep -E 'on the graph API|graph API failed|cuda.conv\] conv2d.*(ms, workspace|no plan|skipped)' \
     "$OUT/bench-kernels-$tag.log" | sort | uniq -c | sort -rn | head -60 | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
-  run_for 150 $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 \
-    --gemm 1024,4096,8192,128x10x800,1024x256x6272 \
-    --json "$OUT/bench-kernels-gemm-bf16.json" > "$OUT/bench-kernels-gemm-bf16.log" 2>&1
+  run_unstuck "$OUT/bench-kernels-gemm-bf16.log" 150 $B/bin/plexus bench kernels --backend cuda \
+    --no-step --dtype bf16 --gemm 1024,4096,8192,128x10x800,1024x256x6272 "${TUNE_TIMEOUT[@]}" \
+    --json "$OUT/bench-kernels-gemm-bf16.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-bf16.log" | tee -a "$OUT/summary.txt"
 fi

@@ -19,7 +19,14 @@ linear warm-up over the first 0.2 epoch and a cosine decay to 0 at the end of 2 
 (momentum buffer, then p -= lr * buffer, PyTorch's SGD without dampening) with the rate in a
 device tensor the captured graph reads; each configuration runs both graphed and eager.
 
-Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short]
+--recipe one trains one epoch: batch 128, AdamW (betas 0.9, 0.999, eps 1e-8, no weight decay) at
+a peak rate of --lr (default 5e-3) with a linear warm-up over the first 0.1 epoch and a cosine
+decay to 0 at the end of the epoch, as `plexus train --set train.optimizer="adamw" --set
+train.lr=5e-3 --set train.schedule="cosine" --set train.warmup_epochs=0.1 --set train.epochs=1`
+(docs/benchmarks.md, fortieth session). The optimizer is PyTorch's fused AdamW on CUDA (its
+fastest; capturable, the rate a device tensor the graph reads), the default one on the CPU.
+
+Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short|one]
 (--device cpu runs the same loop with the step eager, to check the script without a GPU.)
 """
 import argparse
@@ -40,7 +47,8 @@ ap.add_argument("--bench", default=os.path.join(os.path.dirname(os.path.abspath(
                 help="the folder of torch_anchor.py (../shared/bench, staged as .deps/bench)")
 ap.add_argument("--models", default="simplecnn,convnet")
 ap.add_argument("--epochs", type=int, default=15)
-ap.add_argument("--recipe", default="constant", choices=["constant", "short"])
+ap.add_argument("--recipe", default="constant", choices=["constant", "short", "one"])
+ap.add_argument("--lr", type=float, default=5e-3, help="the peak rate of --recipe one")
 args = ap.parse_args()
 sys.path.insert(0, os.path.abspath(args.bench))
 from torch_anchor import load_idx, SimpleCNN, ConvNet  # noqa: E402
@@ -65,7 +73,7 @@ def sync():
         torch.cuda.synchronize()
 
 
-def short_rate(peak, step, steps_per_epoch, epochs=2, warmup_epochs=0.2):
+def cosine_rate(peak, step, steps_per_epoch, epochs, warmup_epochs):
     """The rate of plexus's `cosine` schedule with `warmup_epochs` (core/src/train/optimizer.cpp)."""
     warm = int(round(warmup_epochs * steps_per_epoch))
     total = epochs * steps_per_epoch
@@ -75,11 +83,20 @@ def short_rate(peak, step, steps_per_epoch, epochs=2, warmup_epochs=0.2):
     return 0.5 * peak * (1.0 + np.cos(np.pi * t))
 
 
-def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
+def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
+    short = recipe == "short"
+    adamw = recipe == "one"
+    scheduled = short or adamw
     torch.manual_seed(0)
     m = (SimpleCNN if name == "simplecnn" else ConvNet)().to(dev)
     params = list(m.parameters())
-    opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if adamw:
+        # The rate a device tensor (read by the captured graph), the fused kernel on CUDA.
+        lr_t = torch.full((), lr, device=dev) if cuda else lr
+        opt = torch.optim.AdamW(params, lr=lr_t, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                                **(dict(fused=True, capturable=True) if cuda else {}))
+    else:
+        opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
     bufs = [torch.zeros_like(p) for p in params]
     neg_lr = torch.full((), -lr, device=dev)  # read by the written-out update (short recipe)
     sx = torch.empty(batch, 1, 28, 28, device=dev)
@@ -94,6 +111,14 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
             for p, b in zip(params, bufs):
                 b.mul_(0.9).add_(p.grad)
                 p.addcmul_(b, neg_lr)
+
+    def set_rate(rate):
+        if adamw and cuda:
+            opt.param_groups[0]["lr"].fill_(rate)
+        elif adamw:
+            opt.param_groups[0]["lr"] = rate
+        else:
+            neg_lr.fill_(-rate)
 
     def step():
         opt.zero_grad(set_to_none=not short)
@@ -133,6 +158,9 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
             for st in opt.state.values():
                 if st.get("momentum_buffer") is not None:
                     st["momentum_buffer"].zero_()
+                for key in ("exp_avg", "exp_avg_sq", "step"):  # AdamW's, a fresh optimizer's
+                    if torch.is_tensor(st.get(key)):
+                        st[key].zero_()
             for b in bufs:
                 b.zero_()
     sync()
@@ -140,7 +168,7 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
 
     n = xtr.shape[0] // batch * batch
     train_s, acc, ep, k = 0.0, 0.0, 0, 0
-    epochs = 2 if short else args.epochs
+    epochs = 2 if short else 1 if adamw else args.epochs
     while acc < target and ep < epochs:
         ep += 1
         m.train()
@@ -151,8 +179,8 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
             idx = perm[i:i + batch]
             sx.copy_(xtr[idx])
             sy.copy_(ytr[idx])
-            if short:
-                neg_lr.fill_(-short_rate(lr, k, n // batch))
+            if scheduled:
+                set_rate(cosine_rate(lr, k, n // batch, epochs, 0.2 if short else 0.1))
             k += 1
             replay()
         sync()
@@ -163,20 +191,21 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, short=False):
                       for i in range(0, 10000, 2000)) / 10000
     what = ("time_to_acc_graphed" if graphed else "time_to_acc_eager") if cuda else \
         "time_to_acc_eager_cpu_check"
-    return dict(what=what, model=name, recipe="short" if short else "constant", target=target,
+    return dict(what=what, model=name, recipe=recipe, target=target,
                 batch=batch, lr=lr, tf32=cuda, reached=acc >= target, acc=acc, epochs=ep,
                 train_s=round(train_s, 3), setup_s=round(setup_s, 3), torch=torch.__version__)
 
 
-short = args.recipe == "short"
+scheduled = args.recipe in ("short", "one")
 for name, target in (("simplecnn", 0.88), ("convnet", 0.91)):
     if name not in args.models.split(","):
         continue
-    configs = ((128, 0.1),) if short else ((128, 0.05), (256, 0.05), (512, 0.1))
+    configs = {"short": ((128, 0.1),), "one": ((128, args.lr),)}.get(
+        args.recipe, ((128, 0.05), (256, 0.05), (512, 0.1)))
     for batch, lr in configs:
-        for graphed in ((True, False) if short and cuda else (True,)):
+        for graphed in ((True, False) if scheduled and cuda else (True,)):
             try:
-                print(json.dumps(time_to_accuracy(name, target, batch, lr, graphed, short)),
+                print(json.dumps(time_to_accuracy(name, target, batch, lr, graphed, args.recipe)),
                       flush=True)
             except Exception as ex:  # one configuration failing must not hide the others
                 print(json.dumps(dict(what="time_to_acc_graphed" if graphed else "time_to_acc_eager",

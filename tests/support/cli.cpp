@@ -9,7 +9,7 @@
 namespace plexus::test {
 
 Run run_plexus(const std::string& args, const std::string& env) {
-  const std::string cmd = "env -u PLEXUS_PLUGIN_PATH -u PLEXUS_LOG_LEVEL " + env + " " +
+  const std::string cmd = "env -u PLEXUS_PLUGIN_PATH -u PLEXUS_LOG_LEVEL -u PLEXUS_EXCLUDE_KERNELS " + env + " " +
                           std::string(PLEXUS_BINARY_DIR) + "/bin/plexus " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);

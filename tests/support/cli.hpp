@@ -10,8 +10,8 @@ struct Run {
   std::string output;  // stdout and stderr together
 };
 
-// Runs build/bin/plexus with `args` in a clean environment (no PLEXUS_PLUGIN_PATH or
-// PLEXUS_LOG_LEVEL) plus `env` ("NAME=value ...").
+// Runs build/bin/plexus with `args` in a clean environment (no PLEXUS_PLUGIN_PATH,
+// PLEXUS_LOG_LEVEL or PLEXUS_EXCLUDE_KERNELS) plus `env` ("NAME=value ...").
 Run run_plexus(const std::string& args, const std::string& env = "");
 
 }  // namespace plexus::test

@@ -74,6 +74,7 @@ class Backend {
   void record(plx_event e, plx_stream s);      // e completes when s reaches this point
   void wait(plx_stream s, plx_event e);        // later work on s waits for e; the host does not
   void sync_event(plx_event e);                // the host waits for e
+  bool event_done(plx_event e);                // whether e has completed; never blocks
   // Milliseconds from `start` to `end`, two completed events of one device.
   double elapsed_ms(plx_event start, plx_event end);
 

@@ -33,6 +33,7 @@ class PreparedKernel {
 
   Backend& backend() const { return backend_; }
   const plx_kernel& kernel() const { return *kernel_; }
+  const std::string& label() const { return label_; }  // "op 'relu'", "fused kernel '...'"
   uint64_t workspace_bytes() const { return workspace_bytes_; }
 
   // Enqueues the kernel; throws the backend's error (naming op and implementation) on failure.

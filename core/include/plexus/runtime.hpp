@@ -35,6 +35,9 @@ struct RuntimeOptions {
   std::string tune_cache;
   // Shell patterns of kernel names never to run (backend.exclude_kernels, plexus/tune.hpp).
   std::vector<std::string> exclude_kernels;
+  // Seconds one timing run of a candidate may take before the tuner exits the process
+  // (backend.tune_timeout_s; time_kernel, plexus/tune.hpp).
+  double tune_timeout_s = 60;
 };
 
 // A kernel one plugin gives a backend of another (an ABI 1.2 kernel extension), as reported by
