@@ -225,17 +225,23 @@ TEST_CASE("cuda igemm convolution candidates decline what they do not handle", "
   }
   // f32 runs on the Tensor Cores as TF32: with the cuda tf32 option off every f32 candidate of
   // the three ops declines, naming the option; with it on, a first layer's single input channel
-  // is left to the direct kernel.
+  // is left to the direct kernel, and a filter of 49 taps to cuDNN (the TF32 gather keeps a bit
+  // per tap too).
   cuda::Tf32Off tf32_guard(gpu);
   const Tensor x = random_tensor({2, 16, 8, 8}, PLX_F32, 3).to(gpu);
   const Tensor x1 = random_tensor({2, 1, 8, 8}, PLX_F32, 3).to(gpu);
   const Tensor w = random_tensor({8, 16, 3, 3}, PLX_F32, 4).to(gpu);
   const Tensor w1 = random_tensor({8, 1, 3, 3}, PLX_F32, 4).to(gpu);
   const Tensor dy = random_tensor({2, 8, 6, 6}, PLX_F32, 5).to(gpu);
+  const Tensor x7 = random_tensor({2, 16, 14, 14}, PLX_F32, 3).to(gpu);
+  const Tensor w7 = random_tensor({8, 16, 7, 7}, PLX_F32, 4).to(gpu);
+  const Tensor dy7 = random_tensor({2, 8, 8, 8}, PLX_F32, 5).to(gpu);
   const Attrs none;
   Attrs bd = none, bd1 = none, bw = none, bw1 = none;
   bd.set("input_shape", Ints{2, 16, 8, 8}), bd1.set("input_shape", Ints{2, 1, 8, 8});
   bw.set("weight_shape", Ints{8, 16, 3, 3}), bw1.set("weight_shape", Ints{8, 1, 3, 3});
+  Attrs bd7 = none;
+  bd7.set("input_shape", Ints{2, 16, 14, 14});
   struct F32Case {
     const char* op;
     std::vector<Tensor> in;
@@ -250,6 +256,8 @@ TEST_CASE("cuda igemm convolution candidates decline what they do not handle", "
       {"conv2d_backward_weight", {dy, x}, {8, 16, 3, 3}, bw, false, "tf32 option is off"},
       {"conv2d", {x1, w1, Tensor()}, {2, 8, 6, 6}, none, true, "direct kernel"},
       {"conv2d_backward_weight", {dy, x1}, {8, 1, 3, 3}, bw1, true, "direct kernel"},
+      {"conv2d", {x7, w7, Tensor()}, {2, 8, 8, 8}, none, true, "at most 32 taps"},
+      {"conv2d_backward_data", {dy7, w7}, {2, 16, 14, 14}, bd7, true, "at most 32 taps"},
   };
   for (const F32Case& c : f32_cases) {
     REQUIRE(cuda::set_tf32(gpu, c.tf32));

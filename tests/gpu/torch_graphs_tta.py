@@ -19,14 +19,16 @@ linear warm-up over the first 0.2 epoch and a cosine decay to 0 at the end of 2 
 (momentum buffer, then p -= lr * buffer, PyTorch's SGD without dampening) with the rate in a
 device tensor the captured graph reads; each configuration runs both graphed and eager.
 
---recipe one trains one epoch: batch 128, AdamW (betas 0.9, 0.999, eps 1e-8, no weight decay) at
-a peak rate of --lr (default 5e-3) with a linear warm-up over the first 0.1 epoch and a cosine
-decay to 0 at the end of the epoch, as `plexus train --set train.optimizer="adamw" --set
-train.lr=5e-3 --set train.schedule="cosine" --set train.warmup_epochs=0.1 --set train.epochs=1`
-(docs/benchmarks.md, fortieth session). The optimizer is PyTorch's fused AdamW on CUDA (its
-fastest; capturable, the rate a device tensor the graph reads), the default one on the CPU.
+--recipe adamw trains --recipe-epochs epochs (default 1) at --batch (128) with AdamW (betas 0.9,
+0.999, eps 1e-8, no weight decay) at a peak rate of --lr (5e-3), a linear warm-up over the first
+0.1 epoch and a cosine decay to 0 at the end, as `plexus train --set train.optimizer="adamw"
+--set train.lr=5e-3 --set train.schedule="cosine" --set train.warmup_epochs=0.1 --set
+train.epochs=1` (docs/benchmarks.md, fortieth session: one epoch at 128 and 5e-3, two at 256 and
+6e-3). The optimizer is PyTorch's fused AdamW on CUDA (its fastest; capturable, the rate a
+device tensor the graph reads), the default one on the CPU.
 
-Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short|one]
+Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short|adamw]
+       [--batch B --lr LR --recipe-epochs E]  (adamw)
 (--device cpu runs the same loop with the step eager, to check the script without a GPU.)
 """
 import argparse
@@ -47,8 +49,10 @@ ap.add_argument("--bench", default=os.path.join(os.path.dirname(os.path.abspath(
                 help="the folder of torch_anchor.py (../shared/bench, staged as .deps/bench)")
 ap.add_argument("--models", default="simplecnn,convnet")
 ap.add_argument("--epochs", type=int, default=15)
-ap.add_argument("--recipe", default="constant", choices=["constant", "short", "one"])
-ap.add_argument("--lr", type=float, default=5e-3, help="the peak rate of --recipe one")
+ap.add_argument("--recipe", default="constant", choices=["constant", "short", "adamw"])
+ap.add_argument("--lr", type=float, default=5e-3, help="--recipe adamw: the peak rate")
+ap.add_argument("--batch", type=int, default=128, help="--recipe adamw: the batch")
+ap.add_argument("--recipe-epochs", type=int, default=1, help="--recipe adamw: the epochs")
 args = ap.parse_args()
 sys.path.insert(0, os.path.abspath(args.bench))
 from torch_anchor import load_idx, SimpleCNN, ConvNet  # noqa: E402
@@ -85,7 +89,7 @@ def cosine_rate(peak, step, steps_per_epoch, epochs, warmup_epochs):
 
 def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
     short = recipe == "short"
-    adamw = recipe == "one"
+    adamw = recipe == "adamw"
     scheduled = short or adamw
     torch.manual_seed(0)
     m = (SimpleCNN if name == "simplecnn" else ConvNet)().to(dev)
@@ -168,7 +172,7 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
 
     n = xtr.shape[0] // batch * batch
     train_s, acc, ep, k = 0.0, 0.0, 0, 0
-    epochs = 2 if short else 1 if adamw else args.epochs
+    epochs = 2 if short else args.recipe_epochs if adamw else args.epochs
     while acc < target and ep < epochs:
         ep += 1
         m.train()
@@ -196,11 +200,11 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
                 train_s=round(train_s, 3), setup_s=round(setup_s, 3), torch=torch.__version__)
 
 
-scheduled = args.recipe in ("short", "one")
+scheduled = args.recipe in ("short", "adamw")
 for name, target in (("simplecnn", 0.88), ("convnet", 0.91)):
     if name not in args.models.split(","):
         continue
-    configs = {"short": ((128, 0.1),), "one": ((128, args.lr),)}.get(
+    configs = {"short": ((128, 0.1),), "adamw": ((args.batch, args.lr),)}.get(
         args.recipe, ((128, 0.05), (256, 0.05), (512, 0.1)))
     for batch, lr in configs:
         for graphed in ((True, False) if scheduled and cuda else (True,)):

@@ -386,6 +386,20 @@ struct ARows {
   uint32_t taps[N];
 };
 
+// The taps kh·KW + kw of a receptive field starting at input row ih, column iw that lie inside
+// the image, one bit each: its rows kh in [kh0, kh1) and columns kw in [kw0, kw1) are inside, so
+// bits kw0..kw1-1 (one row of taps), times the rows' first bits kh·KW (a.rep, the bits
+// kh0·KW..kh1·KW-1 of it), put a copy of the row at each (no carries: a row's bits stay below KW).
+template <class T>
+__device__ __forceinline__ uint32_t field_taps(const IgemmArgs<T>& a, int ih, int iw) {
+  const int kh0 = max(0, -ih), kh1 = max(kh0, min(a.KH, a.H - ih));
+  const int kw0 = max(0, -iw), kw1 = max(kw0, min(a.KW, a.W - iw));
+  const auto bits = [](int lo, int hi) {  // bits lo..hi-1, hi <= 32
+    return static_cast<uint32_t>((uint64_t{1} << hi) - (uint64_t{1} << lo));
+  };
+  return bits(kw0, kw1) * (a.rep & bits(kh0 * a.KW, kh1 * a.KW));
+}
+
 template <bool kPool, int N, class T>
 __device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, int crow, int step,
                                             ARows<N>& r) {
@@ -400,16 +414,7 @@ __device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, i
       const int ih = oh * a.sh - a.ph, iw = ow * a.sw - a.pw;
       r.org[i] = reinterpret_cast<int64_t>(a.x) +
                  ((n * a.H + ih) * a.W + iw) * a.C * static_cast<int64_t>(sizeof(T));
-      // The field's rows kh in [kh0, kh1) and columns kw in [kw0, kw1) are inside the image:
-      // bits kw0..kw1-1 (one row of taps), times the rows' first bits kh·KW (a.rep, the bits
-      // kh0·KW..kh1·KW-1 of it), which puts a copy of the row at each (no carries: a row's bits
-      // stay below KW).
-      const int kh0 = max(0, -ih), kh1 = max(kh0, min(a.KH, a.H - ih));
-      const int kw0 = max(0, -iw), kw1 = max(kw0, min(a.KW, a.W - iw));
-      const auto bits = [](int lo, int hi) {  // bits lo..hi-1, hi <= 32
-        return static_cast<uint32_t>((uint64_t{1} << hi) - (uint64_t{1} << lo));
-      };
-      r.taps[i] = bits(kw0, kw1) * (a.rep & bits(kh0 * a.KW, kh1 * a.KW));
+      r.taps[i] = field_taps(a, ih, iw);
     }
   }
 }
@@ -1002,15 +1007,32 @@ __global__ void __launch_bounds__(TL::THREADS)
 // output pixel for the whole K loop: consecutive threads take consecutive pixels, consecutive in
 // memory in NCHW) at k columns tid / BM + j·A_STEP, and row tid % BN of B's (one output channel)
 // at columns tid / BN + j·B_STEP; a warp's threads share their columns, so each table read is
-// one broadcast. Rows are padded by 4 f32 (16 bytes), so ldmatrix reads the fragments as in 16
+// one broadcast. The table is copied into shared memory after the stages once per block
+// (KTapBits: the KTap's offsets and its tap's bit), and each row keeps the bits of its
+// receptive field's taps inside the image (field_taps, as the 16-bit gather's rows): a copy
+// tests one bit where it read a 16-byte KTap from global memory in a branch of its own and
+// compared two coordinates (fortieth session: the 128x64 tile's K loop from 732 to 422
+// instructions, docs/kernels.md). Rows are padded by 4 f32 (16 bytes), so ldmatrix reads the fragments as in 16
 // bits: an 8x8 b16 matrix is 8 rows of 4 f32, and the x4 matrices (rows 0-7 and 8-15, k 0-3 and
 // 4-7) are a0..a3 of the m16n8k8 A fragment (a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4))
 // and b0, b1 of two n tiles.
+// The TF32 forward's and backward data's k tables in shared memory, from KTap: entry k of A's
+// holds the bit of its tap kh·KW + kw (0 past K, so that no row copies it) and its activation
+// offset in bytes, one 8-byte load; entry k of B's its filter offset in bytes (-1 past K).
+struct alignas(8) KTapA {
+  uint32_t bit;
+  int32_t off;
+};
+
 template <class TL>
 struct Tf32Tile {
   static constexpr int BK = TL::BK / 2;  // f32 per row and stage: the 16-bit tile's bytes
   static constexpr int LDS = BK + 4;
   static constexpr int SMEM = TL::STAGES * (TL::BM + TL::BN) * LDS * 4;
+  // The stages, then the k tables (KT·BK entries each: A's, then B's).
+  static constexpr int smem_with_table(int K) {
+    return SMEM + (K + BK - 1) / BK * BK * static_cast<int>(sizeof(KTapA) + sizeof(int32_t));
+  }
   static constexpr int A_STEP = TL::THREADS / TL::BM, A_ITERS = BK / A_STEP;
   static constexpr int B_STEP = TL::THREADS / TL::BN, B_ITERS = BK / B_STEP;
   // The weight gradient's k-major stages (see igemm_wgrad_tf32_kernel).
@@ -1048,42 +1070,61 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 
   const int ar = tid % TL::BM, ac = tid / TL::BM;
   const int br = tid % TL::BN, bc = tid / TL::BN;
-  const bool a_in = m0 + ar < a.M;
-  int64_t a_pix = 0;  // offset of the pixel's receptive field origin (ih0, iw0) in x
-  int ih0 = 0, iw0 = 0;
-  if (a_in) {
+  // Addresses as integers (as the 16-bit gather's ARows: nvcc then keeps x's and w's addresses
+  // out of the loop, and each copy adds one 32-bit byte offset); a zero-filled copy reads nothing
+  // but gets a valid address, x's or w's.
+  const int64_t x_addr = reinterpret_cast<int64_t>(a.x), w_addr = reinterpret_cast<int64_t>(a.w);
+  int64_t a_org = x_addr;  // the pixel's receptive field origin (ih0, iw0) in x
+  uint32_t a_taps = 0;     // the field's taps inside the image (none past M)
+  if (m0 + ar < a.M) {
     int64_t n;
     int oh, ow;
     igemm_pixel<kPool>(a, m0 + ar, n, oh, ow);
-    ih0 = oh * a.sh - a.ph, iw0 = ow * a.sw - a.pw;
-    a_pix = n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
+    const int ih0 = oh * a.sh - a.ph, iw0 = ow * a.sw - a.pw;
+    a_org += (n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w) * static_cast<int64_t>(sizeof(float));
+    a_taps = field_taps(a, ih0, iw0);
   }
   const bool b_in = n0 + br < a.O;
-  const int64_t b_off = b_in ? (n0 + br) * a.ws_n : 0;  // the output channel's filter row
+  // The output channel's filter row.
+  const int64_t b_org = w_addr + (b_in ? (n0 + br) * a.ws_n : 0) * static_cast<int64_t>(sizeof(float));
   const int KT = (a.K + G::BK - 1) / G::BK;
+
+  // The k tables after the stages.
+  KTapA* const atab = reinterpret_cast<KTapA*>(smem_raw + G::SMEM);
+  int32_t* const btab = reinterpret_cast<int32_t*>(atab + KT * G::BK);
+  for_block_strided<TL::THREADS>(KT * G::BK, tid, [&](int k) {
+    KTapA e{0u, 0};
+    int32_t b = -1;
+    if (k < a.K) {
+      const KTap t = a.tab[k];
+      e = {1u << (t.kh * a.KW + t.kw), t.a * static_cast<int32_t>(sizeof(float))};
+      b = t.b * static_cast<int32_t>(sizeof(float));
+    }
+    atab[k] = e;
+    btab[k] = b;
+  });
+  __syncthreads();
 
   auto load_tile = [&](int st, int kt) {
     float* const as = As + st * TL::BM * G::LDS;
     float* const bs = Bs + st * TL::BN * G::LDS;
+    const KTapA* const ap = atab + kt * G::BK;
+    const int32_t* const bp = btab + kt * G::BK;
 #pragma unroll
     for (int j = 0; j < G::A_ITERS; ++j) {
-      const int kc = ac + j * G::A_STEP, k = kt * G::BK + kc;
-      bool ok = a_in && k < a.K;
-      const float* src = a.x;  // a zero-filled copy reads nothing, but gets a valid address
-      if (ok) {
-        const KTap e = a.tab[k];
-        const int ih = ih0 + e.kh, iw = iw0 + e.kw;
-        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-        if (ok) src = a.x + a_pix + e.a;
-      }
-      cp_async4(smem_addr(as + ar * G::LDS + kc), src, ok);
+      const int kc = ac + j * G::A_STEP;
+      const KTapA e = ap[kc];
+      const bool ok = (a_taps & e.bit) != 0;
+      cp_async4(smem_addr(as + ar * G::LDS + kc),
+                reinterpret_cast<const void*>(ok ? a_org + e.off : x_addr), ok);
     }
 #pragma unroll
     for (int j = 0; j < G::B_ITERS; ++j) {
-      const int kc = bc + j * G::B_STEP, k = kt * G::BK + kc;
-      const bool ok = b_in && k < a.K;
-      cp_async4(smem_addr(bs + br * G::LDS + kc), ok ? a.w + b_off + a.tab[k].b : a.w, ok);
+      const int kc = bc + j * G::B_STEP;
+      const int32_t off = bp[kc];
+      const bool ok = b_in && off >= 0;
+      cp_async4(smem_addr(bs + br * G::LDS + kc),
+                reinterpret_cast<const void*>(ok ? b_org + off : w_addr), ok);
     }
   };
 
@@ -1843,10 +1884,14 @@ class IgemmConvKernel final : public Kernel {
                        "%s: igemm needs the reduced channel count to be a positive multiple of 8 "
                        "(16-byte cp.async rows), got %lld",
                        op, static_cast<long long>(Ca));
-    // The 16-bit gather keeps a bit per tap of each row's receptive field (ARows).
-    PLX_DECLINE_UNLESS(kTf32 || g.KH * g.KW <= 32,
-                       "%s: igemm's 16-bit kernels handle at most 32 taps (KH·KW), not %lld", op,
-                       static_cast<long long>(g.KH * g.KW));
+    // The gather keeps a bit per tap of each row's receptive field (ARows, field_taps).
+    PLX_DECLINE_UNLESS(g.KH * g.KW <= 32, "%s: igemm handles at most 32 taps (KH·KW), not %lld",
+                       op, static_cast<long long>(g.KH * g.KW));
+    // TF32's k table keeps byte offsets into the activation's image and the filter in 32 bits.
+    const int64_t bytes = static_cast<int64_t>(sizeof(T));
+    PLX_DECLINE_UNLESS(!kTf32 || (fits_i32(bytes * Ca * Hi * Wi) &&
+                                  fits_i32(bytes * g.O * g.C * g.KH * g.KW)),
+                       "%s: an image or the filter beyond TF32 igemm's 32-bit byte offsets", op);
     PLX_DECLINE_UNLESS(!kTf32 || Ca >= 8,
                        "%s: TF32 igemm leaves fewer than 8 reduced channels (%lld) to the direct "
                        "kernel",
@@ -1882,7 +1927,7 @@ class IgemmConvKernel final : public Kernel {
     // (if constexpr: Tf32Tile is only instantiated for f32; the 256x32 tile has no TF32 form.)
     // 16 bits: the stages, then the K tiles' chunk table.
     if constexpr (kTf32)
-      smem_ = Tf32Tile<TL>::SMEM;
+      smem_ = Tf32Tile<TL>::smem_with_table(static_cast<int>(K));
     else if constexpr (TL::kWgmma)
       smem_ = TL::SMEM + k_table_bytes<TL::BK>(static_cast<int>(K), false);
     else
