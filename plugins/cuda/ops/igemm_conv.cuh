@@ -390,8 +390,8 @@ struct ARows {
 // the image, one bit each: its rows kh in [kh0, kh1) and columns kw in [kw0, kw1) are inside, so
 // bits kw0..kw1-1 (one row of taps), times the rows' first bits kh·KW (a.rep, the bits
 // kh0·KW..kh1·KW-1 of it), put a copy of the row at each (no carries: a row's bits stay below KW).
-template <class T>
-__device__ __forceinline__ uint32_t field_taps(const IgemmArgs<T>& a, int ih, int iw) {
+template <class A>  // IgemmArgs or WgradArgs: H, W, KH, KW, rep
+__device__ __forceinline__ uint32_t field_taps(const A& a, int ih, int iw) {
   const int kh0 = max(0, -ih), kh1 = max(kh0, min(a.KH, a.H - ih));
   const int kw0 = max(0, -iw), kw1 = max(kw0, min(a.KW, a.W - iw));
   const auto bits = [](int lo, int hi) {  // bits lo..hi-1, hi <= 32
@@ -1218,9 +1218,12 @@ struct WgradArgs {
   int OH;
   int kt_per;  // K tiles per slice
   // TF32: the k table over j (KTap.a, kh, kw), the element strides of dy along n, c, h, w and
-  // of x along n, h, w.
+  // of x along n, h, w; KH and the first tap of each filter row (IgemmArgs::rep) for the tap
+  // bits of a pixel's receptive field (field_taps).
   const KTap* tab;
   int64_t ds_n, ds_c, ds_h, ds_w, xs_n, xs_h, xs_w;
+  int KH;
+  uint32_t rep;
 };
 
 template <class TL>
@@ -1640,41 +1643,59 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
 
   const int kr = tid % G::BK, cc = tid / G::BK;
+  // The block's columns in shared memory after the stages, once (as the forward's k tables):
+  // B's (x: the tap's bit, 0 past J, and its offset in bytes) and A's (dy: output channel o's
+  // offset in bytes, -1 past O). Each pixel's receptive field then gives its in-image taps once
+  // per tile (field_taps), and each copy tests one bit.
+  KTapA* const btab = reinterpret_cast<KTapA*>(smem_raw + G::W_SMEM);
+  int32_t* const atab = reinterpret_cast<int32_t*>(btab + TL::BN);
+  for_block_strided<TL::THREADS>(TL::BN, tid, [&](int col) {
+    KTapA e{0u, 0};
+    if (n0 + col < a.J) {
+      const KTap t = a.tab[n0 + col];
+      e = {1u << (t.kh * a.KW + t.kw), t.a * static_cast<int32_t>(sizeof(float))};
+    }
+    btab[col] = e;
+  });
+  for_block_strided<TL::THREADS>(TL::BM, tid, [&](int col) {
+    atab[col] = m0 + col < a.O ? static_cast<int32_t>((m0 + col) * a.ds_c * sizeof(float)) : -1;
+  });
+  __syncthreads();
+  // Addresses as integers (see igemm_tf32_kernel); a zero-filled copy gets dy's or x's.
+  const int64_t dy_addr = reinterpret_cast<int64_t>(a.dy), x_addr = reinterpret_cast<int64_t>(a.x);
   // This thread's pixel, stepped one K tile on per load (as in the 16-bit kernel).
   const PixelPos step = pixel_pos(G::BK, a.OHW, a.OW);
   PixelPos pix = pixel_pos(kt0 * G::BK + kr, a.OHW, a.OW);
   auto load_tile = [&](int st, int kt) {
     const int p = kt * G::BK + kr;
     const bool pin = p < a.P;
-    int64_t dy_pix = 0, x_pix = 0;
-    int ih0 = 0, iw0 = 0;
+    int64_t dy_org = dy_addr, x_org = x_addr;
+    uint32_t taps = 0;  // none past P
     if (pin) {
-      dy_pix = pix.n * a.ds_n + pix.oh * a.ds_h + pix.ow * a.ds_w;
-      ih0 = pix.oh * a.sh - a.ph, iw0 = pix.ow * a.sw - a.pw;
-      x_pix = pix.n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w;
+      dy_org += (pix.n * a.ds_n + pix.oh * a.ds_h + pix.ow * a.ds_w) *
+                static_cast<int64_t>(sizeof(float));
+      const int ih0 = pix.oh * a.sh - a.ph, iw0 = pix.ow * a.sw - a.pw;
+      x_org += (pix.n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w) * static_cast<int64_t>(sizeof(float));
+      taps = field_taps(a, ih0, iw0);
     }
     pix = advance(pix, step, a.OH, a.OW);
     float* const as = As + st * G::BK * G::LDA_K;
     float* const bs = Bs + st * G::BK * G::LDB_K;
 #pragma unroll
     for (int i = 0; i < G::WA_ITERS; ++i) {
-      const int col = cc + i * G::W_STEP, o = m0 + col;
-      const bool ok = pin && o < a.O;
-      cp_async4(smem_addr(as + kr * G::LDA_K + col), ok ? a.dy + dy_pix + o * a.ds_c : a.dy, ok);
+      const int col = cc + i * G::W_STEP;
+      const int32_t off = atab[col];
+      const bool ok = pin && off >= 0;
+      cp_async4(smem_addr(as + kr * G::LDA_K + col),
+                reinterpret_cast<const void*>(ok ? dy_org + off : dy_addr), ok);
     }
 #pragma unroll
     for (int i = 0; i < G::WB_ITERS; ++i) {
-      const int col = cc + i * G::W_STEP, j = n0 + col;
-      bool ok = pin && j < a.J;
-      const float* src = a.x;
-      if (ok) {
-        const KTap e = a.tab[j];
-        const int ih = ih0 + e.kh, iw = iw0 + e.kw;
-        ok = static_cast<unsigned>(ih) < static_cast<unsigned>(a.H) &&
-             static_cast<unsigned>(iw) < static_cast<unsigned>(a.W);
-        if (ok) src = a.x + x_pix + e.a;
-      }
-      cp_async4(smem_addr(bs + kr * G::LDB_K + col), src, ok);
+      const int col = cc + i * G::W_STEP;
+      const KTapA e = btab[col];
+      const bool ok = (taps & e.bit) != 0;
+      cp_async4(smem_addr(bs + kr * G::LDB_K + col),
+                reinterpret_cast<const void*>(ok ? x_org + e.off : x_addr), ok);
     }
   };
 
@@ -2151,7 +2172,7 @@ class IgemmWgradKernel final : public Kernel {
   using S = WgradSmem<TL>;
   static constexpr bool kTf32 = std::is_same_v<T, float>;
   static constexpr int smem_bytes() {
-    if constexpr (kTf32) return Tf32Tile<TL>::W_SMEM;
+    if constexpr (kTf32) return Tf32Tile<TL>::W_SMEM + TL::BN * 8 + TL::BM * 4;  // + the tables
     else if constexpr (TL::kWgmma)
       return wgmma_wgrad_smem<TL>();
     else return S::BYTES;
@@ -2221,6 +2242,14 @@ class IgemmWgradKernel final : public Kernel {
                        op);
     PLX_DECLINE_UNLESS(std::max(g.C, g.O) / 32 < 65535,
                        "%s: too many channels for the staging transpose", op);
+    // TF32: a bit per tap of each pixel's receptive field (field_taps), and byte offsets into an
+    // image of x and along dy's channels in 32 bits.
+    PLX_DECLINE_UNLESS(!kTf32 || g.KH * g.KW <= 32,
+                       "%s: igemm handles at most 32 taps (KH·KW), not %lld", op,
+                       static_cast<long long>(g.KH * g.KW));
+    PLX_DECLINE_UNLESS(!kTf32 || (fits_i32(static_cast<int64_t>(sizeof(T)) * g.C * g.H * g.W) &&
+                                  fits_i32(static_cast<int64_t>(sizeof(T)) * g.O * g.OH * g.OW)),
+                       "%s: an image beyond TF32 igemm's 32-bit byte offsets", op);
 
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
@@ -2266,6 +2295,10 @@ class IgemmWgradKernel final : public Kernel {
     a_.kt_per = static_cast<int>(kt_per);
     a_.KHW = g.KH * g.KW;
     a_.w_nhwc = nhwc[1];
+    a_.KH = static_cast<int>(g.KH);
+    a_.rep = 0;
+    if (g.KH * g.KW <= 32)
+      for (int64_t kh = 0; kh < g.KH; ++kh) a_.rep |= 1u << (kh * g.KW);
     grid_ = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
                  static_cast<unsigned>(slices));
     // split_sum's counters, per output tile.
