@@ -1011,7 +1011,7 @@ __global__ void __launch_bounds__(TL::THREADS)
 // (KTapBits: the KTap's offsets and its tap's bit), and each row keeps the bits of its
 // receptive field's taps inside the image (field_taps, as the 16-bit gather's rows): a copy
 // tests one bit where it read a 16-byte KTap from global memory in a branch of its own and
-// compared two coordinates (fortieth session: the 128x64 tile's K loop from 732 to 422
+// compared two coordinates (fortieth session: the 128x64 tile's K loop from 732 to 368
 // instructions, docs/kernels.md). Rows are padded by 4 f32 (16 bytes), so ldmatrix reads the fragments as in 16
 // bits: an 8x8 b16 matrix is 8 rows of 4 f32, and the x4 matrices (rows 0-7 and 8-15, k 0-3 and
 // 4-7) are a0..a3 of the m16n8k8 A fragment (a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4))
@@ -1110,21 +1110,35 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     float* const bs = Bs + st * TL::BN * G::LDS;
     const KTapA* const ap = atab + kt * G::BK;
     const int32_t* const bp = btab + kt * G::BK;
+    // Four entries, then their four copies: with each copy right after its entry's shared load,
+    // ptxas put three never-issued shared loads before each copy (and all entries first cost up
+    // to 24 more registers).
+    static_assert(G::A_ITERS % 4 == 0 && G::B_ITERS % 4 == 0, "copies in fours");
 #pragma unroll
-    for (int j = 0; j < G::A_ITERS; ++j) {
-      const int kc = ac + j * G::A_STEP;
-      const KTapA e = ap[kc];
-      const bool ok = (a_taps & e.bit) != 0;
-      cp_async4(smem_addr(as + ar * G::LDS + kc),
-                reinterpret_cast<const void*>(ok ? a_org + e.off : x_addr), ok);
+    for (int j0 = 0; j0 < G::A_ITERS; j0 += 4) {
+      KTapA e[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e[j] = ap[ac + (j0 + j) * G::A_STEP];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int kc = ac + (j0 + j) * G::A_STEP;
+        const bool ok = (a_taps & e[j].bit) != 0;
+        cp_async4(smem_addr(as + ar * G::LDS + kc),
+                  reinterpret_cast<const void*>(ok ? a_org + e[j].off : x_addr), ok);
+      }
     }
 #pragma unroll
-    for (int j = 0; j < G::B_ITERS; ++j) {
-      const int kc = bc + j * G::B_STEP;
-      const int32_t off = bp[kc];
-      const bool ok = b_in && off >= 0;
-      cp_async4(smem_addr(bs + br * G::LDS + kc),
-                reinterpret_cast<const void*>(ok ? b_org + off : w_addr), ok);
+    for (int j0 = 0; j0 < G::B_ITERS; j0 += 4) {
+      int32_t e[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e[j] = bp[bc + (j0 + j) * G::B_STEP];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int kc = bc + (j0 + j) * G::B_STEP;
+        const bool ok = b_in && e[j] >= 0;
+        cp_async4(smem_addr(bs + br * G::LDS + kc),
+                  reinterpret_cast<const void*>(ok ? b_org + e[j] : w_addr), ok);
+      }
     }
   };
 
@@ -1681,21 +1695,34 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
     pix = advance(pix, step, a.OH, a.OW);
     float* const as = As + st * G::BK * G::LDA_K;
     float* const bs = Bs + st * G::BK * G::LDB_K;
+    // Four entries, then their four copies (see igemm_tf32_kernel; all of them first would take
+    // the 64x128 tile past 128 registers).
+    static_assert(G::WA_ITERS % 4 == 0 && G::WB_ITERS % 4 == 0, "copies in fours");
 #pragma unroll
-    for (int i = 0; i < G::WA_ITERS; ++i) {
-      const int col = cc + i * G::W_STEP;
-      const int32_t off = atab[col];
-      const bool ok = pin && off >= 0;
-      cp_async4(smem_addr(as + kr * G::LDA_K + col),
-                reinterpret_cast<const void*>(ok ? dy_org + off : dy_addr), ok);
+    for (int i0 = 0; i0 < G::WA_ITERS; i0 += 4) {
+      int32_t e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = atab[cc + (i0 + i) * G::W_STEP];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = cc + (i0 + i) * G::W_STEP;
+        const bool ok = pin && e[i] >= 0;
+        cp_async4(smem_addr(as + kr * G::LDA_K + col),
+                  reinterpret_cast<const void*>(ok ? dy_org + e[i] : dy_addr), ok);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < G::WB_ITERS; ++i) {
-      const int col = cc + i * G::W_STEP;
-      const KTapA e = btab[col];
-      const bool ok = (taps & e.bit) != 0;
-      cp_async4(smem_addr(bs + kr * G::LDB_K + col),
-                reinterpret_cast<const void*>(ok ? x_org + e.off : x_addr), ok);
+    for (int i0 = 0; i0 < G::WB_ITERS; i0 += 4) {
+      KTapA e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = btab[cc + (i0 + i) * G::W_STEP];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = cc + (i0 + i) * G::W_STEP;
+        const bool ok = (taps & e[i].bit) != 0;
+        cp_async4(smem_addr(bs + kr * G::LDB_K + col),
+                  reinterpret_cast<const void*>(ok ? x_org + e[i].off : x_addr), ok);
+      }
     }
   };
 
