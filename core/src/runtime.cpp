@@ -1,10 +1,10 @@
 #include "plexus/runtime.hpp"
 
-#include <fnmatch.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 
 #include "plexus/config.hpp"
 #include "plexus/error.hpp"
@@ -63,16 +63,18 @@ Runtime::Runtime(RuntimeOptions options)
 // likely a typo; it is not an error, since one config serves machines with other plugins, and a
 // fused kernel (made only when a graph is prepared) may still match it.
 void Runtime::warn_unmatched_exclusions() const {
+  if (options_.exclude_kernels.empty()) return;
+  std::set<std::string> impls;  // every kernel name of every loaded backend, once
+  std::string names;
+  for (const auto& b : backends_) {
+    names += (names.empty() ? "" : ", ") + b->name();
+    for (const auto& [op, dts] : b->supported_ops())
+      for (plx_dtype d : dts)
+        for (const plx_kernel* k : b->kernels(ops_.get(op).id, d)) impls.insert(k->impl ? k->impl : "?");
+  }
   for (const std::string& p : options_.exclude_kernels) {
-    bool hit = false;
-    std::string names;
-    for (const auto& b : backends_) {
-      names += (names.empty() ? "" : ", ") + b->name();
-      for (const auto& [op, dts] : b->supported_ops())
-        for (plx_dtype d : dts)
-          for (const plx_kernel* k : b->kernels(ops_.get(op).id, d))
-            hit = hit || fnmatch(p.c_str(), k->impl ? k->impl : "?", 0) == 0;
-    }
+    const bool hit = std::any_of(impls.begin(), impls.end(),
+                                 [&](const std::string& i) { return kernel_name_matches(p, i); });
     if (!hit)
       spdlog::warn("backend.exclude_kernels: '{}' matches no kernel of the loaded backends ({}); "
                    "`plexus info` lists their names (a fused kernel's name is matched when it is "

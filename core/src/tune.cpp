@@ -160,11 +160,13 @@ KernelTuner::KernelTuner(KernelSide side, std::string cache_path,
       excluded_(std::move(excluded)),
       shared_(shared_for(path_)) {}
 
+bool kernel_name_matches(const std::string& pattern, std::string_view impl) {
+  return fnmatch(pattern.c_str(), std::string(impl).c_str(), 0) == 0;
+}
+
 const std::string* KernelTuner::excluded_by(std::string_view impl) const {
-  if (excluded_.empty()) return nullptr;
-  const std::string name(impl);
   for (const std::string& p : excluded_)
-    if (fnmatch(p.c_str(), name.c_str(), 0) == 0) return &p;
+    if (kernel_name_matches(p, impl)) return &p;
   return nullptr;
 }
 

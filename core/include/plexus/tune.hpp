@@ -46,6 +46,9 @@ const char* kernel_side_name(KernelSide side);  // "auto", "native", "library"
 // Throws ConfigError naming `key` and the choices for anything else.
 KernelSide parse_kernel_side(std::string_view value, std::string_view key = "backend.kernels");
 
+// Whether kernel name `impl` matches a backend.exclude_kernels pattern (fnmatch, no flags).
+bool kernel_name_matches(const std::string& pattern, std::string_view impl);
+
 // Whether a kernel is on the library side.
 bool is_library_kernel(const plx_kernel& k);
 

@@ -1024,6 +1024,23 @@ struct alignas(8) KTapA {
   int32_t off;
 };
 
+// N copies of one operand, each from a table entry in shared memory (tab[col(j)] for copy j):
+// four entries read, then their four copies issued (copy(j, entry)). With each copy right after
+// its own entry's shared load, ptxas put three never-issued shared loads before every copy; all
+// N entries first removes them too but costs up to 24 more registers.
+template <int N, class E, class Col, class Copy>
+__device__ __forceinline__ void copies_in_fours(const E* tab, Col&& col, Copy&& copy) {
+  static_assert(N % 4 == 0, "copies in fours");
+#pragma unroll
+  for (int j0 = 0; j0 < N; j0 += 4) {
+    E e[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e[j] = tab[col(j0 + j)];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) copy(j0 + j, e[j]);
+  }
+}
+
 template <class TL>
 struct Tf32Tile {
   static constexpr int BK = TL::BK / 2;  // f32 per row and stage: the 16-bit tile's bytes
@@ -1110,36 +1127,18 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     float* const bs = Bs + st * TL::BN * G::LDS;
     const KTapA* const ap = atab + kt * G::BK;
     const int32_t* const bp = btab + kt * G::BK;
-    // Four entries, then their four copies: with each copy right after its entry's shared load,
-    // ptxas put three never-issued shared loads before each copy (and all entries first cost up
-    // to 24 more registers).
-    static_assert(G::A_ITERS % 4 == 0 && G::B_ITERS % 4 == 0, "copies in fours");
-#pragma unroll
-    for (int j0 = 0; j0 < G::A_ITERS; j0 += 4) {
-      KTapA e[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) e[j] = ap[ac + (j0 + j) * G::A_STEP];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kc = ac + (j0 + j) * G::A_STEP;
-        const bool ok = (a_taps & e[j].bit) != 0;
-        cp_async4(smem_addr(as + ar * G::LDS + kc),
-                  reinterpret_cast<const void*>(ok ? a_org + e[j].off : x_addr), ok);
-      }
-    }
-#pragma unroll
-    for (int j0 = 0; j0 < G::B_ITERS; j0 += 4) {
-      int32_t e[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) e[j] = bp[bc + (j0 + j) * G::B_STEP];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kc = bc + (j0 + j) * G::B_STEP;
-        const bool ok = b_in && e[j] >= 0;
-        cp_async4(smem_addr(bs + br * G::LDS + kc),
-                  reinterpret_cast<const void*>(ok ? b_org + e[j] : w_addr), ok);
-      }
-    }
+    const auto a_col = [&](int j) { return ac + j * G::A_STEP; };
+    const auto b_col = [&](int j) { return bc + j * G::B_STEP; };
+    copies_in_fours<G::A_ITERS>(ap, a_col, [&](int j, const KTapA& e) {
+      const bool ok = (a_taps & e.bit) != 0;
+      cp_async4(smem_addr(as + ar * G::LDS + a_col(j)),
+                reinterpret_cast<const void*>(ok ? a_org + e.off : x_addr), ok);
+    });
+    copies_in_fours<G::B_ITERS>(bp, b_col, [&](int j, int32_t off) {
+      const bool ok = b_in && off >= 0;
+      cp_async4(smem_addr(bs + br * G::LDS + b_col(j)),
+                reinterpret_cast<const void*>(ok ? b_org + off : w_addr), ok);
+    });
   };
 
   float acc[TL::MI][TL::NI][4];
@@ -1695,35 +1694,18 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
     pix = advance(pix, step, a.OH, a.OW);
     float* const as = As + st * G::BK * G::LDA_K;
     float* const bs = Bs + st * G::BK * G::LDB_K;
-    // Four entries, then their four copies (see igemm_tf32_kernel; all of them first would take
-    // the 64x128 tile past 128 registers).
-    static_assert(G::WA_ITERS % 4 == 0 && G::WB_ITERS % 4 == 0, "copies in fours");
-#pragma unroll
-    for (int i0 = 0; i0 < G::WA_ITERS; i0 += 4) {
-      int32_t e[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = atab[cc + (i0 + i) * G::W_STEP];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = cc + (i0 + i) * G::W_STEP;
-        const bool ok = pin && e[i] >= 0;
-        cp_async4(smem_addr(as + kr * G::LDA_K + col),
-                  reinterpret_cast<const void*>(ok ? dy_org + e[i] : dy_addr), ok);
-      }
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < G::WB_ITERS; i0 += 4) {
-      KTapA e[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = btab[cc + (i0 + i) * G::W_STEP];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = cc + (i0 + i) * G::W_STEP;
-        const bool ok = (taps & e[i].bit) != 0;
-        cp_async4(smem_addr(bs + kr * G::LDB_K + col),
-                  reinterpret_cast<const void*>(ok ? x_org + e[i].off : x_addr), ok);
-      }
-    }
+    // (all the entries first would take the 64x128 tile past 128 registers)
+    const auto col = [&](int i) { return cc + i * G::W_STEP; };
+    copies_in_fours<G::WA_ITERS>(atab, col, [&](int i, int32_t off) {
+      const bool ok = pin && off >= 0;
+      cp_async4(smem_addr(as + kr * G::LDA_K + col(i)),
+                reinterpret_cast<const void*>(ok ? dy_org + off : dy_addr), ok);
+    });
+    copies_in_fours<G::WB_ITERS>(btab, col, [&](int i, const KTapA& e) {
+      const bool ok = (taps & e.bit) != 0;
+      cp_async4(smem_addr(bs + kr * G::LDB_K + col(i)),
+                reinterpret_cast<const void*>(ok ? x_org + e.off : x_addr), ok);
+    });
   };
 
   float acc[TL::MI][TL::NI][4];
