@@ -999,7 +999,7 @@ __global__ void __launch_bounds__(TL::THREADS)
 // ---- TF32: the forward and backward data for f32 inputs ----
 //
 // The same GEMM, tiles and pipeline with mma.sync m16n8k8 on TF32 (inputs rounded to nearest by
-// cvt.rna, as cuBLAS and cuDNN round theirs; f32 accumulation). A stage keeps the tile's bytes:
+// to_tf32: cvt.rn on sm_90, cvt.rna on sm_80; f32 accumulation). A stage keeps the tile's bytes:
 // BK = 16 f32 of k per row, two mma steps of 8. Each operand is gathered 4 bytes at a time
 // (cp.async.ca, zero-filled outside), with the element offsets of the k table (KTap), so any
 // layout of x, w and y is read and written in place: no staging, no filter copy, and NCHW (f32's

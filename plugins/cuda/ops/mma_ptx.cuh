@@ -16,11 +16,18 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// f32 -> TF32, rounded to nearest (ties away), as cuBLAS rounds its TF32 inputs; the MMA alone
-// would just drop the low 13 bits.
+// f32 -> TF32, rounded to nearest; the MMA alone would just drop the low 13 bits (round toward
+// zero). sm_90 has cvt.rn (ties to even), one instruction (F2FP.TF32.F32.PACK_B); sm_80 has only
+// cvt.rna (ties away from zero), which ptxas makes a test for Inf/NaN and a predicated add (and
+// often a mask): with 48 per K tile of a 128x64 TF32 tile, that was a quarter of its K loop's
+// instructions (docs/kernels.md). The two differ only on exact ties.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#else
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#endif
   return r;
 }
 

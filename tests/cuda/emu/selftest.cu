@@ -17,6 +17,8 @@
 #include <cstring>
 #include <vector>
 
+#include "plx_emu_numeric.hpp"
+
 namespace {
 
 int g_failures = 0;
@@ -524,6 +526,28 @@ int main() {
         }
       EXPECT(bad == 0);
       cudaFree(a), cudaFree(b), cudaFree(d);
+    }
+  }
+  {
+    // The TF32 roundings (PTX ISA, cvt: .rna ties away from zero, sm_80's; .rn ties to even,
+    // sm_90's and what the emulated kernels use), as bits: {f32, rna, rn}.
+    const uint32_t cases[][3] = {
+        {0x3f800000u, 0x3f800000u, 0x3f800000u},  // 1: exact
+        {0x3f801000u, 0x3f802000u, 0x3f800000u},  // a tie, even last kept bit: rn down
+        {0x3f803000u, 0x3f804000u, 0x3f804000u},  // a tie, odd last kept bit: both up
+        {0xbf801000u, 0xbf802000u, 0xbf800000u},  // a negative tie: rna away from zero
+        {0x3f801001u, 0x3f802000u, 0x3f802000u},  // just above half: up
+        {0x3f800fffu, 0x3f800000u, 0x3f800000u},  // just below half: down
+        {0x00001000u, 0x00002000u, 0x00000000u},  // a subnormal tie
+        {0x7f7fffffu, 0x7f800000u, 0x7f800000u},  // the largest finite: carries to Inf
+        {0x7f800000u, 0x7f800000u, 0x7f800000u},  // Inf
+        {0xffc00001u, 0xffc00001u, 0xffc00001u},  // NaN, as it is
+    };
+    for (const auto& c : cases) {
+      float f;
+      std::memcpy(&f, &c[0], sizeof f);
+      EXPECT(::plx_emu::tf32_bits(f) == c[1]);
+      EXPECT(::plx_emu::tf32_bits_rn(f) == c[2]);
     }
   }
   {

@@ -31,6 +31,15 @@ inline uint32_t tf32_bits(float x) {
   if ((u & 0x7f800000u) == 0x7f800000u) return u;
   return (u + 0x1000u) & ~0x1fffu;
 }
+// cvt.rn.tf32.f32 (sm_90 and later): to nearest, ties to even, 10 mantissa bits kept (Inf and NaN
+// as they are; a carry out of the largest finite values gives Inf). What our kernels round with on
+// sm_90, so what the emulated ones do (ops/mma_ptx.cuh).
+inline uint32_t tf32_bits_rn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x0fffu + ((u >> 13) & 1u)) & ~0x1fffu;
+}
 inline float tf32_round(float x) {
   const uint32_t u = tf32_bits(x);
   float f;

@@ -15,7 +15,8 @@ namespace plexus::cuda::ptx {
 
 inline uint32_t smem_addr(const void* p) { return ::plx_emu::shared_address(p); }
 
-inline uint32_t to_tf32(float x) { return ::plx_emu::tf32_bits(x); }
+// As sm_90 rounds (cvt.rn: ties to even); sm_80's cvt.rna (ties away) differs only on ties.
+inline uint32_t to_tf32(float x) { return ::plx_emu::tf32_bits_rn(x); }
 
 inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
