@@ -406,14 +406,13 @@ __device__ __forceinline__ void a_rows_init(const IgemmArgs<T>& a, int64_t m0, i
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int64_t m = m0 + crow + i * step;
-    r.org[i] = 0, r.taps[i] = 0;
+    r.org[i] = reinterpret_cast<int64_t>(a.x), r.taps[i] = 0;  // past M: x, no taps
     if (m < a.M) {
       int64_t n;
       int oh, ow;
       igemm_pixel<kPool>(a, m, n, oh, ow);
       const int ih = oh * a.sh - a.ph, iw = ow * a.sw - a.pw;
-      r.org[i] = reinterpret_cast<int64_t>(a.x) +
-                 ((n * a.H + ih) * a.W + iw) * a.C * static_cast<int64_t>(sizeof(T));
+      r.org[i] += ((n * a.H + ih) * a.W + iw) * a.C * static_cast<int64_t>(sizeof(T));
       r.taps[i] = field_taps(a, ih, iw);
     }
   }
@@ -498,8 +497,8 @@ __device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& 
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const bool ok = (r.taps[i] & kc.bit) != 0;
-    // A zero-filled copy reads nothing, but still gets a valid address.
-    const T* src = ok ? reinterpret_cast<const T*>(r.org[i] + kc.off * sizeof(T)) : a.x;
+    // Zero-filled copies too take the tap's address (ops/mma_ptx.cuh, cp_async16).
+    const T* src = reinterpret_cast<const T*>(r.org[i] + kc.off * sizeof(T));
     cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
   }
 }
@@ -513,7 +512,7 @@ __device__ __forceinline__ void gather_b(const IgemmArgs<T>& a, int o0, int step
   for (int i = 0; i < N; ++i) {
     const int o = o0 + i * step;
     const bool ok = kc.bit != 0 && o < a.O;
-    const T* src = ok ? a.w + static_cast<int64_t>(o) * a.K + k : a.w;
+    const T* src = a.w + static_cast<int64_t>(o) * a.K + k;  // also past O or K (mma_ptx.cuh)
     cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
   }
 }
@@ -1018,7 +1017,7 @@ __global__ void __launch_bounds__(TL::THREADS)
 // and b0, b1 of two n tiles.
 // The TF32 forward's and backward data's k tables in shared memory, from KTap: entry k of A's
 // holds the bit of its tap kh·KW + kw (0 past K, so that no row copies it) and its activation
-// offset in bytes, one 8-byte load; entry k of B's its filter offset in bytes (-1 past K).
+// offset in bytes, one 8-byte load; entry k of B's its filter offset in bytes (-4 past K).
 struct alignas(8) KTapA {
   uint32_t bit;
   int32_t off;
@@ -1088,8 +1087,9 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   const int ar = tid % TL::BM, ac = tid / TL::BM;
   const int br = tid % TL::BN, bc = tid / TL::BN;
   // Addresses as integers (as the 16-bit gather's ARows: nvcc then keeps x's and w's addresses
-  // out of the loop, and each copy adds one 32-bit byte offset); a zero-filled copy reads nothing
-  // but gets a valid address, x's or w's.
+  // out of the loop, and each copy adds one 32-bit byte offset), zero-filled copies' too
+  // (ops/mma_ptx.cuh, cp_async16; past K the filter's offset is -4 bytes: one f32 before the
+  // row).
   const int64_t x_addr = reinterpret_cast<int64_t>(a.x), w_addr = reinterpret_cast<int64_t>(a.w);
   int64_t a_org = x_addr;  // the pixel's receptive field origin (ih0, iw0) in x
   uint32_t a_taps = 0;     // the field's taps inside the image (none past M)
@@ -1111,7 +1111,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   int32_t* const btab = reinterpret_cast<int32_t*>(atab + KT * G::BK);
   for_block_strided<TL::THREADS>(KT * G::BK, tid, [&](int k) {
     KTapA e{0u, 0};
-    int32_t b = -1;
+    int32_t b = -4;  // past K: negative, and aligned as a zero-filled copy's address must be
     if (k < a.K) {
       const KTap t = a.tab[k];
       e = {1u << (t.kh * a.KW + t.kw), t.a * static_cast<int32_t>(sizeof(float))};
@@ -1132,12 +1132,12 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     copies_in_fours<G::A_ITERS>(ap, a_col, [&](int j, const KTapA& e) {
       const bool ok = (a_taps & e.bit) != 0;
       cp_async4(smem_addr(as + ar * G::LDS + a_col(j)),
-                reinterpret_cast<const void*>(ok ? a_org + e.off : x_addr), ok);
+                reinterpret_cast<const void*>(a_org + e.off), ok);
     });
     copies_in_fours<G::B_ITERS>(bp, b_col, [&](int j, int32_t off) {
       const bool ok = b_in && off >= 0;
-      cp_async4(smem_addr(bs + br * G::LDS + b_col(j)),
-                reinterpret_cast<const void*>(ok ? b_org + off : w_addr), ok);
+      cp_async4(smem_addr(bs + br * G::LDS + b_col(j)), reinterpret_cast<const void*>(b_org + off),
+                ok);
     });
   };
 
@@ -1341,7 +1341,7 @@ __device__ __forceinline__ void wgrad_copy_a(const WgradArgs<T>& a, const WgradC
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const bool ok = c.oin && r.pix + i * step < a.P;
-    const T* src = ok ? reinterpret_cast<const T*>(r.src + i * row_bytes) : a.dy;
+    const T* src = reinterpret_cast<const T*>(r.src + i * row_bytes);  // zero-filled too: mma_ptx
     cp_async16(dst + i * bytes, src, ok);
   }
   r.src += static_cast<int64_t>(BK) * a.O * static_cast<int>(sizeof(T));
@@ -1407,8 +1407,8 @@ __device__ __forceinline__ void wgrad_copy_b(const WgradArgs<T>& a, const WgradC
       const uint64_t addr =
           (static_cast<uint64_t>(static_cast<uint32_t>(v.w)) << 32 | static_cast<uint32_t>(v.z)) +
           static_cast<uint64_t>(static_cast<int64_t>(c.tap_bytes));
-      const T* src = ok ? reinterpret_cast<const T*>(addr) : a.x;
-      cp_async16(dst + (i0 + g) * bytes, src, ok);
+      // Also zero-filled copies take the row's address (mma_ptx.cuh, cp_async16).
+      cp_async16(dst + (i0 + g) * bytes, reinterpret_cast<const T*>(addr), ok);
     }
   }
 }
@@ -1658,7 +1658,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   const int kr = tid % G::BK, cc = tid / G::BK;
   // The block's columns in shared memory after the stages, once (as the forward's k tables):
   // B's (x: the tap's bit, 0 past J, and its offset in bytes) and A's (dy: output channel o's
-  // offset in bytes, -1 past O). Each pixel's receptive field then gives its in-image taps once
+  // offset in bytes, -4 past O). Each pixel's receptive field then gives its in-image taps once
   // per tile (field_taps), and each copy tests one bit.
   KTapA* const btab = reinterpret_cast<KTapA*>(smem_raw + G::W_SMEM);
   int32_t* const atab = reinterpret_cast<int32_t*>(btab + TL::BN);
@@ -1671,10 +1671,10 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
     btab[col] = e;
   });
   for_block_strided<TL::THREADS>(TL::BM, tid, [&](int col) {
-    atab[col] = m0 + col < a.O ? static_cast<int32_t>((m0 + col) * a.ds_c * sizeof(float)) : -1;
+    atab[col] = m0 + col < a.O ? static_cast<int32_t>((m0 + col) * a.ds_c * sizeof(float)) : -4;
   });
   __syncthreads();
-  // Addresses as integers (see igemm_tf32_kernel); a zero-filled copy gets dy's or x's.
+  // Addresses as integers (see igemm_tf32_kernel), zero-filled copies' too (mma_ptx.cuh).
   const int64_t dy_addr = reinterpret_cast<int64_t>(a.dy), x_addr = reinterpret_cast<int64_t>(a.x);
   // This thread's pixel, stepped one K tile on per load (as in the 16-bit kernel).
   const PixelPos step = pixel_pos(G::BK, a.OHW, a.OW);
@@ -1698,13 +1698,13 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
     const auto col = [&](int i) { return cc + i * G::W_STEP; };
     copies_in_fours<G::WA_ITERS>(atab, col, [&](int i, int32_t off) {
       const bool ok = pin && off >= 0;
-      cp_async4(smem_addr(as + kr * G::LDA_K + col(i)),
-                reinterpret_cast<const void*>(ok ? dy_org + off : dy_addr), ok);
+      cp_async4(smem_addr(as + kr * G::LDA_K + col(i)), reinterpret_cast<const void*>(dy_org + off),
+                ok);
     });
     copies_in_fours<G::WB_ITERS>(btab, col, [&](int i, const KTapA& e) {
       const bool ok = (taps & e.bit) != 0;
       cp_async4(smem_addr(bs + kr * G::LDB_K + col(i)),
-                reinterpret_cast<const void*>(ok ? x_org + e.off : x_addr), ok);
+                reinterpret_cast<const void*>(x_org + e.off), ok);
     });
   };
 

@@ -31,7 +31,11 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
-// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0: nothing is read).
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0: nothing is read). A
+// zero-filled copy reads no global memory, so its address may lie outside the tensor (a tap in
+// the padding, a row past the last, a column past K): the gathers pass every copy's computed
+// address and the predicate, as CUTLASS's zfill copies pass their iterators' (`get()` beside
+// `valid()`), saving a 64-bit select per copy. It must still be aligned to the copy's size.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
