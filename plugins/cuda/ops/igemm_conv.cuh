@@ -491,9 +491,9 @@ __device__ __forceinline__ const int32_t* k_tables_build(const IgemmArgs<T>& a, 
 
 // Issues the copies of chunk kc into the rows of `r`, row i at shared address dst + i·dst_step
 // (zero-filled where the tap falls in the padding, the row is past M or the chunk past K).
-template <int N, class T>
-__device__ __forceinline__ void gather_a(const IgemmArgs<T>& a, const ARows<N>& r, const KChunk kc,
-                                         uint32_t dst, int dst_step) {
+template <class T, int N>
+__device__ __forceinline__ void gather_a(const ARows<N>& r, const KChunk kc, uint32_t dst,
+                                         int dst_step) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const bool ok = (r.taps[i] & kc.bit) != 0;
@@ -761,8 +761,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   auto load_tile = [&](int st, int kt) {
     const int k = kt * TL::BK + ccol * 8;
     const KChunk kch = ktab[kt * (TL::BK / 8) + ccol];
-    gather_a(a, ar, kch, smem_addr(As + st * TL::BM * TL::LDS + crow * TL::LDS + ccol * 8),
-             kRowStep * TL::LDS * static_cast<int>(sizeof(T)));
+    gather_a<T>(ar, kch, smem_addr(As + st * TL::BM * TL::LDS + crow * TL::LDS + ccol * 8),
+                kRowStep * TL::LDS * static_cast<int>(sizeof(T)));
     T* const bs = Bs + st * kBStage;
     if constexpr (BT) {
       // Row k = tap·C + kc of B is w'[n0.., tap, kc] = w[kc, KH-1-kh, KW-1-kw, n0..] of the
@@ -970,7 +970,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   const KChunk* kp = ktab + ccol;  // this thread's entry of the next tile copied
 
   auto load_tile = [&](int st, int kt) {
-    gather_a(a, ar, *kp, sa + st * TL::kABytes + cp_off, kRowStep * 128);
+    gather_a<T>(ar, *kp, sa + st * TL::kABytes + cp_off, kRowStep * 128);
     kp += TL::BK / 8;
     if (tid == 0) {
       const uint32_t bar = full0 + 8 * st;
