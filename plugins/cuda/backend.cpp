@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
@@ -158,6 +160,24 @@ CudaBackend::CudaBackend(CudaOptions options) : sdk::Backend("cuda"), options_(s
   // Last of the native GEMMs: the SIMT kernel, for the shapes every Tensor Core tile declines.
   register_simt_gemm(kernels());
   register_conv(kernels());
+  if (options_.f32_channels_last) prefer_nhwc_in_f32();
+}
+
+// f32_channels_last: each f32 convolution and max pool whose 16-bit namesake (the same op and
+// impl, the same class template) prefers channels-last prefers it too. Those classes take either
+// layout for each tensor in every dtype (abi/ops.h's promise for PLX_LAYOUT_NHWC), which the op
+// tests check in f32 as in 16 bits; only the preference was 16-bit.
+void CudaBackend::prefer_nhwc_in_f32() {
+  static const std::set<std::string, std::less<>> ops = {
+      "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",
+      "max_pool2d_backward"};
+  std::vector<std::pair<std::string, std::string>> nhwc;  // (op, impl)
+  for (int32_t i = 0; i < kernels().size(); ++i) {
+    const plx_kernel* k = kernels().get(i);
+    if (k->dtype == PLX_F16 && k->layout == PLX_LAYOUT_NHWC && ops.count(k->op) != 0)
+      nhwc.emplace_back(k->op, k->impl);
+  }
+  for (const auto& [op, impl] : nhwc) kernels().set_layout(op, PLX_F32, impl, PLX_LAYOUT_NHWC);
 }
 
 CudaBackend::~CudaBackend() {
@@ -437,7 +457,8 @@ class CudaPlugin final : public sdk::Plugin {
  public:
   explicit CudaPlugin(const sdk::HostContext& host) {
     host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace", "fuse_chunk_bytes",
-                        "pool_bias", "conv_bias_activation", "graph_api", "programmatic_launch"});
+                        "pool_bias", "conv_bias_activation", "graph_api", "programmatic_launch",
+                        "f32_channels_last"});
     CudaOptions o;
     o.tf32 = option_bool(host, "tf32", false);
     o.benchmark = option_bool(host, "benchmark", true);
@@ -455,6 +476,7 @@ class CudaPlugin final : public sdk::Plugin {
     o.conv_bias_activation = option_bool(host, "conv_bias_activation", true);
     o.graph_api = option_bool(host, "graph_api", true);
     o.programmatic_launch = option_bool(host, "programmatic_launch", true);
+    o.f32_channels_last = option_bool(host, "f32_channels_last", false);
     auto& b = add_backend(std::make_unique<CudaBackend>(std::move(o)));
     if (b.device_count() == 0)
       PLX_LOG(PLX_LOG_DEBUG, "cuda", "%s", b.unavailable_reason().c_str());

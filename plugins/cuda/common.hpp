@@ -104,6 +104,11 @@ struct CudaOptions {
   // code allow (launch_kernel, device.cuh); false: every launch the ordinary way, to time the
   // two against each other.
   bool programmatic_launch = true;
+  // f32's convolutions, max pools and their fused groups prefer channels-last activations, as
+  // the 16-bit ones always do (the layout planner then keeps an f32 graph's activations NHWC:
+  // cuDNN's descriptors follow the strides, and the TF32 implicit GEMMs gather 16 bytes, 4
+  // channels, at a time). false: f32 graphs stay NCHW.
+  bool f32_channels_last = false;
 };
 
 // n elements of T in device memory owned by one kernel object: zeroed, or copied from the host,
@@ -196,6 +201,11 @@ class CudaBackend final : public sdk::Backend {
   ~CudaBackend() override;
 
   const CudaOptions& options() const { return options_; }
+  // Whether this dtype's 4-D kernels prefer channels-last (16 bits always; f32 with the
+  // f32_channels_last option).
+  bool prefers_nhwc(int32_t dtype) const {
+    return dtype != PLX_F32 || options_.f32_channels_last;
+  }
   // Allows or forbids TF32 for kernels created from now on ("cuda.set_tf32").
   void set_tf32(bool on) { options_.tf32 = on; }
   // Sets fuse_chunk_bytes for fused kernels created from now on ("cuda.set_fuse_chunk_bytes").
@@ -242,6 +252,7 @@ class CudaBackend final : public sdk::Backend {
 
  private:
   void check_device(int32_t device) const;
+  void prefer_nhwc_in_f32();  // the f32_channels_last option (backend.cpp)
   // Raises (and clears) a data error a kernel recorded on any device.
   void raise_device_errors();
 

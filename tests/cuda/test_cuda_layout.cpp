@@ -72,10 +72,12 @@ struct StepOut {
 };
 
 // `tf32`: the cuda tf32 option on (f32 convolutions and GEMMs on the Tensor Cores).
+// `f32_nhwc`: the cuda f32_channels_last option on (f32 kernels prefer channels-last too).
 StepOut one_step(const ModelSpec& spec, KernelSide side, plx_dtype compute, bool channels_last,
-                 bool tf32 = false) {
+                 bool tf32 = false, bool f32_nhwc = false) {
   RuntimeOptions o = plugin_dir_options();
   o.kernels = side;
+  if (f32_nhwc) o.plugins.options["cuda"]["f32_channels_last"] = "true";
   Runtime rt(o);
   Backend& b = rt.backend("cuda");
   if (tf32) REQUIRE(cuda::set_tf32(b, true));
@@ -168,6 +170,45 @@ void check_planned_step(const ModelSpec& spec, int32_t values, const std::vector
         CHECK(compare_tensors(on.params.at(name), t, tolerance_for(PLX_F32, terms, false)) == "");
       }
     }
+}
+
+// The f32 form of check_planned_step: one TF32 step of `spec` with the cuda f32_channels_last
+// option off (nothing in f32 prefers NHWC: no value planned channels-last) and on, on both kernel
+// sides: `values` channels-last, among them `nhwc` and none of `nchw`, and the loss and updated
+// parameters as the NCHW step's. Our TF32 implicit GEMMs sum each output in the same k order in
+// both layouts (a channels-last activation gathered 16 bytes, 4 channels, at a time); cuDNN's
+// NHWC kernels sum in another order, and the pools' bias sums too, so the loss is held to TF32's
+// unit roundoff (2^-11) twice over and the parameters to TF32's tolerance.
+void check_planned_f32_step(const ModelSpec& spec, int32_t values,
+                            const std::vector<std::string>& nhwc,
+                            const std::vector<std::string>& nchw, int64_t terms,
+                            const std::vector<std::string>& library_only = {}) {
+  for (KernelSide side : {KernelSide::Library, KernelSide::Native}) {
+    const bool native = side == KernelSide::Native;
+    INFO("f32 (TF32), " << (native ? "native" : "library") << " kernels");
+    const StepOut off = one_step(spec, side, PLX_F32, true, true, false);
+    const StepOut on = one_step(spec, side, PLX_F32, true, true, true);
+    INFO("kernels, channels-last:\n"
+         << listing(on.kernels) << "channels-last values:\n"
+         << listing(on.plan.channels_last));
+    CHECK(off.plan.channels_last_values == 0);
+    CHECK(on.plan.channels_last_values ==
+          values - (native ? static_cast<int32_t>(library_only.size()) : 0));
+    for (const std::string& v : nhwc) {
+      INFO(v);
+      const bool absent =
+          native && std::find(library_only.begin(), library_only.end(), v) != library_only.end();
+      CHECK(planned(on, v) != absent);
+    }
+    for (const std::string& v : nchw) CHECK_FALSE(planned(on, v));
+    INFO("loss, channels-last " << on.loss << ", nchw " << off.loss);
+    CHECK(std::isfinite(on.loss));
+    CHECK(std::abs(on.loss - off.loss) <= 0x1p-10 * std::max(1.0, std::abs(off.loss)));
+    for (const auto& [name, t] : off.params) {
+      INFO(name);
+      CHECK(compare_tensors(on.params.at(name), t, tolerance_for(PLX_F32, terms, true)) == "");
+    }
+  }
 }
 
 }  // namespace
@@ -279,6 +320,36 @@ out = 10
                        {"max_pool2d_1:0", "max_pool2d_1:1", "relu_2", "conv2d_2.grad", "x.cast",
                         "conv2d_1.weight.cast", "conv2d_2.weight.cast"},
                        {"relu_1", "relu_3"}, 4 * 10 * 10 * 16, "relu_backward+max_pool2d_backward");
+  }
+}
+
+// plugins.options.cuda.f32_channels_last: f32's convolutions, max pools and their fused groups
+// prefer channels-last as the 16-bit ones do, so an f32 step plans what a 16-bit one does less
+// the 16-bit copies (f32 casts nothing): the conv chain's relu_1 and relu_2, convnet's first
+// layer's output, first pool's output and indices, second pool's indices and two data
+// gradients, simplecnn's first pool's output and indices, second pool's indices and conv2d_2's
+// data gradient. On the native side the TF32 igemm kernels read the channels-last activations
+// 16 bytes at a time (channel counts of 8 to 64, multiples of 4).
+TEST_CASE(
+    "an f32 cuda step with the f32_channels_last option keeps its activations channels-last and "
+    "computes the nchw step",
+    "[cuda][layout]") {
+  PLX_REQUIRE_CUDA(gpu);
+  (void)gpu;
+  SECTION("a conv chain") {
+    check_planned_f32_step(parse_model(kModel, "test_cuda_layout.cpp"), 6, {"relu_1", "relu_2"},
+                           {"relu_3"}, 4 * 10 * 10 * 16);
+  }
+  SECTION("convnet") {
+    check_planned_f32_step(builtin_model("convnet"), 7,
+                           {"relu_1", "max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1",
+                            "conv2d_3.grad", "conv2d_2.grad", "relu_1.grad"},
+                           {"max_pool2d_2:0"}, 4 * 28 * 28 * 32, {"relu_1.grad"});
+  }
+  SECTION("simplecnn") {
+    check_planned_f32_step(builtin_model("simplecnn"), 4,
+                           {"max_pool2d_1:0", "max_pool2d_1:1", "max_pool2d_2:1", "conv2d_2.grad"},
+                           {"max_pool2d_2:0"}, 4 * 26 * 26 * 16);
   }
 }
 

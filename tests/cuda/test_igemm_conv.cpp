@@ -10,7 +10,9 @@
 // The forward's epilogues for fused groups (a ReLU: test_cuda_conv_relu.cpp; a 2x2 max pool:
 // the last test here) run through the fusion API, on graphs.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -315,6 +317,60 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
       }
     }
   }
+}
+
+// plugins.options.cuda.f32_channels_last: every f32 convolution and max pool whose f16 namesake
+// (the same op and impl) prefers channels-last prefers it too, our TF32 igemm tiles and cuDNN's
+// kernels among them, and nothing else changes; without it f32 keeps its NCHW preferences. A bad
+// value is an error naming the option. No device needed.
+TEST_CASE("the cuda plugin's f32_channels_last option makes f32 convolutions and pools prefer nhwc",
+          "[cpu]") {
+  if (!cuda::plugin_built()) PLX_SKIP("the CUDA plugin was not built (no nvcc or cuDNN at configure time)");
+  const auto layouts = [](Runtime& rt, plx_dtype d) {
+    Backend& b = *rt.find_backend("cuda");
+    std::map<std::pair<std::string, std::string>, int32_t> out;
+    for (int32_t id = 0; id < rt.ops().size(); ++id)
+      for (const plx_kernel* k : b.kernels(id, d))
+        out[{rt.ops().by_id(id).name, k->impl ? k->impl : "?"}] = k->layout;
+    return out;
+  };
+  RuntimeOptions plain = plugin_dir_options();
+  RuntimeOptions on = plugin_dir_options();
+  on.plugins.options["cuda"]["f32_channels_last"] = "true";
+  Runtime rt_plain(plain), rt_on(on);
+  REQUIRE(rt_plain.find_backend("cuda") != nullptr);
+  REQUIRE(rt_on.find_backend("cuda") != nullptr);
+  const auto f16 = layouts(rt_on, PLX_F16);
+  const auto f32_plain = layouts(rt_plain, PLX_F32), f32_on = layouts(rt_on, PLX_F32);
+  REQUIRE(f32_plain.size() == f32_on.size());
+  const std::set<std::string> ops = {"conv2d", "conv2d_backward_data", "conv2d_backward_weight",
+                                     "max_pool2d", "max_pool2d_backward"};
+  std::set<std::string> changed_ops;
+  for (const auto& [key, layout] : f32_on) {
+    INFO(key.first << " " << key.second);
+    const auto half = f16.find(key);
+    const bool follows = ops.count(key.first) != 0 && half != f16.end() &&
+                         half->second == PLX_LAYOUT_NHWC;
+    CHECK(layout == (follows ? PLX_LAYOUT_NHWC : f32_plain.at(key)));
+    CHECK((follows || layout == f32_plain.at(key)));
+    if (follows) changed_ops.insert(key.first);
+    // Without the option no f32 convolution or pool prefers channels-last.
+    if (ops.count(key.first) != 0) CHECK(f32_plain.at(key) != PLX_LAYOUT_NHWC);
+  }
+  CHECK(changed_ops == ops);
+  CHECK(f32_on.at({"conv2d", "cudnn"}) == PLX_LAYOUT_NHWC);
+  CHECK(f32_on.at({"conv2d", "igemm_mma_128x64x32"}) == PLX_LAYOUT_NHWC);
+  CHECK(f32_on.at({"conv2d_backward_weight", "igemm_mma_128x64x32"}) == PLX_LAYOUT_NHWC);
+
+  RuntimeOptions bad = plugin_dir_options();
+  bad.plugins.options["cuda"]["f32_channels_last"] = "sometimes";
+  Runtime rt_bad(bad);
+  CHECK(rt_bad.find_backend("cuda") == nullptr);
+  std::string why;
+  for (const SkippedPlugin& sp : rt_bad.skipped())
+    if (std::filesystem::path(sp.path).filename() == "libplexus-cuda.so") why = sp.reason;
+  CHECK_THAT(why, PLX_CONTAINS("option 'f32_channels_last': expected true or false, got "
+                               "'sometimes'"));
 }
 
 // A conv -> [relu ->] max_pool2d group whose conv the native side gives to an igemm tile runs as

@@ -353,8 +353,12 @@ if has goalprofile; then
   # (programmatic_launch = false: what programmatic dependent launch saves a small step).
   # "convnet 128 tf32": the time-to-91% run's step (the short recipe's batch and precision),
   # which no profile has looked at yet (its two epochs trained in 0.93 s on 2026-11-28).
+  # "nhwc": f32 (TF32) steps with plugins.options.cuda.f32_channels_last, activations NHWC as in
+  # 16 bits (cuDNN's NHWC kernels, the TF32 igemm's 16-byte gathers; forty-second session):
+  # against their NCHW lines above, whether the option should be the default.
   for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 f32 ordinary' 'convnet 1024 bf16' \
-                          'convnet 128 tf32' 'convnet 1024 bf16 nofusion' 'convnet 1024 bf16 chunk256'; do
+                          'convnet 128 tf32' 'convnet 1024 bf16 nofusion' 'convnet 1024 bf16 chunk256' \
+                          'simplecnn 128 f32 nhwc' 'convnet 128 tf32 nhwc'; do
     set -- $model_batch_prec
     tag="$1-b$2-$3-profile${4:+-$4}"
     extra=()
@@ -364,6 +368,7 @@ if has goalprofile; then
     # of conv2 against the chunked cuDNN group), from a fresh tuning.
     [[ $1 == simplecnn ]] && extra=(--log-level debug --set backend.tune_cache=\"off\")
     [[ ${4:-} == ordinary ]] && extra+=(--set plugins.options.cuda.programmatic_launch=false)
+    [[ ${4:-} == nhwc ]] && extra+=(--set plugins.options.cuda.f32_channels_last=true)
     bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done
   # Every candidate (our tiles, cuDNN, cuBLASLt) on each problem of the convnet bf16 step at

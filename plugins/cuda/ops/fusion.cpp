@@ -771,7 +771,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
                                  side;
         fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
                     kernel, state, workspace_bytes,
-                    dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+                    prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
         return;
       } catch (const sdk::Unsupported& e) {
         PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "conv2d+max_pool2d on %s: %s", side, e.what());
@@ -798,7 +798,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
         auto k = d >= 0 ? make_direct_pool_backward(*this, g, b, dt)
                         : make_direct_pool_wgrad(*this, g, b, "direct", dt);
         fused_.give(name, dt, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
-                    kernel, state, workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+                    kernel, state, workspace_bytes, prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
         return;
       } catch (const sdk::Unsupported& e) {
         PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "max_pool2d_backward+conv2d_backward on direct: %s",
@@ -815,7 +815,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     // Every tensor in either layout, as the member kernels take them (the pre-pool scratch
     // channels-last where the group's tensors are: sdk/fusion_chunked.hpp); in 16 bits they
     // prefer NHWC.
-    const plx_layout layout = dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
+    const plx_layout layout = prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
     fused_.give(fused_name, dt, flags, std::move(k), kernel, state, workspace_bytes, layout);
     return;
   }
@@ -830,7 +830,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     // bits channels-last preferred, as the convolutions there.
     fused_.give("relu_backward+sum+conv2d_backward_weight:direct", dt,
                 PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+                workspace_bytes, prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {
@@ -849,7 +849,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     // Either layout for each tensor, as the max-pool kernels; channels-last preferred in 16 bits.
     fused_.give("relu_backward+max_pool2d_backward", dt,
                 PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k), kernel, state,
-                workspace_bytes, dt != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+                workspace_bytes, prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   bool head = false;
@@ -885,7 +885,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
       // A conv pair takes x and y in either layout (cuDNN's descriptors, igemm's staging) and,
       // in 16 bits, prefers channels-last as the conv does (register_conv).
       const plx_layout layout =
-          g.is(0, "conv2d") && dtype != PLX_F32 ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
+          g.is(0, "conv2d") && prefers_nhwc(dtype) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY;
       fused_.give(pair_name, dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE, std::move(k),
                   kernel, state, workspace_bytes, layout);
       return;

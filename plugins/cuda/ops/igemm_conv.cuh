@@ -40,7 +40,9 @@
 // pixel and is aligned; other nodes (the first layer of our models has C = 1) are declined.
 // TF32 (f32, igemm_tf32_kernel and igemm_wgrad_tf32_kernel below) gathers its operands 4 bytes at
 // a time through a table of k offsets made at creation, so it reads and writes every layout in
-// place (no staging, no filter copy, no BT variant) and takes any channel count of 8 or more.
+// place (no staging, no filter copy, no BT variant) and takes any channel count of 8 or more; the
+// forward and backward data gather a channels-last activation whose channels are a multiple of
+// 4 16 bytes (4 channels of one tap) at a time instead, through the same table.
 //
 // Pipeline: STAGES shared-memory buffers per operand, filled by cp.async groups; iteration kt
 // waits for group kt (cp.async.wait_group STAGES-2), syncs the block, issues the copy of tile
@@ -1017,26 +1019,32 @@ __global__ void __launch_bounds__(TL::THREADS)
 // and b0, b1 of two n tiles.
 // The TF32 forward's and backward data's k tables in shared memory, from KTap: entry k of A's
 // holds the bit of its tap kh·KW + kw (0 past K, so that no row copies it) and its activation
-// offset in bytes, one 8-byte load; entry k of B's its filter offset in bytes (-4 past K).
+// offset in bytes, one 8-byte load; entry k of B's its filter offset in bytes (kPastK past K).
+// Offsets from a receptive field's origin or a filter row's start are never negative: unsigned,
+// they add to a 64-bit address without a sign extension.
 struct alignas(8) KTapA {
   uint32_t bit;
-  int32_t off;
+  uint32_t off;
 };
+// B's entry past K: the top bit set (a copy tests it as a sign, one compare) and aligned for
+// the zero-filled copy, which reads nothing.
+constexpr uint32_t kPastK = 0x80000000u;
 
 // N copies of one operand, each from a table entry in shared memory (tab[col(j)] for copy j):
 // four entries read, then their four copies issued (copy(j, entry)). With each copy right after
 // its own entry's shared load, ptxas put three never-issued shared loads before every copy; all
-// N entries first removes them too but costs up to 24 more registers.
+// N entries first removes them too but costs up to 24 more registers. Fewer than four: all first.
 template <int N, class E, class Col, class Copy>
 __device__ __forceinline__ void copies_in_fours(const E* tab, Col&& col, Copy&& copy) {
-  static_assert(N % 4 == 0, "copies in fours");
+  constexpr int kG = N < 4 ? N : 4;
+  static_assert(N % kG == 0, "copies in fours");
 #pragma unroll
-  for (int j0 = 0; j0 < N; j0 += 4) {
-    E e[4];
+  for (int j0 = 0; j0 < N; j0 += kG) {
+    E e[kG];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) e[j] = tab[col(j0 + j)];
+    for (int j = 0; j < kG; ++j) e[j] = tab[col(j0 + j)];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) copy(j0 + j, e[j]);
+    for (int j = 0; j < kG; ++j) copy(j0 + j, e[j]);
   }
 }
 
@@ -1051,10 +1059,17 @@ struct Tf32Tile {
   }
   static constexpr int A_STEP = TL::THREADS / TL::BM, A_ITERS = BK / A_STEP;
   static constexpr int B_STEP = TL::THREADS / TL::BN, B_ITERS = BK / B_STEP;
+  // A gathered 16 bytes (4 channels of one tap) at a time from a channels-last activation
+  // (igemm_tf32_kernel's kVec): CPR_V chunks per row, thread tid copying chunk tid % CPR_V of
+  // rows tid / CPR_V + i·AV_STEP, AV_ITERS of them.
+  static constexpr int CPR_V = BK / 4, AV_STEP = TL::THREADS / CPR_V;
+  static constexpr int AV_ITERS = TL::BM * CPR_V / TL::THREADS;
   // The weight gradient's k-major stages (see igemm_wgrad_tf32_kernel).
   static constexpr int LDA_K = TL::BM + 8, LDB_K = TL::BN + 8;
   static constexpr int W_STEP = TL::THREADS / BK;
   static constexpr int WA_ITERS = TL::BM / W_STEP, WB_ITERS = TL::BN / W_STEP;
+  // Its 16-byte copies (kVec): chunks of 4 columns, the same W_STEP apart.
+  static constexpr int WA_ITERS_V = TL::BM / 4 / W_STEP, WB_ITERS_V = TL::BN / 4 / W_STEP;
   static constexpr int W_SMEM = TL::STAGES * BK * (LDA_K + LDB_K) * 4;
   static_assert(BK % 8 == 0, "BK is a multiple of the TF32 mma's K (8)");
   static_assert(TL::THREADS % TL::BM == 0 && TL::THREADS % TL::BN == 0 && BK % A_STEP == 0 &&
@@ -1062,6 +1077,11 @@ struct Tf32Tile {
                 "a fixed row per thread and the stage's columns spread evenly");
   static_assert(TL::THREADS % BK == 0 && TL::BM % W_STEP == 0 && TL::BN % W_STEP == 0,
                 "the weight gradient's copies spread evenly over the threads");
+  static_assert(TL::BM % (4 * W_STEP) == 0 && TL::BN % (4 * W_STEP) == 0,
+                "the weight gradient's 16-byte copies spread evenly over the threads");
+  static_assert(TL::THREADS % CPR_V == 0 && (TL::BM * CPR_V) % TL::THREADS == 0 &&
+                    (LDS * 4) % 16 == 0,
+                "the 16-byte A copies spread evenly over the threads, rows 16-byte aligned");
   static_assert(LDA_K % 32 == 8 && LDB_K % 32 == 8, "scalar fragment reads on distinct banks");
 };
 
@@ -1069,7 +1089,12 @@ __device__ __forceinline__ uint32_t tf32_of(uint32_t bits) {
   return to_tf32(__uint_as_float(bits));
 }
 
-template <class TL, class Ix = void>
+// kVec: the activation is channels-last (dense NHWC strides) with C % 4 == 0 and 16-byte
+// aligned, so that 4 consecutive k (= tap·C + c, c % 4 == 0) are 16 contiguous bytes of one tap:
+// A's copies take 16 bytes each through the 16-bit kernels' ARows (a quarter of the copies and
+// of their table reads; the stage's bytes are the same), where a copy of NCHW (or C % 4 != 0)
+// takes one f32.
+template <class TL, class Ix = void, bool kVec = false>
 __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs<float> a) {
   pdl_begin();
   using G = Tf32Tile<TL>;
@@ -1088,12 +1113,16 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   const int br = tid % TL::BN, bc = tid / TL::BN;
   // Addresses as integers (as the 16-bit gather's ARows: nvcc then keeps x's and w's addresses
   // out of the loop, and each copy adds one 32-bit byte offset), zero-filled copies' too
-  // (ops/mma_ptx.cuh, cp_async16; past K the filter's offset is -4 bytes: one f32 before the
-  // row).
+  // (ops/mma_ptx.cuh, cp_async16; past K the filter's offset is kPastK).
   const int64_t x_addr = reinterpret_cast<int64_t>(a.x), w_addr = reinterpret_cast<int64_t>(a.w);
   int64_t a_org = x_addr;  // the pixel's receptive field origin (ih0, iw0) in x
   uint32_t a_taps = 0;     // the field's taps inside the image (none past M)
-  if (m0 + ar < a.M) {
+  // kVec: chunk column vcol of rows vrow + i·AV_STEP, their origins and taps in av.
+  const int vcol = tid % G::CPR_V, vrow = tid / G::CPR_V;
+  ARows<kVec ? G::AV_ITERS : 1> av;
+  if constexpr (kVec) {
+    a_rows_init<kPool>(a, m0, vrow, G::AV_STEP, av);
+  } else if (m0 + ar < a.M) {
     int64_t n;
     int oh, ow;
     igemm_pixel<kPool>(a, m0 + ar, n, oh, ow);
@@ -1101,21 +1130,22 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     a_org += (n * a.xs_n + ih0 * a.xs_h + iw0 * a.xs_w) * static_cast<int64_t>(sizeof(float));
     a_taps = field_taps(a, ih0, iw0);
   }
-  const bool b_in = n0 + br < a.O;
-  // The output channel's filter row.
-  const int64_t b_org = w_addr + (b_in ? (n0 + br) * a.ws_n : 0) * static_cast<int64_t>(sizeof(float));
+  // The output channel's filter row; a row past O copies row 0's (its column of the tile is
+  // never stored, and nothing else reads it), so only k past K is zero-filled.
+  const int64_t b_org =
+      w_addr + (n0 + br < a.O ? (n0 + br) * a.ws_n : 0) * static_cast<int64_t>(sizeof(float));
   const int KT = (a.K + G::BK - 1) / G::BK;
 
   // The k tables after the stages.
   KTapA* const atab = reinterpret_cast<KTapA*>(smem_raw + G::SMEM);
-  int32_t* const btab = reinterpret_cast<int32_t*>(atab + KT * G::BK);
+  uint32_t* const btab = reinterpret_cast<uint32_t*>(atab + KT * G::BK);
   for_block_strided<TL::THREADS>(KT * G::BK, tid, [&](int k) {
-    KTapA e{0u, 0};
-    int32_t b = -4;  // past K: negative, and aligned as a zero-filled copy's address must be
+    KTapA e{0u, 0u};
+    uint32_t b = kPastK;
     if (k < a.K) {
       const KTap t = a.tab[k];
-      e = {1u << (t.kh * a.KW + t.kw), t.a * static_cast<int32_t>(sizeof(float))};
-      b = t.b * static_cast<int32_t>(sizeof(float));
+      e = {1u << (t.kh * a.KW + t.kw), static_cast<uint32_t>(t.a) * 4u};
+      b = static_cast<uint32_t>(t.b) * 4u;
     }
     atab[k] = e;
     btab[k] = b;
@@ -1126,16 +1156,29 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     float* const as = As + st * TL::BM * G::LDS;
     float* const bs = Bs + st * TL::BN * G::LDS;
     const KTapA* const ap = atab + kt * G::BK;
-    const int32_t* const bp = btab + kt * G::BK;
+    const uint32_t* const bp = btab + kt * G::BK;
     const auto a_col = [&](int j) { return ac + j * G::A_STEP; };
     const auto b_col = [&](int j) { return bc + j * G::B_STEP; };
-    copies_in_fours<G::A_ITERS>(ap, a_col, [&](int j, const KTapA& e) {
-      const bool ok = (a_taps & e.bit) != 0;
-      cp_async4(smem_addr(as + ar * G::LDS + a_col(j)),
-                reinterpret_cast<const void*>(a_org + e.off), ok);
-    });
-    copies_in_fours<G::B_ITERS>(bp, b_col, [&](int j, int32_t off) {
-      const bool ok = b_in && off >= 0;
+    if constexpr (kVec) {
+      // Entry 4·vcol of the tile: its tap's bit and the byte offset (kh·W + kw)·C + c of its 4
+      // channels from a row's field origin (a_rows_init's), the same for every row.
+      const KTapA e = ap[vcol * 4];
+      const uint32_t dst = smem_addr(as + vrow * G::LDS + vcol * 4);
+#pragma unroll
+      for (int i = 0; i < G::AV_ITERS; ++i) {
+        const bool ok = (av.taps[i] & e.bit) != 0;
+        cp_async16(dst + static_cast<uint32_t>(i * G::AV_STEP * G::LDS * 4),
+                   reinterpret_cast<const void*>(av.org[i] + e.off), ok);
+      }
+    } else {
+      copies_in_fours<G::A_ITERS>(ap, a_col, [&](int j, const KTapA& e) {
+        const bool ok = (a_taps & e.bit) != 0;
+        cp_async4(smem_addr(as + ar * G::LDS + a_col(j)),
+                  reinterpret_cast<const void*>(a_org + e.off), ok);
+      });
+    }
+    copies_in_fours<G::B_ITERS>(bp, b_col, [&](int j, uint32_t off) {
+      const bool ok = static_cast<int32_t>(off) >= 0;  // not kPastK
       cp_async4(smem_addr(bs + br * G::LDS + b_col(j)), reinterpret_cast<const void*>(b_org + off),
                 ok);
     });
@@ -1638,7 +1681,12 @@ __global__ void __launch_bounds__(TL::THREADS)
 // read element by element: a0 (m g, k t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4) and b0 (k t,
 // n g), b1 (t+4, g), from rows of BM + 8 and BN + 8 f32, which puts a warp's 32 reads (8·t + g)
 // on 32 banks.
-template <class TL>
+// kVec: dy and x channels-last (dense NHWC strides), O and C multiples of 4, both 16-byte
+// aligned: a stage row (one pixel) holds BM consecutive channels of dy and BN consecutive
+// columns j = tap·C + c of x, 4 of which (c % 4 == 0, one tap) are 16 contiguous bytes, so each
+// copy takes 16 bytes (a quarter of the copies and of their table reads) where the scalar form
+// takes one f32.
+template <class TL, bool kVec = false>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const WgradArgs<float> a) {
   pdl_begin();
   using G = Tf32Tile<TL>;
@@ -1658,20 +1706,21 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   const int kr = tid % G::BK, cc = tid / G::BK;
   // The block's columns in shared memory after the stages, once (as the forward's k tables):
   // B's (x: the tap's bit, 0 past J, and its offset in bytes) and A's (dy: output channel o's
-  // offset in bytes, -4 past O). Each pixel's receptive field then gives its in-image taps once
-  // per tile (field_taps), and each copy tests one bit.
+  // offset in bytes; channel 0's past O: those rows of the tile are never stored, and nothing
+  // else reads them). Each pixel's receptive field then gives its in-image taps once per tile
+  // (field_taps), and each copy of x tests one bit; a copy of dy only whether its pixel is in.
   KTapA* const btab = reinterpret_cast<KTapA*>(smem_raw + G::W_SMEM);
-  int32_t* const atab = reinterpret_cast<int32_t*>(btab + TL::BN);
+  uint32_t* const atab = reinterpret_cast<uint32_t*>(btab + TL::BN);
   for_block_strided<TL::THREADS>(TL::BN, tid, [&](int col) {
-    KTapA e{0u, 0};
+    KTapA e{0u, 0u};
     if (n0 + col < a.J) {
       const KTap t = a.tab[n0 + col];
-      e = {1u << (t.kh * a.KW + t.kw), t.a * static_cast<int32_t>(sizeof(float))};
+      e = {1u << (t.kh * a.KW + t.kw), static_cast<uint32_t>(t.a) * 4u};
     }
     btab[col] = e;
   });
   for_block_strided<TL::THREADS>(TL::BM, tid, [&](int col) {
-    atab[col] = m0 + col < a.O ? static_cast<int32_t>((m0 + col) * a.ds_c * sizeof(float)) : -4;
+    atab[col] = m0 + col < a.O ? static_cast<uint32_t>((m0 + col) * a.ds_c) * 4u : 0u;
   });
   __syncthreads();
   // Addresses as integers (see igemm_tf32_kernel), zero-filled copies' too (mma_ptx.cuh).
@@ -1694,18 +1743,33 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
     pix = advance(pix, step, a.OH, a.OW);
     float* const as = As + st * G::BK * G::LDA_K;
     float* const bs = Bs + st * G::BK * G::LDB_K;
-    // (all the entries first would take the 64x128 tile past 128 registers)
-    const auto col = [&](int i) { return cc + i * G::W_STEP; };
-    copies_in_fours<G::WA_ITERS>(atab, col, [&](int i, int32_t off) {
-      const bool ok = pin && off >= 0;
-      cp_async4(smem_addr(as + kr * G::LDA_K + col(i)), reinterpret_cast<const void*>(dy_org + off),
-                ok);
-    });
-    copies_in_fours<G::WB_ITERS>(btab, col, [&](int i, const KTapA& e) {
-      const bool ok = (taps & e.bit) != 0;
-      cp_async4(smem_addr(bs + kr * G::LDB_K + col(i)),
-                reinterpret_cast<const void*>(x_org + e.off), ok);
-    });
+    if constexpr (kVec) {
+      // Chunk q (4 columns from 4·q) of the row: its first column's table entry.
+      const auto col = [&](int i) { return 4 * (cc + i * G::W_STEP); };
+      copies_in_fours<G::WA_ITERS_V>(atab, col, [&](int i, uint32_t off) {
+        const bool ok = pin;
+        cp_async16(smem_addr(as + kr * G::LDA_K + col(i)),
+                   reinterpret_cast<const void*>(dy_org + off), ok);
+      });
+      copies_in_fours<G::WB_ITERS_V>(btab, col, [&](int i, const KTapA& e) {
+        const bool ok = (taps & e.bit) != 0;
+        cp_async16(smem_addr(bs + kr * G::LDB_K + col(i)),
+                   reinterpret_cast<const void*>(x_org + e.off), ok);
+      });
+    } else {
+      // (all the entries first would take the 64x128 tile past 128 registers)
+      const auto col = [&](int i) { return cc + i * G::W_STEP; };
+      copies_in_fours<G::WA_ITERS>(atab, col, [&](int i, uint32_t off) {
+        const bool ok = pin;
+        cp_async4(smem_addr(as + kr * G::LDA_K + col(i)),
+                  reinterpret_cast<const void*>(dy_org + off), ok);
+      });
+      copies_in_fours<G::WB_ITERS>(btab, col, [&](int i, const KTapA& e) {
+        const bool ok = (taps & e.bit) != 0;
+        cp_async4(smem_addr(bs + kr * G::LDB_K + col(i)),
+                  reinterpret_cast<const void*>(x_org + e.off), ok);
+      });
+    }
   };
 
   float acc[TL::MI][TL::NI][4];
@@ -1965,10 +2029,13 @@ class IgemmConvKernel final : public Kernel {
     PLX_DECLINE_UNLESS(static_cast<size_t>(smem_) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, smem_);
+    // TF32 gathers a channels-last activation 16 bytes at a time where 4 channels are (kVec).
+    vec_ = kTf32 && act_nhwc && Ca % 4 == 0;
     // Above the default 48 KiB a kernel must opt in, per device: done here, once per node.
-    if constexpr (kTf32)
+    if constexpr (kTf32) {
       opt_in(igemm_tf32_kernel<TL>);
-    else if constexpr (TL::kWgmma)
+      if (vec_) opt_in(igemm_tf32_kernel<TL, void, true>);
+    } else if constexpr (TL::kWgmma)
       opt_in(igemm_wgmma_kernel<T, TL>);
     else if (bt_)
       opt_in(igemm_conv_kernel<T, TL, true>);
@@ -2070,12 +2137,20 @@ class IgemmConvKernel final : public Kernel {
                     static_cast<unsigned>((a.O + TL::BN - 1) / TL::BN));
     if constexpr (kTf32) {
       a.tab = tab_.p;
+      // An activation view off the 16-byte grain gathers 4 bytes at a time.
+      const bool vec = vec_ && addr(a.x) % 16 == 0;
+      const auto go = [&]<class Ix>(Ix*) {
+        if (vec)
+          launch_kernel(igemm_tf32_kernel<TL, Ix, true>, grid, TL::THREADS, smem_, s, a);
+        else
+          launch_kernel(igemm_tf32_kernel<TL, Ix>, grid, TL::THREADS, smem_, s, a);
+      };
       if (pool_ == PoolIx::U8)
-        launch_kernel(igemm_tf32_kernel<TL, uint8_t>, grid, TL::THREADS, smem_, s, a);
+        go(static_cast<uint8_t*>(nullptr));
       else if (pool_ == PoolIx::I32)
-        launch_kernel(igemm_tf32_kernel<TL, int32_t>, grid, TL::THREADS, smem_, s, a);
+        go(static_cast<int32_t*>(nullptr));
       else
-        launch_kernel(igemm_tf32_kernel<TL>, grid, TL::THREADS, smem_, s, a);
+        go(static_cast<void*>(nullptr));
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmw;
       if (!tma_encode<T>(tmw, tma_matrix(a.K, a.O, TL::BN), a.w))
@@ -2144,9 +2219,12 @@ class IgemmConvKernel final : public Kernel {
     in_x_ = p.slots.x, in_w_ = p.slots.w, in_b_ = p.slots.bias;
     out_y_ = p.slots.y, out_i_ = p.slots.indices;
     const bool u8 = pool_ == PoolIx::U8;
-    if constexpr (kTf32)
+    if constexpr (kTf32) {
       u8 ? opt_in(igemm_tf32_kernel<TL, uint8_t>) : opt_in(igemm_tf32_kernel<TL, int32_t>);
-    else if constexpr (TL::kWgmma)
+      if (vec_)
+        u8 ? opt_in(igemm_tf32_kernel<TL, uint8_t, true>)
+           : opt_in(igemm_tf32_kernel<TL, int32_t, true>);
+    } else if constexpr (TL::kWgmma)
       u8 ? opt_in(igemm_wgmma_kernel<T, TL, uint8_t>) : opt_in(igemm_wgmma_kernel<T, TL, int32_t>);
     else
       u8 ? opt_in(igemm_conv_kernel<T, TL, false, uint8_t>)
@@ -2166,6 +2244,7 @@ class IgemmConvKernel final : public Kernel {
   IgemmArgs<T> a_{};
   bool stage_act_ = false, stage_w_ = false;
   bool bt_ = false;  // backward data reading the channels-last filter in place
+  bool vec_ = false;  // TF32: the channels-last activation's 16-byte gather (igemm_tf32_kernel)
   int smem_ = 0;
   PoolIx pool_ = PoolIx::None;
   int32_t in_x_ = 0, in_w_ = 1, in_b_ = 2, out_y_ = 0, out_i_ = -1;  // the call's slots
@@ -2274,9 +2353,12 @@ class IgemmWgradKernel final : public Kernel {
     PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);
-    if constexpr (kTf32)
+    // TF32 copies 16 bytes at a time where dy and x are channels-last with 4-channel chunks.
+    vec_ = kTf32 && nhwc[2] && nhwc[0] && g.O % 4 == 0 && g.C % 4 == 0;
+    if constexpr (kTf32) {
       allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL>, kSmem);
-    else if constexpr (TL::kWgmma)
+      if (vec_) allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL, true>, kSmem);
+    } else if constexpr (TL::kWgmma)
       allow_dynamic_smem(igemm_wgmma_wgrad_kernel<T, TL>, kSmem);
     else
       allow_dynamic_smem(igemm_wgrad_kernel<T, TL>, kSmem);
@@ -2380,7 +2462,11 @@ class IgemmWgradKernel final : public Kernel {
     a.done = done_.p;
     if constexpr (kTf32) {
       a.tab = tab_.p;
-      launch_kernel(igemm_wgrad_tf32_kernel<TL>, grid_, TL::THREADS, kSmem, s, a);
+      // Views off the 16-byte grain copy 4 bytes at a time.
+      if (vec_ && ((addr(a.dy) | addr(a.x)) & 15u) == 0)
+        launch_kernel(igemm_wgrad_tf32_kernel<TL, true>, grid_, TL::THREADS, kSmem, s, a);
+      else
+        launch_kernel(igemm_wgrad_tf32_kernel<TL>, grid_, TL::THREADS, kSmem, s, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmy;
       if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy))
@@ -2404,6 +2490,7 @@ class IgemmWgradKernel final : public Kernel {
   bool stage_y_ = false, stage_x_ = false;
   int64_t y_dims_[3] = {0, 0, 0}, x_dims_[3] = {0, 0, 0};
   uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;
+  bool vec_ = false;  // TF32: dy's and x's 16-byte copies (igemm_wgrad_tf32_kernel's kVec)
   KTable tab_;  // TF32
 };
 

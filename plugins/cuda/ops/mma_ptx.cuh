@@ -42,10 +42,15 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
                : "memory");
 }
 // 4 bytes global -> shared (through L1: .cg takes 16 bytes only), or 4 zero bytes when !valid.
+// The zero fill through the ignore-src predicate (PTX 7.5): with a src-size of valid ? 4 : 0 nvcc
+// computed the 4 or 0 arithmetically from a table entry's sign (three instructions a copy in the
+// TF32 gathers) before ptxas made it a predicate again.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
+  asm volatile(
+      "{\n .reg .pred p;\n setp.eq.u32 p, %2, 0;\n cp.async.ca.shared.global [%0], [%1], 4, p;\n}\n" ::
+          "r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(valid))
+      : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

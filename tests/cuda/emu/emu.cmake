@@ -216,6 +216,7 @@ plexus_emu_tests("" TESTS
     "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and computes the nchw step"
     "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes the nchw step"
     "a 16-bit cuda step with a relu after its pool keeps the pool's side channels-last and computes the nchw step"
+    "an f32 cuda step with the f32_channels_last option keeps its activations channels-last and computes the nchw step"
     "a native cuda training step of simplecnn or convnet runs no library kernel"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"

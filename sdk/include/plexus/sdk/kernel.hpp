@@ -81,6 +81,18 @@ class KernelRegistry {
   const plx_kernel* get(int32_t i) const {
     return i >= 0 && i < size() ? &entries_[static_cast<size_t>(i)].table : nullptr;
   }
+  // Sets the layout the kernel registered for (op, dtype, impl) prefers; false where there is
+  // none. For a backend whose options change a dtype's preference, before the host reads the
+  // tables (a kernel that says PLX_LAYOUT_NHWC must take what abi/ops.h says it does).
+  bool set_layout(std::string_view op, int32_t dtype, std::string_view impl, plx_layout layout) {
+    bool found = false;
+    for (Entry& e : entries_)
+      if (e.table.dtype == dtype && e.op == op && e.impl == impl) {
+        e.table.layout = layout;
+        found = true;
+      }
+    return found;
+  }
 
  private:
   struct Entry {
