@@ -410,9 +410,11 @@ if has ncu; then
       > "$OUT/ncu-convnet-b1024-bf16.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
     # Executed instructions and IPC against docs/kernels.md's static counts (the staged
-    # epilogues' model: a kernel's time is its warps' instructions at about 2 a cycle an SM).
-    grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Instructions  |Executed Ipc Active|Issue Slots Busy' \
-      "$OUT/ncu-convnet-b1024-bf16.log" | head -160 | tee -a "$OUT/summary.txt"
+    # epilogues' model: a kernel's time is its warps' instructions at about 2 a cycle an SM),
+    # and the L1 and L2 hit rates (the gathered activations go through L1 since the forty-third
+    # session: docs/kernels.md, "Gathered activations through L1").
+    grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Instructions  |Executed Ipc Active|Issue Slots Busy|L1/TEX Hit Rate|L2 Hit Rate' \
+      "$OUT/ncu-convnet-b1024-bf16.log" | head -200 | tee -a "$OUT/summary.txt"
   else
     echo "no ncu on this machine" | tee -a "$OUT/summary.txt"
   fi

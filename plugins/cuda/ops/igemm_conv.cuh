@@ -499,9 +499,10 @@ __device__ __forceinline__ void gather_a(const ARows<N>& r, const KChunk kc, uin
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const bool ok = (r.taps[i] & kc.bit) != 0;
-    // Zero-filled copies too take the tap's address (ops/mma_ptx.cuh, cp_async16).
+    // Zero-filled copies too take the tap's address (ops/mma_ptx.cuh, cp_async16); through L1,
+    // where the tile's other taps find the pixel again (cp_async16_ca).
     const T* src = reinterpret_cast<const T*>(r.org[i] + kc.off * sizeof(T));
-    cp_async16(dst + static_cast<uint32_t>(i * dst_step), src, ok);
+    cp_async16_ca(dst + static_cast<uint32_t>(i * dst_step), src, ok);
   }
 }
 
@@ -1167,8 +1168,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
 #pragma unroll
       for (int i = 0; i < G::AV_ITERS; ++i) {
         const bool ok = (av.taps[i] & e.bit) != 0;
-        cp_async16(dst + static_cast<uint32_t>(i * G::AV_STEP * G::LDS * 4),
-                   reinterpret_cast<const void*>(av.org[i] + e.off), ok);
+        cp_async16_ca(dst + static_cast<uint32_t>(i * G::AV_STEP * G::LDS * 4),
+                      reinterpret_cast<const void*>(av.org[i] + e.off), ok);
       }
     } else {
       copies_in_fours<G::A_ITERS>(ap, a_col, [&](int j, const KTapA& e) {
@@ -1450,8 +1451,9 @@ __device__ __forceinline__ void wgrad_copy_b(const WgradArgs<T>& a, const WgradC
       const uint64_t addr =
           (static_cast<uint64_t>(static_cast<uint32_t>(v.w)) << 32 | static_cast<uint32_t>(v.z)) +
           static_cast<uint64_t>(static_cast<int64_t>(c.tap_bytes));
-      // Also zero-filled copies take the row's address (mma_ptx.cuh, cp_async16).
-      cp_async16(dst + (i0 + g) * bytes, reinterpret_cast<const T*>(addr), ok);
+      // Also zero-filled copies take the row's address (mma_ptx.cuh, cp_async16); x through
+      // L1, as the forward's gather (the block's other taps read the same pixels).
+      cp_async16_ca(dst + (i0 + g) * bytes, reinterpret_cast<const T*>(addr), ok);
     }
   }
 }
@@ -1753,8 +1755,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
       });
       copies_in_fours<G::WB_ITERS_V>(btab, col, [&](int i, const KTapA& e) {
         const bool ok = (taps & e.bit) != 0;
-        cp_async16(smem_addr(bs + kr * G::LDB_K + col(i)),
-                   reinterpret_cast<const void*>(x_org + e.off), ok);
+        cp_async16_ca(smem_addr(bs + kr * G::LDB_K + col(i)),
+                      reinterpret_cast<const void*>(x_org + e.off), ok);
       });
     } else {
       // (all the entries first would take the 64x128 tile past 128 registers)

@@ -41,6 +41,19 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// The same copy allocating in L1 (cp.async.ca; .cg above caches in L2 only), for the implicit
+// GEMMs' gathered activations: a KH x KW filter reads each input pixel for up to KH·KW output
+// pixels, most of them in the same block's tile, so the block's later copies of a pixel hit L1
+// instead of going back to L2 (a 128-pixel tile of a 3x3 convolution on 28-wide images gathers
+// about 6 times the bytes its receptive field holds). CUTLASS's implicit-GEMM convolutions copy
+// their activation operand through L1 the same way and stream the filter through L2; ours keep
+// cp_async16 for the filter, the weight gradients' dy and the GEMMs' operands, which no copy of
+// the same block reads twice.
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
 // 4 bytes global -> shared (through L1: .cg takes 16 bytes only), or 4 zero bytes when !valid.
 // The zero fill through the ignore-src predicate (PTX 7.5): with a src-size of valid ? 4 : 0 nvcc
 // computed the 4 or 0 arithmetically from a table entry's sign (three instructions a copy in the

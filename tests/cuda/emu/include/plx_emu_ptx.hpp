@@ -21,6 +21,10 @@ inline uint32_t to_tf32(float x) { return ::plx_emu::tf32_bits_rn(x); }
 inline void cp_async16(uint32_t dst, const void* src, bool valid) {
   ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
 }
+// .ca and .cg differ only in which caches keep the line: the same copy here.
+inline void cp_async16_ca(uint32_t dst, const void* src, bool valid) {
+  ::plx_emu::cp_async(dst, src, 16, valid ? 16 : 0);
+}
 inline void cp_async4(uint32_t dst, const void* src, bool valid) {
   ::plx_emu::cp_async(dst, src, 4, valid ? 4 : 0);
 }
