@@ -31,11 +31,9 @@ mma=${SASS_MMA:-HMMA}
 
 # cuobjdump and nvdisasm, or the skip (exit 77).
 source "$(dirname "${BASH_SOURCE[0]}")/sass_tools.sh"
-[[ -f "$so" ]] || { echo "FAIL: no plugin file $so"; exit 1; }
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$cuobjdump" --dump-sass "$so" > "$tmp/sass"
+dump_sass "$so" "$tmp/sass"
 "$cuobjdump" --dump-resource-usage "$so" > "$tmp/res"
 
 # The patterns as one awk alternation.
@@ -65,10 +63,7 @@ fail=0
 printf '%-6s %5s %4s %5s  %s\n' arch "$mma" REG LOCAL kernel
 while read -r arch fn count; do
   read -r reg loc < <(awk -v a="$arch" -v f="$fn" '$1 == a && $2 == f { print $3, $4; exit }' "$tmp/regs") || true
-  # Demangled, without the return type, the namespaces and the parameter list.
-  name=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
-  name=$(echo "$name" | sed -e 's/^void //' -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' \
-    -e 's/(.*$//')
+  name=$(kernel_name "$fn")
   printf '%-6s %5s %4s %5s  %s\n' "$arch" "$count" "${reg:-?}" "${loc:-?}" "$name"
   if [[ "$count" -eq 0 ]]; then echo "FAIL: $arch $name has no $mma instruction"; fail=1; fi
   if [[ -n "${loc:-}" && "$loc" != 0 ]]; then

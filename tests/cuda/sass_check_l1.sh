@@ -17,11 +17,9 @@ usage="usage: sass_check_l1.sh PLUGIN.so ARCHS"
 so=${1:?$usage}
 archs=${2:?$usage}
 source "$(dirname "${BASH_SOURCE[0]}")/sass_tools.sh"
-[[ -f "$so" ]] || { echo "FAIL: no plugin file $so"; exit 1; }
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$cuobjdump" --dump-sass "$so" > "$tmp/sass"
+dump_sass "$so" "$tmp/sass"
 
 # Per (arch, kernel): 16-byte copies through L1 and through L2 only.
 awk '
@@ -37,9 +35,7 @@ awk '
 fail=0
 printf '%-6s %5s %5s  %s\n' arch L1 L2 kernel
 while read -r arch fn n1 n2; do
-  name=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
-  name=$(echo "$name" | sed -e 's/^void //' -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' \
-    -e 's/(.*$//')
+  name=$(kernel_name "$fn")
   printf '%-6s %5s %5s  %s\n' "$arch" "$n1" "$n2" "$name"
   if [[ "$n1" -eq 0 ]]; then
     echo "FAIL: $arch $name copies no 16 bytes through L1 (its gathered activation)"

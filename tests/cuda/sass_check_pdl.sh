@@ -21,11 +21,9 @@ so=${1:?$usage}
 archs=${2:?$usage}
 
 source "$(dirname "${BASH_SOURCE[0]}")/sass_tools.sh"
-[[ -f "$so" ]] || { echo "FAIL: no plugin file $so"; exit 1; }
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$cuobjdump" --dump-sass "$so" > "$tmp/sass"
+dump_sass "$so" "$tmp/sass"
 
 # One line per (architecture, kernel): arch, mangled name, waits, triggers, and the number of
 # global memory instructions before the first wait. An instruction line reads
@@ -55,12 +53,11 @@ for a in "${want[@]}"; do
   checked=0
   while read -r arch fn waits triggers early; do
     [[ "$arch" == "sm_$a" || "$arch" == "sm_${a}a" ]] || continue
-    # Demangled (templates' names start with their return type, void), without the namespaces
-    # and the parameter list.
-    name=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
-    name=${name#void }
-    [[ "$name" == "plexus::cuda::"* ]] || continue  # the libraries' kernels (cub) launch themselves
-    name=$(echo "$name" | sed -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' -e 's/(.*$//')
+    # Only the plugin's own kernels (their names start with the namespace, after a template's
+    # return type): the libraries' (cub) launch themselves.
+    full=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
+    [[ "${full#void }" == "plexus::cuda::"* ]] || continue
+    name=$(kernel_name "$fn")
     checked=$((checked + 1))
     if [[ "$a" -ge 90 ]]; then
       if [[ "$waits" -eq 0 ]]; then echo "FAIL: $arch $name has no ACQBULK (pdl_wait)"; fail=1; fi

@@ -36,3 +36,18 @@ if [[ -z "$nvdisasm" ]]; then
   exit 77
 fi
 export PATH="$(dirname "$nvdisasm"):$PATH"
+
+# The plugin file's SASS, every architecture, into FILE (a missing plugin fails the check).
+dump_sass() {
+  local so=$1 out=$2
+  [[ -f "$so" ]] || { echo "FAIL: no plugin file $so"; exit 1; }
+  "$cuobjdump" --dump-sass "$so" > "$out"
+}
+
+# A mangled kernel name demangled, without the return type (a template's void), the plugin's
+# namespaces and the parameter list.
+kernel_name() {
+  local name
+  name=$(echo "$1" | c++filt 2> /dev/null || echo "$1")
+  echo "${name#void }" | sed -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' -e 's/(.*$//'
+}
