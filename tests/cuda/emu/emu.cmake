@@ -342,6 +342,10 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
   plexus_emu_tests("memcheck" PLUGIN_DIR ${PLEXUS_EMU_ASAN_DIR}
     ENV LD_PRELOAD=${plexus_libasan} ASAN_OPTIONS=detect_leaks=0 PLEXUS_TEST_DTYPES=bf16,f32
     TESTS "cuda igemm convolution candidates match the cpu reference")
+  # The suite's longest test (about 300 s): started first, so that the others fill the other
+  # core beside it rather than leave it idle at the end (a fresh build has no ctest cost data).
+  set_tests_properties("cuda emulator, memcheck: cuda igemm convolution candidates match the cpu reference"
+    PROPERTIES COST 300)
 endif()
 
 # The trainer end to end on the emulated plugin (resident data, capture, fusion, checkpoints)
@@ -352,4 +356,5 @@ add_test(NAME "cuda emulator: plexus train on the emulated cuda plugin follows t
           ${CMAKE_CURRENT_BINARY_DIR}/emu-train
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties("cuda emulator: plexus train on the emulated cuda plugin follows the cpu"
-  PROPERTIES PASS_REGULAR_EXPRESSION "trains on the emulator as on the cpu" TIMEOUT 900)
+  PROPERTIES PASS_REGULAR_EXPRESSION "trains on the emulator as on the cpu" TIMEOUT 900
+  COST 240)  # the second longest (about 240 s), started early as the memcheck's igemm test is
