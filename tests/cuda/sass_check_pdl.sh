@@ -57,7 +57,7 @@ for a in "${want[@]}"; do
     # return type): the libraries' (cub) launch themselves.
     full=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
     [[ "${full#void }" == "plexus::cuda::"* ]] || continue
-    name=$(kernel_name "$fn")
+    name=$(kernel_name "$full")  # c++filt passes a demangled name through as it is
     checked=$((checked + 1))
     if [[ "$a" -ge 90 ]]; then
       if [[ "$waits" -eq 0 ]]; then echo "FAIL: $arch $name has no ACQBULK (pdl_wait)"; fail=1; fi
