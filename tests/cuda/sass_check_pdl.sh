@@ -55,9 +55,9 @@ for a in "${want[@]}"; do
     [[ "$arch" == "sm_$a" || "$arch" == "sm_${a}a" ]] || continue
     # Only the plugin's own kernels (their names start with the namespace, after a template's
     # return type): the libraries' (cub) launch themselves.
-    full=$(echo "$fn" | c++filt 2> /dev/null || echo "$fn")
+    full=$(demangle "$fn")
     [[ "${full#void }" == "plexus::cuda::"* ]] || continue
-    name=$(kernel_name "$full")  # c++filt passes a demangled name through as it is
+    name=$(short_kernel_name "$full")
     checked=$((checked + 1))
     if [[ "$a" -ge 90 ]]; then
       if [[ "$waits" -eq 0 ]]; then echo "FAIL: $arch $name has no ACQBULK (pdl_wait)"; fail=1; fi

@@ -60,10 +60,18 @@ dump_sass() {
   ln -sf "$cache" "$out"
 }
 
-# A mangled kernel name demangled, without the return type (a template's void), the plugin's
-# namespaces and the parameter list.
+# A mangled name demangled (as it is where c++filt is missing).
+demangle() {
+  echo "$1" | c++filt 2> /dev/null || echo "$1"
+}
+
+# A demangled kernel name without the return type (a template's void), the plugin's namespaces
+# and the parameter list.
+short_kernel_name() {
+  echo "${1#void }" | sed -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' -e 's/(.*$//'
+}
+
+# The same from the mangled name.
 kernel_name() {
-  local name
-  name=$(echo "$1" | c++filt 2> /dev/null || echo "$1")
-  echo "${name#void }" | sed -e 's/plexus::cuda:://g' -e 's/(anonymous namespace):://g' -e 's/(.*$//'
+  short_kernel_name "$(demangle "$1")"
 }
