@@ -420,6 +420,9 @@ void set_tf32_fn(void* ctx, int32_t on) { static_cast<CudaBackend*>(ctx)->set_tf
 void set_fuse_chunk_bytes_fn(void* ctx, int64_t bytes) {
   static_cast<CudaBackend*>(ctx)->set_fuse_chunk_bytes(bytes > 0 ? static_cast<uint64_t>(bytes) : 0);
 }
+void set_step_fusion_fn(void* ctx, int32_t on) {
+  static_cast<CudaBackend*>(ctx)->set_step_fusion(on != 0);
+}
 }  // namespace
 
 void* CudaBackend::get_proc_address(const char* name) {
@@ -431,6 +434,9 @@ void* CudaBackend::get_proc_address(const char* name) {
   // void (*)(void* backend_ctx, int64_t bytes): fuse_chunk_bytes for fused kernels created from
   // now on (tests make a small batch take several chunks with it).
   if (n == "cuda.set_fuse_chunk_bytes") return reinterpret_cast<void*>(&set_fuse_chunk_bytes_fn);
+  // void (*)(void* backend_ctx, int32_t on): step_fusion for graphs prepared from now on (tests of
+  // the step's parts turn it off).
+  if (n == "cuda.set_step_fusion") return reinterpret_cast<void*>(&set_step_fusion_fn);
   return nullptr;
 }
 
@@ -458,7 +464,7 @@ class CudaPlugin final : public sdk::Plugin {
   explicit CudaPlugin(const sdk::HostContext& host) {
     host.check_options({"tf32", "benchmark", "algo_cache", "conv_workspace", "fuse_chunk_bytes",
                         "pool_bias", "conv_bias_activation", "graph_api", "programmatic_launch",
-                        "f32_channels_last"});
+                        "f32_channels_last", "step_fusion"});
     CudaOptions o;
     o.tf32 = option_bool(host, "tf32", false);
     o.benchmark = option_bool(host, "benchmark", true);
@@ -477,6 +483,7 @@ class CudaPlugin final : public sdk::Plugin {
     o.graph_api = option_bool(host, "graph_api", true);
     o.programmatic_launch = option_bool(host, "programmatic_launch", true);
     o.f32_channels_last = option_bool(host, "f32_channels_last", false);
+    o.step_fusion = option_bool(host, "step_fusion", true);
     auto& b = add_backend(std::make_unique<CudaBackend>(std::move(o)));
     if (b.device_count() == 0)
       PLX_LOG(PLX_LOG_DEBUG, "cuda", "%s", b.unavailable_reason().c_str());

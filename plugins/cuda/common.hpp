@@ -97,6 +97,10 @@ struct CudaOptions {
   // A conv2d's bias (and a ReLU after it) in cudnnConvolutionBiasActivationForward where cuDNN
   // takes it (false: the bias written first and the ReLU's own kernel, to time the two).
   bool conv_bias_activation = true;
+  // A small CNN's whole f32 training step as two launches where the graph is one
+  // (ops/step_cnn.cu), unless f32_channels_last; false: its parts' own fused kernels, to time the
+  // two against each other.
+  bool step_fusion = true;
   // The convolutions' cudnn_graph candidates (ops/conv_graph.cpp); false: they decline, and the
   // legacy cuDNN calls and the plugin's own kernels take the nodes.
   bool graph_api = true;
@@ -210,6 +214,8 @@ class CudaBackend final : public sdk::Backend {
   void set_tf32(bool on) { options_.tf32 = on; }
   // Sets fuse_chunk_bytes for fused kernels created from now on ("cuda.set_fuse_chunk_bytes").
   void set_fuse_chunk_bytes(uint64_t bytes) { options_.fuse_chunk_bytes = bytes; }
+  // Sets step_fusion for graphs prepared from now on ("cuda.set_step_fusion").
+  void set_step_fusion(bool on) { options_.step_fusion = on; }
   // Why there is no device ("" when there is one): shown by `plexus info`.
   const std::string& unavailable_reason() const { return unavailable_; }
 

@@ -1,6 +1,11 @@
 // The CUDA backend's fusion (the contract is in sdk/fusion.hpp and abi/backend.h).
 //
 // It claims:
+//  - a small CNN's whole f32 training step (find_small_cnn_steps: two layers of conv -> relu ->
+//    max_pool2d flattened into linear -> softmax_cross_entropy [with the argmax], and all of
+//    their backward) as two launches (ops/step_cnn.cu), before its parts' groups below, which
+//    take the nodes where the kernel declines (an image that does not fit a block's shared
+//    memory) or the option step_fusion is off (or f32_channels_last on);
 //  - the optimizer's per-parameter updates (every f32 sgd_update, or every f32 adamw_update,
 //    sharing attributes and learning rate): one multi-tensor kernel (optim_fused.hpp) updates
 //    all parameters, up to kMultiTensorCapacity tensors per launch, instead of one launch per
@@ -54,6 +59,7 @@
 #include "ops/multi_unscale.hpp"
 #include "ops/optim_fused.hpp"
 #include "ops/relu_pair_slots.hpp"
+#include "ops/step_cnn.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
 #endif
@@ -623,6 +629,12 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
       claim(user, grp.data(), static_cast<int32_t>(grp.size()), "multi_tensor_unscale_check") != PLX_OK)
     if (const auto bare = find_unscale_check(g, false); bare.size() < grp.size())
       claim(user, bare.data(), static_cast<int32_t>(bare.size()), "multi_tensor_unscale_check");
+  // A small CNN's whole step (ops/step_cnn.cu): before its parts' groups below, which take the
+  // nodes where the core refuses it or the kernel declines. Not where f32_channels_last asks for
+  // channels-last activations, which the kernel does not take.
+  if (options().step_fusion && !options().f32_channels_last)
+    for (const auto& grp : find_small_cnn_steps(g))
+      claim(user, grp.data(), static_cast<int32_t>(grp.size()), "small_cnn_step");
   // A conv layer with its max pool, forward and backward (ops/conv_pool.cpp): before the
   // epilogue chains, as claims are first come, first served. Inference graphs too: indices
   // nobody reads are still among the group's outputs (the core writes every value read by
@@ -743,6 +755,12 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
                 std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes,
                 narrowing ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
+    return;
+  }
+  if (first_of(g, "softmax_cross_entropy") >= 0 && first_of(g, "max_pool2d") >= 0) {
+    // Only find_small_cnn_steps() claims a group with both (its kernel takes NCHW tensors).
+    fused_.give("small_cnn_step", PLX_F32, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+                make_small_cnn_step(*this, g, b), kernel, state, workspace_bytes, PLX_LAYOUT_NCHW);
     return;
   }
   bool conv_pool = false, conv_pool_backward = false;

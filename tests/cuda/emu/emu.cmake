@@ -7,7 +7,7 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
     gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 igemm_wgmma direct_conv
-    direct_small wgmma_gemm)
+    direct_small wgmma_gemm step_cnn)
 # Headers with kernels and launches in them, included by several of those files: translated to
 # emu/ops/NAME.cuh, which the translated files' `#include "ops/NAME.cuh"` finds first (a quoted
 # include looks in the including file's folder, emu/, before the include path).
@@ -210,6 +210,8 @@ plexus_emu_tests("" TESTS
     "the classifier head fused on cuda matches the cpu"
     "the cuda multi-tensor unscale and check sees a non-finite gradient in any block launch after launch"
     "conv + max-pool fused on cuda matches the cpu"
+    "a small cnn's whole step fused on cuda matches the cpu"
+    "a small cnn's fused step reports a label out of range"
     "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
     "a layer -> relu pair given to our own kernel runs with the relu in its epilogue"
     "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
@@ -258,6 +260,7 @@ plexus_emu_tests("warps drifting apart"
     "cuda ops match the cpu reference"
     "the classifier head fused on cuda matches the cpu"
     "conv + max-pool fused on cuda matches the cpu"
+    "a small cnn's whole step fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
     "the cuda multi-tensor unscale and check sees a non-finite gradient in any block launch after launch"
     "every cuda tensor core gemm candidate matches the cpu"
@@ -317,6 +320,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "cuda ops match the cpu reference"
       "the classifier head fused on cuda matches the cpu"
       "conv + max-pool fused on cuda matches the cpu"
+      "a small cnn's whole step fused on cuda matches the cpu"
       "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
       "the cuda multi-tensor unscale and check sees a non-finite gradient in any block launch after launch"
