@@ -356,7 +356,9 @@ if has goalprofile; then
   # "nhwc": f32 (TF32) steps with plugins.options.cuda.f32_channels_last, activations NHWC as in
   # 16 bits (cuDNN's NHWC kernels, the TF32 igemm's 16-byte gathers; forty-second session):
   # against their NCHW lines above, whether the option should be the default.
-  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 f32 ordinary' 'convnet 1024 bf16' \
+  # "parts": simplecnn with plugins.options.cuda.step_fusion=false, its step as the parts' fused
+  # groups instead of the whole-step kernel (ops/step_cnn.cu, forty-sixth session): what it saves.
+  for model_batch_prec in 'simplecnn 128 f32' 'simplecnn 128 f32 parts' 'simplecnn 128 f32 ordinary' 'convnet 1024 bf16' \
                           'convnet 128 tf32' 'convnet 1024 bf16 nofusion' 'convnet 1024 bf16 chunk256' \
                           'simplecnn 128 f32 nhwc' 'convnet 128 tf32 nhwc'; do
     set -- $model_batch_prec
@@ -368,6 +370,7 @@ if has goalprofile; then
     # of conv2 against the chunked cuDNN group), from a fresh tuning.
     [[ $1 == simplecnn ]] && extra=(--log-level debug --set backend.tune_cache=\"off\")
     [[ ${4:-} == ordinary ]] && extra+=(--set plugins.options.cuda.programmatic_launch=false)
+    [[ ${4:-} == parts ]] && extra+=(--set plugins.options.cuda.step_fusion=false)
     [[ ${4:-} == nhwc ]] && extra+=(--set plugins.options.cuda.f32_channels_last=true)
     bench_step "$tag" 120 $1 $2 $3 "${extra[@]}"
   done

@@ -18,8 +18,9 @@
 // The arithmetic is the nodes' (conv, ReLU, pool with relu_mask taps, the linear, log-sum-exp,
 // ops/linear_ce.cu's cross-entropy and argmax), summed in other orders, so results agree with
 // the node-by-node kernels to rounding. The pool's taps are the first maximum in window order
-// (a NaN wins), -1 (kNoTap) where the pooled value is not > 0: the ReLU's backward and the
-// pool's in one, as relu_mask defines them (docs/ops.md).
+// (a NaN wins), kNoTap where the pooled value is not > 0: the ReLU's backward and the pool's in
+// one, as relu_mask defines them (docs/ops.md). Index math divides through FastDiv (device.cuh).
+// docs/kernels.md, "A small CNN's whole step", has the phases and the cost model.
 #include <climits>
 #include <cmath>
 
@@ -43,9 +44,20 @@ struct Layer {
   int C, H, W;    // input channels and size
   int O, KH, KW;  // output channels and kernel
   int ph, pw;     // the conv's padding
-  int qh, qw;     // the pool's window (and stride)
+  int qh, qw;     // the pool's window (and stride), at most kMaxWindow a side
   int PH, PW;     // pooled size; the conv's output is used over PH*qh x PW*qw
+  // The index math's divisors (device.cuh: no integer divider on a GPU): the pooled plane PH·PW
+  // and its row PW, the conv's output over the pooled region (PH·qh)·(PW·qw) and its row, a
+  // filter's C·KH·KW and KH·KW and its row KW.
+  FastDiv plane, pw_row, out_plane, out_row, filter, taps, kw;
 };
+
+// A window's tap, the position of its maximum: (ty << 4) | tx, kNoTap where the pool passes no
+// gradient. Windows of up to 15 a side.
+constexpr int kMaxWindow = 15;
+__device__ __forceinline__ unsigned char tap_of(int ty, int tx) {
+  return static_cast<unsigned char>((ty << 4) | tx);
+}
 
 struct StepArgs {
   const float* x;                      // (N, C, H, W)
@@ -63,7 +75,7 @@ struct StepArgs {
   int N, F, classes, P;
   int off_b1, off_w2, off_b2;          // in a row of `part` (dw1 at 0)
   // Shared memory, in floats from its start.
-  int s_x, s_w1, s_b1, s_p1, s_t1, s_w2, s_b2, s_c2, s_t2, s_p2, s_z, s_dp2, s_dp1;
+  int s_x, s_w1, s_b1, s_p1, s_t1, s_w2, s_b2, s_c2, s_t2, s_p2, s_z, s_dp2, s_dp1, s_live;
   long long ignore;
   float on, off;  // the target: on at the label, plus off everywhere
   bool smoothing, mean;
@@ -124,22 +136,24 @@ template <int K>
 __device__ __forceinline__ void conv_grads(const Layer& L, const float* dg, const unsigned char* taps,
                                            const float* in, float* part, float* bpart) {
   const int KW = kw_of<K>(L);
-  const int taps_k = kh_of<K>(L) * KW, wn = L.O * L.C * taps_k, plane = L.PH * L.PW;
+  const int wn = L.O * L.C * kh_of<K>(L) * KW, plane = L.PH * L.PW;
   for (int e = threadIdx.x; e < wn; e += blockDim.x) {
-    const int o = e / (L.C * taps_k), r = e - o * L.C * taps_k;
-    const int c = r / taps_k, k = r - c * taps_k;
-    const int ky = k / KW, kx = k - ky * KW;
+    int o, r, c, k, ky, kx;
+    L.filter.divmod(e, o, r);
+    L.taps.divmod(r, c, k);
+    if constexpr (K > 0) ky = k / K, kx = k - ky * K;
+    else L.kw.divmod(k, ky, kx);
     const float* inc = in + c * L.H * L.W;
+    const float* g = dg + o * plane;
+    const unsigned char* t = taps + o * plane;
     float acc = 0.f;
-    for (int p = 0; p < plane; ++p) {
-      const int win = o * plane + p;
-      const unsigned char tap = taps[win];
-      if (tap == kNoTap) continue;
-      const int py = p / L.PW, px = p - py * L.PW;
-      const int ty = tap / L.qw, tx = tap - ty * L.qw;
-      const int iy = py * L.qh + ty - L.ph + ky, ix = px * L.qw + tx - L.pw + kx;
-      if (iy >= 0 && iy < L.H && ix >= 0 && ix < L.W) acc = fmaf(dg[win], inc[iy * L.W + ix], acc);
-    }
+    for (int py = 0, win = 0; py < L.PH; ++py)
+      for (int px = 0; px < L.PW; ++px, ++win) {
+        const unsigned char tap = t[win];
+        if (tap == kNoTap) continue;
+        const int iy = py * L.qh + (tap >> 4) - L.ph + ky, ix = px * L.qw + (tap & 15) - L.pw + kx;
+        if (iy >= 0 && iy < L.H && ix >= 0 && ix < L.W) acc = fmaf(g[win], inc[iy * L.W + ix], acc);
+      }
     part[e] = acc;
   }
   for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
@@ -154,6 +168,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   pdl_begin();
   extern __shared__ float sm[];
   __shared__ long long shared_count[32];
+  __shared__ int live_count;
   const Layer& A = a.l1;
   const Layer& B = a.l2;
   const int n = static_cast<int>(blockIdx.x), t = static_cast<int>(threadIdx.x);
@@ -171,6 +186,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   float* z = sm + a.s_z;      // the logits, then dlogits
   float* dp2 = sm + a.s_dp2;  // the features' gradient, masked by the taps
   float* dp1 = sm + a.s_dp1;  // p1's gradient, masked by the taps
+  int* live = reinterpret_cast<int*>(sm + a.s_live);  // p1's elements with a gradient
 
   const int xn = A.C * A.H * A.W;
   for (int i = t; i < xn; i += T) xs[i] = a.x[static_cast<int64_t>(n) * xn + i];
@@ -179,6 +195,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   for (int i = t; i < w2n; i += T) w2[i] = a.w2[i];
   for (int i = t; i < A.O; i += T) b1[i] = a.b1 ? a.b1[i] : 0.f;
   for (int i = t; i < B.O; i += T) b2[i] = a.b2 ? a.b2[i] : 0.f;
+  if (t == 0) live_count = 0;
   // The backward's scale of every row: dloss, or dloss / (rows not ignored) for mean, as the
   // fused head computes it (every block counts all the labels; block_sum's order is fixed).
   const L* labels = static_cast<const L*>(a.labels);
@@ -191,10 +208,14 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   }
   __syncthreads();
 
-  // Layer 1: conv, ReLU and pool, a thread per pooled output.
-  const int p1n = A.O * A.PH * A.PW, plane1 = A.PH * A.PW;
+  // Layer 1: conv, ReLU and pool, a thread per pooled output. The elements the pool passes a
+  // gradient through are listed (in any order: each is computed alone below) for conv2's data
+  // gradient, the others' gradient zeroed.
+  const int p1n = A.O * A.PH * A.PW;
   for (int e = t; e < p1n; e += T) {
-    const int o = e / plane1, r = e - o * plane1, py = r / A.PW, px = r - py * A.PW;
+    int o, r, py, px;
+    A.plane.divmod(e, o, r);
+    A.pw_row.divmod(r, py, px);
     const float* wo = w1 + o * A.C * A.KH * A.KW;
     float best = 0.f;
     int tap = -1;
@@ -203,25 +224,31 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
         const float v = relu_of(conv_at<K1>(xs, wo, b1[o], A, py * A.qh + ty, px * A.qw + tx));
         if (tap < 0 || pool_beats(v, best)) {
           best = v;
-          tap = ty * A.qw + tx;
+          tap = tap_of(ty, tx);
         }
       }
     p1[e] = best;
-    t1[e] = best > 0.f ? static_cast<unsigned char>(tap) : kNoTap;
+    const bool passes = best > 0.f;
+    t1[e] = passes ? static_cast<unsigned char>(tap) : kNoTap;
+    if (passes) live[atomicAdd(&live_count, 1)] = e;
+    else dp1[e] = 0.f;
   }
   __syncthreads();
 
   // Layer 2: the conv and ReLU over the pooled region (a thread per output), then the pool.
   const int ch = B.PH * B.qh, cw = B.PW * B.qw, c2n = B.O * ch * cw, cplane = ch * cw;
   for (int e = t; e < c2n; e += T) {
-    const int o = e / cplane, r = e - o * cplane, y = r / cw, x = r - y * cw;
+    int o, r, y, x;
+    B.out_plane.divmod(e, o, r);
+    B.out_row.divmod(r, y, x);
     c2[e] = relu_of(conv_at<K2>(p1, w2 + o * B.C * B.KH * B.KW, b2[o], B, y, x));
   }
   __syncthreads();
-  const int plane2 = B.PH * B.PW;
   float* feat = a.feat + static_cast<int64_t>(n) * a.F;
   for (int e = t; e < a.F; e += T) {
-    const int o = e / plane2, r = e - o * plane2, py = r / B.PW, px = r - py * B.PW;
+    int o, r, py, px;
+    B.plane.divmod(e, o, r);
+    B.pw_row.divmod(r, py, px);
     const float* co = c2 + o * cplane + py * B.qh * cw + px * B.qw;
     float best = 0.f;
     int tap = -1;
@@ -230,7 +257,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
         const float v = co[ty * cw + tx];
         if (tap < 0 || pool_beats(v, best)) {
           best = v;
-          tap = ty * B.qw + tx;
+          tap = tap_of(ty, tx);
         }
       }
     p2[e] = best;
@@ -239,7 +266,9 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   }
   __syncthreads();
 
-  // The logits: a warp per class, each lane a strided slice of the features.
+  // The logits: a warp per class, each lane a strided slice of the features; c2 zeroed for the
+  // unpooled gradient.
+  for (int e = t; e < c2n; e += T) c2[e] = 0.f;
   const int lane = t & 31, warp = t >> 5, warps = T >> 5, C = a.classes;
   for (int c = warp; c < C; c += warps) {
     const float* wc = a.wl + static_cast<int64_t>(c) * a.F;
@@ -305,45 +334,47 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   __syncthreads();
 
   // The linear's dx (written for the reshape outside the group), masked by the taps into the
-  // features' gradient: the ReLU's and the pool's backward.
+  // features' gradient (the ReLU's and the pool's backward) and put at its tap in the second
+  // conv's gradient (windows do not overlap: one writer per element).
   for (int f = t; f < a.F; f += T) {
     float acc = 0.f;
     for (int c = 0; c < C; ++c) acc = fmaf(z[c], a.wl[static_cast<int64_t>(c) * a.F + f], acc);
     if (a.dx) a.dx[static_cast<int64_t>(n) * a.F + f] = acc;
-    dp2[f] = t2[f] != kNoTap ? acc : 0.f;
-  }
-  __syncthreads();
-  // Unpooled into the second conv's gradient over the pooled region (c2 is no longer needed).
-  for (int e = t; e < c2n; e += T) {
-    const int o = e / cplane, r = e - o * cplane, y = r / cw, x = r - y * cw;
-    const int py = y / B.qh, ty = y - py * B.qh, px = x / B.qw, tx = x - px * B.qw;
-    const int win = (o * B.PH + py) * B.PW + px;
-    c2[e] = t2[win] == ty * B.qw + tx ? dp2[win] : 0.f;
+    const unsigned char tap = t2[f];
+    dp2[f] = tap != kNoTap ? acc : 0.f;
+    if (tap != kNoTap) {
+      int o, r, py, px;
+      B.plane.divmod(f, o, r);
+      B.pw_row.divmod(r, py, px);
+      c2[o * cplane + (py * B.qh + (tap >> 4)) * cw + px * B.qw + (tap & 15)] = acc;
+    }
   }
   __syncthreads();
 
   float* part = a.part + static_cast<int64_t>(n) * a.P;
   conv_grads<K2>(B, dp2, t2, p1, part + a.off_w2, part + a.off_b2);
-  // p1's gradient (the second conv's data gradient), where the first pool passes one.
-  for (int e = t; e < p1n; e += T) {
+  // p1's gradient (the second conv's data gradient) where the first pool passes one, dense
+  // over the unpooled gradient.
+  const int KH2 = kh_of<K2>(B), KW2 = kw_of<K2>(B);
+  for (int i = t; i < live_count; i += T) {
+    const int e = live[i];
+    int c, r, y, x;
+    A.plane.divmod(e, c, r);
+    A.pw_row.divmod(r, y, x);
     float acc = 0.f;
-    if (t1[e] != kNoTap) {
-      const int c = e / plane1, r = e - c * plane1, y = r / B.W, x = r - y * B.W;
-      const int KH = kh_of<K2>(B), KW = kw_of<K2>(B);
-      for (int o = 0; o < B.O; ++o)
+    for (int o = 0; o < B.O; ++o)
 #pragma unroll
-        for (int ky = 0; ky < KH; ++ky) {
-          const int oy = y + B.ph - ky;
-          if (oy < 0 || oy >= ch) continue;
-          const float* gr = c2 + o * cplane + oy * cw;
-          const float* wr = w2 + ((o * B.C + c) * KH + ky) * KW;
+      for (int ky = 0; ky < KH2; ++ky) {
+        const int oy = y + B.ph - ky;
+        if (oy < 0 || oy >= ch) continue;
+        const float* gr = c2 + o * cplane + oy * cw;
+        const float* wr = w2 + ((o * B.C + c) * KH2 + ky) * KW2;
 #pragma unroll
-          for (int kx = 0; kx < KW; ++kx) {
-            const int ox = x + B.pw - kx;
-            if (ox >= 0 && ox < cw) acc = fmaf(gr[ox], wr[kx], acc);
-          }
+        for (int kx = 0; kx < KW2; ++kx) {
+          const int ox = x + B.pw - kx;
+          if (ox >= 0 && ox < cw) acc = fmaf(gr[ox], wr[kx], acc);
         }
-    }
+      }
     dp1[e] = acc;
   }
   __syncthreads();
@@ -519,7 +550,7 @@ Layer layer_of(const sdk::GraphView& g, int32_t conv, int32_t pool) {
   if (st.empty()) st = k;
   PLX_DECLINE_UNLESS(k.size() == 2 && st == k && ints_are(pn, "padding", {0, 0}) &&
                          ints_are(pn, "dilation", {1, 1}) && pn.attr_int("ceil_mode") == 0 &&
-                         pn.attr_int("relu_mask") == 1 && k[0] * k[1] < kNoTap,
+                         pn.attr_int("relu_mask") == 1,
                      "%s: pools of window = stride, no padding, floor, relu_mask only", kWhat);
   Layer L{};
   L.C = static_cast<int>(p.C), L.H = static_cast<int>(p.H), L.W = static_cast<int>(p.W);
@@ -530,6 +561,15 @@ Layer layer_of(const sdk::GraphView& g, int32_t conv, int32_t pool) {
   PLX_DECLINE_UNLESS(L.PH >= 1 && L.PW >= 1 && y.shape[2] == L.PH && y.shape[3] == L.PW &&
                          y.shape[1] == L.O,
                      "%s: the pool's output is not the conv's pooled", kWhat);
+  PLX_DECLINE_UNLESS(L.qh <= kMaxWindow && L.qw <= kMaxWindow, "%s: pool windows over %d a side",
+                     kWhat, kMaxWindow);
+  L.plane = FastDiv(int64_t{L.PH} * L.PW);
+  L.pw_row = FastDiv(L.PW);
+  L.out_plane = FastDiv(int64_t{L.PH} * L.qh * L.PW * L.qw);
+  L.out_row = FastDiv(int64_t{L.PW} * L.qw);
+  L.filter = FastDiv(int64_t{L.C} * L.KH * L.KW);
+  L.taps = FastDiv(int64_t{L.KH} * L.KW);
+  L.kw = FastDiv(L.KW);
   return L;
 }
 
@@ -649,10 +689,12 @@ class SmallCnnStep final : public Kernel {
     s_z_ = take(classes_);
     s_dp2_ = take(f_);
     s_dp1_ = take(p1n);
+    s_live_ = take(p1n);  // ints
     smem_ = static_cast<uint64_t>(at) * sizeof(float);
     const DeviceContext& ctx = backend.context(device_);
-    // Static shared memory (block_sum's, ce_reduce's) beside the dynamic.
-    PLX_DECLINE_UNLESS(smem_ + 1024 <= ctx.prop.sharedMemPerBlockOptin,
+    // Static shared memory (block_sum's and the live count: 272 to 1,296 bytes as nvcc 13 builds
+    // it, cuobjdump --dump-resource-usage) beside the dynamic.
+    PLX_DECLINE_UNLESS(smem_ + 4096 <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: an image needs %llu bytes of shared memory, over the device's %llu",
                        kWhat, static_cast<unsigned long long>(smem_),
                        static_cast<unsigned long long>(ctx.prop.sharedMemPerBlockOptin));
@@ -698,7 +740,7 @@ class SmallCnnStep final : public Kernel {
     a.off_b1 = off_b1_, a.off_w2 = off_w2_, a.off_b2 = off_b2_;
     a.s_x = s_x_, a.s_w1 = s_w1_, a.s_b1 = s_b1_, a.s_p1 = s_p1_, a.s_t1 = s_t1_;
     a.s_w2 = s_w2_, a.s_b2 = s_b2_, a.s_c2 = s_c2_, a.s_t2 = s_t2_, a.s_p2 = s_p2_;
-    a.s_z = s_z_, a.s_dp2 = s_dp2_, a.s_dp1 = s_dp1_;
+    a.s_z = s_z_, a.s_dp2 = s_dp2_, a.s_dp1 = s_dp1_, a.s_live = s_live_;
     a.ignore = ignore_, a.on = on_, a.off = off_, a.smoothing = smoothing_, a.mean = mean_;
     a.err = err_;
     ReduceArgs r{};
@@ -735,7 +777,7 @@ class SmallCnnStep final : public Kernel {
   int32_t out_loss_ = -1, out_pred_ = -1, out_dw1_ = -1, out_db1_ = -1, out_dw2_ = -1, out_db2_ = -1;
   int32_t out_dwl_ = -1, out_dbl_ = -1, out_feat_ = -1, out_dx_ = -1;
   int s_x_ = 0, s_w1_ = 0, s_b1_ = 0, s_p1_ = 0, s_t1_ = 0, s_w2_ = 0, s_b2_ = 0, s_c2_ = 0;
-  int s_t2_ = 0, s_p2_ = 0, s_z_ = 0, s_dp2_ = 0, s_dp1_ = 0;
+  int s_t2_ = 0, s_p2_ = 0, s_z_ = 0, s_dp2_ = 0, s_dp1_ = 0, s_live_ = 0;
   uint64_t smem_ = 0, ws_part_ = 0, ws_dl_ = 0, ws_loss_ = 0, ws_feat_ = 0;
   DeviceErrorRecord* err_ = nullptr;
 };
