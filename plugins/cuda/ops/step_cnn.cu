@@ -11,9 +11,10 @@
 // output and of the first pool's output. Per image it writes only what leaves the SM anyway:
 // the pooled features and the linear's dx (the reshapes outside the group read them), its row
 // loss and prediction, dlogits, and its share of the conv layers' weight and bias gradients.
-// The second launch adds the images' gradient shares up in image order (a thread per
-// parameter), forms the linear's dw and db as sums over the images of dlogits times the
-// features, and reduces the loss as ce_reduce does. Every sum has a fixed order: deterministic.
+// The second launch adds the images' gradient shares up (eight runs of images per parameter,
+// then the runs in order), forms the linear's dw and db as sums over the images of dlogits times
+// the features, and reduces the loss as ce_reduce does. Every sum has a fixed order:
+// deterministic.
 //
 // The arithmetic is the nodes' (conv, ReLU, pool with relu_mask taps, the linear, log-sum-exp,
 // ops/linear_ce.cu's cross-entropy and argmax), summed in other orders, so results agree with
@@ -394,7 +395,14 @@ struct ReduceArgs {
   bool mean;
 };
 
-// The images' sums in image order: a thread per parameter; the last block reduces the loss.
+// The images' sums: a block takes kReduceLanes parameters, a lane each, and its kReduceSlices
+// warps a run of images each (a warp's lanes read kReduceLanes consecutive values of one image:
+// one coalesced load), so a parameter's 128 images are 8 runs of 16 loads in flight rather
+// than 128 in a row; then the runs' sums are added in run order. Deterministic. The last block
+// reduces the loss.
+constexpr int kReduceSlices = kReduceThreads / 32;
+constexpr int kReduceLanes = 32;
+
 template <class L>
 __global__ void __launch_bounds__(kReduceThreads) step_cnn_reduce(ReduceArgs r) {
   pdl_begin();
@@ -404,26 +412,37 @@ __global__ void __launch_bounds__(kReduceThreads) step_cnn_reduce(ReduceArgs r) 
                                 r.mean);
     return;
   }
-  const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  const int lin = r.classes * r.F;
+  __shared__ float runs[kReduceSlices][kReduceLanes];
+  const int lane = static_cast<int>(threadIdx.x) & 31, slice = static_cast<int>(threadIdx.x) >> 5;
+  const int e = static_cast<int>(blockIdx.x) * kReduceLanes + lane;
+  const int lin = r.classes * r.F, total = r.P + lin + r.classes;
+  const int per = (r.N + kReduceSlices - 1) / kReduceSlices;
+  const int n0 = slice * per, n1 = min(r.N, n0 + per);
+  float acc = 0.f;
   if (e < r.P) {
-    float acc = 0.f;
-    for (int n = 0; n < r.N; ++n) acc += r.part[static_cast<int64_t>(n) * r.P + e];
-    float* out = e < r.off_b1 ? r.dw1 : e < r.off_w2 ? r.db1 : e < r.off_b2 ? r.dw2 : r.db2;
-    const int at = e < r.off_b1 ? e : e < r.off_w2 ? e - r.off_b1 : e < r.off_b2 ? e - r.off_w2 : e - r.off_b2;
-    if (out) out[at] = acc;
+    for (int n = n0; n < n1; ++n) acc += r.part[static_cast<int64_t>(n) * r.P + e];
   } else if (e < r.P + lin) {
     const int k = e - r.P, c = k / r.F, f = k - c * r.F;
-    float acc = 0.f;
-    for (int n = 0; n < r.N; ++n)
+    for (int n = n0; n < n1; ++n)
       acc = fmaf(r.dl[static_cast<int64_t>(n) * r.classes + c], r.feat[static_cast<int64_t>(n) * r.F + f], acc);
-    if (r.dwl) r.dwl[k] = acc;
-  } else if (e < r.P + lin + r.classes) {
+  } else if (e < total) {
     const int c = e - r.P - lin;
-    float acc = 0.f;
-    for (int n = 0; n < r.N; ++n) acc += r.dl[static_cast<int64_t>(n) * r.classes + c];
-    if (r.dbl) r.dbl[c] = acc;
+    for (int n = n0; n < n1; ++n) acc += r.dl[static_cast<int64_t>(n) * r.classes + c];
   }
+  runs[slice][lane] = acc;
+  __syncthreads();
+  if (slice != 0 || e >= total) return;
+  float sum = runs[0][lane];
+  for (int s = 1; s < kReduceSlices; ++s) sum += runs[s][lane];
+  float* out;
+  int at;
+  if (e < r.off_b1) out = r.dw1, at = e;
+  else if (e < r.off_w2) out = r.db1, at = e - r.off_b1;
+  else if (e < r.off_b2) out = r.dw2, at = e - r.off_w2;
+  else if (e < r.P) out = r.db2, at = e - r.off_b2;
+  else if (e < r.P + lin) out = r.dwl, at = e - r.P;
+  else out = r.dbl, at = e - r.P - lin;
+  if (out) out[at] = sum;
 }
 
 // ---- the group ----
@@ -751,7 +770,7 @@ class SmallCnnStep final : public Kernel {
     r.off_b1 = off_b1_, r.off_w2 = off_w2_, r.off_b2 = off_b2_;
     r.ignore = ignore_, r.mean = mean_;
     const int64_t elems = int64_t{p_} + int64_t{classes_} * (f_ + 1);
-    const auto grid = static_cast<unsigned>((elems + kReduceThreads - 1) / kReduceThreads + 1);
+    const auto grid = static_cast<unsigned>((elems + kReduceLanes - 1) / kReduceLanes + 1);
     const cudaStream_t stream = native(c.stream);
     // 3x3 kernels in both layers (simplecnn's) unrolled; any others at run time.
     const bool k3 = l1_.KH == 3 && l1_.KW == 3 && l2_.KH == 3 && l2_.KW == 3;
