@@ -50,7 +50,7 @@ struct Layer {
   // The index math's divisors (device.cuh: no integer divider on a GPU): the pooled plane PH·PW
   // and its row PW, the conv's output over the pooled region (PH·qh)·(PW·qw) and its row, a
   // filter's C·KH·KW and KH·KW and its row KW.
-  FastDiv plane, pw_row, out_plane, out_row, filter, taps, kw;
+  FastDiv plane, pw_row, out_plane, out_row, filter, taps, kw, chans;
 };
 
 // A window's tap, the position of its maximum: (ty << 4) | tx, kNoTap where the pool passes no
@@ -195,6 +195,52 @@ __device__ __forceinline__ void conv_grads(const Layer& L, const float* dg, cons
         if (iy >= 0 && iy < L.H && ix >= 0 && ix < L.W) acc = fmaf(g[win], inc[iy * L.W + ix], acc);
       }
     part[e] = acc;
+  }
+  for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
+    float acc = 0.f;
+    for (int p = 0; p < plane; ++p) acc += dg[o * plane + p];
+    bpart[o] = acc;
+  }
+}
+
+// conv_grads for K x K kernels with a thread per (output, input) channel pair instead of per
+// weight: each window's tap is decoded once for the K·K weights, held in registers, and the
+// window's input patch read once. The same sums in the same order (the same bits); for layers
+// with enough pairs to fill the block (simplecnn's second: 512).
+template <int K>
+__device__ __forceinline__ void conv_grads_pairs(const Layer& L, const float* dg,
+                                                 const unsigned char* taps, const float* in,
+                                                 float* part, float* bpart) {
+  static_assert(K > 0, "a fixed kernel size");
+  const int pairs = L.O * L.C, plane = L.PH * L.PW;
+  for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+    int o, c;
+    L.chans.divmod(e, o, c);
+    const float* inc = in + c * L.H * L.W;
+    const float* g = dg + o * plane;
+    const unsigned char* t = taps + o * plane;
+    float acc[K * K];
+#pragma unroll
+    for (int k = 0; k < K * K; ++k) acc[k] = 0.f;
+    for (int py = 0, win = 0; py < L.PH; ++py)
+      for (int px = 0; px < L.PW; ++px, ++win) {
+        const unsigned char tap = t[win];
+        if (tap == kNoTap) continue;
+        const int y0 = py * L.qh + (tap >> 4) - L.ph, x0 = px * L.qw + (tap & 15) - L.pw;
+        const float gv = g[win];
+#pragma unroll
+        for (int ky = 0; ky < K; ++ky) {
+          const int iy = y0 + ky;
+          if (iy < 0 || iy >= L.H) continue;
+#pragma unroll
+          for (int kx = 0; kx < K; ++kx) {
+            const int ix = x0 + kx;
+            if (ix >= 0 && ix < L.W) acc[ky * K + kx] = fmaf(gv, inc[iy * L.W + ix], acc[ky * K + kx]);
+          }
+        }
+      }
+#pragma unroll
+    for (int k = 0; k < K * K; ++k) part[e * K * K + k] = acc[k];
   }
   for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
     float acc = 0.f;
@@ -404,7 +450,8 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
   __syncthreads();
 
   float* part = a.part + static_cast<int64_t>(n) * a.P;
-  conv_grads<K2>(B, dp2, t2, p1, part + a.off_w2, part + a.off_b2);
+  if constexpr (K2 > 0) conv_grads_pairs<K2>(B, dp2, t2, p1, part + a.off_w2, part + a.off_b2);
+  else conv_grads<K2>(B, dp2, t2, p1, part + a.off_w2, part + a.off_b2);
   // p1's gradient (the second conv's data gradient) where the first pool passes one, dense
   // over the unpooled gradient.
   const int KH2 = kh_of<K2>(B), KW2 = kw_of<K2>(B);
@@ -640,6 +687,7 @@ Layer layer_of(const sdk::GraphView& g, int32_t conv, int32_t pool) {
   L.filter = FastDiv(int64_t{L.C} * L.KH * L.KW);
   L.taps = FastDiv(int64_t{L.KH} * L.KW);
   L.kw = FastDiv(L.KW);
+  L.chans = FastDiv(L.C);
   return L;
 }
 
