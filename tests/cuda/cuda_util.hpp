@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "plexus/abi/backend.h"
 #include "plexus/backend.hpp"
@@ -41,15 +42,26 @@ inline bool emulated(Backend& b) {
   return b.device_count() > 0 && b.device(0).name.find("CUDA emulator") != std::string::npos;
 }
 
-// Allows TF32 for f32 GEMMs and convolutions created from now on ("cuda.set_tf32"); false if the
+// Calls the backend's extra `name`, a void (*)(void* backend_ctx, int32_t on); false if the
 // backend has no such extra.
-inline bool set_tf32(Backend& b, bool on) {
+inline bool set_switch(Backend& b, const char* name, bool on) {
   const plx_backend& t = b.table();
   if (!t.get_proc_address) return false;
-  auto fn = reinterpret_cast<void (*)(void*, int32_t)>(t.get_proc_address(t.ctx, "cuda.set_tf32"));
+  auto fn = reinterpret_cast<void (*)(void*, int32_t)>(t.get_proc_address(t.ctx, name));
   if (!fn) return false;
   fn(t.ctx, on ? 1 : 0);
   return true;
+}
+
+// Allows TF32 for f32 GEMMs and convolutions created from now on ("cuda.set_tf32"); false if the
+// backend has no such extra.
+inline bool set_tf32(Backend& b, bool on) { return set_switch(b, "cuda.set_tf32", on); }
+
+// A kernel whose listed name (Executable::kernel_names) contains `text`.
+inline bool has_kernel(const std::vector<std::string>& kernels, const std::string& text) {
+  for (const auto& k : kernels)
+    if (k.find(text) != std::string::npos) return true;
+  return false;
 }
 
 // TF32 stays as the test found it (off) whatever the test does.

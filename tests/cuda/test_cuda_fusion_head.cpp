@@ -102,11 +102,7 @@ Run run_head(Backend& b, const HeadCase& h, const TensorStore* params_from, Tens
   return r;
 }
 
-bool has_kernel(const Run& r, const std::string& text) {
-  for (const auto& k : r.kernels)
-    if (k.find(text) != std::string::npos) return true;
-  return false;
-}
+bool has_kernel(const Run& r, const std::string& text) { return cuda::has_kernel(r.kernels, text); }
 
 }  // namespace
 

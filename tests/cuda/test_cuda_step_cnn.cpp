@@ -48,18 +48,12 @@ constexpr int kPasses = 2;
 // Turns the CUDA plugin's step_fusion on or off for graphs prepared while it lives, then back on.
 struct StepFusion {
   Backend& b;
-  StepFusion(Backend& backend, bool on) : b(backend) { REQUIRE(set(on)); }
-  ~StepFusion() { set(true); }
+  StepFusion(Backend& backend, bool on) : b(backend) {
+    REQUIRE(cuda::set_switch(b, "cuda.set_step_fusion", on));
+  }
+  ~StepFusion() { cuda::set_switch(b, "cuda.set_step_fusion", true); }
   StepFusion(const StepFusion&) = delete;
   StepFusion& operator=(const StepFusion&) = delete;
-  bool set(bool on) {
-    const plx_backend& t = b.table();
-    if (!t.get_proc_address) return false;
-    auto fn = reinterpret_cast<void (*)(void*, int32_t)>(t.get_proc_address(t.ctx, "cuda.set_step_fusion"));
-    if (!fn) return false;
-    fn(t.ctx, on ? 1 : 0);
-    return true;
-  }
 };
 
 const char* const kGrads[] = {"grad:c1.weight", "grad:c1.bias", "grad:c2.weight",
@@ -159,11 +153,7 @@ Run run_step(Backend& b, const StepCase& c, const TensorStore* params_from, Tens
   return r;
 }
 
-bool has_kernel(const Run& r, const std::string& text) {
-  for (const auto& k : r.kernels)
-    if (k.find(text) != std::string::npos) return true;
-  return false;
-}
+bool has_kernel(const Run& r, const std::string& text) { return cuda::has_kernel(r.kernels, text); }
 
 }  // namespace
 
@@ -257,9 +247,7 @@ TEST_CASE("a small cnn's fused step reports a label out of range", "[cuda][fusio
   TensorStore store;
   ExecutableOptions eo;
   Executable exe(gpu, *gr.g, store, eo);
-  bool fused = false;
-  for (const auto& k : exe.kernel_names()) fused = fused || k.find("cuda/small_cnn_step") != std::string::npos;
-  REQUIRE(fused);
+  REQUIRE(cuda::has_kernel(exe.kernel_names(), "cuda/small_cnn_step"));
   fill(exe.tensor("x"), random_doubles(static_cast<size_t>(c.n * c.h * c.w), 5, -1, 1));
   fill(exe.tensor("labels"), labels_for(c, 0, int64_t{2}));
   exe.run();

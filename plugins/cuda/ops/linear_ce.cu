@@ -26,7 +26,6 @@
 // allocation, no host sync (the counter is allocated when the kernel is created). One launch of
 // a kernel object at a time: two in flight on two streams would share its counter (the executor
 // runs an executable's kernels on one stream).
-#include <climits>
 #include <optional>
 #include <cmath>
 
@@ -48,7 +47,6 @@ constexpr int kStageBatch = 8;  // the weight's values a thread loads before sto
 // Dynamic shared memory: a block may have 48 KiB in all without cudaFuncSetAttribute; 1 KiB is
 // left for the kernels' static arrays.
 constexpr uint64_t kMaxShared = 47 * 1024;
-constexpr long long kNoIndex = LLONG_MAX;
 
 struct HeadArgs {
   const void* x;       // (N, K), TL
@@ -84,16 +82,6 @@ template <class TL, class TC>
 __device__ __forceinline__ float as_dl(float v) {
   const float c = to_accum<TC>(from_accum<TC>(v));
   return to_accum<TL>(from_accum<TL>(c));
-}
-
-// (v, i) beats (bv, bi) for argmax: a NaN beats any number, a larger value a smaller one, and
-// among equals (two NaNs included) the lower index. A lane with no element holds (-inf,
-// kNoIndex), which every element beats. The order is total, so every lane of the shuffle tree
-// ends with the same winner: the first NaN, else the first maximum (docs/ops.md).
-__device__ __forceinline__ bool beats(float v, long long i, float bv, long long bi) {
-  const bool vn = v != v, bn = bv != bv;
-  if (vn || bn) return vn && (!bn || i < bi);
-  return v > bv || (v == bv && i < bi);
 }
 
 template <class TL, class TC, class L>
@@ -198,14 +186,8 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
     }
     __syncwarp();  // z is complete
 
-    // softmax_cross_entropy (ce_forward): NaNs are skipped by the max and poison the sum.
-    float mx = -INFINITY;
-    for (int64_t k = lane; k < C; k += 32) mx = fmaxf(mx, z[k]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (int64_t k = lane; k < C; k += 32) sum += expf(z[k] - mx);
-    sum = warp_sum(sum);
-    const float lse = mx + logf(sum);
+    // softmax_cross_entropy (ce_forward).
+    const float lse = warp_log_sum_exp(z, C, lane);
     float lp_sum = 0.f;  // sum_c lp[i, c], from the unrounded values
     for (int64_t k = lane; k < C; k += 32) {
       const float v = z[k] - lse;
@@ -230,21 +212,7 @@ __global__ void __launch_bounds__(kThreads) linear_ce_rows(HeadArgs a) {
 
     // argmax over the row (first NaN, else first maximum).
     if (a.pred) {
-      float bv = -INFINITY;
-      long long bi = kNoIndex;
-      for (int64_t k = lane; k < C; k += 32)
-        if (beats(z[k], k, bv, bi)) {
-          bv = z[k];
-          bi = k;
-        }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (beats(ov, oi, bv, bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
+      const long long bi = warp_argmax(z, C, lane);
       if (lane == 0) a.pred[row] = bi;
     }
 

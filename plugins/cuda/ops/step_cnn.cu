@@ -22,7 +22,6 @@
 // (a NaN wins), kNoTap where the pooled value is not > 0: the ReLU's backward and the pool's in
 // one, as relu_mask defines them (docs/ops.md). Index math divides through FastDiv (device.cuh).
 // docs/kernels.md, "A small CNN's whole step", has the phases and the cost model.
-#include <climits>
 #include <cmath>
 
 #include "device.cuh"
@@ -38,7 +37,6 @@ using Reduction = sdk::LossReduction;
 constexpr int kStepThreads = 512;  // 16 warps: one block per SM, so they hide its latencies
 constexpr int kReduceThreads = 256;
 constexpr unsigned char kNoTap = 255;
-constexpr long long kNoIndex = LLONG_MAX;
 
 // conv2d (stride 1, no dilation, one group) -> ReLU -> max pool of window = stride, no padding.
 struct Layer {
@@ -90,13 +88,6 @@ __device__ __forceinline__ float relu_of(float v) {
 __device__ __forceinline__ bool pool_beats(float v, float best) {
   return v != v ? best == best : v > best;
 }
-// (v, i) beats (bv, bi) for argmax, as ops/linear_ce.cu: NaN first, then larger, then lower index.
-__device__ __forceinline__ bool arg_beats(float v, long long i, float bv, long long bi) {
-  const bool vn = v != v, bn = bv != bv;
-  if (vn || bn) return vn && (!bn || i < bi);
-  return v > bv || (v == bv && i < bi);
-}
-
 // The kernels are instantiated for square kernels of K taps a side (K = 3: simplecnn's, whose
 // tap loops then unroll) and for any kernel (K = 0: the layer's own sizes at run time).
 template <int K>
@@ -379,13 +370,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
 
   // The cross-entropy, its argmax and its backward, in warp 0 (ops/linear_ce.cu's arithmetic).
   if (warp == 0) {
-    float mx = -INFINITY;
-    for (int k = lane; k < C; k += 32) mx = fmaxf(mx, z[k]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (int k = lane; k < C; k += 32) sum += expf(z[k] - mx);
-    sum = warp_sum(sum);
-    const float lse = mx + logf(sum);
+    const float lse = warp_log_sum_exp(z, C, lane);
     float lp_sum = 0.f;
     for (int k = lane; k < C; k += 32) lp_sum += z[k] - lse;
     if (a.smoothing) lp_sum = warp_sum(lp_sum);  // a kernel argument: uniform
@@ -403,21 +388,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
       a.row_loss[n] = li;
     }
     if (a.pred) {
-      float bv = -INFINITY;
-      long long bi = kNoIndex;
-      for (int k = lane; k < C; k += 32)
-        if (arg_beats(z[k], k, bv, bi)) {
-          bv = z[k];
-          bi = k;
-        }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (arg_beats(ov, oi, bv, bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
+      const long long bi = warp_argmax(z, C, lane);
       if (lane == 0) a.pred[n] = bi;
     }
     __syncwarp();  // lane 0 has read z at the label before dlogits replace the logits
