@@ -47,7 +47,7 @@ struct Layer {
   int PH, PW;     // pooled size; the conv's output is used over PH*qh x PW*qw
   // The index math's divisors (device.cuh: no integer divider on a GPU): the pooled plane PH·PW
   // and its row PW, the conv's output over the pooled region (PH·qh)·(PW·qw) and its row, a
-  // filter's C·KH·KW and KH·KW and its row KW.
+  // filter's C·KH·KW and KH·KW and its row KW, and the input channels C.
   FastDiv plane, pw_row, out_plane, out_row, filter, taps, kw, chans;
 };
 
@@ -84,9 +84,13 @@ struct StepArgs {
 __device__ __forceinline__ float relu_of(float v) {
   return v > 0.f || v != v ? v : 0.f;  // NaN passes, as the ReLU node's
 }
-// v takes a pool window's maximum from best: a NaN beats any number, else strictly larger.
-__device__ __forceinline__ bool pool_beats(float v, float best) {
-  return v != v ? best == best : v > best;
+// A pool window's running maximum, fed its values in window order: v at (ty, tx) takes it from
+// best where it is the first, a NaN over a number, or strictly larger (the first maximum wins).
+__device__ __forceinline__ void pool_take(float v, int ty, int tx, float& best, int& tap) {
+  if (tap < 0 || (v != v ? best == best : v > best)) {
+    best = v;
+    tap = tap_of(ty, tx);
+  }
 }
 // The kernels are instantiated for square kernels of K taps a side (K = 3: simplecnn's, whose
 // tap loops then unroll) and for any kernel (K = 0: the layer's own sizes at run time).
@@ -151,12 +155,17 @@ __device__ __forceinline__ void window2x2(const float* in, const float* w, float
   best = 0.f;
   tap = -1;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float v = relu_of(acc[i] + bias);
-    if (tap < 0 || pool_beats(v, best)) {
-      best = v;
-      tap = tap_of(i >> 1, i & 1);
-    }
+  for (int i = 0; i < 4; ++i) pool_take(relu_of(acc[i] + bias), i >> 1, i & 1, best, tap);
+}
+
+// Layer L's bias gradient for one image into bpart[0, O): each channel's pooled gradient dg
+// (O, PH, PW), 0 where masked, summed in order.
+__device__ __forceinline__ void bias_grads(const Layer& L, const float* dg, float* bpart) {
+  const int plane = L.PH * L.PW;
+  for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
+    float acc = 0.f;
+    for (int p = 0; p < plane; ++p) acc += dg[o * plane + p];
+    bpart[o] = acc;
   }
 }
 
@@ -187,11 +196,7 @@ __device__ __forceinline__ void conv_grads(const Layer& L, const float* dg, cons
       }
     part[e] = acc;
   }
-  for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
-    float acc = 0.f;
-    for (int p = 0; p < plane; ++p) acc += dg[o * plane + p];
-    bpart[o] = acc;
-  }
+  bias_grads(L, dg, bpart);
 }
 
 // conv_grads for K x K kernels with a thread per (output, input) channel pair instead of per
@@ -233,11 +238,7 @@ __device__ __forceinline__ void conv_grads_pairs(const Layer& L, const float* dg
 #pragma unroll
     for (int k = 0; k < K * K; ++k) part[e * K * K + k] = acc[k];
   }
-  for (int o = threadIdx.x; o < L.O; o += blockDim.x) {
-    float acc = 0.f;
-    for (int p = 0; p < plane; ++p) acc += dg[o * plane + p];
-    bpart[o] = acc;
-  }
+  bias_grads(L, dg, bpart);
 }
 
 // W: both layers are 3x3 without padding, pooled 2x2 (window2x2); K1 and K2 are then 3.
@@ -301,13 +302,9 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
       window2x2(xs, wo, b1[o], A, py, px, best, tap);
     } else {
       for (int ty = 0; ty < A.qh; ++ty)
-        for (int tx = 0; tx < A.qw; ++tx) {
-          const float v = relu_of(conv_at<K1>(xs, wo, b1[o], A, py * A.qh + ty, px * A.qw + tx));
-          if (tap < 0 || pool_beats(v, best)) {
-            best = v;
-            tap = tap_of(ty, tx);
-          }
-        }
+        for (int tx = 0; tx < A.qw; ++tx)
+          pool_take(relu_of(conv_at<K1>(xs, wo, b1[o], A, py * A.qh + ty, px * A.qw + tx)), ty, tx,
+                    best, tap);
     }
     p1[e] = best;
     const bool passes = best > 0.f;
@@ -341,13 +338,7 @@ __global__ void __launch_bounds__(kStepThreads, 1) step_cnn_images(StepArgs a) {
     } else {
       const float* co = c2 + o * cplane + py * B.qh * cw + px * B.qw;
       for (int ty = 0; ty < B.qh; ++ty)
-        for (int tx = 0; tx < B.qw; ++tx) {
-          const float v = co[ty * cw + tx];
-          if (tap < 0 || pool_beats(v, best)) {
-            best = v;
-            tap = tap_of(ty, tx);
-          }
-        }
+        for (int tx = 0; tx < B.qw; ++tx) pool_take(co[ty * cw + tx], ty, tx, best, tap);
     }
     p2[e] = best;
     feat[e] = best;
@@ -531,7 +522,7 @@ struct StepNodes {
 
 const char* kWhat = "small cnn step";
 
-// Node n's only input k is v.
+// Node n's input k is v.
 bool reads(const sdk::GraphView& g, int32_t n, int32_t k, int32_t v) {
   return n >= 0 && g.node(n).num_inputs > k && g.node(n).inputs[k] == v;
 }
