@@ -127,6 +127,12 @@ const std::vector<ConfigKey>& Config::keys() {
     add("train.step_epochs", ConfigType::Int, "3", "step schedule: multiply the rate by train.gamma every this many epochs").min = 1;
     add("train.gamma", ConfigType::Float, "0.1", "step schedule: the factor").fmin = 0;
     add("train.min_lr", ConfigType::Float, "0", "cosine schedule: the final rate").fmin = 0;
+    auto& smooth = add("train.label_smoothing", ConfigType::Float, "0",
+                       "The training loss's label smoothing (PyTorch's CrossEntropyLoss "
+                       "label_smoothing): the target puts this share of its weight evenly on "
+                       "every class; the test loss is the plain cross-entropy");
+    smooth.fmin = 0;
+    smooth.fmax = 1;
     add("train.eval", ConfigType::Bool, "true", "Evaluate on the test set after each epoch");
     add("train.graph_capture", ConfigType::Bool, "true",
         "Record the training step once and replay it (CUDA graphs) where the backend can; "

@@ -138,7 +138,8 @@ KernelBenchReport run_kernel_bench(Runtime& rt, const Config& cfg, const KernelB
     std::vector<int64_t> sample = spec.input_shape;
     if (sample.empty()) sample = load_data(cfg, spec, false).train.sample_shape;
     const int64_t batch = cfg.get_int("train.batch_size");
-    auto sg = build_step(rt.ops(), spec, batch, sample, true, optimizer_options(cfg), false, compute);
+    auto sg = build_step(rt.ops(), spec, batch, sample, true, optimizer_options(cfg), false, compute,
+                         nullptr, {}, cfg.get_float("train.label_smoothing"));
     const Graph& g = sg->graph;
     // One row per distinct problem, naming every node that has it.
     std::map<std::string, size_t> seen;

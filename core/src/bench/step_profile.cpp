@@ -104,7 +104,8 @@ StepProfile profile_step(Runtime& rt, const Config& cfg, const StepProfileOption
   scaling.init = cfg.get_float("train.loss_scale_init");
   scaling.window = cfg.get_int("train.loss_scale_window");
   auto sg = build_step(rt.ops(), spec, p.batch, sample, true, optimizer_options(cfg), false,
-                       compute, compute == PLX_F16 ? &scaling : nullptr, recompute_ops(cfg));
+                       compute, compute == PLX_F16 ? &scaling : nullptr, recompute_ops(cfg),
+                       cfg.get_float("train.label_smoothing"));
   const Graph& graph = sg->graph;
   ExecutableOptions eo;
   eo.device = dev;

@@ -627,7 +627,8 @@ class Runner {
     scaling.init = cfg_.get_float("train.loss_scale_init");
     scaling.window = cfg_.get_int("train.loss_scale_window");
     auto sg = build_step(rt_.ops(), spec, batch, sets.train.sample_shape, true, opt, false, compute,
-                         compute == PLX_F16 ? &scaling : nullptr);
+                         compute == PLX_F16 ? &scaling : nullptr, {},
+                         cfg_.get_float("train.label_smoothing"));
     Graph& g = sg->graph;
     std::vector<std::string> pnames;
     for (size_t i = 0; i < sg->params.size(); ++i) {

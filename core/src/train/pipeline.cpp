@@ -44,15 +44,16 @@ TensorDesc stage_input(const PipelinePlace& p, const std::vector<LayerSummary>& 
   return {compute, shapes[static_cast<size_t>(p.cuts[static_cast<size_t>(p.stage)] - 1)].output};
 }
 
-// The summed cross-entropy of the logits (cast to f32 first under mixed precision) and the
-// predictions.
-Var add_loss(Graph& g, Var logits, int64_t rows, Var* pred) {
+// The summed cross-entropy of the logits (cast to f32 first under mixed precision), with
+// `label_smoothing` (a training stage's), and the predictions.
+Var add_loss(Graph& g, Var logits, int64_t rows, Var* pred, double label_smoothing = 0) {
   const Var labels = g.input("labels", TensorDesc{PLX_I32, {rows}});
   if (g.desc(logits).dtype != PLX_F32)
     logits = g.add1("cast", {logits}, {{"dtype", std::string("f32")}}, "logits.cast");
   Attrs la;
   la.set("reduction", std::string("sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
+  if (label_smoothing > 0) la.set("label_smoothing", label_smoothing);
   const Var loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
   Attrs aa;
   aa.set("axis", static_cast<int64_t>(1));
@@ -137,7 +138,8 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
                              const PipelinePlace& place, const OptimizerOptions* opt,
                              CommGroup& pipe, CommGroup* data, TensorStore& store,
                              const ExecutableOptions& eo, plx_dtype compute,
-                             const LossScaling* scaling, LossScaler* scaler)
+                             const LossScaling* scaling, LossScaler* scaler,
+                             double label_smoothing)
     : backend_(backend), device_(device), place_(place), pipe_(pipe), data_(data),
       training_(opt != nullptr), rows_(rows), scaler_(opt ? scaler : nullptr) {
   if (!training_) scaling = nullptr;
@@ -202,7 +204,7 @@ PipelineStage::PipelineStage(Backend& backend, int32_t device, const OpRegistry&
     // in f16 times the loss scale S: backward starts from their product (as build_step's), and
     // the reported loss's mul comes after it.
     Var pred;
-    const Var loss = add_loss(g, y, micro_rows_, &pred);
+    const Var loss = add_loss(g, y, micro_rows_, &pred, label_smoothing);
     const Var rows_scale = g.input(kLossScaleInput, TensorDesc{PLX_F32, {}});
     const Var seed = scaling ? g.add1("mul", {rows_scale, loss_scaler_state(g, "scale", *scaling)},
                                       {}, "loss.seed")

@@ -66,11 +66,13 @@ class PipelineStage : public StepRunner {
   // `compute`: train.precision's dtype (the stage's layers run in it with f32 masters, and its
   // activations and their gradients cross stages in it); `scaling` and `scaler` (training in
   // f16): the loss scale, moved on each stage's device alike, and the host's copy of it.
+  // `label_smoothing`: train.label_smoothing, the last training stage's loss's.
   PipelineStage(Backend& backend, int32_t device, const OpRegistry& ops, const ModelSpec& spec,
                 const std::vector<int64_t>& sample, int64_t rows, const PipelinePlace& place,
                 const OptimizerOptions* opt, CommGroup& pipe, CommGroup* data, TensorStore& store,
                 const ExecutableOptions& eo, plx_dtype compute = PLX_F32,
-                const LossScaling* scaling = nullptr, LossScaler* scaler = nullptr);
+                const LossScaling* scaling = nullptr, LossScaler* scaler = nullptr,
+                double label_smoothing = 0);
   ~PipelineStage() override;
 
   // Runs the whole step before it returns (the stages wait on one another anyway).

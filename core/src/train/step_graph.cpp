@@ -145,7 +145,8 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled, plx_dtype compute,
                                       const LossScaling* loss_scaling,
-                                      const std::vector<std::string>& recompute) {
+                                      const std::vector<std::string>& recompute,
+                                      double label_smoothing) {
   BackwardOptions bo;
   bo.recompute = recompute;
   auto m = std::make_unique<StepGraph>(ops);
@@ -163,6 +164,7 @@ std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& sp
   Attrs la;
   la.set("reduction", std::string(training && !scaled ? "mean" : "sum"));
   la.set("ignore_index", static_cast<int64_t>(data::kIgnoreLabel));
+  if (training && label_smoothing > 0) la.set("label_smoothing", label_smoothing);
   const Var ce_loss = g.add("softmax_cross_entropy", {logits, labels}, la, "loss").at(0);
   m->loss = ce_loss;
   const TensorDesc scalar{PLX_F32, {}};

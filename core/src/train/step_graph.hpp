@@ -92,11 +92,14 @@ Var add_scaled_update(Graph& g, const std::vector<Var>& params, const std::vecto
 // anything between backward and the update: the step is one graph.
 // `recompute`: train.recompute, the ops whose outputs backward computes again
 // (BackwardOptions::recompute).
+// `label_smoothing`: train.label_smoothing, the training loss's (softmax_cross_entropy's
+// attribute); an evaluation step ignores it (its loss is the plain cross-entropy).
 std::unique_ptr<StepGraph> build_step(const OpRegistry& ops, const ModelSpec& spec, int64_t batch,
                                       const std::vector<int64_t>& sample, bool training,
                                       const OptimizerOptions& opt, bool scaled = false,
                                       plx_dtype compute = PLX_F32,
                                       const LossScaling* loss_scaling = nullptr,
-                                      const std::vector<std::string>& recompute = {});
+                                      const std::vector<std::string>& recompute = {},
+                                      double label_smoothing = 0);
 
 }  // namespace plexus

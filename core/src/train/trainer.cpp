@@ -452,7 +452,7 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
   if (!pipelined) {
     train_model = build_step(rt.ops(), spec, local_batch, train_set.sample_shape, true, opt,
                              par.active(), compute, loss_scaling ? &scaling : nullptr,
-                             recompute_ops(cfg));
+                             recompute_ops(cfg), cfg.get_float("train.label_smoothing"));
     // Data parallelism all-reduces the gradients between their kernels and their readers: no
     // fused kernel may keep one inside (a 16-bit gradient's cast fused into the update that
     // reads it, say).
@@ -509,7 +509,8 @@ TrainResult train(Runtime& rt, const TrainRequest& req) {
     }
     train_stage = std::make_unique<PipelineStage>(
         backend, device, rt.ops(), spec, train_set.sample_shape, local_batch, place, &opt, *par.pipe,
-        par.data.get(), store, eo, compute, loss_scaling ? &scaling : nullptr, scaler.get());
+        par.data.get(), store, eo, compute, loss_scaling ? &scaling : nullptr, scaler.get(),
+        cfg.get_float("train.label_smoothing"));
     if (do_eval)
       eval_stage = std::make_unique<PipelineStage>(backend, device, rt.ops(), spec, train_set.sample_shape,
                                                    local_batch, place, nullptr, *par.pipe, nullptr,
