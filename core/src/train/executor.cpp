@@ -434,11 +434,20 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       if (node.schema)
         key += " & " + tune_key(backend_, dev, *node.schema, ins[k], outs[k], node.attrs);
     }
-    // "node:op=impl" (a gradient's data and weight nodes share the node's name).
+    // "node:op=impl". A gradient's data and weight nodes share the node's name and may share
+    // the op (a linear's dx and dW are both matmuls): the second such member of the group is
+    // "node#2:op=impl", so that each alternative has a name of its own (in the cache and as a
+    // key of the manifest's group_ms).
     auto name_of = [&](const MemberAlternative* a) {
       if (!a) return std::string("tuned");
       const GraphNode& node = nodes[static_cast<size_t>(f.nodes[a->slot])];
-      return node.name + ":" + node.schema->name + "=" + a->impl;
+      int before = 0;
+      for (size_t j = 0; j < a->slot; ++j) {
+        const GraphNode& o = nodes[static_cast<size_t>(f.nodes[j])];
+        before += o.schema && o.name == node.name && o.schema == node.schema;
+      }
+      return node.name + (before ? "#" + std::to_string(before + 1) : "") + ":" +
+             node.schema->name + "=" + a->impl;
     };
     const MemberAlternative* picked = nullptr;
     MemberAlternative cached;
