@@ -20,15 +20,16 @@ linear warm-up over the first 0.2 epoch and a cosine decay to 0 at the end of 2 
 device tensor the captured graph reads; each configuration runs both graphed and eager.
 
 --recipe adamw trains --recipe-epochs epochs (default 1) at --batch (128) with AdamW (betas 0.9,
-0.999, eps 1e-8, no weight decay) at a peak rate of --lr (5e-3), a linear warm-up over the first
-0.1 epoch and a cosine decay to 0 at the end, as `plexus train --set train.optimizer="adamw"
---set train.lr=5e-3 --set train.schedule="cosine" --set train.warmup_epochs=0.1 --set
-train.epochs=1` (docs/benchmarks.md, fortieth session: one epoch at 128 and 5e-3, two at 256 and
-6e-3). The optimizer is PyTorch's fused AdamW on CUDA (its fastest; capturable, the rate a
+--beta2 (0.999), eps 1e-8, no weight decay) at a peak rate of --lr (5e-3), a linear warm-up over
+the first 0.1 epoch and a cosine decay to 0 at the end, the loss with --label-smoothing (0), as
+`plexus train --set train.optimizer="adamw" --set train.lr=5e-3 --set train.schedule="cosine"
+--set train.warmup_epochs=0.1 --set train.epochs=1 [--set train.beta2=B --set
+train.label_smoothing=S]` (docs/benchmarks.md, fortieth session: one epoch at 128 and 5e-3,
+two at 256 and 6e-3). The optimizer is PyTorch's fused AdamW on CUDA (its fastest; capturable, the rate a
 device tensor the graph reads), the default one on the CPU.
 
 Usage: python3 torch_graphs_tta.py DATA_DIR [--device cuda|cpu] [--recipe constant|short|adamw]
-       [--batch B --lr LR --recipe-epochs E]  (adamw)
+       [--batch B --lr LR --recipe-epochs E --beta2 B2 --label-smoothing S]  (adamw)
 (--device cpu runs the same loop with the step eager, to check the script without a GPU.)
 """
 import argparse
@@ -53,6 +54,9 @@ ap.add_argument("--recipe", default="constant", choices=["constant", "short", "a
 ap.add_argument("--lr", type=float, default=5e-3, help="--recipe adamw: the peak rate")
 ap.add_argument("--batch", type=int, default=128, help="--recipe adamw: the batch")
 ap.add_argument("--recipe-epochs", type=int, default=1, help="--recipe adamw: the epochs")
+ap.add_argument("--beta2", type=float, default=0.999, help="--recipe adamw: the second-moment decay")
+ap.add_argument("--label-smoothing", type=float, default=0.0,
+                help="--recipe adamw: the training loss's label smoothing (train.label_smoothing)")
 args = ap.parse_args()
 sys.path.insert(0, os.path.abspath(args.bench))
 from torch_anchor import load_idx, SimpleCNN, ConvNet  # noqa: E402
@@ -91,13 +95,14 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
     short = recipe == "short"
     adamw = recipe == "adamw"
     scheduled = short or adamw
+    smoothing = args.label_smoothing if adamw else 0.0
     torch.manual_seed(0)
     m = (SimpleCNN if name == "simplecnn" else ConvNet)().to(dev)
     params = list(m.parameters())
     if adamw:
         # The rate a device tensor (read by the captured graph), the fused kernel on CUDA.
         lr_t = torch.full((), lr, device=dev) if cuda else lr
-        opt = torch.optim.AdamW(params, lr=lr_t, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+        opt = torch.optim.AdamW(params, lr=lr_t, betas=(0.9, args.beta2), eps=1e-8, weight_decay=0,
                                 **(dict(fused=True, capturable=True) if cuda else {}))
     else:
         opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
@@ -126,7 +131,7 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
 
     def step():
         opt.zero_grad(set_to_none=not short)
-        loss = F.cross_entropy(m(sx), sy)
+        loss = F.cross_entropy(m(sx), sy, label_smoothing=smoothing)
         loss.backward()
         update()
 
@@ -150,7 +155,7 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
         # it: on the H100 (2026-11-28) that run ended at 10% accuracy.
         opt.zero_grad(set_to_none=True)
         with torch.cuda.graph(g):
-            sloss = F.cross_entropy(m(sx), sy)
+            sloss = F.cross_entropy(m(sx), sy, label_smoothing=smoothing)
             sloss.backward()
             update()
         replay = g.replay
@@ -196,7 +201,8 @@ def time_to_accuracy(name, target, batch, lr, graphed=True, recipe="constant"):
     what = ("time_to_acc_graphed" if graphed else "time_to_acc_eager") if cuda else \
         "time_to_acc_eager_cpu_check"
     return dict(what=what, model=name, recipe=recipe, target=target,
-                batch=batch, lr=lr, tf32=cuda, reached=acc >= target, acc=acc, epochs=ep,
+                batch=batch, lr=lr, **(dict(beta2=args.beta2, label_smoothing=smoothing) if adamw else {}),
+                tf32=cuda, reached=acc >= target, acc=acc, epochs=ep,
                 train_s=round(train_s, 3), setup_s=round(setup_s, 3), torch=torch.__version__)
 
 
