@@ -7,6 +7,7 @@
 #include "plexus/config.hpp"
 #include "plexus/error.hpp"
 #include "plexus/log.hpp"
+#include "plexus/model.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -228,4 +229,26 @@ TEST_CASE("memory.limit takes a fraction of the device as a number or a percenta
                       PLX_CONTAINS("expected a percentage in (0%, 100%], got \"150%\""));
   REQUIRE_THROWS_WITH(Config::parse("[memory]\nlimit = \"lots%\"\n", "run.toml"),
                       PLX_CONTAINS("expected a percentage"));
+}
+
+TEST_CASE("every config under configs/ loads and names a model that builds", "[config]") {
+  // The shipped run configs (configs/models/ holds model files, configs/compare/ op suites).
+  int loaded = 0;
+  for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
+    if (!e.is_regular_file() || e.path().extension() != ".toml") continue;
+    INFO(e.path().string());
+    const Config c = Config::load(e.path().string());
+    const std::string file = c.get_string("model.file");
+    const ModelSpec spec = find_model(file.empty() ? c.get_string("model.name")
+                                                   : (e.path().parent_path() / file).string());
+    CHECK(!spec.layers.empty());
+    ++loaded;
+  }
+  CHECK(loaded >= 5);  // simplecnn, convnet, convnet_tta, mlp, resnet
+  // The one-epoch time-to-accuracy recipe (docs/benchmarks.md) as the GPU run takes it.
+  const Config tta = Config::load(source_dir() + "/configs/convnet_tta.toml");
+  CHECK(tta.get_int("train.epochs") == 1);
+  CHECK(tta.get_string("train.optimizer") == "adamw");
+  CHECK(tta.get_float("train.label_smoothing") == Approx(0.1));
+  CHECK(tta.get_float("train.target_accuracy") == Approx(0.91));
 }
