@@ -9,6 +9,7 @@
 #include "plexus/log.hpp"
 #include "plexus/model.hpp"
 #include "support/harness.hpp"
+#include "train/step_graph.hpp"
 
 using namespace plexus;
 using namespace plexus::test;
@@ -237,10 +238,7 @@ TEST_CASE("every config under configs/ loads and names a model that builds", "[c
   for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
     if (!e.is_regular_file() || e.path().extension() != ".toml") continue;
     INFO(e.path().string());
-    const Config c = Config::load(e.path().string());
-    const std::string file = c.get_string("model.file");
-    const ModelSpec spec = find_model(file.empty() ? c.get_string("model.name")
-                                                   : (e.path().parent_path() / file).string());
+    const ModelSpec spec = model_of(Config::load(e.path().string()));  // as the trainer reads it
     CHECK(!spec.layers.empty());
     ++loaded;
   }
