@@ -54,6 +54,10 @@ KernelSide parse_kernel_side(std::string_view value, std::string_view key) {
 
 bool is_library_kernel(const plx_kernel& k) { return (k.flags & PLX_KERNEL_LIBRARY) != 0; }
 
+bool is_self_contained_kernel(const plx_kernel& k, uint32_t plugin_abi_minor) {
+  return plugin_abi_minor >= 6 && (k.flags & PLX_KERNEL_SELF_CONTAINED) != 0;
+}
+
 const char* choice_how_name(KernelChoice::How how) {
   switch (how) {
     case KernelChoice::How::Ordered:

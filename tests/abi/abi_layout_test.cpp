@@ -274,12 +274,12 @@ TEST_CASE("ABI 1.2 struct sizes are pinned", "[abi]") {
   }
 }
 
-// 1.3, 1.4 and 1.5 changed no layout (max_pool2d's relu_mask, the updates' check input,
-// loss_scale_update, the layout contract and PLX_KERNEL_DENSE are op and kernel contracts: the
-// host gates them by the plugin's minor), so the 1.2 pins above hold for them.
-TEST_CASE("ABI 1.5 enumerations keep their values", "[abi]") {
+// 1.3 to 1.6 changed no layout (max_pool2d's relu_mask, the updates' check input,
+// loss_scale_update, the layout contract, PLX_KERNEL_DENSE and PLX_KERNEL_SELF_CONTAINED are op and
+// kernel contracts: the host gates them by the plugin's minor), so the 1.2 pins above hold for them.
+TEST_CASE("ABI 1.6 enumerations keep their values", "[abi]") {
   CHECK(PLX_ABI_MAJOR == 1);
-  CHECK(PLX_ABI_MINOR == 5);
+  CHECK(PLX_ABI_MINOR == 6);
   CHECK(PLX_MAX_DIMS == 8);
   CHECK(PLX_OK == 0);
   CHECK(PLX_ERR_INVALID_ARGUMENT == 1);
@@ -322,6 +322,7 @@ TEST_CASE("ABI 1.5 enumerations keep their values", "[abi]") {
   CHECK(PLX_LOG_OFF == 5);
   CHECK(PLX_KERNEL_LIBRARY == 16);
   CHECK(PLX_KERNEL_DENSE == 32);
+  CHECK(PLX_KERNEL_SELF_CONTAINED == 64);
   CHECK(PLX_LAYOUT_ANY == 0);
   CHECK(PLX_LAYOUT_NCHW == 1);
   CHECK(PLX_LAYOUT_NHWC == 2);

@@ -339,6 +339,137 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
 
 namespace {
 
+// One of the test plugin's extras, by name.
+template <class F>
+F test_extra(Backend& dev, const char* name) {
+  auto f = reinterpret_cast<F>(dev.table().get_proc_address(dev.table().ctx, name));
+  REQUIRE(f != nullptr);
+  return f;
+}
+
+// Sets the value of every fused group's decision in a tune cache file ("fused|..." lines).
+void set_group_decisions(const std::string& cache, const std::string& value) {
+  std::istringstream in(read_all(cache));
+  std::string out, line;
+  int set = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("fused|", 0) == 0) {
+      const size_t a = line.find('\t'), b = line.find('\t', a + 1);
+      REQUIRE(a != std::string::npos);
+      line = line.substr(0, a + 1) + value + (b == std::string::npos ? "" : line.substr(b));
+      ++set;
+    }
+    out += line + "\n";
+  }
+  REQUIRE(set == 1);
+  std::ofstream(cache) << out;
+}
+
+}  // namespace
+
+// A fused kernel that does every node with its own code (PLX_KERNEL_SELF_CONTAINED, ABI 1.6;
+// the test plugin's one pass with one_pass = "self") is made once: not around its members'
+// other candidates, not timed as a whole, no decision cached for it, and its members' kernels,
+// which never run, are not reported. The same group with one_pass = "accept" is made around each
+// candidate, which shows the count is what it claims.
+TEST_CASE("a self-contained fused kernel is made once and reports no member kernels",
+          "[cpu][tune][fusion]") {
+  TempDir dir("self-contained");
+  const std::string cache = dir / "kernels.tsv";
+  for (const char* mode : {"self", "self", "accept"}) {  // "self" twice: fresh cache, then its
+    INFO("one_pass " << mode);
+    RuntimeOptions o = with_testdev(KernelSide::Auto, cache);
+    o.plugins.options["testgood"]["claims"] = "0,1";
+    o.plugins.options["testgood"]["one_pass"] = mode;
+    Runtime rt(o);
+    Backend& dev = rt.backend("testdev");
+    auto creates = test_extra<int64_t (*)()>(dev, "testgood.fused_creates");
+    const ScaleRelu sr(rt);
+    TensorStore store;
+    const int64_t before = creates();
+    Executable exe(dev, sr.g, store);
+    sr.run(exe, 2);
+    REQUIRE(exe.plan().fused_kernels == 1);
+    const std::string name = exe.kernel_names().at(0);
+    INFO(name);
+    if (std::string(mode) == "self") {
+      CHECK(creates() - before == 1);
+      CHECK_THAT(name, PLX_CONTAINS("testdev/test-scale-relu-self"));
+      CHECK(name.find("; s on") == std::string::npos);
+      CHECK(exe.kernel_choices().empty());
+      CHECK(read_all(cache).find("fused|") == std::string::npos);
+    } else {
+      CHECK(creates() - before >= 2);  // around test-scale, then test-scale-slow
+      CHECK_THAT(name, PLX_CONTAINS("; s on"));
+    }
+  }
+}
+
+TEST_CASE("PLX_KERNEL_SELF_CONTAINED is read from plugins of ABI 1.6 or later only",
+          "[cpu][tune][abi]") {
+  plx_kernel k{};
+  k.flags = PLX_KERNEL_SELF_CONTAINED | PLX_KERNEL_CAPTURABLE;
+  CHECK(is_self_contained_kernel(k, 6));
+  CHECK(is_self_contained_kernel(k, 7));
+  CHECK_FALSE(is_self_contained_kernel(k, 5));  // a bit an older plugin never meant
+  k.flags = PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DETERMINISTIC;
+  CHECK_FALSE(is_self_contained_kernel(k, 6));
+}
+
+// Two members of a group with one name and one op (as a gradient's data and weight matmuls are):
+// each alternative the tuner times the group around has a name of its own, "s:op=impl" and
+// "s#2:op=impl", and a cached decision naming either moves that member and not the other. Once
+// both were "s:..." and the decision always went to the first.
+TEST_CASE("each member of a fused group has alternatives named for it alone", "[cpu][tune][fusion]") {
+  TempDir dir("two-scales");
+  const std::string cache = dir / "kernels.tsv";
+  struct Run {
+    const char* decision;  // set in the cache before the run; "" for a fresh cache
+    const char *first, *second;
+  };
+  const Run runs[] = {{"", "test-scale", "test-scale"},
+                      {"s#2:testgood.scale=test-scale-slow", "test-scale", "test-scale-slow"},
+                      {"s:testgood.scale=test-scale-slow", "test-scale-slow", "test-scale"}};
+  for (const Run& r : runs) {
+    INFO("decision '" << r.decision << "'");
+    if (*r.decision) set_group_decisions(cache, r.decision);
+    RuntimeOptions o = with_testdev(KernelSide::Auto, cache);
+    o.plugins.options["testgood"]["claims"] = "0,1";
+    Runtime rt(o);
+    Backend& dev = rt.backend("testdev");
+    auto slow_calls = test_extra<int64_t (*)()>(dev, "testgood.slow_scale_calls");
+    Graph g(rt.ops());
+    const Var x = g.input("x", {PLX_F32, {16}});
+    const Var s1 = g.add1("testgood.scale", {x}, {}, "s");
+    g.mark_output(g.add1("testgood.scale", {s1}, {}, "s"), "y");
+    TensorStore store;
+    Executable exe(dev, g, store);
+    REQUIRE(exe.plan().fused_kernels == 1);
+    INFO(exe.kernel_names().at(0));
+    CHECK_THAT(exe.kernel_names().at(0), PLX_CONTAINS("testdev/test-two-scales"));
+    std::vector<float> xs(16);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i) - 8;
+    exe.tensor("x").copy_from_host(xs.data());
+    const int64_t before = slow_calls();
+    for (int step = 0; step < 3; ++step) exe.run();
+    exe.sync();
+    const std::vector<float> y = exe.tensor("y").to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) REQUIRE(y[i] == 4 * xs[i]);
+    // The slow kernel ran once a step where one member is on it, never where neither is.
+    CHECK(slow_calls() - before == (*r.decision ? 3 : 0));
+    const auto choices = exe.kernel_choices();
+    REQUIRE(choices.size() == 2);
+    CHECK(choices[0].node == "s");
+    CHECK(choices[1].node == "s");
+    CHECK(choices[0].impl == r.first);
+    CHECK(choices[1].impl == r.second);
+    // A fresh cache: the group around each member's slow kernel is timed and loses.
+    if (!*r.decision) CHECK(read_all(cache).find("\ttuned\t") != std::string::npos);
+  }
+}
+
+namespace {
+
 // The warnings logged while it lives.
 struct WarnCapture {
   std::ostringstream text;

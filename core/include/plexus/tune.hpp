@@ -52,6 +52,11 @@ bool kernel_name_matches(const std::string& pattern, std::string_view impl);
 // Whether a kernel is on the library side.
 bool is_library_kernel(const plx_kernel& k);
 
+// Whether a fused kernel does all of its nodes with code of its own (PLX_KERNEL_SELF_CONTAINED,
+// read only from plugins built for ABI 1.6 or later): the host then makes it once, without
+// timing it around its nodes' other kernels, and reports no kernel for its nodes.
+bool is_self_contained_kernel(const plx_kernel& k, uint32_t plugin_abi_minor);
+
 // One candidate in a tuning run.
 struct CandidateTime {
   std::string impl;

@@ -717,20 +717,23 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   PLX_REQUIRE(g.num_nodes() >= 1, "create_fused: no nodes");
   check_device(graph.device);
   const plx_dtype dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
-  const uint32_t optim_flags = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
+  // The multi-tensor kernels and the whole small-CNN step do every node with code of their own
+  // and read no kernel_hint (PLX_KERNEL_SELF_CONTAINED: the host makes them once, untimed around
+  // their nodes' other kernels); the other groups run a node on the kernel the host chose.
+  const uint32_t own = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE | PLX_KERNEL_SELF_CONTAINED;
   // An optimizer group (maybe with its gradients' casts first): its dtype is the parameters'.
   auto param_dtype = [&](int32_t n) { return static_cast<plx_dtype>(g.value(g.node(n).inputs[0]).dtype); };
   if (const int32_t n = first_of(g, "sgd_update"); n >= 0) {
     const plx_dtype pd = param_dtype(n);
     PLX_DECLINE_UNLESS(pd == PLX_F32, "multi-tensor sgd_update: f32 only, got %s", dtype_name(pd));
-    fused_.give("multi_tensor_sgd", pd, optim_flags,
+    fused_.give("multi_tensor_sgd", pd, own,
                 std::make_unique<MultiSgd>(g, b, graph.device), kernel, state, workspace_bytes);
     return;
   }
   if (const int32_t n = first_of(g, "adamw_update"); n >= 0) {
     const plx_dtype pd = param_dtype(n);
     PLX_DECLINE_UNLESS(pd == PLX_F32, "multi-tensor adamw_update: f32 only, got %s", dtype_name(pd));
-    fused_.give("multi_tensor_adamw", pd, optim_flags,
+    fused_.give("multi_tensor_adamw", pd, own,
                 std::make_unique<MultiAdamw>(g, b, *this, graph.device), kernel, state,
                 workspace_bytes);
     return;
@@ -740,8 +743,7 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     for (int32_t n = 0; n < g.num_nodes() && unscale; ++n)
       unscale = g.is(n, "mul") || g.is(n, "sum") || g.is(n, "add") || g.is(n, "cast");
     if (unscale) {
-      fused_.give("multi_tensor_unscale_check", PLX_F32,
-                  PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+      fused_.give("multi_tensor_unscale_check", PLX_F32, own,
                   std::make_unique<MultiUnscaleCheck>(g, b, graph.device), kernel, state,
                   workspace_bytes);
       return;
@@ -752,14 +754,14 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
     // asks (a conv filter that the 16-bit convolutions, which prefer NHWC, then read in place).
     const bool narrowing = g.value(g.node(0).inputs[0]).dtype == PLX_F32 &&
                            g.value(g.node(0).outputs[0]).dtype != PLX_F32;
-    fused_.give("multi_tensor_cast", dtype, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+    fused_.give("multi_tensor_cast", dtype, own,
                 std::make_unique<MultiCast>(g, b, graph.device), kernel, state, workspace_bytes,
                 narrowing ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
   if (first_of(g, "softmax_cross_entropy") >= 0 && first_of(g, "max_pool2d") >= 0) {
     // Only find_small_cnn_steps() claims a group with both (its kernel takes NCHW tensors).
-    fused_.give("small_cnn_step", PLX_F32, PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE,
+    fused_.give("small_cnn_step", PLX_F32, own,
                 make_small_cnn_step(*this, g, b), kernel, state, workspace_bytes, PLX_LAYOUT_NCHW);
     return;
   }

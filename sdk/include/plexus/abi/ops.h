@@ -42,13 +42,20 @@ enum {
                                          `backend.kernels`; clear for the plugin's own code (the
                                          "native" side). Hosts before it ignore the bit, and
                                          plugins that never set it count as native. */
-  PLX_KERNEL_DENSE = 1u << 5          /* (ABI 1.5) the kernel works in memory order, as an
+  PLX_KERNEL_DENSE = 1u << 5,         /* (ABI 1.5) the kernel works in memory order, as an
                                          elementwise map does: when every input and output of
                                          output 0's shape has the same dense strides (a
                                          permutation of row-major, no gaps), it computes what it
                                          computes on contiguous tensors. The layout planner may
                                          then hand it such tensors all channels-last together;
                                          operands of other shapes stay as they were. */
+  PLX_KERNEL_SELF_CONTAINED = 1u << 6 /* (ABI 1.6; a kernel of create_fused) it does every node
+                                         of its group with code of its own and reads no node's
+                                         kernel_hint: the host makes it once, neither remakes
+                                         nor times it around its nodes' other kernels, and
+                                         reports it, not their kernels, as what ran them.
+                                         Ignored on a plugin's own kernels and on plugins built
+                                         before 1.6. */
 };
 
 /* Memory layouts a kernel prefers for its 4-D activations (N, C, H, W). A tensor's shape is

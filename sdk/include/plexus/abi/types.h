@@ -27,9 +27,11 @@ extern "C" {
  * its kernels either; 1.5 gave plx_kernel.layout its contract (a kernel that prefers NHWC takes
  * each 4-D activation NCHW contiguous or channels-last) and added the flag PLX_KERNEL_DENSE, both
  * for the host's layout planner, again without a layout change: the host plans channels-last
- * tensors only around kernels of plugins built for 1.5 or later. */
+ * tensors only around kernels of plugins built for 1.5 or later; 1.6 added the flag
+ * PLX_KERNEL_SELF_CONTAINED for fused kernels, again without a layout change: the host reads it
+ * only from plugins built for 1.6 or later. */
 #define PLX_ABI_MAJOR 1
-#define PLX_ABI_MINOR 5
+#define PLX_ABI_MINOR 6
 
 /* Up to this many dimensions in a tensor view. */
 #define PLX_MAX_DIMS 8
