@@ -368,10 +368,12 @@ void set_group_decisions(const std::string& cache, const std::string& value) {
 }  // namespace
 
 // A fused kernel that does every node with its own code (PLX_KERNEL_SELF_CONTAINED, ABI 1.6;
-// the test plugin's one pass with one_pass = "self") is made once: not around its members'
-// other candidates, not timed as a whole, no decision cached for it, and its members' kernels,
-// which never run, are not reported. The same group with one_pass = "accept" is made around each
-// candidate, which shows the count is what it claims.
+// the test plugin's one pass with one_pass = "self") is made once, without member hints: its
+// members' kernels are neither chosen nor timed (the slow one never runs, the cache holds
+// nothing for them), it is not made around their other candidates nor timed as a whole, no
+// decision is cached for it, and its members' kernels, which never run, are not reported. The
+// same group with one_pass = "accept" is made around each candidate and its scale is tuned,
+// which shows the counts are what they claim.
 TEST_CASE("a self-contained fused kernel is made once and reports no member kernels",
           "[cpu][tune][fusion]") {
   TempDir dir("self-contained");
@@ -384,9 +386,10 @@ TEST_CASE("a self-contained fused kernel is made once and reports no member kern
     Runtime rt(o);
     Backend& dev = rt.backend("testdev");
     auto creates = test_extra<int64_t (*)()>(dev, "testgood.fused_creates");
+    auto slow_calls = test_extra<int64_t (*)()>(dev, "testgood.slow_scale_calls");
     const ScaleRelu sr(rt);
     TensorStore store;
-    const int64_t before = creates();
+    const int64_t before = creates(), slow_before = slow_calls();
     Executable exe(dev, sr.g, store);
     sr.run(exe, 2);
     REQUIRE(exe.plan().fused_kernels == 1);
@@ -398,9 +401,13 @@ TEST_CASE("a self-contained fused kernel is made once and reports no member kern
       CHECK(name.find("; s on") == std::string::npos);
       CHECK(exe.kernel_choices().empty());
       CHECK(read_all(cache).find("fused|") == std::string::npos);
+      CHECK(read_all(cache).find("testgood.scale") == std::string::npos);
+      CHECK(slow_calls() == slow_before);
     } else {
       CHECK(creates() - before >= 2);  // around test-scale, then test-scale-slow
       CHECK_THAT(name, PLX_CONTAINS("; s on"));
+      CHECK(slow_calls() > slow_before);  // timed alone, and the group around it
+      CHECK(read_all(cache).find("testgood.scale") != std::string::npos);
     }
   }
 }

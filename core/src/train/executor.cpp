@@ -320,6 +320,65 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   const int32_t dev = options_.device;
   std::vector<plx_graph_node> sub;
   for (int32_t m : f.nodes) sub.push_back(ag.gn[static_cast<size_t>(m)]);
+  KernelTuner& tuner = backend_.runtime().tuner();
+  plx_graph_view sv = ag.view;
+  sv.nodes = sub.data();
+  sv.num_nodes = static_cast<int32_t>(sub.size());
+  std::string label = "fused kernel '" + f.name + "' (";
+  for (size_t i = 0; i < f.nodes.size(); ++i)
+    label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
+  label += ")";
+  std::vector<int32_t> in_ids, out_ids;
+  for (Var v : f.in) in_ids.push_back(v.id);
+  for (Var v : f.out) out_ids.push_back(v.id);
+  auto make = [&]() {
+    MadeGroup m;
+    m.status = t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()),
+                              out_ids.data(), static_cast<int32_t>(out_ids.size()), &m.kernel,
+                              &m.state, &m.ws);
+    if (m.status == PLX_ERR_UNSUPPORTED) m.why = backend_.plugin().last_error();
+    if (m.status != PLX_OK && m.status != PLX_ERR_UNSUPPORTED)
+      backend_.fail(m.status, "preparing " + label);
+    if (m.status == PLX_OK && !m.kernel)
+      throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
+    if (m.status == PLX_OK) {
+      if (std::string why = tuner.exclusion(m.kernel->impl ? m.kernel->impl : "?"); !why.empty()) {
+        m.kernel->destroy(m.state);  // made, never run
+        m = MadeGroup{};
+        m.status = PLX_ERR_UNSUPPORTED;
+        m.why = std::move(why);
+      }
+    }
+    return m;
+  };
+  auto prepared = [&](const MadeGroup& m) {
+    return std::make_unique<PreparedKernel>(backend_, label, m.kernel, m.state, m.ws);
+  };
+  // A fused kernel that runs every node with its own code (PLX_KERNEL_SELF_CONTAINED, ABI 1.6)
+  // reads no hints, so it is asked for first without them: such a kernel needs none of its
+  // members' kernels chosen, nor timed. Any other kernel made so is the group's where no member
+  // gets a hint below; else it is destroyed and made again around the members' kernels (a
+  // plugin's create caches what it measures, as the CUDA plugin's convolution algorithms are,
+  // so the second making is cheap).
+  const uint32_t minor = backend_.plugin().abi_minor();
+  MadeGroup probe;
+  bool probed = false;
+  if (minor >= 6) {
+    try {
+      probe = make();
+      probed = true;
+    } catch (const std::exception& e) {  // made around the members' kernels below, or failing there
+      probe = MadeGroup{};
+      spdlog::debug("fusion: {} without member hints: {}", label, e.what());
+    }
+    if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor)) {
+      f.members.clear();
+      spdlog::debug("fusion: {} runs as {}/{}, every node with its own code", label,
+                    backend_.name(), probe.kernel->impl ? probe.kernel->impl : "?");
+      f.kernel = prepared(probe);
+      return "";
+    }
+  }
   // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first), for
   // the backend to run inside the fused kernel.
   f.members.clear();
@@ -328,7 +387,6 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   std::vector<size_t> member_of(f.nodes.size(), 0);
   std::vector<double> alone(f.nodes.size(), -1);  // each member's fastest time on its own
   std::vector<std::vector<plx_tensor>> ins(f.nodes.size()), outs(f.nodes.size());
-  KernelTuner& tuner = backend_.runtime().tuner();
   const bool tune_groups = options_.tune && tuner.side() == KernelSide::Auto;
   auto kernel_index = [&](const plx_kernel* k) {
     for (int32_t i = 0, nk = t.kernel_count(t.ctx); i < nk; ++i)
@@ -374,39 +432,6 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
     f.members.push_back({f.nodes[k], chosen->impl ? chosen->impl : "?", is_library_kernel(*chosen),
                          std::move(r.choice)});
   }
-  plx_graph_view sv = ag.view;
-  sv.nodes = sub.data();
-  sv.num_nodes = static_cast<int32_t>(sub.size());
-  std::string label = "fused kernel '" + f.name + "' (";
-  for (size_t i = 0; i < f.nodes.size(); ++i)
-    label += (i ? ", " : "") + nodes[static_cast<size_t>(f.nodes[i])].name;
-  label += ")";
-  std::vector<int32_t> in_ids, out_ids;
-  for (Var v : f.in) in_ids.push_back(v.id);
-  for (Var v : f.out) out_ids.push_back(v.id);
-  auto make = [&]() {
-    MadeGroup m;
-    m.status = t.create_fused(t.ctx, &sv, in_ids.data(), static_cast<int32_t>(in_ids.size()),
-                              out_ids.data(), static_cast<int32_t>(out_ids.size()), &m.kernel,
-                              &m.state, &m.ws);
-    if (m.status == PLX_ERR_UNSUPPORTED) m.why = backend_.plugin().last_error();
-    if (m.status != PLX_OK && m.status != PLX_ERR_UNSUPPORTED)
-      backend_.fail(m.status, "preparing " + label);
-    if (m.status == PLX_OK && !m.kernel)
-      throw BackendError("backend '" + backend_.name() + "' returned no kernel for " + label);
-    if (m.status == PLX_OK) {
-      if (std::string why = tuner.exclusion(m.kernel->impl ? m.kernel->impl : "?"); !why.empty()) {
-        m.kernel->destroy(m.state);  // made, never run
-        m = MadeGroup{};
-        m.status = PLX_ERR_UNSUPPORTED;
-        m.why = std::move(why);
-      }
-    }
-    return m;
-  };
-  auto prepared = [&](const MadeGroup& m) {
-    return std::make_unique<PreparedKernel>(backend_, label, m.kernel, m.state, m.ws);
-  };
   // The group with one member on another of its candidates (the others on their own).
   auto make_with = [&](const MemberAlternative& a) {
     const int32_t keep = sub[a.slot].kernel_hint;
@@ -416,7 +441,11 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
     return m;
   };
 
-  MadeGroup base = make();
+  // Made (or declined) without hints above: the group's where no member has one.
+  const bool hinted = std::any_of(sub.begin(), sub.end(),
+                                  [](const plx_graph_node& n) { return n.kernel_hint != 0; });
+  if (probe.status == PLX_OK && hinted) probe.kernel->destroy(probe.state);  // made, never run
+  MadeGroup base = probed && !hinted ? probe : make();
   std::unique_ptr<PreparedKernel> kernel =
       base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
   // A kernel that runs every node with code of its own (PLX_KERNEL_SELF_CONTAINED, ABI 1.6)

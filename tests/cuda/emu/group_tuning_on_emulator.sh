@@ -5,8 +5,8 @@
 # simplecnn's whole step is one fused kernel (small_cnn_step) that does all 20 of its nodes with
 # its own code and says so (PLX_KERNEL_SELF_CONTAINED, ABI 1.6). With a fresh tune cache and
 # backend.kernels = "auto" the run must succeed (the forty-seventh session found it failing when
-# timing noise picked one of the gradient matmuls' alternatives), the tuner must not time the
-# step around its members' other kernels (no decision for it in the cache), and the manifest must
+# timing noise picked one of the gradient matmuls' alternatives), the tuner must time neither its
+# nodes' kernels nor the step around them (nothing for them in the cache), and the manifest must
 # not say that its nodes ran on kernels of their own (the step ran them). A second run takes the
 # same from the cache. The parts' groups (step_fusion = false), whose kernels run each member on
 # the kernel the host chose, are still tuned as a whole.
@@ -22,15 +22,18 @@ args=(--set backend.name=\"cuda\" --set "plugins.paths=[\"$emu\"]" --set backend
 cache=$work/cache/kernels.tsv
 check() {  # manifest, then "step" or "parts"
   python3 - "$1" "$2" "$cache" << 'EOF'
-import json, sys
+import json, os, sys
 manifest, mode, cache = sys.argv[1:]
 m = json.load(open(manifest))
 kernels = m["kernels"]
 nodes = m["kernel_choice"]["nodes"]
-decisions = [l.split("\t")[0].split(" & ")[0] for l in open(cache) if l.startswith("fused|")]
+lines = [l for l in (open(cache).read().splitlines() if os.path.exists(cache) else []) if l and not l.startswith("#")]
+decisions = [l.split("\t")[0].split(" & ")[0] for l in lines if l.startswith("fused|")]
+# A node's key: backend|device|plugin and options|op|shapes...
+tuned_ops = sorted({l.split("\t")[0].split("|")[3] for l in lines if not l.startswith("fused|")})
 print(mode, "kernels:", *kernels, sep="\n  ")
 print(mode, "nodes with a choice:", [(n["node"], n["op"], n["kernel"]) for n in nodes])
-print(mode, "group decisions:", decisions)
+print(mode, "group decisions:", decisions, "ops tuned:", tuned_ops)
 step = [k for k in kernels if "cuda/small_cnn_step" in k]
 if mode == "step":
     if len(step) != 1:
@@ -42,6 +45,10 @@ if mode == "step":
         sys.exit("the manifest gives the step's nodes kernels of their own: %s" % members)
     if "fused|small_cnn_step" in decisions:
         sys.exit("the tuner timed small_cnn_step as a whole around its members' kernels")
+    step_ops = {"conv2d", "linear", "matmul", "conv2d_backward_data", "conv2d_backward_weight"}
+    if step_ops & set(tuned_ops):
+        sys.exit("the tuner timed the step's nodes' kernels, which never run: %s"
+                 % sorted(step_ops & set(tuned_ops)))
 else:
     if step:
         sys.exit("small_cnn_step ran with step_fusion = false")
