@@ -379,6 +379,10 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       return "";
     }
   }
+  // Owns what the probe made until it is kept or dropped (also where choosing the members'
+  // kernels below throws).
+  std::unique_ptr<PreparedKernel> probe_kernel =
+      probe.status == PLX_OK ? prepared(probe) : std::unique_ptr<PreparedKernel>();
   // Nodes with several kernels: the host's choice (the tuner's, or the forced side's first), for
   // the backend to run inside the fused kernel.
   f.members.clear();
@@ -444,10 +448,12 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   // Made (or declined) without hints above: the group's where no member has one.
   const bool hinted = std::any_of(sub.begin(), sub.end(),
                                   [](const plx_graph_node& n) { return n.kernel_hint != 0; });
-  if (probe.status == PLX_OK && hinted) probe.kernel->destroy(probe.state);  // made, never run
-  MadeGroup base = probed && !hinted ? probe : make();
+  const bool keep_probe = probed && !hinted;
+  if (!keep_probe) probe_kernel.reset();  // made without the hints, never run
+  MadeGroup base = keep_probe ? probe : make();
   std::unique_ptr<PreparedKernel> kernel =
-      base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
+      keep_probe ? std::move(probe_kernel)
+                 : base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
   // A kernel that runs every node with code of its own (PLX_KERNEL_SELF_CONTAINED, ABI 1.6)
   // reads none of the hints: made around other member kernels it would be the same kernel, so
   // it is neither remade nor timed as a whole, an earlier run's decision for the group is not
