@@ -454,15 +454,6 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
   std::unique_ptr<PreparedKernel> kernel =
       keep_probe ? std::move(probe_kernel)
                  : base.status == PLX_OK ? prepared(base) : std::unique_ptr<PreparedKernel>();
-  // A kernel that runs every node with code of its own (PLX_KERNEL_SELF_CONTAINED, ABI 1.6)
-  // reads none of the hints: made around other member kernels it would be the same kernel, so
-  // it is neither remade nor timed as a whole, an earlier run's decision for the group is not
-  // read, and its members' kernels, which do not run, are not reported (the step is).
-  if (kernel && is_self_contained_kernel(kernel->kernel(), backend_.plugin().abi_minor())) {
-    spdlog::debug("fusion: {} runs every node with its own code; its members' kernels are unused",
-                  label);
-    f.members.clear();
-  }
   // A cached decision holds wherever the side is "auto" (the layout planner remakes groups
   // without timing); timing needs `tune`.
   if (tuner.side() == KernelSide::Auto && !f.members.empty()) {
