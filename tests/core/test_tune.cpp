@@ -412,6 +412,39 @@ TEST_CASE("a self-contained fused kernel is made once and reports no member kern
   }
 }
 
+// backend.kernels = "library" puts a node on a vendor library's kernel where one takes it: a
+// self-contained fused kernel of the plugin's own code (not flagged PLX_KERNEL_LIBRARY) is
+// declined where one of its nodes has a library kernel (testgood.scale's slow one), and the nodes
+// run on that side one by one; "native" takes it.
+TEST_CASE("the library side declines a self-contained kernel of the plugin's own code",
+          "[cpu][tune][fusion]") {
+  for (KernelSide side : {KernelSide::Library, KernelSide::Native}) {
+    INFO(kernel_side_name(side));
+    RuntimeOptions o = with_testdev(side, "");
+    o.plugins.options["testgood"]["claims"] = "0,1";
+    o.plugins.options["testgood"]["one_pass"] = "self";
+    Runtime rt(o);
+    Backend& dev = rt.backend("testdev");
+    auto slow_calls = test_extra<int64_t (*)()>(dev, "testgood.slow_scale_calls");
+    const ScaleRelu sr(rt);
+    TensorStore store;
+    Executable exe(dev, sr.g, store);
+    const int64_t before = slow_calls();
+    sr.run(exe, 2);
+    const auto names = exe.kernel_names();
+    INFO(names.at(0));
+    if (side == KernelSide::Library) {
+      CHECK(exe.plan().fused_kernels == 0);
+      CHECK_THAT(names.at(0), PLX_CONTAINS("testdev/test-scale-slow"));
+      CHECK(slow_calls() - before == 2);
+    } else {
+      CHECK(exe.plan().fused_kernels == 1);
+      CHECK_THAT(names.at(0), PLX_CONTAINS("testdev/test-scale-relu-self"));
+      CHECK(slow_calls() == before);
+    }
+  }
+}
+
 TEST_CASE("PLX_KERNEL_SELF_CONTAINED is read from plugins of ABI 1.6 or later only",
           "[cpu][tune][abi]") {
   plx_kernel k{};

@@ -371,6 +371,34 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       probe = MadeGroup{};
       spdlog::debug("fusion: {} without member hints: {}", label, e.what());
     }
+    // backend.kernels = "library" puts a node on a vendor library's kernel where one takes it:
+    // the plugin's own code doing nodes such a kernel exists for is the other side's, and the
+    // group's nodes go back to the backend for its other claims (the parts, on their hints).
+    auto library_node = [&]() -> const GraphNode* {
+      for (int32_t m : f.nodes) {
+        const GraphNode& node = nodes[static_cast<size_t>(m)];
+        if (!node.schema) continue;
+        const size_t ti = static_cast<size_t>(node.schema->type_input);
+        const int32_t dt = ti < node.inputs.size() && node.inputs[ti].valid()
+                               ? ag.values[static_cast<size_t>(node.inputs[ti].id)].dtype
+                               : PLX_F32;
+        for (const plx_kernel* k : backend_.kernels(node.schema->id, dt))
+          if (is_library_kernel(*k) && !tuner.excluded_by(k->impl ? k->impl : "?")) return &node;
+      }
+      return nullptr;
+    };
+    if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor) &&
+        tuner.side() == KernelSide::Library && !is_library_kernel(*probe.kernel)) {
+      if (const GraphNode* lib = library_node()) {
+        probe.kernel->destroy(probe.state);  // made, never run
+        const std::string why = std::string("backend.kernels = \"library\": ") +
+                                (probe.kernel->impl ? probe.kernel->impl : "?") +
+                                " does node '" + lib->name + "' (" + lib->schema->name +
+                                ", which a library kernel takes) with the plugin's own code";
+        spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label, why);
+        return why;
+      }
+    }
     if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor)) {
       f.members.clear();
       spdlog::debug("fusion: {} runs as {}/{}, every node with its own code", label,

@@ -10,10 +10,11 @@
 # and, for f16, start at a loss scale of 65536. On the emulator every kernel of the plugin is
 # launched to overlap the one before it (programmatic dependent launch), which the trace shows;
 # launched the ordinary way (the option off, or kernels compiled for sm_80) none is, with the
-# same bits. Those runs take the library side (the emulator's
-# stand-ins for cuBLASLt and cuDNN): the tuner would time every candidate on the CPU, minutes for
-# nothing. A last run takes the native side, the plugin's own Tensor Core kernels (mma.sync
-# GEMMs, implicit-GEMM convolutions) on the emulator's PTX, and is held to the CPU as well.
+# same bits. Those runs force a side, so that the tuner does not time every candidate on the CPU
+# (minutes for nothing): the whole-step runs the native side (the library side declines the
+# plugin's own step), the others the library side (the emulator's stand-ins for cuBLASLt and
+# cuDNN). A last run takes the native side in bf16, the plugin's own Tensor Core kernels
+# (mma.sync GEMMs, implicit-GEMM convolutions) on the emulator's PTX, held to the CPU as well.
 set -euo pipefail
 plexus=$1 compare=$2 emu=$3 work=$4
 rm -rf "$work"
@@ -22,18 +23,24 @@ common=(--set train.max_steps=6 --set train.eval=false --set data.limit=768
         --set logging.progress=\"plain\" --set train.seed=3)
 emu_args=(--set backend.name=\"cuda\" --set "plugins.paths=[\"$emu\"]"
           --set backend.kernels=\"library\")
+# The whole-step kernel (small_cnn_step) is the plugin's own code, which the library side
+# declines for nodes a library kernel takes: its runs take the native side (the step's nodes
+# need no kernel of their own, so nothing is timed or emulated beyond the library side's).
+step_args=("${emu_args[@]}" --set backend.kernels=\"native\")
 echo "== cpu, f32"
 "$plexus" train configs/simplecnn.toml --set backend.name=\"cpu\" "${common[@]}" \
   --set output.dir=\"$work/cpu\"
 echo "== emulated cuda, f32"
-PLEXUS_EMU_TRACE="$work/cuda.trace" "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+PLEXUS_EMU_TRACE="$work/cuda.trace" "$plexus" train configs/simplecnn.toml "${step_args[@]}" "${common[@]}" \
   --set plugins.options.cuda.tf32=false --set output.dir=\"$work/cuda\" 2>&1 | tee "$work/cuda.log"
 grep -q "on cuda:0" "$work/cuda.log" || { echo "the run was not on cuda:0"; exit 1; }
+grep -q "cuda/small_cnn_step" "$work/cuda/manifest.json" || { echo "the step did not run as small_cnn_step"; exit 1; }
 echo "== compare"
 # Sums in another order (the CPU's Winograd convolutions against the emulator's direct loops).
 "$compare" "$work/cpu" "$work/cuda" --rtol 1e-3 --atol 1e-5
 # The step above runs as the whole-step kernel (small_cnn_step, ops/step_cnn.cu); with the
-# option step_fusion off its parts' own fused kernels run it, held to the CPU and to it.
+# option step_fusion off its parts' own fused kernels run it (the library side, the emulator's
+# stand-ins for cuDNN and cuBLASLt inside them), held to the CPU and to it.
 echo "== emulated cuda, f32, step_fusion=false"
 "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
   --set plugins.options.cuda.tf32=false --set plugins.options.cuda.step_fusion=false \
@@ -68,7 +75,7 @@ PY
 echo "== the plugin's kernels, launched programmatically"
 programmatic "$work/cuda.trace" all
 echo "== emulated cuda, f32, programmatic_launch=false"
-PLEXUS_EMU_TRACE="$work/cuda-ordinary.trace" "$plexus" train configs/simplecnn.toml "${emu_args[@]}" \
+PLEXUS_EMU_TRACE="$work/cuda-ordinary.trace" "$plexus" train configs/simplecnn.toml "${step_args[@]}" \
   "${common[@]}" --set plugins.options.cuda.tf32=false \
   --set plugins.options.cuda.programmatic_launch=false --set output.dir=\"$work/cuda-ordinary\"
 programmatic "$work/cuda-ordinary.trace" none
@@ -76,7 +83,7 @@ echo "== compare, exactly"
 "$compare" "$work/cuda" "$work/cuda-ordinary" --rtol 0 --atol 0
 echo "== emulated cuda, f32, kernels compiled for compute capability 8.0"
 PLEXUS_EMU_PTX_VERSION=80 PLEXUS_EMU_TRACE="$work/cuda-sm80.trace" "$plexus" train configs/simplecnn.toml \
-  "${emu_args[@]}" "${common[@]}" --set train.max_steps=2 --set plugins.options.cuda.tf32=false \
+  "${step_args[@]}" "${common[@]}" --set train.max_steps=2 --set plugins.options.cuda.tf32=false \
   --set output.dir=\"$work/cuda-sm80\"
 programmatic "$work/cuda-sm80.trace" none
 # The pipeline's copies and gather are captured with the step, one graph per slot: the same run
@@ -84,7 +91,7 @@ programmatic "$work/cuda-sm80.trace" none
 # gathered on the device must give the same bits.
 for variant in "graph_capture:train.graph_capture=false" "host_batches:data.resident=\"off\""; do
   echo "== emulated cuda, f32, ${variant#*:}"
-  "$plexus" train configs/simplecnn.toml "${emu_args[@]}" "${common[@]}" \
+  "$plexus" train configs/simplecnn.toml "${step_args[@]}" "${common[@]}" \
     --set plugins.options.cuda.tf32=false --set "${variant#*:}" \
     --set output.dir=\"$work/cuda-${variant%%:*}\"
   echo "== compare, exactly"
