@@ -387,9 +387,10 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       }
       return nullptr;
     };
-    if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor) &&
-        tuner.side() == KernelSide::Library && !is_library_kernel(*probe.kernel)) {
-      if (const GraphNode* lib = library_node()) {
+    if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor)) {
+      const bool library_side =
+          tuner.side() == KernelSide::Library && !is_library_kernel(*probe.kernel);
+      if (const GraphNode* lib = library_side ? library_node() : nullptr) {
         probe.kernel->destroy(probe.state);  // made, never run
         const std::string why = std::string("backend.kernels = \"library\": ") +
                                 (probe.kernel->impl ? probe.kernel->impl : "?") +
@@ -398,8 +399,6 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
         spdlog::debug("fusion: '{}' declined {}: {}", backend_.name(), label, why);
         return why;
       }
-    }
-    if (probe.status == PLX_OK && is_self_contained_kernel(*probe.kernel, minor)) {
       f.members.clear();
       spdlog::debug("fusion: {} runs as {}/{}, every node with its own code", label,
                     backend_.name(), probe.kernel->impl ? probe.kernel->impl : "?");
