@@ -87,6 +87,14 @@ struct ScaleRelu {
   }
 };
 
+// One of the test plugin's extras, by name.
+template <class F>
+F test_extra(Backend& dev, const char* name) {
+  auto f = reinterpret_cast<F>(dev.table().get_proc_address(dev.table().ctx, name));
+  REQUIRE(f != nullptr);
+  return f;
+}
+
 std::string read_all(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -243,9 +251,7 @@ TEST_CASE("a fused kernel runs its nodes on the kernels the host chose", "[cpu][
     o.plugins.options["testgood"]["claims"] = "0,1";  // scale and relu as one kernel
     Runtime rt(o);
     Backend& dev = rt.backend("testdev");
-    auto slow_calls = reinterpret_cast<int64_t (*)()>(
-        dev.table().get_proc_address(dev.table().ctx, "testgood.slow_scale_calls"));
-    REQUIRE(slow_calls != nullptr);
+    auto slow_calls = test_extra<int64_t (*)()>(dev, "testgood.slow_scale_calls");
     const ScaleRelu sr(rt);
     TensorStore store;
     Executable exe(dev, sr.g, store);
@@ -338,14 +344,6 @@ TEST_CASE("a fused group is tuned as a whole around each candidate of its member
 }
 
 namespace {
-
-// One of the test plugin's extras, by name.
-template <class F>
-F test_extra(Backend& dev, const char* name) {
-  auto f = reinterpret_cast<F>(dev.table().get_proc_address(dev.table().ctx, name));
-  REQUIRE(f != nullptr);
-  return f;
-}
 
 // Sets the value of every fused group's decision in a tune cache file ("fused|..." lines).
 void set_group_decisions(const std::string& cache, const std::string& value) {

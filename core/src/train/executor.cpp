@@ -289,6 +289,13 @@ struct Executable::AbiGraph {
 
 namespace {
 
+// The dtype of a node's type input, which its kernels are registered for (f32 without one).
+plx_dtype type_dtype(const Graph& g, const GraphNode& node) {
+  const size_t ti = static_cast<size_t>(node.schema->type_input);
+  return ti < node.inputs.size() && node.inputs[ti].valid() ? g.value(node.inputs[ti]).desc.dtype
+                                                            : PLX_F32;
+}
+
 // A fused kernel made by the backend for one set of member hints.
 struct MadeGroup {
   plx_status status = PLX_ERR_UNSUPPORTED;
@@ -378,11 +385,7 @@ std::string Executable::create_group(Fused& f, const AbiGraph& ag, const KernelF
       for (int32_t m : f.nodes) {
         const GraphNode& node = nodes[static_cast<size_t>(m)];
         if (!node.schema) continue;
-        const size_t ti = static_cast<size_t>(node.schema->type_input);
-        const int32_t dt = ti < node.inputs.size() && node.inputs[ti].valid()
-                               ? ag.values[static_cast<size_t>(node.inputs[ti].id)].dtype
-                               : PLX_F32;
-        for (const plx_kernel* k : backend_.kernels(node.schema->id, dt))
+        for (const plx_kernel* k : backend_.kernels(node.schema->id, type_dtype(graph_, node)))
           if (is_library_kernel(*k) && !tuner.excluded_by(k->impl ? k->impl : "?")) return &node;
       }
       return nullptr;
@@ -820,10 +823,8 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
         rethrow_for_node(e, node);
       }
       if (!r.kernel) {
-        const plx_dtype dt =
-            graph_.value(node.inputs.at(static_cast<size_t>(node.schema->type_input))).desc.dtype;
         throw OpError("node '" + node.name + "': " +
-                      no_kernel_message(backend_, *node.schema, dt, r.declines) +
+                      no_kernel_message(backend_, *node.schema, type_dtype(graph_, node), r.declines) +
                       " (a graph runs every node on its backend: no fallback)");
       }
       st.kernel = std::move(r.kernel);
