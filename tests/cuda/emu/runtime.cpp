@@ -154,6 +154,18 @@ struct Block {
     std::deque<std::vector<AsyncCopy>> groups;
   };
   std::vector<Async> async;
+  // PLEXUS_EMU_ACCESS: each thread's cp.async count in this block, and what each warp-wide
+  // cp.async (the lanes' n-th ones) copied: per lane the shared and global addresses and bytes.
+  struct AccessRec {
+    int lane;
+    uint32_t dst;
+    uintptr_t src;
+    int bytes, src_bytes;
+  };
+  bool counting = false;
+  std::vector<uint32_t> cp_seq;
+  const char* kernel_name = "";
+  std::map<std::pair<int, uint32_t>, std::vector<AccessRec>> cp_recs;
   // mbarriers by shared address. Their 8 bytes of shared memory hold a copy of the state, so that
   // an ordinary store over a live barrier is caught at its next use.
   struct Mbar {
@@ -330,7 +342,117 @@ int schedule_index(int i, int n) {
   }
 }
 
+// ---- PLEXUS_EMU_ACCESS: shared-memory wavefronts and global sectors of the Tensor Core paths ----
+//
+// For each kernel (and its dynamic shared memory, which tells tiles apart), over every block it
+// ran: its ldmatrix matrices and the shared-memory wavefronts they take (a matrix's eight
+// 16-byte rows are one request: one wavefront where they fall on distinct banks); its warp-wide
+// cp.async instructions (the lanes' n-th copies), the wavefronts of their shared-memory writes
+// (a request per 128 bytes of lanes: 8 lanes of 16-byte copies, 16 of 8, 32 of 4) and the
+// 32-byte global sectors they read, against the fewest the same bytes could take.
+std::mutex g_access_mu;
+std::map<std::string, AccessCounts> g_access;
+int g_access_on = -1;  // -1: PLEXUS_EMU_ACCESS not read yet
+
+void write_access() {
+  const char* path = std::getenv("PLEXUS_EMU_ACCESS");
+  FILE* f = path ? std::fopen(path, "a") : nullptr;
+  if (!f) return;
+  std::lock_guard<std::mutex> lock(g_access_mu);
+  for (const auto& [k, a] : g_access)
+    std::fprintf(f,
+                 "%s\tldmatrix %llu wavefronts %llu ideal %llu\tcp.async %llu wavefronts %llu "
+                 "ideal %llu sectors %llu ideal %llu\n",
+                 k.c_str(), a.ldmatrix, a.ldmatrix_wavefronts, a.ldmatrix_ideal, a.cp_async,
+                 a.cp_async_wavefronts, a.cp_async_ideal, a.sectors, a.sectors_ideal);
+  std::fclose(f);
+}
+
+bool access_on() {
+  std::lock_guard<std::mutex> lock(g_access_mu);
+  if (g_access_on < 0) {
+    const char* e = std::getenv("PLEXUS_EMU_ACCESS");
+    g_access_on = e && *e;
+    if (g_access_on) std::atexit(write_access);
+  }
+  return g_access_on > 0;
+}
+
+void add_counts(const std::string& key, const AccessCounts& c) {
+  std::lock_guard<std::mutex> lock(g_access_mu);
+  AccessCounts& a = g_access[key];
+  a.ldmatrix += c.ldmatrix;
+  a.ldmatrix_wavefronts += c.ldmatrix_wavefronts;
+  a.ldmatrix_ideal += c.ldmatrix_ideal;
+  a.cp_async += c.cp_async;
+  a.cp_async_wavefronts += c.cp_async_wavefronts;
+  a.cp_async_ideal += c.cp_async_ideal;
+  a.sectors += c.sectors;
+  a.sectors_ideal += c.sectors_ideal;
+}
+
+std::string access_key(const Block& b, const char* what) {
+  return std::string(b.kernel_name) + " smem " + std::to_string(b.smem.size()) + " " + what;
+}
+
+// The wavefronts one shared-memory request takes: accesses (address, bytes) to 32 banks of 4
+// bytes; lanes reading the same word share it, different words on one bank are served one after
+// another.
+int shared_wavefronts(const std::vector<std::pair<uint32_t, int>>& acc) {
+  std::map<int, std::vector<uint32_t>> words;  // bank -> distinct words
+  for (const auto& [addr, bytes] : acc)
+    for (int j = 0; j < bytes / 4; ++j) {
+      const uint32_t w = addr / 4 + static_cast<uint32_t>(j);
+      auto& v = words[static_cast<int>(w % 32)];
+      if (std::find(v.begin(), v.end(), w) == v.end()) v.push_back(w);
+    }
+  size_t most = 0;
+  for (const auto& [bank, v] : words) most = std::max(most, v.size());
+  return static_cast<int>(most);
+}
+
+// A block's warp-wide cp.async instructions, added to its kernel's counts.
+void count_block_copies(Block& b) {
+  std::map<int, AccessCounts> by_size;
+  for (const auto& [key, recs] : b.cp_recs) {
+    const int bytes = recs.front().bytes;
+    AccessCounts& add = by_size[bytes];
+    ++add.cp_async;
+    const int per = 128 / bytes;  // lanes a request
+    std::map<int, std::vector<std::pair<uint32_t, int>>> phases;
+    std::map<uintptr_t, int> src;  // distinct global addresses and their bytes
+    for (const Block::AccessRec& r : recs) {
+      phases[r.lane / per].push_back({r.dst, r.bytes});
+      if (r.src_bytes > 0) src[r.src] = std::max(src[r.src], r.src_bytes);
+    }
+    for (const auto& [ph, acc] : phases) {
+      add.cp_async_wavefronts += static_cast<unsigned long long>(shared_wavefronts(acc));
+      ++add.cp_async_ideal;
+    }
+    std::vector<uintptr_t> sectors;
+    unsigned long long total = 0;
+    for (const auto& [at, n] : src) {
+      total += static_cast<unsigned long long>(n);
+      for (uintptr_t x = at / 32; x <= (at + static_cast<uintptr_t>(n) - 1) / 32; ++x)
+        sectors.push_back(x);
+    }
+    std::sort(sectors.begin(), sectors.end());
+    add.sectors += static_cast<unsigned long long>(std::unique(sectors.begin(), sectors.end()) -
+                                                   sectors.begin());
+    add.sectors_ideal += (total + 31) / 32;
+  }
+  b.cp_recs.clear();
+  for (const auto& [bytes, add] : by_size)
+    add_counts(access_key(b, ("cp" + std::to_string(bytes)).c_str()), add);
+}
+
 void run_block(Block& b, const char* name, int nthreads) {
+  b.kernel_name = name;
+  b.counting = access_on();
+  if (b.counting) {
+    b.cp_seq.assign(static_cast<size_t>(nthreads), 0);
+    b.cp_recs.clear();
+  }
   b.live = nthreads;
   b.arrived = 0;
   b.acc = 0;
@@ -404,6 +526,7 @@ void run_block(Block& b, const char* name, int nthreads) {
                         ": a barrier that some threads of the block never reach");
   }
   g_thread = nullptr;
+  if (b.counting) count_block_copies(b);
   if (!b.bulk.empty()) {
     char buf[200];
     std::snprintf(buf, sizeof buf,
@@ -554,6 +677,20 @@ void land(const std::vector<Block::AsyncCopy>& copies) {
 
 }  // namespace
 
+void count_accesses(bool on) {
+  (void)access_on();  // PLEXUS_EMU_ACCESS read first, so that its file is still written
+  std::lock_guard<std::mutex> lock(g_access_mu);
+  g_access_on = on;
+}
+
+bool access_counts(const char* key, AccessCounts* out) {
+  std::lock_guard<std::mutex> lock(g_access_mu);
+  const auto it = g_access.find(key);
+  if (it == g_access.end()) return false;
+  *out = it->second;
+  return true;
+}
+
 uint32_t shared_address(const void* p) {
   Block& b = *g_block;
   const auto* c = static_cast<const unsigned char*>(p);
@@ -572,6 +709,13 @@ void cp_async(uint32_t dst, const void* src, int bytes, int src_bytes) {
   Block::AsyncCopy c{shared_at(dst, static_cast<size_t>(bytes), static_cast<size_t>(bytes), "cp.async"),
                      {}, bytes};  // data zeroed: the zero fill past src_bytes
   if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
+  if (g_block->counting) {
+    Block& b = *g_block;
+    const int t = g_thread->linear;
+    const uint32_t n = b.cp_seq[static_cast<size_t>(t)]++;
+    b.cp_recs[{t / kWarp, n}].push_back(
+        {t % kWarp, dst, reinterpret_cast<uintptr_t>(src), bytes, src_bytes});
+  }
   if (cp_async_early()) land({c});
   else
     g_block->async[static_cast<size_t>(g_thread->linear)].open.push_back(c);
@@ -604,6 +748,17 @@ void ldmatrix(uint32_t* r, int count, uint32_t addr, bool trans) {
   // Matrix i's rows are addressed by lanes 8i .. 8i+7; this lane gets row lane / 4, elements
   // 2 (lane % 4) and + 1 of it, or with .trans, element lane / 4 of rows 2 (lane % 4) and + 1.
   const int lane = lane_id(), g = lane / 4, t = lane % 4;
+  if (lane == 0 && b.counting) {
+    AccessCounts add;
+    for (int i = 0; i < count; ++i) {
+      std::vector<std::pair<uint32_t, int>> rows;
+      for (int r = 0; r < 8; ++r) rows.push_back({row_addr(8 * i + r), 16});
+      ++add.ldmatrix;
+      add.ldmatrix_wavefronts += static_cast<unsigned long long>(shared_wavefronts(rows));
+      ++add.ldmatrix_ideal;
+    }
+    add_counts(access_key(b, "ldmatrix"), add);
+  }
   for (int i = 0; i < count; ++i) {
     uint16_t lo, hi;
     if (!trans) {

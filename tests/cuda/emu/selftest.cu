@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "plx_emu_numeric.hpp"
@@ -322,6 +323,23 @@ __global__ void wgmma_kernel(const uint16_t* a, const uint16_t* b, float* d, int
   if (untouched != 0.5f) d[0] = -1.f;
 }
 }  // namespace
+
+// The memory access counts (count_accesses): one warp-wide cp.async of `bytes` a lane, lane l
+// writing shared byte (l / per_row)·row_bytes + (l % per_row)·bytes and reading src + l·src_step,
+// then one ldmatrix .x4 whose 32 rows lie ldm_row_bytes apart.
+__global__ void access_kernel(const unsigned char* src, int bytes, int per_row, int row_bytes,
+                              int src_step, int ldm_row_bytes) {
+  extern __shared__ unsigned char access_smem[];
+  const int l = threadIdx.x;
+  const uint32_t base = ::plx_emu::shared_address(access_smem);
+  ::plx_emu::cp_async(base + static_cast<uint32_t>((l / per_row) * row_bytes + (l % per_row) * bytes),
+                      src + l * src_step, bytes, bytes);
+  ::plx_emu::cp_async_commit();
+  ::plx_emu::cp_async_wait(0);
+  __syncthreads();
+  uint32_t r[4];
+  ::plx_emu::ldmatrix(r, 4, base + static_cast<uint32_t>(l * ldm_row_bytes), false);
+}
 
 // Programmatic dependent launch: a kernel that waits for the one before it, one that never
 // waits, and one that adds to device memory before it waits.
@@ -713,6 +731,51 @@ int main() {
     EXPECT(cudaLaunchKernelEx(&cfg, pdl_add_kernel, out) == cudaErrorInvalidValue);
     EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
     cudaFree(out);
+  }
+  {
+    // Memory access counts, by the README's model: 32 banks of 4 bytes, a request per 128 bytes
+    // of lanes, one wavefront per word a bank serves; 32-byte sectors. Each case launches with
+    // its own shared memory size, which keys its counts.
+    unsigned char* src = device_array<unsigned char>(4096);
+    ::plx_emu::count_accesses(true);
+    struct Case {
+      int bytes, per_row, row_bytes, src_step, ldm_row_bytes, smem;
+      unsigned long long cp_waves, cp_ideal, sectors, sectors_ideal, ldm_waves;
+    };
+    const Case cases[] = {
+        // a column of 32 rows 80 bytes apart: rows 8 apart share banks (4 wavefronts); 128
+        // contiguous bytes (4 sectors); ldmatrix rows 64 bytes apart: two of the eight bank
+        // groups, four rows each (4 wavefronts a matrix)
+        {4, 1, 80, 4, 64, 4096, 4, 1, 4, 4, 16},
+        // 8 rows of 4 consecutive words: 32 banks; a sector a lane; ldmatrix rows 80 apart: 1 each
+        {4, 4, 80, 32, 80, 4160, 1, 1, 32, 4, 4},
+        // 16-byte copies, 4 a row of 80 bytes: each 8-lane request's second row wraps onto the
+        // first's first chunk (2 wavefronts each); 512 contiguous bytes (16 sectors)
+        {16, 4, 80, 16, 80, 4224, 8, 4, 16, 16, 4},
+        // the same rows 64 bytes apart: 4 requests of one wavefront
+        {16, 4, 64, 16, 80, 4288, 4, 4, 16, 16, 4},
+    };
+    for (const Case& c : cases) {
+      access_kernel<<<1, 32, c.smem>>>(src, c.bytes, c.per_row, c.row_bytes, c.src_step,
+                                       c.ldm_row_bytes);
+      EXPECT(cudaGetLastError() == cudaSuccess);
+      const std::string key = "access_kernel smem " + std::to_string(c.smem);
+      ::plx_emu::AccessCounts cp, ldm;
+      EXPECT(::plx_emu::access_counts((key + " cp" + std::to_string(c.bytes)).c_str(), &cp));
+      EXPECT(::plx_emu::access_counts((key + " ldmatrix").c_str(), &ldm));
+      EXPECT(cp.cp_async == 1);
+      EXPECT(cp.cp_async_wavefronts == c.cp_waves);
+      EXPECT(cp.cp_async_ideal == c.cp_ideal);
+      EXPECT(cp.sectors == c.sectors);
+      EXPECT(cp.sectors_ideal == c.sectors_ideal);
+      EXPECT(ldm.ldmatrix == 4 && ldm.ldmatrix_ideal == 4);
+      EXPECT(ldm.ldmatrix_wavefronts == c.ldm_waves);
+    }
+    ::plx_emu::count_accesses(false);
+    access_kernel<<<1, 32, 4352>>>(src, 4, 1, 4, 4, 16);
+    ::plx_emu::AccessCounts none;
+    EXPECT(!::plx_emu::access_counts("access_kernel smem 4352 cp4", &none));
+    cudaFree(src);
   }
   if (g_failures) {
     std::fprintf(stderr, "cuda emulator selftest: %d checks failed\n", g_failures);

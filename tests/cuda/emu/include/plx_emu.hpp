@@ -107,6 +107,17 @@ void wgmma_wait(int pending);
 void grid_dependency_wait();
 void grid_dependency_trigger();
 void check_device_access(const char* what, const void* p);
+// Shared-memory wavefronts and global sectors of ldmatrix and cp.async (README, "Memory
+// access counts"): counted from the first launch where PLEXUS_EMU_ACCESS names a file (written
+// at exit) or after count_accesses(true); access_counts gives a key's sums ("KERNEL smem BYTES
+// ldmatrix" or "KERNEL smem BYTES cpN", N the copy size), false where it has none.
+struct AccessCounts {
+  unsigned long long ldmatrix = 0, ldmatrix_wavefronts = 0, ldmatrix_ideal = 0;
+  unsigned long long cp_async = 0, cp_async_wavefronts = 0, cp_async_ideal = 0;
+  unsigned long long sectors = 0, sectors_ideal = 0;
+};
+void count_accesses(bool on);
+bool access_counts(const char* key, AccessCounts* out);
 
 inline int lane_id() { return g_thread->linear & (kWarp - 1); }
 
