@@ -127,6 +127,27 @@ struct Tile {
   }
 };
 
+// Which row and 16-byte chunk of a stage thread tid copies, for rows of Cpr chunks padded by one
+// (a pitch of Cpr + 1 chunks). A warp's 16-byte copies reach shared memory as four requests of
+// 8 lanes, each one wavefront only where its 8 chunks fall on distinct banks. Chunks first (lane
+// l on chunk l % Cpr of row l / Cpr) does that for Cpr = 8: a request is one row. With Cpr <= 4
+// it puts 8 / Cpr rows in a request, and the pad wraps the second row onto the first's first
+// chunk (two wavefronts, PLEXUS_EMU_ACCESS's count on the emulator); so there rows go first
+// (lane l of warp w on row w·R + l % R, chunk l / R, R = 32 / Cpr rows a warp), and a request is
+// 8 rows' same chunk, an odd pitch apart: 8 distinct chunks of the banks. The warp copies the
+// same rows and chunks either way (the same global sectors), and each thread keeps one chunk
+// column and rows THREADS / Cpr apart.
+template <int Cpr>
+__device__ __forceinline__ int copy_row(int tid) {
+  if constexpr (Cpr <= 4) return (tid >> 5) * (32 / Cpr) + (tid & 31) % (32 / Cpr);
+  else return tid / Cpr;
+}
+template <int Cpr>
+__device__ __forceinline__ int copy_chunk(int tid) {
+  if constexpr (Cpr <= 4) return (tid & 31) / (32 / Cpr);
+  else return tid % Cpr;
+}
+
 // The candidates: O = 32, 64, 128 in our models (simplecnn, convnet), M = N·OH·OW in the
 // thousands to hundreds of thousands, K = 144 to 576.
 using Tile128x128 = Tile<128, 128, 32, 64, 32, 3>;  // 8 warps, 60 KiB shared (opt-in)
@@ -737,10 +758,10 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
 
   // Copy assignment: thread tid copies chunk column `ccol` (8 elements of k) of rows
-  // tid / CPR + i·(THREADS / CPR) of A and of B. The pixel of each A row is fixed for the whole
-  // K loop: decompose it once.
-  const int ccol = tid % TL::CPR;
-  const int crow = tid / TL::CPR;
+  // crow + i·(THREADS / CPR) of A and of B (copy_row, copy_chunk). The pixel of each A row is
+  // fixed for the whole K loop: decompose it once.
+  const int ccol = copy_chunk<TL::CPR>(tid);
+  const int crow = copy_row<TL::CPR>(tid);
   constexpr int kRowStep = TL::THREADS / TL::CPR;
   ARows<TL::A_ITERS> ar;
   a_rows_init<kPool>(a, m0, crow, kRowStep, ar);
@@ -749,7 +770,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 
   // BT: thread tid copies chunk column b_ccol (8 output channels n) of k rows
   // b_crow + i·kBStepT of B; the column is fixed, so whether it is inside O is too.
-  const int b_ccol = tid % TL::CB_T, b_crow = tid / TL::CB_T;
+  const int b_ccol = copy_chunk<TL::CB_T>(tid), b_crow = copy_row<TL::CB_T>(tid);
   constexpr int kBStepT = TL::THREADS / TL::CB_T;
   const int bn = n0 + b_ccol * 8;
   const bool bn_in = bn < a.O;  // O % 8 == 0: a chunk is wholly inside O or wholly past it
@@ -1060,9 +1081,17 @@ struct Tf32Tile {
   }
   static constexpr int A_STEP = TL::THREADS / TL::BM, A_ITERS = BK / A_STEP;
   static constexpr int B_STEP = TL::THREADS / TL::BN, B_ITERS = BK / B_STEP;
+  // B's 4-byte copies: B_STEP threads a filter row, on consecutive k, so a warp's copy writes
+  // 32 / B_STEP rows, B_STEP columns each (a row per thread was 32 rows of one column: four
+  // lanes a bank). A row's first bank is LDS·row mod 32, a multiple of 4 that repeats every 8
+  // rows (LDS = BK + 4: 20 or 36), so run g = row / 8 (mod B_ROT) of eight rows takes its
+  // thread's columns XORed with g·B_STEP (the same columns, in another order): the warp's 32
+  // stores then fall on 32 banks where B_STEP <= 4 (the emulator's PLEXUS_EMU_ACCESS counts
+  // them), and the filter's consecutive k share lines.
+  static constexpr int B_ROT = B_STEP >= 4 ? 1 : 4 / B_STEP;
   // A gathered 16 bytes (4 channels of one tap) at a time from a channels-last activation
-  // (igemm_tf32_kernel's kVec): CPR_V chunks per row, thread tid copying chunk tid % CPR_V of
-  // rows tid / CPR_V + i·AV_STEP, AV_ITERS of them.
+  // (igemm_tf32_kernel's kVec): CPR_V chunks per row, thread tid copying chunk vcol of rows
+  // vrow + i·AV_STEP, AV_ITERS of them (copy_chunk, copy_row).
   static constexpr int CPR_V = BK / 4, AV_STEP = TL::THREADS / CPR_V;
   static constexpr int AV_ITERS = TL::BM * CPR_V / TL::THREADS;
   // The weight gradient's k-major stages (see igemm_wgrad_tf32_kernel).
@@ -1111,7 +1140,14 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
 
   const int ar = tid % TL::BM, ac = tid / TL::BM;
-  const int br = tid % TL::BN, bc = tid / TL::BN;
+  const int br = tid / G::B_STEP, bc = tid % G::B_STEP;
+  // Run g of eight rows XORs its copies' columns with g·B_STEP (Tf32Tile's B_ROT): what that
+  // adds to column c depends on c's two low bits alone, which for copy j are (j·B_STEP) % 4,
+  // known at compile time; so each copy's shared address and table entry stay a base plus an
+  // immediate, with up to four bases a tile.
+  int b_xor[4];
+#pragma unroll
+  for (int l = 0; l < 4; ++l) b_xor[l] = (l ^ ((br >> 3) % G::B_ROT * G::B_STEP)) - l;
   // Addresses as integers (as the 16-bit gather's ARows: nvcc then keeps x's and w's addresses
   // out of the loop, and each copy adds one 32-bit byte offset), zero-filled copies' too
   // (ops/mma_ptx.cuh, cp_async16; past K the filter's offset is kPastK).
@@ -1119,7 +1155,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
   int64_t a_org = x_addr;  // the pixel's receptive field origin (ih0, iw0) in x
   uint32_t a_taps = 0;     // the field's taps inside the image (none past M)
   // kVec: chunk column vcol of rows vrow + i·AV_STEP, their origins and taps in av.
-  const int vcol = tid % G::CPR_V, vrow = tid / G::CPR_V;
+  const int vcol = copy_chunk<G::CPR_V>(tid), vrow = copy_row<G::CPR_V>(tid);
   ARows<kVec ? G::AV_ITERS : 1> av;
   if constexpr (kVec) {
     a_rows_init<kPool>(a, m0, vrow, G::AV_STEP, av);
@@ -1159,7 +1195,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_tf32_kernel(const IgemmArgs
     const KTapA* const ap = atab + kt * G::BK;
     const uint32_t* const bp = btab + kt * G::BK;
     const auto a_col = [&](int j) { return ac + j * G::A_STEP; };
-    const auto b_col = [&](int j) { return bc + j * G::B_STEP; };
+    const auto b_col = [&](int j) { return bc + j * G::B_STEP + b_xor[(j * G::B_STEP) & 3]; };
     if constexpr (kVec) {
       // Entry 4·vcol of the tile: its tap's bit and the byte offset (kh·W + kw)·C + c of its 4
       // channels from a row's field origin (a_rows_init's), the same for every row.
@@ -1511,8 +1547,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
   const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
 
   // Copy assignment: chunk column fixed per thread, k rows (pixels) row + i·step.
-  const int a_ccol = tid % S::CA, a_crow = tid / S::CA;
-  const int b_ccol = tid % S::CB, b_crow = tid / S::CB;
+  const int a_ccol = copy_chunk<S::CA>(tid), a_crow = copy_row<S::CA>(tid);
+  const int b_ccol = copy_chunk<S::CB>(tid), b_crow = copy_row<S::CB>(tid);
   constexpr int kAStep = TL::THREADS / S::CA, kBStep = TL::THREADS / S::CB;
   const WgradCol col = wgrad_col(a, m0 + a_ccol * 8, n0 + b_ccol * 8);
   // pipelined_k_loop copies STAGES - 1 tiles ahead.
@@ -1687,7 +1723,10 @@ __global__ void __launch_bounds__(TL::THREADS)
 // aligned: a stage row (one pixel) holds BM consecutive channels of dy and BN consecutive
 // columns j = tap·C + c of x, 4 of which (c % 4 == 0, one tap) are 16 contiguous bytes, so each
 // copy takes 16 bytes (a quarter of the copies and of their table reads) where the scalar form
-// takes one f32.
+// takes one f32. There thread tid fills row tid / W_STEP at chunks tid % W_STEP + i·W_STEP:
+// a request of 8 lanes is 8 consecutive chunks of one row, on distinct banks, and 128 contiguous
+// bytes of one pixel. (Rows first, it was 8 rows' same chunk, (BM + 8) / 4 chunks apart, an even
+// pitch: 2 wavefronts a request. The scalar form keeps rows first, whose reads are one NCHW run.)
 template <class TL, bool kVec = false>
 __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const WgradArgs<float> a) {
   pdl_begin();
@@ -1705,7 +1744,7 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_tf32_kernel(const Wgr
   const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
   const int kt1 = min(KT, kt0 + a.kt_per);  // the host makes every slice non-empty
 
-  const int kr = tid % G::BK, cc = tid / G::BK;
+  const int kr = kVec ? tid / G::W_STEP : tid % G::BK, cc = kVec ? tid % G::W_STEP : tid / G::BK;
   // The block's columns in shared memory after the stages, once (as the forward's k tables):
   // B's (x: the tap's bit, 0 past J, and its offset in bytes) and A's (dy: output channel o's
   // offset in bytes; channel 0's past O: those rows of the tile are never stored, and nothing
