@@ -423,6 +423,7 @@ if has ncu; then
       --launch-count 14 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis_Tables \
       $B/bin/plexus bench step configs/convnet.toml --backend cuda --set train.batch_size=1024 \
       --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 1 --warmup 0 \
       > "$OUT/ncu-convnet-b1024-bf16.log" 2>&1
@@ -430,8 +431,10 @@ if has ncu; then
     # Executed instructions and IPC against docs/kernels.md's static counts (the staged
     # epilogues' model: a kernel's time is its warps' instructions at about 2 a cycle an SM),
     # and the L1 and L2 hit rates (the gathered activations go through L1 since the forty-third
-    # session: docs/kernels.md, "Gathered activations through L1").
-    grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Instructions  |Executed Ipc Active|Issue Slots Busy|L1/TEX Hit Rate|L2 Hit Rate' \
+    # session: docs/kernels.md, "Gathered activations through L1"), and the shared-memory bank
+    # conflicts (the emulator's PLEXUS_EMU_ACCESS says one wavefront a request for every ldmatrix
+    # and 16-byte copy since the forty-ninth session: "Shared-memory wavefronts of the copies").
+    grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Instructions  |Executed Ipc Active|Issue Slots Busy|L1/TEX Hit Rate|L2 Hit Rate|[Bb]ank' \
       "$OUT/ncu-convnet-b1024-bf16.log" | head -200 | tee -a "$OUT/summary.txt"
   else
     echo "no ncu on this machine" | tee -a "$OUT/summary.txt"
