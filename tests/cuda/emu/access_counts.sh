@@ -2,22 +2,24 @@
 # The Tensor Core kernels' shared-memory requests on the emulated plugin (ctest runs it; see
 # emu.cmake):
 #   access_counts.sh PLEXUS_TESTS EMU_PLUGIN_DIR WORKDIR
-# runs the igemm pool tiles (every tile, the 16-bit and TF32 forwards), the igemm weight
-# gradients (every tile and dtype) and the mma.sync GEMM candidates with PLEXUS_EMU_ACCESS
-# (tests/cuda/emu/README.md, "Memory access counts"), then holds every kernel and tile to one
-# shared-memory wavefront a request for its ldmatrix reads and its 16-byte cp.async writes, and
-# the TF32 channels-last forward's 4-byte filter copies (its only cp4) too. The 4-byte copies
-# of NCHW activations (the TF32 A gather and weight gradient: 4 wavefronts, docs/kernels.md) are
-# printed, not held. Exit 77 (skipped) where the emulated plugin has no such kernel.
+# runs the igemm convolution candidates' match test in bf16 and f32 (every tile of the forward,
+# backward data and weight gradient, with and without the pool epilogue, in every layout mix;
+# f16's kernels are bf16's templates, addressing memory alike) and the mma.sync GEMM candidates
+# with PLEXUS_EMU_ACCESS (tests/cuda/emu/README.md, "Memory access counts"), then holds every
+# kernel and tile to one shared-memory wavefront a request for its ldmatrix reads and its
+# 16-byte cp.async writes, and the TF32 channels-last forward's 4-byte filter copies (its only
+# cp4) too. The 4-byte copies of NCHW activations (the TF32 A gather and weight gradient: 4
+# wavefronts, docs/kernels.md) are printed, not held. Exit 77 (skipped) where the emulated
+# plugin has no such kernel.
 set -euo pipefail
 tests=$1 emu=$2 work=$3
 rm -rf "$work"
 mkdir -p "$work"
 counts=$work/access.txt
-for t in "a conv with its relu and 2x2 max pool runs as one igemm kernel on every tile" \
-         "cuda igemm convolution candidates are deterministic" \
+for t in "cuda igemm convolution candidates match the cpu reference" \
          "every cuda tensor core gemm candidate matches the cpu"; do
-  PLEXUS_EMU_ACCESS=$counts PLEXUS_TEST_PLUGIN_DIR=$emu "$tests" "$t" > "$work/log.txt" 2>&1 ||
+  PLEXUS_EMU_ACCESS=$counts PLEXUS_TEST_PLUGIN_DIR=$emu PLEXUS_TEST_DTYPES=bf16,f32 "$tests" "$t" \
+    > "$work/log.txt" 2>&1 ||
     { echo "'$t' failed:"; tail -20 "$work/log.txt"; exit 1; }
 done
 [[ -s $counts ]] || { echo "skipped: no ldmatrix or cp.async ran"; exit 77; }

@@ -364,14 +364,15 @@ set_tests_properties("cuda emulator: the whole-step kernel is made once and repo
   PROPERTIES PASS_REGULAR_EXPRESSION "a self-contained fused kernel is made once" TIMEOUT 600)
 
 # The Tensor Core kernels' shared-memory requests (PLEXUS_EMU_ACCESS): one wavefront each for
-# their ldmatrix reads and 16-byte copies, on every tile.
+# their ldmatrix reads and 16-byte copies, on every tile (the igemm match test in bf16 and f32
+# and the GEMM candidates, counted: about 170 s, so started early as the other long ones are).
 add_test(NAME "cuda emulator: the tensor core kernels' ldmatrix reads and 16-byte copies take one shared-memory wavefront a request"
   COMMAND bash ${emu_dir}/access_counts.sh $<TARGET_FILE:plexus_tests> ${PLEXUS_EMU_PLUGIN_DIR}
           ${CMAKE_CURRENT_BINARY_DIR}/emu-access
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties("cuda emulator: the tensor core kernels' ldmatrix reads and 16-byte copies take one shared-memory wavefront a request"
   PROPERTIES PASS_REGULAR_EXPRESSION "one shared-memory wavefront a request" SKIP_RETURN_CODE 77
-  TIMEOUT 900)
+  TIMEOUT 900 COST 170)
 
 # The trainer end to end on the emulated plugin (resident data, capture, fusion, checkpoints)
 # against the CPU, and in bf16 and f16.
