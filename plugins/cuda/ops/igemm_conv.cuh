@@ -72,6 +72,7 @@
 
 #include "device.cuh"
 #include "ops/conv_strides.hpp"
+#include "ops/copy_lanes.cuh"
 #include "ops/igemm_conv.hpp"
 #include "ops/mma_ptx.cuh"
 #include "ops/tma_map.hpp"
@@ -126,27 +127,6 @@ struct Tile {
     return "igemm_mma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" + std::to_string(BK);
   }
 };
-
-// Which row and 16-byte chunk of a stage thread tid copies, for rows of Cpr chunks padded by one
-// (a pitch of Cpr + 1 chunks). A warp's 16-byte copies reach shared memory as four requests of
-// 8 lanes, each one wavefront only where its 8 chunks fall on distinct banks. Chunks first (lane
-// l on chunk l % Cpr of row l / Cpr) does that for Cpr = 8: a request is one row. With Cpr <= 4
-// it puts 8 / Cpr rows in a request, and the pad wraps the second row onto the first's first
-// chunk (two wavefronts, PLEXUS_EMU_ACCESS's count on the emulator); so there rows go first
-// (lane l of warp w on row w·R + l % R, chunk l / R, R = 32 / Cpr rows a warp), and a request is
-// 8 rows' same chunk, an odd pitch apart: 8 distinct chunks of the banks. The warp copies the
-// same rows and chunks either way (the same global sectors), and each thread keeps one chunk
-// column and rows THREADS / Cpr apart.
-template <int Cpr>
-__device__ __forceinline__ int copy_row(int tid) {
-  if constexpr (Cpr <= 4) return (tid >> 5) * (32 / Cpr) + (tid & 31) % (32 / Cpr);
-  else return tid / Cpr;
-}
-template <int Cpr>
-__device__ __forceinline__ int copy_chunk(int tid) {
-  if constexpr (Cpr <= 4) return (tid & 31) / (32 / Cpr);
-  else return tid % Cpr;
-}
 
 // The candidates: O = 32, 64, 128 in our models (simplecnn, convnet), M = N·OH·OW in the
 // thousands to hundreds of thousands, K = 144 to 576.

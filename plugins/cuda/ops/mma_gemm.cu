@@ -45,6 +45,7 @@
 #include <string>
 
 #include "device.cuh"
+#include "ops/copy_lanes.cuh"
 #include "ops/mma_gemm.hpp"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
@@ -200,20 +201,16 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int64_t 
   constexpr int kPerRow = Cols / kVec;
   constexpr int kTotal = Rows * kPerRow;
   constexpr int kIters = (kTotal + Threads - 1) / Threads;
-  // A warp's 16-byte copies reach shared memory as four requests of 8 lanes. With 4 or fewer
-  // chunks a row, consecutive lanes along the row put 2 or more rows in a request, and an odd
-  // pitch (the 16-byte pad) wraps the second onto the first's first chunk: two wavefronts. So
-  // there the warp's 32 copies go rows first (8 rows' same chunk a request, on 8 distinct chunks
-  // of the banks); the same copies as before, by other lanes (igemm_conv.cuh, copy_row).
+  // With 4 or fewer chunks a row and an odd pitch in chunks (the 16-byte pad), copy c goes to
+  // the row and chunk copy_row and copy_chunk give (ops/copy_lanes.cuh): a warp's 32 copies rows
+  // first, one wavefront a request. Whole warps of copies (kTotal % 32 == 0), so the same copies
+  // as without, by other lanes.
   constexpr bool kRowsFirst = kPerRow <= 4 && (Lds * static_cast<int>(sizeof(T))) % 32 == 16 &&
                               kTotal % 32 == 0;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     int c = tid + it * Threads;
-    if constexpr (kRowsFirst) {
-      constexpr int R = 32 / kPerRow;  // rows a warp copies
-      c = (c & ~31) + (c & 31) % R * kPerRow + (c & 31) / R;
-    }
+    if constexpr (kRowsFirst) c = copy_row<kPerRow>(c) * kPerRow + copy_chunk<kPerRow>(c);
     if (kTotal % Threads == 0 || c < kTotal) {
       const int r = c / kPerRow, cc = (c % kPerRow) * kVec;
       const int64_t gr = row0 + r, gc = col0 + cc;
