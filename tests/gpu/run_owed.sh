@@ -79,13 +79,29 @@ run_for() {
 # then runs again with that kernel kept out, and so does every later run of this call
 # (PLEXUS_EXCLUDE_KERNELS), at most three kernels a command. Its log: LOG (each stuck try's
 # beside it as LOG.stuckN).
+# A run that fails capturing its step (capture_end or graph_launch: the captured step's
+# programmatic edges never ran on hardware before, docs/gpu-owed.md, thirty-seventh session)
+# runs once more with programmatic launches off, and so does every later run of this call
+# (PDL_OFF), so that a refused capture costs one run, not every figure of the call.
 TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
+PDL_OFF=()
+refused_capture() {  # LOG: did the run fail capturing or replaying its step?
+  grep -qE "backend 'cuda': (capture_end|graph_launch)|cudaGraphInstantiate|cudaStreamEndCapture" "$1"
+}
 run_unstuck() {  # LOG MAX COMMAND...
   local log=$1 max=$2 st=0 k try
   shift 2
   for try in 1 2 3 4; do
-    run_for "$max" "$@" > "$log" 2>&1
+    run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
     st=$?
+    if ((st != 0 && st != 3 && st != 124 && st != 125 && ${#PDL_OFF[@]} == 0)) && refused_capture "$log"; then
+      cp "$log" "$log.capture"
+      PDL_OFF=(--set plugins.options.cuda.programmatic_launch=false)
+      echo "CAPTURE FAILED with programmatic launches ($(grep -m1 -oE "backend 'cuda': (capture_end|graph_launch).{0,160}" "$log.capture")); they are off from here on" |
+        tee -a "$OUT/summary.txt"
+      run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
+      st=$?
+    fi
     ((st == 3 && try < 4)) || return $st
     k=$(grep -o 'PLEXUS_EXCLUDE_KERNELS=[^ ]*' "$log" | tail -1 | cut -d= -f2)
     [[ -n $k ]] || return $st
@@ -425,7 +441,7 @@ if has ncu; then
       --section LaunchStats --section SchedulerStats --section InstructionStats \
       --section MemoryWorkloadAnalysis_Tables \
       $B/bin/plexus bench step configs/convnet.toml --backend cuda --set train.batch_size=1024 \
-      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 1 --warmup 0 \
+      --set train.precision=\"bf16\" --set data.path=\"$DATA\" --steps 1 --warmup 0 "${PDL_OFF[@]}" \
       > "$OUT/ncu-convnet-b1024-bf16.log" 2>&1
     echo "exit $?" | tee -a "$OUT/summary.txt"
     # Executed instructions and IPC against docs/kernels.md's static counts (the staged
