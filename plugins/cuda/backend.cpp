@@ -398,7 +398,15 @@ void* CudaBackend::capture_end(plx_stream s) {
   cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  PLX_CUDA_CHECK(e);
+  // Name the call (and the way round a refusal of programmatic edges, which no GPU has been seen
+  // to make), not the variable that holds its error.
+  if (e != cudaSuccess)
+    throw_cuda(e,
+               g_programmatic_launch.load(std::memory_order_relaxed)
+                   ? "cudaGraphInstantiate, the step's kernels launched programmatically "
+                     "(plugins.options.cuda.programmatic_launch = false launches them without)"
+                   : "cudaGraphInstantiate",
+               __FILE__, __LINE__);
   return exec;
 }
 

@@ -56,62 +56,11 @@ has() { [[ " $PHASES " == *" $1 "* ]]; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 [[ -n ${PLEXUS_EXCLUDE_KERNELS:-} ]] &&
   echo "PLEXUS_EXCLUDE_KERNELS=$PLEXUS_EXCLUDE_KERNELS (every run but the tests)" >> "$OUT/summary.txt"
-# The device tool stops a call at 600 s and keeps only what $OUT holds then. Every command below
-# runs through run_for MAX: a time limit of MAX seconds or what is left of LIMIT (seconds from
-# this call's start), whichever is less; with under 20 s left it is skipped, and summary.txt says
-# so, so that the next call can run just that part (PHASES). A command cut short leaves its log.
+# The device tool stops a call at 600 s and keeps only what $OUT holds then: run_for, run_unstuck
+# and the retries in tests/gpu/run_lib.sh, with LIMIT seconds from START.
 START=$(date +%s)
 LIMIT=${LIMIT:-570}
-run_for() {
-  local max=$1
-  shift
-  local left=$((LIMIT - ($(date +%s) - START)))
-  ((left < max)) && max=$left
-  if ((max < 20)); then
-    echo "SKIPPED, out of time in this call: $*" | cut -c1-200 | tee -a "$OUT/summary.txt"
-    return 125
-  fi
-  timeout "$max" "$@"
-}
-
-# A candidate that never completes while the tuner times it (a kernel that deadlocks on this GPU)
-# ends plexus after backend.tune_timeout_s (20 s here) with status 3, naming it: the command
-# then runs again with that kernel kept out, and so does every later run of this call
-# (PLEXUS_EXCLUDE_KERNELS), at most three kernels a command. Its log: LOG (each stuck try's
-# beside it as LOG.stuckN).
-# A run that fails capturing its step (capture_end or graph_launch: the captured step's
-# programmatic edges never ran on hardware before, docs/gpu-owed.md, thirty-seventh session)
-# runs once more with programmatic launches off, and so does every later run of this call
-# (PDL_OFF), so that a refused capture costs one run, not every figure of the call.
-TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
-PDL_OFF=()
-refused_capture() {  # LOG: did the run fail capturing or replaying its step?
-  grep -qE "backend 'cuda': (capture_end|graph_launch)|cudaGraphInstantiate|cudaStreamEndCapture" "$1"
-}
-run_unstuck() {  # LOG MAX COMMAND...
-  local log=$1 max=$2 st=0 k try
-  shift 2
-  for try in 1 2 3 4; do
-    run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
-    st=$?
-    if ((st != 0 && st != 3 && st != 124 && st != 125 && ${#PDL_OFF[@]} == 0)) && refused_capture "$log"; then
-      cp "$log" "$log.capture"
-      PDL_OFF=(--set plugins.options.cuda.programmatic_launch=false)
-      echo "CAPTURE FAILED with programmatic launches ($(grep -m1 -oE "backend 'cuda': (capture_end|graph_launch).{0,160}" "$log.capture")); they are off from here on" |
-        tee -a "$OUT/summary.txt"
-      run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
-      st=$?
-    fi
-    ((st == 3 && try < 4)) || return $st
-    k=$(grep -o 'PLEXUS_EXCLUDE_KERNELS=[^ ]*' "$log" | tail -1 | cut -d= -f2)
-    [[ -n $k ]] || return $st
-    cp "$log" "$log.stuck$try"
-    export PLEXUS_EXCLUDE_KERNELS=${PLEXUS_EXCLUDE_KERNELS:+$PLEXUS_EXCLUDE_KERNELS,}$k
-    echo "STUCK while timed: $k; PLEXUS_EXCLUDE_KERNELS=$PLEXUS_EXCLUDE_KERNELS from here on" |
-      tee -a "$OUT/summary.txt"
-  done
-  return $st
-}
+source tests/gpu/run_lib.sh
 
 # `plexus bench step` of configs/MODEL.toml on CUDA at BATCH in PREC, then any further arguments
 # (--set ...), under run_for MAX: its log and JSON as bench-step-TAG.*, its head in the summary.

@@ -363,6 +363,17 @@ add_test(NAME "cuda emulator: the whole-step kernel is made once and reports no 
 set_tests_properties("cuda emulator: the whole-step kernel is made once and reports no member kernels"
   PROPERTIES PASS_REGULAR_EXPRESSION "a self-contained fused kernel is made once" TIMEOUT 600)
 
+# A driver that refuses the captured step's programmatic launches (the emulator's
+# PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS): plexus says what failed and what avoids it, the option
+# does, and run_owed.sh's retry (tests/gpu/run_lib.sh) takes it for the rest of a GPU call.
+add_test(NAME "cuda emulator: a refused capture of programmatic launches names the option that avoids it, and run_owed.sh retries with it"
+  COMMAND bash ${emu_dir}/capture_refused.sh $<TARGET_FILE:plexus> ${PLEXUS_EMU_PLUGIN_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/emu-capture-refused
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties("cuda emulator: a refused capture of programmatic launches names the option that avoids it, and run_owed.sh retries with it"
+  PROPERTIES PASS_REGULAR_EXPRESSION "a refused capture names its way round, and run_owed.sh takes it"
+  TIMEOUT 300)
+
 # The Tensor Core kernels' shared-memory requests (PLEXUS_EMU_ACCESS): one wavefront each for
 # their ldmatrix reads and 16-byte copies, on every tile (the igemm match test in bf16 and f32
 # and the GEMM candidates, counted: about 170 s, so started early as the other long ones are).

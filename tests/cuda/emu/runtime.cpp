@@ -1370,6 +1370,7 @@ struct CUevent_st {
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> work;
+  bool programmatic = false;  // a kernel was captured with programmatic stream serialization
 };
 struct CUgraphExec_st {
   std::vector<std::function<void()>> work;
@@ -1380,6 +1381,7 @@ namespace {
 
 struct Capture {
   std::vector<std::function<void()>> work;
+  bool programmatic = false;  // a captured launch has programmatic stream serialization
   bool invalid = false;
   std::string why;
   cudaStream_t origin = nullptr;
@@ -1554,6 +1556,7 @@ cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
                  name, c.smem, smem_limit);
     return fail(cudaErrorInvalidValue);
   }
+  if (c.programmatic && c.stream && c.stream->capture) c.stream->capture->programmatic = true;
   FILE* trace = trace_file();
   const Config cfg = c;
   const std::string kernel = name;
@@ -1619,6 +1622,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaError";
   }
 }
@@ -1630,6 +1634,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator's message is on stderr)";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorNotSupported: return "operation not supported";
     default: return "error (the emulator's message is on stderr)";
   }
 }
@@ -1884,11 +1889,24 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     *graph = nullptr;
     return fail(cudaErrorStreamCaptureInvalidated);
   }
-  *graph = new CUgraph_st{std::move(c->work)};
+  *graph = new CUgraph_st{std::move(c->work), c->programmatic};
   return cudaSuccess;
 }
+// PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS=1: instantiating a graph with a programmatic launch in
+// it fails (cudaErrorNotSupported), as a driver that refused programmatic edges would; a fault
+// no GPU has been seen to make, modelled so that the way round it (the CUDA plugin's
+// programmatic_launch option, tests/gpu/run_owed.sh's retry) is tested.
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!graph) return fail(cudaErrorInvalidValue);
+  static const bool refuse = [] {
+    const char* e = std::getenv("PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS");
+    return e && *e && std::string(e) != "0";
+  }();
+  if (refuse && graph->programmatic) {
+    std::fprintf(stderr, "cuda emulator: cudaGraphInstantiate refuses the graph's programmatic "
+                         "launches (PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS)\n");
+    return fail(cudaErrorNotSupported);
+  }
   *exec = new CUgraphExec_st{graph->work};
   return cudaSuccess;
 }
