@@ -29,19 +29,20 @@ TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
 # runs once more with programmatic launches off, and so does every later run of this call
 # (PDL_OFF), so that a refused capture costs one run, not every figure of the call.
 PDL_OFF=()
-refused_capture() {  # LOG: did the run fail capturing or replaying its step?
-  grep -qE "backend 'cuda': (capture_end|graph_launch)|cudaGraphInstantiate|cudaStreamEndCapture" "$1"
+refused_capture() {  # LOG: the error of a run that failed capturing or replaying its step, if any
+  grep -m1 -oE "backend 'cuda': (capture_end|graph_launch).{0,160}" "$1"
 }
 run_unstuck() {  # LOG MAX COMMAND...
-  local log=$1 max=$2 st=0 k try
+  local log=$1 max=$2 st=0 k try why
   shift 2
   for try in 1 2 3 4; do
     run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
     st=$?
-    if ((st != 0 && st != 3 && st != 124 && st != 125 && ${#PDL_OFF[@]} == 0)) && refused_capture "$log"; then
+    if ((st != 0 && st != 3 && st != 124 && st != 125 && ${#PDL_OFF[@]} == 0)) &&
+      why=$(refused_capture "$log"); then
       cp "$log" "$log.capture"
       PDL_OFF=(--set plugins.options.cuda.programmatic_launch=false)
-      echo "CAPTURE FAILED with programmatic launches ($(grep -m1 -oE "backend 'cuda': (capture_end|graph_launch).{0,160}" "$log.capture")); they are off from here on" |
+      echo "CAPTURE FAILED with programmatic launches ($why); they are off from here on" |
         tee -a "$OUT/summary.txt"
       run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
       st=$?
