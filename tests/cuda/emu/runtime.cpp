@@ -1,8 +1,10 @@
 // The CUDA emulator's runtime (tests/cuda/emu/README.md): fibers for CUDA threads, barriers and
 // warp exchanges between them, and the runtime API on host memory with stream capture.
+#include <fnmatch.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -1396,6 +1398,61 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+// ---- Faults ----
+// A kernel that faults (a trap, a deadlock, an error in one of its threads, an emulated library
+// call that throws, or a fault injected by PLEXUS_EMU_FAULT_KERNEL) leaves the context unusable,
+// as on a GPU: every later call that touches the device returns the fault (cudaGetLastError
+// does not clear it), work queued after it does not run, and only a new process can use the
+// device again. Queries of the device and of kernels (properties, names, attributes) still
+// answer, as the CUDA runtime's do.
+std::atomic<int> g_sticky{cudaSuccess};
+
+// The fault the context is stuck with, also made this thread's last error; cudaSuccess if none.
+cudaError_t dead() {
+  const auto e = static_cast<cudaError_t>(g_sticky.load());
+  if (e != cudaSuccess) g_last = e;
+  return e;
+}
+
+void fault(cudaError_t e) {
+  int none = cudaSuccess;
+  g_sticky.compare_exchange_strong(none, e);
+  g_last = static_cast<cudaError_t>(g_sticky.load());
+}
+
+}  // namespace
+
+// The selftest's hook (selftest.cu, EXPECT_FAULT): forgets the fault so that the selftest can go
+// on after a launch that must fail. A process on a GPU cannot.
+void clear_fault() {
+  g_sticky.store(cudaSuccess);
+  g_last = cudaSuccess;
+}
+
+namespace {
+
+// PLEXUS_EMU_FAULT_KERNEL=patterns: a launch of a kernel whose name (as traced: "kernel<targs>")
+// matches one of the comma-separated shell patterns faults instead of running, with
+// cudaErrorIllegalAddress, as a kernel that reads outside its memory does on a GPU: how the host
+// takes a fault it cannot recover from (the tuner, backend.check_kernels, tests/gpu/run_lib.sh)
+// is tested with it.
+bool injected_fault(const std::string& kernel) {
+  static const std::vector<std::string> patterns = [] {
+    std::vector<std::string> out;
+    const char* e = std::getenv("PLEXUS_EMU_FAULT_KERNEL");
+    std::string all = e ? e : "";
+    for (size_t at = 0; at <= all.size();) {
+      const size_t comma = std::min(all.find(',', at), all.size());
+      if (comma > at) out.push_back(all.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return out;
+  }();
+  for (const std::string& p : patterns)
+    if (fnmatch(p.c_str(), kernel.c_str(), 0) == 0) return true;
+  return false;
+}
+
 // An API call that CUDA refuses while this thread captures: invalidates the capture.
 bool refused_in_capture(const char* what) {
   if (!g_thread_capture) return false;
@@ -1538,6 +1595,7 @@ cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
   std::lock_guard<std::mutex> lock(g_mu);
   host_trace(c.stream, name);
   g_kernel_names.try_emplace(fn, name);
+  if (const cudaError_t e = dead()) return e;
   const unsigned long long nthreads = 1ull * c.block.x * c.block.y * c.block.z;
   if (nthreads == 0 || nthreads > 1024 || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
       c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.grid.x > 2147483647u) {
@@ -1569,11 +1627,19 @@ cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
     });
   }
   run_or_record(c.stream, [cfg, kernel, thread = std::move(thread)] {
+    if (g_sticky.load() != cudaSuccess) return;  // the context is gone: nothing more runs
+    if (injected_fault(kernel)) {
+      std::fprintf(stderr, "cuda emulator: %s: a fault injected by PLEXUS_EMU_FAULT_KERNEL (an "
+                           "illegal address); the context is unusable from here on\n",
+                   kernel.c_str());
+      fault(cudaErrorIllegalAddress);
+      return;
+    }
     try {
       run_grid(kernel.c_str(), cfg, thread);
     } catch (const LaunchFault& e) {
       std::fprintf(stderr, "cuda emulator: %s\n", e.what());
-      g_last = cudaErrorLaunchFailure;
+      fault(cudaErrorLaunchFailure);
     }
   });
   return cudaSuccess;
@@ -1582,7 +1648,10 @@ cudaError_t submit_launch(const char* name, const void* fn, const Config& c,
 cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* what) {
   std::lock_guard<std::mutex> lock(g_mu);
   host_trace(s, what);
-  run_or_record(s, std::move(work));
+  if (const cudaError_t e = dead()) return e;
+  run_or_record(s, [work = std::move(work)] {
+    if (g_sticky.load() == cudaSuccess) work();
+  });
   return cudaSuccess;
 }
 
@@ -1597,17 +1666,19 @@ void submit_library_call(cudaStream_t s, std::function<void()> work, const char*
     });
   }
   run_or_record(s, [call, work = std::move(work)] {
+    if (g_sticky.load() != cudaSuccess) return;
     try {
       work();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cuda emulator: %s: %s\n", call.c_str(), e.what());
-      g_last = cudaErrorLaunchFailure;
+      fault(cudaErrorLaunchFailure);
     }
   });
 }
 
 }  // namespace plx_emu
 
+using plx_emu::dead;
 using plx_emu::fail;
 using plx_emu::g_mu;
 
@@ -1619,6 +1690,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
@@ -1632,6 +1704,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator's message is on stderr)";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorNotSupported: return "operation not supported";
@@ -1639,11 +1712,15 @@ const char* cudaGetErrorString(cudaError_t e) {
   }
 }
 cudaError_t cudaGetLastError() {
+  if (const cudaError_t e = dead()) return e;  // a fault stays
   const cudaError_t e = plx_emu::g_last;
   plx_emu::g_last = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError() { return plx_emu::g_last; }
+cudaError_t cudaPeekAtLastError() {
+  if (const cudaError_t e = dead()) return e;
+  return plx_emu::g_last;
+}
 cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
@@ -1718,6 +1795,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t e = dead()) return e;
   if (plx_emu::refused_in_capture("cudaDeviceSynchronize")) return fail(cudaErrorStreamCaptureUnsupported);
   return cudaSuccess;
 }
@@ -1725,6 +1803,7 @@ cudaError_t cudaDeviceSynchronize() {
 namespace {
 cudaError_t allocate(void** p, size_t bytes, const char* what) {
   std::lock_guard<std::mutex> lock(g_mu);
+  if (const cudaError_t e = dead()) return e;
   if (plx_emu::refused_in_capture(what)) return fail(cudaErrorStreamCaptureUnsupported);
   if (bytes > plx_emu::kTotal - plx_emu::g_used) return fail(cudaErrorMemoryAllocation);
   void* q = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
@@ -1747,7 +1826,7 @@ cudaError_t release(void* p, const char* what) {
   plx_emu::g_used -= it->second;
   plx_emu::g_allocs.erase(it);
   std::free(p);
-  return cudaSuccess;
+  return dead();  // freed, but the call still reports the context's fault
 }
 }  // namespace
 
@@ -1764,12 +1843,14 @@ cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned) {
 cudaError_t cudaFree(void* p) { return release(p, "cudaFree"); }
 cudaError_t cudaFreeHost(void* p) { return release(p, "cudaFreeHost"); }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (const cudaError_t e = dead()) return e;
   std::lock_guard<std::mutex> lock(g_mu);
   *free_bytes = plx_emu::kTotal - plx_emu::g_used;
   *total_bytes = plx_emu::kTotal;
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (const cudaError_t e = dead()) return e;
   if (plx_emu::refused_in_capture("cudaMemcpy")) return fail(cudaErrorStreamCaptureUnsupported);
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
@@ -1794,21 +1875,24 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) 
   return plx_emu::submit_work(s, [=] { std::memset(dst, value, bytes); }, "cudaMemsetAsync");
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (const cudaError_t e = dead()) return e;
   if (plx_emu::refused_in_capture("cudaMemset")) return fail(cudaErrorStreamCaptureUnsupported);
   if (bytes) std::memset(dst, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  if (const cudaError_t e = dead()) return e;
   *s = new CUstream_st;
   (*s)->flags = flags;
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
-  return cudaSuccess;
+  return dead();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (const cudaError_t e = dead()) return e;
   if ((s && s->capture) || plx_emu::refused_in_capture("cudaStreamSynchronize")) {
     if (s && s->capture) {
       s->capture->invalid = true;
@@ -1819,6 +1903,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  if (const cudaError_t err = dead()) return err;
   std::lock_guard<std::mutex> lock(g_mu);
   plx_emu::host_trace(s, "cudaStreamWaitEvent");
   // Waiting on an event recorded in a capture pulls the stream into that capture, as in CUDA.
@@ -1830,14 +1915,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  if (const cudaError_t err = dead()) return err;
   *e = new CUevent_st;
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
-  return cudaSuccess;
+  return dead();
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (const cudaError_t err = dead()) return err;
   std::lock_guard<std::mutex> lock(g_mu);
   plx_emu::host_trace(s, "cudaEventRecord");
   if (s && s->capture) {
@@ -1855,20 +1942,24 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (const cudaError_t err = dead()) return err;
   if (e->capture || plx_emu::refused_in_capture("cudaEventSynchronize"))
     return fail(cudaErrorStreamCaptureUnsupported);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (const cudaError_t err = dead()) return err;
   if (e->capture) return fail(cudaErrorStreamCaptureUnsupported);
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (const cudaError_t err = dead()) return err;
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (const cudaError_t e = dead()) return e;
   std::lock_guard<std::mutex> lock(g_mu);
   if (!s || s->capture) return fail(cudaErrorIllegalState);
   auto c = std::make_shared<plx_emu::Capture>();
@@ -1884,6 +1975,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   for (cudaStream_t j : c->joined) j->capture = nullptr;
   s->capture = nullptr;
   plx_emu::g_thread_capture = nullptr;
+  if (const cudaError_t e = dead()) {
+    *graph = nullptr;
+    return e;
+  }
   if (c->invalid) {
     std::fprintf(stderr, "cuda emulator: the capture was invalidated by %s\n", c->why.c_str());
     *graph = nullptr;
@@ -1897,6 +1992,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
 // no GPU has been seen to make, modelled so that the way round it (the CUDA plugin's
 // programmatic_launch option, tests/gpu/run_owed.sh's retry) is tested.
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (const cudaError_t e = dead()) return e;
   if (!graph) return fail(cudaErrorInvalidValue);
   static const bool refuse = [] {
     const char* e = std::getenv("PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS");
@@ -1911,6 +2007,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (const cudaError_t e = dead()) return e;
   if (!exec) return fail(cudaErrorInvalidValue);
   std::unique_lock<std::mutex> lock(g_mu);
   plx_emu::host_trace(s, "cudaGraphLaunch");

@@ -14,21 +14,42 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "plx_emu_numeric.hpp"
 
+// The emulator's hook for EXPECT_FAULT, below (runtime.cpp).
+namespace plx_emu {
+void clear_fault();
+}  // namespace plx_emu
+
 namespace {
 
 int g_failures = 0;
+int* g_scratch = nullptr;  // device memory for the calls EXPECT_FAULT makes
 #define EXPECT(cond)                                                          \
   do {                                                                        \
     if (!(cond)) {                                                            \
       std::fprintf(stderr, "selftest.cu:%d: FAILED: %s\n", __LINE__, #cond);  \
       ++g_failures;                                                           \
     }                                                                         \
+  } while (0)
+
+// The emulator's faults are sticky, as a GPU's (runtime.cpp, "Faults"): a launch that must fail
+// leaves every later call failing, reading the error does not clear it, and work queued after it
+// does not run. Each expected fault is checked so and then cleared with the emulator's own hook,
+// so that the selftest can go on (a process on a GPU could not).
+#define EXPECT_FAULT(error)                                                                  \
+  do {                                                                                     \
+    EXPECT(cudaGetLastError() == (error));                                                 \
+    EXPECT(cudaGetLastError() == (error));                                                 \
+    EXPECT(cudaStreamSynchronize(nullptr) == (error));                                     \
+    EXPECT(cudaMemsetAsync(g_scratch, 0, 4, nullptr) == (error));                          \
+    ::plx_emu::clear_fault();                                                              \
+    EXPECT(cudaGetLastError() == cudaSuccess);                                             \
   } while (0)
 
 template <class T>
@@ -372,7 +393,22 @@ cudaError_t launch_pdl(void (*k)(int*), int* out, int threads, bool programmatic
   return cudaLaunchKernelEx(&cfg, k, out);
 }
 
+// Launched with PLEXUS_EMU_FAULT_KERNEL naming it: faults instead of running.
+__global__ void injected_fault_kernel(int* out) { *out = 1; }
+
 int main() {
+  // Read at the first launch: every launch of injected_fault_kernel faults (an illegal address).
+  setenv("PLEXUS_EMU_FAULT_KERNEL", "no_such_kernel,injected_fault_*", 1);
+  g_scratch = device_array<int>(1);
+  {
+    int* out = device_array<int>(1);
+    *out = 0;
+    std::fprintf(stderr, "selftest: the next launch must fail (a fault injected into it):\n");
+    injected_fault_kernel<<<1, 1>>>(out);
+    EXPECT_FAULT(cudaErrorIllegalAddress);
+    EXPECT(*out == 0);
+    cudaFree(out);
+  }
   {
     int* out = device_array<int>(3);
     block_sum_kernel<<<3, 256>>>(out);
@@ -410,9 +446,9 @@ int main() {
     EXPECT(*out == 100);
     std::fprintf(stderr, "selftest: the next two launches must fail (a deadlock, an exited lane):\n");
     deadlock_kernel<<<1, 32>>>(out);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     exited_lane_kernel<<<1, 32>>>(out);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     cudaFree(out);
   }
   {
@@ -584,9 +620,9 @@ int main() {
     std::fprintf(stderr, "selftest: the next two launches must fail (a half warp's ldmatrix, a "
                          "cp.async past the shared memory):\n");
     half_warp_ldmatrix_kernel<<<1, 16, 256>>>(seen);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     cp_async_out_of_range_kernel<<<1, 32, 64>>>(src);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     cudaFree(src), cudaFree(seen);
   }
   {
@@ -651,9 +687,9 @@ int main() {
                  "selftest: the next two launches must fail (a phase nobody completes, an "
                  "mbarrier overwritten by a plain store):\n");
     mbarrier_fault_kernel<<<1, 32, 16>>>(0);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     mbarrier_fault_kernel<<<1, 32, 16>>>(1);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     // A named barrier for two of three warps, the third exited.
     int* out = device_array<int>(64);
     named_barrier_kernel<<<1, 96>>>(out);
@@ -709,9 +745,9 @@ int main() {
                  "selftest: the next two launches must fail (no wait before the exit, an "
                  "atomic on device memory before the wait):\n");
     EXPECT(launch_pdl(pdl_no_wait_kernel, out, 32, true) == cudaSuccess);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     EXPECT(launch_pdl(pdl_early_kernel, out, 32, true) == cudaSuccess);
-    EXPECT(cudaGetLastError() == cudaErrorLaunchFailure);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
     // Launched the ordinary way, neither kernel has anything to wait for.
     *out = 0;
     EXPECT(launch_pdl(pdl_no_wait_kernel, out, 32, false) == cudaSuccess);

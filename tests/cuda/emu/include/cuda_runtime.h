@@ -26,7 +26,17 @@ typedef enum cudaError {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  // A kernel's fault (700, 702, 710, 714-719) is sticky in CUDA: the context is unusable and
+  // every later call returns it. The emulator's are too (runtime.cpp, "Faults").
+  cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorInvalidAddressSpace = 717,
+  cudaErrorInvalidPc = 718,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
