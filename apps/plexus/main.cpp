@@ -486,6 +486,12 @@ int main(int argc, char** argv) {
   } catch (const plexus::ConfigError& e) {
     std::fprintf(stderr, "plexus: configuration error:\n%s\n", e.what());
     return 2;
+  } catch (const plexus::KernelFaultError& e) {
+    // As for a candidate the tuner finds faulting or stuck (time_kernel): the kernel is named
+    // with how to keep it out, and status 3 says so to scripts (tests/gpu/run_lib.sh).
+    std::cout.flush();
+    std::fprintf(stderr, "plexus: error: %s\n", e.what());
+    return 3;
   } catch (const plexus::DivergedError& e) {
     std::cout.flush();
     std::fprintf(stderr, "plexus: training diverged: %s\n", e.what());

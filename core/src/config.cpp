@@ -55,6 +55,15 @@ const std::vector<ConfigKey>& Config::keys() {
         "for stuck: it logs the kernel and how to exclude it, and the process exits with "
         "status 3")
         .fmin = 0;
+    add("backend.check_kernels", ConfigType::Bool, "false",
+        "Wait for each kernel of a step before the next and stop at the first that fails on "
+        "the device (a fault that leaves it unusable), naming it and how to exclude it, with "
+        "status 3; the step is not captured. Slow: for finding a faulting kernel");
+    add("backend.step_timeout_s", ConfigType::Float, "600",
+        "Seconds the host waits for a step's kernels to finish (with check_kernels, for each "
+        "kernel) before it takes the device for stuck: it says what it waited for and exits "
+        "with status 3; 0: no limit")
+        .fmin = 0;
     add("backend.tune_cache", ConfigType::String, "\"\"",
         "File that keeps the tuned choices: empty for $PLEXUS_CACHE_DIR/kernels.tsv, else "
         "$XDG_CACHE_HOME/plexus/kernels.tsv or ~/.cache/plexus/kernels.tsv; \"off\": this "

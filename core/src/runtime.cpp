@@ -30,6 +30,11 @@ RuntimeOptions runtime_options(const Config& config) {
   if (!(o.tune_timeout_s > 0))
     throw ConfigError("backend.tune_timeout_s: expected a number of seconds above 0, got " +
                       std::to_string(o.tune_timeout_s));
+  o.check_kernels = config.get_bool("backend.check_kernels");
+  o.step_timeout_s = config.get_float("backend.step_timeout_s");
+  if (o.step_timeout_s < 0)
+    throw ConfigError("backend.step_timeout_s: expected a number of seconds, 0 for no limit, got " +
+                      std::to_string(o.step_timeout_s));
   for (const std::string& p : o.exclude_kernels)
     if (p.empty())
       throw ConfigError("backend.exclude_kernels: an empty pattern matches no kernel; expected "

@@ -333,29 +333,37 @@ void sort_fastest_first(std::vector<CandidateTime>& times) {
 
 namespace {
 
+// Ends the process when the tuner's run of a candidate has broken the device (`what` says how):
+// names the kernel and how to keep it out, keeps what the tuner has timed so far, and exits with
+// status 3. Nothing more can run on the device, so nothing is unwound (destructors would wait on
+// it or fail), and every later process would time the kernel again if it were not named.
+[[noreturn]] void exit_for_candidate(Backend& backend, const PreparedKernel& kernel,
+                                     const std::string& what) {
+  const std::string impl = kernel.kernel().impl ? kernel.kernel().impl : "?";
+  spdlog::critical(
+      "{} on '{}': the tuner's run of candidate {} {}, and the process exits; keep the kernel "
+      "out with backend.exclude_kernels = [\"{}\"] or PLEXUS_EXCLUDE_KERNELS={}",
+      kernel.label(), backend.name(), impl, what, impl, impl);
+  backend.runtime().tuner().flush();
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(3);
+}
+
 // Waits for `done` as sync_event would, for at most backend.tune_timeout_s. A candidate whose run
 // never completes (a kernel that deadlocks on this device) would otherwise hang the process where
-// it prepares a graph, and nothing more can run on a stream stuck behind it: the process says
-// which kernel it was and how to keep it out, keeps what the tuner has timed so far, and exits
-// with status 3.
+// it prepares a graph, and nothing more can run on a stream stuck behind it.
 void wait_for_run(Backend& backend, plx_event done, const PreparedKernel& kernel) {
   const double limit = backend.runtime().options().tune_timeout_s;
   const auto t0 = std::chrono::steady_clock::now();
   for (int polls = 0; !backend.event_done(done); ++polls) {
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (waited > limit) {
-      const std::string impl = kernel.kernel().impl ? kernel.kernel().impl : "?";
-      spdlog::critical(
-          "{} on '{}': the tuner's run of candidate {} has not completed in {:g} s "
-          "(backend.tune_timeout_s), so the device is taken for stuck and the process exits; keep "
-          "the kernel out with backend.exclude_kernels = [\"{}\"] or PLEXUS_EXCLUDE_KERNELS={}",
-          kernel.label(), backend.name(), impl, limit, impl, impl);
-      backend.runtime().tuner().flush();
-      spdlog::default_logger()->flush();
-      std::fflush(nullptr);
-      std::_Exit(3);
-    }
+    if (waited > limit)
+      exit_for_candidate(backend, kernel,
+                         fmt::format("has not completed in {:g} s (backend.tune_timeout_s), so "
+                                     "the device is taken for stuck",
+                                     limit));
     if (polls < 100)
       std::this_thread::yield();
     else
@@ -391,6 +399,8 @@ double time_kernel(Backend& backend, const PreparedKernel& kernel,
   std::vector<plx_tensor> in, out;
   for (const plx_tensor& d : inputs) in.push_back(scratch(d));
   for (const plx_tensor& d : outputs) out.push_back(scratch(d));
+  // What was queued before the candidate has run: a failure from here on is the candidate's.
+  backend.sync_stream(stream);
 
   CachingAllocator& alloc = backend.allocator(device);
   MemoryBlock* ws = kernel.workspace_bytes() ? alloc.allocate(kernel.workspace_bytes(), stream) : nullptr;
@@ -424,11 +434,21 @@ double time_kernel(Backend& backend, const PreparedKernel& kernel,
       per_run.push_back(ms / reps);
     }
     backend.sync_stream(stream);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    // A candidate that declines at run time or runs out of memory leaves the stream working: it
+    // is no candidate, and the caller goes on. One that faulted (an illegal address on a GPU)
+    // leaves the device unusable, so that every node and candidate after it would fail too.
+    std::string after;
     try {
       backend.sync_stream(stream);
-    } catch (...) {
+    } catch (const std::exception& s) {
+      after = s.what();
     }
+    if (!after.empty())
+      exit_for_candidate(backend, kernel,
+                         fmt::format("failed and left the device unusable ({}; the stream after "
+                                     "it: {})",
+                                     e.what(), after));
     cleanup();
     throw;
   }

@@ -31,6 +31,27 @@ std::string where(const char* expr, const char* file, int line) {
   const char* base = std::strrchr(file, '/');
   return sdk::format("%s (%s:%d)", expr, base ? base + 1 : file, line);
 }
+
+// After these errors (a kernel's fault) CUDA's context is unusable: every later call returns the
+// error, so nothing more can run in this process. The host's backend.check_kernels waits for each
+// kernel of a step and names the one that fails.
+const char* after_fault(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+      return "; a kernel failed on the device, which is unusable for the rest of this process "
+             "(backend.check_kernels = true names the kernel)";
+    default:
+      return "";
+  }
+}
 }  // namespace
 
 void allow_dynamic_smem(const void* fn, int bytes) {
@@ -83,8 +104,8 @@ void throw_launch(cudaError_t e, const void* fn) {
   char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   const std::string name = status == 0 && demangled ? demangled : mangled;
   std::free(demangled);
-  const std::string msg = sdk::format("CUDA error %s: %s launching kernel %s", cudaGetErrorName(e),
-                                      cudaGetErrorString(e), name.c_str());
+  const std::string msg = sdk::format("CUDA error %s: %s launching kernel %s%s", cudaGetErrorName(e),
+                                      cudaGetErrorString(e), name.c_str(), after_fault(e));
   if (e == cudaErrorMemoryAllocation) throw sdk::OutOfMemory(msg);
   throw sdk::BackendError(msg);
 }
@@ -93,8 +114,9 @@ void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
   // A failed launch or allocation leaves the error to be read once; clear it so the next call
   // does not report it again. Sticky errors (a kernel fault) stay: the context is unusable.
   (void)cudaGetLastError();
-  const std::string msg = sdk::format("CUDA error %s: %s in %s", cudaGetErrorName(e),
-                                      cudaGetErrorString(e), where(expr, file, line).c_str());
+  const std::string msg = sdk::format("CUDA error %s: %s in %s%s", cudaGetErrorName(e),
+                                      cudaGetErrorString(e), where(expr, file, line).c_str(),
+                                      after_fault(e));
   if (e == cudaErrorMemoryAllocation) throw sdk::OutOfMemory(msg);
   throw sdk::BackendError(msg);
 }

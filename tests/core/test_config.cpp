@@ -76,7 +76,7 @@ TEST_CASE("malformed TOML is an error with file, line and column", "[config]") {
 TEST_CASE("unknown keys and sections are errors naming what is known", "[config]") {
   REQUIRE_THROWS_WITH(Config::parse("[backend]\nnmae = \"cpu\"\n", "run.toml"),
                       PLX_CONTAINS("run.toml:2:1: unknown key 'backend.nmae' (known keys in "
-                                   "[backend]: name, device, fallback, kernels, exclude_kernels, tune_timeout_s, tune_cache)"));
+                                   "[backend]: name, device, fallback, kernels, exclude_kernels, tune_timeout_s, check_kernels, step_timeout_s, tune_cache)"));
   REQUIRE_THROWS_WITH(Config::parse("[modle]\nx = 1\n", "run.toml"),
                       PLX_CONTAINS("unknown key 'modle' (known sections: plugins, backend, "
                                    "memory, logging, model, data, train, parallel, output)"));
@@ -159,7 +159,7 @@ TEST_CASE("a --set overrides a key after the file", "[config]") {
 
   REQUIRE_THROWS_WITH(c.set("backend.nmae=cpu"),
                       PLX_CONTAINS("--set backend.nmae=cpu: unknown key 'backend.nmae' (known "
-                                   "keys in [backend]: name, device, fallback, kernels, exclude_kernels, tune_timeout_s, tune_cache)"));
+                                   "keys in [backend]: name, device, fallback, kernels, exclude_kernels, tune_timeout_s, check_kernels, step_timeout_s, tune_cache)"));
   REQUIRE_THROWS_WITH(c.set("backend.device=x"),
                       PLX_CONTAINS("--set backend.device=x: backend.device: expected an integer, "
                                    "got a string"));

@@ -10,11 +10,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "plexus/config.hpp"
 #include "plexus/dispatch.hpp"
@@ -23,6 +26,7 @@
 #include "plexus/graph.hpp"
 #include "plexus/info.hpp"
 #include "plexus/tune.hpp"
+#include "plexus/watchdog.hpp"
 #include "support/harness.hpp"
 
 using namespace plexus;
@@ -652,37 +656,213 @@ TEST_CASE("backend.exclude_kernels passes over the kernels it names", "[cpu][tun
   }
 }
 
+namespace {
+
+// Runs the hidden test case `name` of this program in a process of its own, with `env` (VAR=value
+// words) and without PLEXUS_EXCLUDE_KERNELS otherwise: its exit status and output.
+std::pair<int, std::string> run_child(const std::string& name, const std::string& env) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string cmd =
+      "env -u PLEXUS_EXCLUDE_KERNELS " + env + " '" + self + "' '" + name + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// Runs the hidden test case `child` with `env` (run_child): it must exit with `status`, `text` in
+// its output.
+void check_child(const std::string& child, const std::string& env, int status,
+                 const std::string& text) {
+  const auto [st, out] = run_child(child, env);
+  INFO(out);
+  CHECK(st == status);
+  CHECK_THAT(out, PLX_CONTAINS(text));
+}
+
+// Runs the hidden test case `child` (which prepares testgood.scale on testdev, test-scale among
+// its candidates) twice in processes of its own: as is, it must exit with status 3, its log
+// saying "the tuner's run of candidate test-scale " + `what` and how to keep the kernel out; with
+// PLEXUS_EXCLUDE_KERNELS=test-scale it must pass.
+void check_exit_naming_test_scale(const std::string& child, const std::string& what) {
+  const auto [status, out] = run_child(child, "");
+  INFO(out);
+  CHECK(status == 3);
+  CHECK_THAT(out, PLX_CONTAINS("op 'testgood.scale' on 'testdev': the tuner's run of candidate "
+                               "test-scale " + what));
+  CHECK_THAT(out, PLX_CONTAINS("backend.exclude_kernels = [\"test-scale\"] or "
+                               "PLEXUS_EXCLUDE_KERNELS=test-scale"));
+  const auto [status2, out2] = run_child(child, "PLEXUS_EXCLUDE_KERNELS=test-scale");
+  INFO(out2);
+  CHECK(status2 == 0);
+  CHECK_THAT(out2, PLX_CONTAINS("All tests passed"));
+}
+
+// y = relu(scale(x)) on testdev, unfused, run once and waited for.
+void scale_relu_step(Runtime& rt) {
+  Backend& dev = rt.backend("testdev");
+  Graph g(rt.ops());
+  const Var x = g.input("x", {PLX_F32, {16}});
+  const Var s = g.add1("testgood.scale", {x}, {}, "s");
+  g.mark_output(g.add1("relu", {s}, {}, "r"), "y");
+  TensorStore store;
+  ExecutableOptions eo;
+  eo.fuse = false;
+  Executable exe(dev, g, store, eo);
+  exe.run();
+  exe.sync();
+}
+
+}  // namespace
+
 // A candidate whose run never completes (a kernel that deadlocks on the device) must not hang
 // the process that tunes it: after backend.tune_timeout_s the tuner names the kernel and how to
 // keep it out, and the process exits with status 3. The test plugin's option never_completes
 // leaves testdev's stream stuck after its fast scale kernel runs (no event completes after it).
-// This test runs the hidden one below in a process of its own, once as is and once with the
-// kernel kept out through PLEXUS_EXCLUDE_KERNELS.
 TEST_CASE("a candidate that never completes while timed exits the process naming it",
           "[cpu][tune]") {
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  auto child = [&](const std::string& env) {
-    const std::string cmd = "env -u PLEXUS_EXCLUDE_KERNELS " + env + " '" + self +
-                            "' 'a stuck candidate in a process of its own' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    REQUIRE(p != nullptr);
-    std::string out;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-    const int st = pclose(p);
-    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
-  };
-  const auto [status, out] = child("");
+  check_exit_naming_test_scale("a stuck candidate in a process of its own",
+                               "has not completed in 0.2 s (backend.tune_timeout_s)");
+}
+
+// A candidate that faults (an illegal address on a GPU) leaves the device unusable: every node
+// and candidate after it would fail, and every later process would time it again. The tuner
+// names it and how to keep it out and exits with status 3, as for a stuck one. The test
+// plugin's option faults makes testdev's waits, event queries and memsets fail once its fast
+// scale kernel has run; the slow one, timed first, is fine.
+TEST_CASE("a candidate that faults while timed exits the process naming it", "[cpu][tune]") {
+  check_exit_naming_test_scale(
+      "a faulting candidate in a process of its own",
+      "failed and left the device unusable (backend 'testdev': event_query: backend error: "
+      "testdev: the device is lost (test-scale faulted); the stream after it: ");
+}
+
+TEST_CASE("a faulting candidate in a process of its own", "[.][fault-child]") {
+  RuntimeOptions o = with_testdev(KernelSide::Auto, "");
+  o.plugins.options["testgood"]["faults"] = "1";
+  if (const char* env = std::getenv("PLEXUS_EXCLUDE_KERNELS")) o.exclude_kernels = {env};
+  Runtime rt(o);
+  const Prepared p = prepare_scale(rt, 64);  // exits here unless test-scale is kept out
+  CHECK(std::getenv("PLEXUS_EXCLUDE_KERNELS") != nullptr);
+  CHECK(p.names.at(0).find("test-scale-slow") != std::string::npos);
+}
+
+// backend.check_kernels: a step waits for each kernel and names the first that leaves the device
+// unusable (KernelFaultError, status 3 from the CLI), where otherwise the failure shows at the
+// host's next wait and names no kernel.
+TEST_CASE("backend.check_kernels names the kernel that leaves the device unusable", "[cpu][tune]") {
+  RuntimeOptions o = with_testdev(KernelSide::Native, "");
+  o.plugins.options["testgood"]["faults"] = "1";
+  const auto step = scale_relu_step;
+  SECTION("off: the wait after the step fails, naming no kernel") {
+    Runtime rt(o);
+    try {
+      step(rt);
+      FAIL("the step ran on a lost device");
+    } catch (const KernelFaultError& e) {
+      FAIL("a kernel fault named without backend.check_kernels: " << e.what());
+    } catch (const std::exception& e) {
+      CHECK_THAT(e.what(), PLX_CONTAINS("the device is lost (test-scale faulted)"));
+    }
+  }
+  SECTION("on: the scale node's kernel is named, with how to keep it out") {
+    o.check_kernels = true;
+    Runtime rt(o);
+    try {
+      step(rt);
+      FAIL("the step ran on a lost device");
+    } catch (const KernelFaultError& e) {
+      CHECK_THAT(e.what(), PLX_CONTAINS("node 's' (testgood.scale): kernel test-scale on "
+                                        "'testdev' failed on the device ("));
+      CHECK_THAT(e.what(), PLX_CONTAINS("the device is lost (test-scale faulted)); keep it out "
+                                        "with backend.exclude_kernels = [\"test-scale\"] or "
+                                        "PLEXUS_EXCLUDE_KERNELS=test-scale"));
+    }
+  }
+  SECTION("on, with the kernel kept out: the step runs on the next one") {
+    o.check_kernels = true;
+    o.exclude_kernels = {"test-scale"};
+    Runtime rt(o);
+    REQUIRE_NOTHROW(step(rt));
+  }
+  SECTION("the config keys: off unless set; the step's limit 600 s, 0 for none") {
+    CHECK_FALSE(runtime_options(Config::parse("", "t.toml")).check_kernels);
+    CHECK(runtime_options(Config::parse("", "t.toml")).step_timeout_s == 600);
+    CHECK(runtime_options(Config::parse("[backend]\nstep_timeout_s = 0\n", "t.toml")).step_timeout_s == 0);
+    REQUIRE_THROWS_WITH(Config::parse("[backend]\nstep_timeout_s = -1\n", "t.toml"),
+                        PLX_CONTAINS("backend.step_timeout_s"));
+    CHECK(runtime_options(Config::parse("[backend]\ncheck_kernels = true\n", "t.toml")).check_kernels);
+    REQUIRE_THROWS_WITH(Config::parse("[backend]\ncheck_kernels = 1\n", "t.toml"),
+                        PLX_CONTAINS("backend.check_kernels"));
+  }
+}
+
+// A kernel that hangs outside the tuner (a node with one kernel, a fused step made once) would
+// leave the host waiting for the step with nothing said: after backend.step_timeout_s the
+// process says what it waited for and exits with status 3, and with backend.check_kernels it
+// names the kernel and how to keep it out. (The test plugin's never_completes: every wait after
+// its fast scale kernel blocks, as behind a kernel that hangs on a GPU.)
+TEST_CASE("a step that never completes exits the process, naming the kernel with check_kernels",
+          "[cpu][tune]") {
+  const std::string child = "a stuck step in a process of its own";
+  check_child(child, "", 3,
+              "the kernels of a graph on 'testdev' have not completed in 0.2 s "
+              "(backend.step_timeout_s), so the device is taken for stuck and the process exits; "
+              "a kernel may hang on the device (backend.check_kernels = true names the kernel)");
+  check_child(child, "PLEXUS_TEST_CHECK_KERNELS=1", 3,
+              "node 's' (testgood.scale): kernel test-scale on 'testdev' has not completed in "
+              "0.2 s (backend.step_timeout_s), so the device is taken for stuck and the process "
+              "exits; keep it out with backend.exclude_kernels = [\"test-scale\"] or "
+              "PLEXUS_EXCLUDE_KERNELS=test-scale");
+  check_child(child, "PLEXUS_TEST_CHECK_KERNELS=1 PLEXUS_EXCLUDE_KERNELS=test-scale", 0,
+              "All tests passed");
+}
+
+TEST_CASE("a stuck step in a process of its own", "[.][stuck-step-child]") {
+  RuntimeOptions o = with_testdev(KernelSide::Native, "");
+  o.plugins.options["testgood"]["never_completes"] = "1";
+  o.step_timeout_s = 0.2;
+  o.check_kernels = std::getenv("PLEXUS_TEST_CHECK_KERNELS") != nullptr;
+  if (const char* env = std::getenv("PLEXUS_EXCLUDE_KERNELS")) o.exclude_kernels = {env};
+  Runtime rt(o);
+  scale_relu_step(rt);  // exits here unless test-scale is kept out
+  CHECK(std::getenv("PLEXUS_EXCLUDE_KERNELS") != nullptr);
+}
+
+// The watchdog under those messages: a watched wait that ends in time is let be, however many
+// come and go; one that lasts past its timeout ends the process with status 3 and its message,
+// after its before_exit.
+TEST_CASE("a watched wait that ends in time is let be; one that does not ends the process",
+          "[cpu][tune]") {
+  static std::atomic<int> fired{0};
+  for (int i = 0; i < 10000; ++i) {
+    const WaitWatch w(0.05, [] { return std::string("a short wait fired"); }, [] { ++fired; });
+  }
+  {
+    const WaitWatch w(0.2, [] { return std::string("a wait of 50 ms fired"); }, [] { ++fired; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const WaitWatch off(0, [] { return std::string("a watch with no limit fired"); }, [] { ++fired; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past every deadline above
+  CHECK(fired.load() == 0);
+  const auto [status, out] = run_child("a watched wait past its time in a process of its own", "");
   INFO(out);
   CHECK(status == 3);
-  CHECK_THAT(out, PLX_CONTAINS("op 'testgood.scale' on 'testdev': the tuner's run of candidate "
-                               "test-scale has not completed in 0.2 s (backend.tune_timeout_s)"));
-  CHECK_THAT(out, PLX_CONTAINS("backend.exclude_kernels = [\"test-scale\"] or "
-                               "PLEXUS_EXCLUDE_KERNELS=test-scale"));
-  const auto [status2, out2] = child("PLEXUS_EXCLUDE_KERNELS=test-scale");
-  INFO(out2);
-  CHECK(status2 == 0);
-  CHECK_THAT(out2, PLX_CONTAINS("All tests passed"));
+  CHECK_THAT(out, PLX_CONTAINS("before exit\n"));
+  CHECK_THAT(out, PLX_CONTAINS("[critical] the wait of 0.1 s fired"));
+  CHECK(out.find("the wait of 0.05 s fired") == std::string::npos);
+  CHECK(out.find("still waiting") == std::string::npos);
+}
+
+TEST_CASE("a watched wait past its time in a process of its own", "[.][watch-child]") {
+  { const WaitWatch ended(0.05, [] { return std::string("the wait of 0.05 s fired"); }); }
+  const WaitWatch w(0.1, [] { return std::string("the wait of 0.1 s fired"); },
+                    [] { std::fputs("before exit\n", stdout); });
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  std::puts("still waiting");
 }
 
 TEST_CASE("a stuck candidate in a process of its own", "[.][stuck-child]") {

@@ -19,11 +19,12 @@ run_for() {
 }
 
 # A candidate that never completes while the tuner times it (a kernel that deadlocks on this GPU)
-# ends plexus after backend.tune_timeout_s (20 s here) with status 3, naming it: the command
-# then runs again with that kernel kept out, and so does every later run of this call
-# (PLEXUS_EXCLUDE_KERNELS), at most three kernels a command. Its log: LOG (each stuck try's
-# beside it as LOG.stuckN).
-TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
+# ends plexus after backend.tune_timeout_s (20 s here) with status 3, naming it, and so does one
+# that faults while timed (the device is unusable after it): the command then runs again with
+# that kernel kept out, and so does every later run of this call (PLEXUS_EXCLUDE_KERNELS), at
+# most three kernels a command. Its log: LOG (each such try's beside it as LOG.stuckN). A step
+# whose kernels have not completed after backend.step_timeout_s (30 s here) ends plexus too.
+TIMEOUTS=(--set backend.tune_timeout_s=20 --set backend.step_timeout_s=30)
 # A run that fails capturing its step (capture_end or graph_launch: the captured step's
 # programmatic edges never ran on hardware before, docs/gpu-owed.md, thirty-seventh session)
 # runs once more with programmatic launches off, and so does every later run of this call
@@ -31,6 +32,15 @@ TUNE_TIMEOUT=(--set backend.tune_timeout_s=20)
 PDL_OFF=()
 refused_capture() {  # LOG: the error of a run that failed capturing or replaying its step, if any
   grep -m1 -oE "backend 'cuda': (capture_end|graph_launch).{0,160}" "$1"
+}
+# A run that a kernel's fault or hang ended outside the tuner (a kernel not timed: the CUDA
+# plugin's fault message and plexus's stuck step both say "a kernel failed / may hang on the
+# device (backend.check_kernels = true names the kernel)") runs once more with
+# backend.check_kernels, which waits for each kernel and names the one that faults or hangs, with
+# status 3; the loop below then keeps that kernel out and runs the command as it was.
+unnamed_kernel() {  # LOG: what a run said that a kernel it does not name ended, if so
+  grep -q 'PLEXUS_EXCLUDE_KERNELS=' "$1" && return 1
+  grep -m1 -oE "[^;]{0,200}; a kernel (failed|may hang) on the device" "$1"
 }
 run_unstuck() {  # LOG MAX COMMAND...
   local log=$1 max=$2 st=0 k try why
@@ -47,12 +57,19 @@ run_unstuck() {  # LOG MAX COMMAND...
       run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
       st=$?
     fi
+    if ((st != 0 && st != 124 && st != 125)) && why=$(unnamed_kernel "$log"); then
+      cp "$log" "$log.fault$try"
+      echo "FAULTED OR STUCK ($why); running it again with backend.check_kernels to name the kernel" |
+        tee -a "$OUT/summary.txt"
+      run_for "$max" "$@" "${PDL_OFF[@]}" --set backend.check_kernels=true > "$log" 2>&1
+      st=$?
+    fi
     ((st == 3 && try < 4)) || return $st
     k=$(grep -o 'PLEXUS_EXCLUDE_KERNELS=[^ ]*' "$log" | tail -1 | cut -d= -f2)
     [[ -n $k ]] || return $st
     cp "$log" "$log.stuck$try"
     export PLEXUS_EXCLUDE_KERNELS=${PLEXUS_EXCLUDE_KERNELS:+$PLEXUS_EXCLUDE_KERNELS,}$k
-    echo "STUCK while timed: $k; PLEXUS_EXCLUDE_KERNELS=$PLEXUS_EXCLUDE_KERNELS from here on" |
+    echo "STUCK OR FAULTED: $k; PLEXUS_EXCLUDE_KERNELS=$PLEXUS_EXCLUDE_KERNELS from here on" |
       tee -a "$OUT/summary.txt"
   done
   return $st

@@ -70,7 +70,7 @@ bench_step() {  # TAG MAX MODEL BATCH PREC [ARGS...]
   stamp "plexus bench step: $tag"
   run_unstuck "$OUT/bench-step-$tag.log" "$max" $B/bin/plexus bench step configs/$model.toml --backend cuda \
     --set train.batch_size=$batch --set train.precision=\"$prec\" --set data.path=\"$DATA\" \
-    "${TUNE_TIMEOUT[@]}" --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json"
+    "${TIMEOUTS[@]}" --steps 20 --top 15 "$@" --json "$OUT/bench-step-$tag.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -v '\[debug\]' "$OUT/bench-step-$tag.log" | head -30 | tee -a "$OUT/summary.txt"
   # With --log-level debug: what the tuner made of each fused group ("timed as a whole").
@@ -240,7 +240,7 @@ goal_train() {
   shift
   stamp "goal: plexus train $tag"
   run_unstuck "$OUT/goal-$tag.log" 200 $B/bin/plexus train "$@" --set backend.name=cuda \
-    --set data.path=\"$DATA\" "${TUNE_TIMEOUT[@]}" --set logging.progress=plain \
+    --set data.path=\"$DATA\" "${TIMEOUTS[@]}" --set logging.progress=plain \
     --set output.dir=\"$OUT/runs/goal-$tag\"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E 'img/s|target test accuracy|capturing the work around' "$OUT/goal-$tag.log" | tail -5 | tee -a "$OUT/summary.txt"
@@ -362,7 +362,7 @@ if has goalprofile; then
   # (--log-level debug: each cudnn_graph kernel's engines, timed, and the one it kept.)
   run_unstuck "$OUT/bench-kernels-$tag.log" 150 $B/bin/plexus bench kernels configs/convnet.toml \
     --backend cuda --set train.batch_size=1024 --set train.precision=\"bf16\" \
-    --set data.path=\"$DATA\" "${TUNE_TIMEOUT[@]}" --log-level debug \
+    --set data.path=\"$DATA\" "${TIMEOUTS[@]}" --log-level debug \
     --json "$OUT/bench-kernels-$tag.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^[a-z]|fastest' "$OUT/bench-kernels-$tag.log" | tee -a "$OUT/summary.txt"
@@ -370,7 +370,7 @@ if has goalprofile; then
     "$OUT/bench-kernels-$tag.log" | sort | uniq -c | sort -rn | head -60 | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
   run_unstuck "$OUT/bench-kernels-gemm-bf16.log" 150 $B/bin/plexus bench kernels --backend cuda \
-    --no-step --dtype bf16 --gemm 1024,4096,8192,128x10x800,1024x256x6272 "${TUNE_TIMEOUT[@]}" \
+    --no-step --dtype bf16 --gemm 1024,4096,8192,128x10x800,1024x256x6272 "${TIMEOUTS[@]}" \
     --json "$OUT/bench-kernels-gemm-bf16.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-bf16.log" | tee -a "$OUT/summary.txt"

@@ -42,4 +42,13 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+// A kernel that failed on its device and left the device unusable, found out by
+// backend.check_kernels (Executable): the message names the node, the kernel and how to keep it
+// out (backend.exclude_kernels), and the CLI exits with status 3, as when the tuner finds such
+// a candidate (time_kernel, plexus/tune.hpp).
+class KernelFaultError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
 }  // namespace plexus

@@ -218,6 +218,13 @@ class Executable {
   std::vector<plx_tensor> descs_;  // per value id: the ABI descriptor kernels are created with
   Tensor arena_, workspace_, input_block_;
   struct Step;  // a node ready to run: kernel and ABI views
+  // "{node}: kernel K on 'backend' {what}; keep it out with ...".
+  std::string blame(const Step& st, const std::string& what) const;
+  // backend.check_kernels: `st`'s kernel left the stream failing (`error`: what said so).
+  [[noreturn]] void throw_kernel_fault(const Step& st, const std::string& error) const;
+  // Waits for the stream, for at most backend.step_timeout_s (then the process exits with
+  // status 3 naming `st`'s kernel, or the graph's kernels when null).
+  void wait_for_kernels(const Step* st);
   std::vector<Step> steps_;
   std::vector<int32_t> pos_;      // per node: where it runs (a fused node at its group's last)
   std::vector<int32_t> kernel_of_;  // per node: index of the kernel that runs it, -1 for none
@@ -230,6 +237,7 @@ class Executable {
   plx_stream stream_ = nullptr;
   int64_t runs_ = 0;
   bool can_capture_ = false;
+  bool check_kernels_ = false;   // backend.check_kernels: wait for each kernel, name a fault
   bool around_refused_ = false;  // capturing the work around the step failed once
   // Captured graphs by variant (-1: the step alone, with its work around it outside).
   std::vector<std::pair<int32_t, void*>> graphs_;

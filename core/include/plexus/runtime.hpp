@@ -38,6 +38,14 @@ struct RuntimeOptions {
   // Seconds one timing run of a candidate may take before the tuner exits the process
   // (backend.tune_timeout_s; time_kernel, plexus/tune.hpp).
   double tune_timeout_s = 60;
+  // backend.check_kernels: every executable waits for each kernel before the next and names
+  // the first that fails on the device (KernelFaultError); no step is captured. For finding a
+  // kernel that faults, not for speed.
+  bool check_kernels = false;
+  // backend.step_timeout_s: seconds the host waits for a step's kernels (with check_kernels, for
+  // each kernel) before it takes the device for stuck and exits with status 3, naming what it
+  // waited for (plexus/watchdog.hpp); 0: no limit.
+  double step_timeout_s = 600;
 };
 
 // A kernel one plugin gives a backend of another (an ABI 1.2 kernel extension), as reported by
@@ -52,7 +60,8 @@ struct ExtensionKernel {
 };
 
 // RuntimeOptions from a Config: plugins.*, backend.fallback, backend.kernels,
-// backend.tune_cache, backend.exclude_kernels, memory.limit.
+// backend.tune_cache, backend.exclude_kernels, backend.tune_timeout_s, backend.check_kernels,
+// memory.limit.
 RuntimeOptions runtime_options(const Config& config);
 
 class Runtime {

@@ -149,8 +149,10 @@ void sort_fastest_first(std::vector<CandidateTime>& times);
 // workspace) on the device's stream, timed with the backend's events: one warm-up run, then runs
 // until about `budget_ms` has passed (at least 3, at most 100). Returns the median milliseconds
 // per run. Throws what the kernel throws. A run that has not completed after the runtime's
-// backend.tune_timeout_s (a kernel that deadlocks: nothing more can run behind it) ends the
-// process with status 3, after logging the kernel and how to exclude it and writing the cache.
+// backend.tune_timeout_s (a kernel that deadlocks: nothing more can run behind it), or one that
+// fails and leaves the stream failing too (a kernel that faults: the device is unusable), ends
+// the process with status 3, after logging the kernel and how to exclude it and writing the
+// cache. A failure of the work queued before it is thrown, not blamed on the kernel.
 double time_kernel(Backend& backend, const PreparedKernel& kernel,
                    const std::vector<plx_tensor>& inputs, const std::vector<plx_tensor>& outputs,
                    int32_t device, double budget_ms = 20);

@@ -17,6 +17,7 @@
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/sdk/philox.hpp"
 #include "plexus/sdk/tensor.hpp"
+#include "plexus/watchdog.hpp"
 
 namespace plexus {
 
@@ -129,6 +130,7 @@ uint64_t desc_bytes(const TensorDesc& d) {
   const std::string msg = where + ": " + e.what();
   if (dynamic_cast<const OutOfMemoryError*>(&e)) throw OutOfMemoryError(msg);
   if (dynamic_cast<const OpError*>(&e)) throw OpError(msg);
+  if (dynamic_cast<const KernelFaultError*>(&e)) throw KernelFaultError(msg);
   if (dynamic_cast<const BackendError*>(&e)) throw BackendError(msg);
   throw Error(msg);
 }
@@ -881,6 +883,9 @@ Executable::Executable(Backend& backend, const Graph& graph, TensorStore& store,
                  t.graph_destroy && (backend_.device(dev).caps & PLX_CAP_GRAPH_CAPTURE);
   for (const Step& st : steps_)
     if (!(st.kernel->kernel().flags & PLX_KERNEL_CAPTURABLE)) can_capture_ = false;
+  // A step that waits for each kernel cannot be captured.
+  check_kernels_ = backend_.runtime().options().check_kernels;
+  if (check_kernels_) can_capture_ = false;
   spdlog::debug("executable: {} nodes, {} kernels ({} fused from {} nodes, {} values never "
                 "stored), arena {} (unplanned {}), workspace {}, persistent {}, {} in place, "
                 "capture {}",
@@ -1407,6 +1412,34 @@ Tensor Executable::tensor(std::string_view name) const {
   return tensor(v);
 }
 
+std::string Executable::blame(const Step& st, const std::string& what) const {
+  const char* impl = st.kernel->kernel().impl ? st.kernel->kernel().impl : "?";
+  return fmt::format(
+      "{}: kernel {} on '{}' {}; keep it out with backend.exclude_kernels = [\"{}\"] or "
+      "PLEXUS_EXCLUDE_KERNELS={}",
+      st.fused.empty() ? node_label(graph_.nodes()[static_cast<size_t>(st.node)]) : st.label,
+      impl, backend_.name(), what, impl, impl);
+}
+
+void Executable::throw_kernel_fault(const Step& st, const std::string& error) const {
+  throw KernelFaultError(blame(st, "failed on the device (" + error + ")"));
+}
+
+void Executable::wait_for_kernels(const Step* st) {
+  const double limit = backend_.runtime().options().step_timeout_s;
+  const WaitWatch watch(limit, [&] {
+    const std::string stuck = fmt::format(
+        "completed in {:g} s (backend.step_timeout_s), so the device is taken for stuck and the "
+        "process exits",
+        limit);
+    if (st) return blame(*st, "has not " + stuck);
+    return fmt::format("the kernels of a graph on '{}' have not {}; a kernel may hang on the "
+                       "device (backend.check_kernels = true names the kernel)",
+                       backend_.name(), stuck);
+  });
+  backend_.sync_stream(stream_);
+}
+
 void Executable::run_nodes() {
   const auto& nodes = graph_.nodes();
   void* ws = workspace_.defined() ? workspace_.data() : nullptr;
@@ -1416,12 +1449,30 @@ void Executable::run_nodes() {
     if (hooks)
       for (const Hook& h : *hooks)
         if (h.when == HookPoint::Before) h.fn();
+    // backend.check_kernels: what ran before this kernel has finished, so a failure from here on
+    // that leaves the stream failing is this kernel's fault (a failure before it comes out here
+    // as it is).
+    if (check_kernels_) wait_for_kernels(nullptr);
     try {
       st.kernel->run(st.in.data(), static_cast<int32_t>(st.in.size()), st.out.data(),
                      static_cast<int32_t>(st.out.size()), ws, stream_);
     } catch (const std::exception& e) {
+      if (check_kernels_) {
+        try {
+          wait_for_kernels(&st);
+        } catch (const std::exception&) {
+          throw_kernel_fault(st, e.what());  // it faulted, and a launch of its own said so
+        }
+      }
       if (!st.fused.empty()) throw;  // the kernel's label names the fused kernel and its nodes
       rethrow_for_node(e, nodes[static_cast<size_t>(st.node)]);
+    }
+    if (check_kernels_) {
+      try {
+        wait_for_kernels(&st);
+      } catch (const std::exception& e) {
+        throw_kernel_fault(st, e.what());
+      }
     }
     if (hooks)
       for (const Hook& h : *hooks)
@@ -1526,7 +1577,7 @@ void Executable::run_step(const Around& around, bool inside) {
   ++runs_;
 }
 
-void Executable::sync() { backend_.sync_stream(stream_); }
+void Executable::sync() { wait_for_kernels(nullptr); }
 
 std::vector<std::string> Executable::kernel_names() const {
   std::vector<std::string> out;

@@ -9,6 +9,8 @@
 #include "plexus/error.hpp"
 #include "plexus/op_schema.hpp"
 #include "plexus/optimizer.hpp"
+#include "plexus/runtime.hpp"
+#include "plexus/watchdog.hpp"
 
 namespace plexus {
 
@@ -334,7 +336,18 @@ void StepPipeline::launch(const data::Batch& b, double lr, double step) {
 StepOutcome StepPipeline::collect() {
   if (in_flight_ == 0) throw Error("step pipeline: collect with no step in flight");
   Slot& s = slots_[(next_ - in_flight_ + kSlots) % kSlots];
-  backend_.sync_event(s.done);
+  {
+    // A kernel that hangs would leave the trainer here with nothing said.
+    const double limit = backend_.runtime().options().step_timeout_s;
+    const WaitWatch watch(limit, [&] {
+      return fmt::format(
+          "a training step on '{}' has not completed in {:g} s (backend.step_timeout_s), so the "
+          "device is taken for stuck and the process exits; a kernel may hang on the device "
+          "(backend.check_kernels = true names the kernel)",
+          backend_.name(), limit);
+    });
+    backend_.sync_event(s.done);
+  }
   --in_flight_;
   StepOutcome o;
   float loss = 0;

@@ -20,15 +20,7 @@ args=(configs/simplecnn.toml --set backend.name=\"cuda\" --set "plugins.paths=[\
       --set train.max_steps=3 --set train.batch_size=32 --set data.limit=256
       --set train.eval=false --set logging.progress=\"plain\"
       --set plugins.options.cuda.benchmark=false)
-fail() { echo "FAILED: $*" >&2; exit 1; }
-# The steps a run trained, from the metrics of the folder its log names (a run into a folder that
-# an earlier try left writes to a new one beside it).
-steps() {  # LOG
-  local dir
-  dir=$(sed -n 's/^training .*; writing //p' "$1" | tail -1)
-  [[ -n $dir && -f $dir/metrics.jsonl ]] || { echo 0; return; }
-  grep -c '"type":"step"' "$dir/metrics.jsonl" || true
-}
+source tests/cuda/emu/emu_run.sh  # fail, steps
 
 # 1. The refusal is an error that says what to do.
 st=0

@@ -352,27 +352,29 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
     PROPERTIES COST 300)
 endif()
 
+# A test of plexus runs on the emulated plugin, a script run from the source tree as
+# `bash SCRIPT PLEXUS EMU_PLUGIN_DIR WORKDIR`, passing when its output matches PASS.
+function(plexus_emu_run_test name script workdir pass timeout)
+  add_test(NAME "${name}"
+    COMMAND bash ${emu_dir}/${script} $<TARGET_FILE:plexus> ${PLEXUS_EMU_PLUGIN_DIR}
+            ${CMAKE_CURRENT_BINARY_DIR}/${workdir}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties("${name}" PROPERTIES PASS_REGULAR_EXPRESSION "${pass}" TIMEOUT ${timeout})
+endfunction()
+
 # The tuner and the plugin's fused kernels: simplecnn's whole-step kernel, which runs every node
 # with its own code (PLX_KERNEL_SELF_CONTAINED), made once from a fresh cache and from the cache,
 # with no member kernels reported; the parts' groups still tuned as a whole. (Two members of one
 # name and op, the linear's gradient matmuls, are tests/core/test_tune.cpp's, on the test plugin.)
-add_test(NAME "cuda emulator: the whole-step kernel is made once and reports no member kernels"
-  COMMAND bash ${emu_dir}/group_tuning_on_emulator.sh $<TARGET_FILE:plexus> ${PLEXUS_EMU_PLUGIN_DIR}
-          ${CMAKE_CURRENT_BINARY_DIR}/emu-group-tuning
-  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties("cuda emulator: the whole-step kernel is made once and reports no member kernels"
-  PROPERTIES PASS_REGULAR_EXPRESSION "a self-contained fused kernel is made once" TIMEOUT 600)
+plexus_emu_run_test("cuda emulator: the whole-step kernel is made once and reports no member kernels"
+  group_tuning_on_emulator.sh emu-group-tuning "a self-contained fused kernel is made once" 600)
 
 # A driver that refuses the captured step's programmatic launches (the emulator's
 # PLEXUS_EMU_REFUSE_PROGRAMMATIC_GRAPHS): plexus says what failed and what avoids it, the option
 # does, and run_owed.sh's retry (tests/gpu/run_lib.sh) takes it for the rest of a GPU call.
-add_test(NAME "cuda emulator: a refused capture of programmatic launches names the option that avoids it, and run_owed.sh retries with it"
-  COMMAND bash ${emu_dir}/capture_refused.sh $<TARGET_FILE:plexus> ${PLEXUS_EMU_PLUGIN_DIR}
-          ${CMAKE_CURRENT_BINARY_DIR}/emu-capture-refused
-  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties("cuda emulator: a refused capture of programmatic launches names the option that avoids it, and run_owed.sh retries with it"
-  PROPERTIES PASS_REGULAR_EXPRESSION "a refused capture names its way round, and run_owed.sh takes it"
-  TIMEOUT 300)
+plexus_emu_run_test("cuda emulator: a refused capture of programmatic launches names the option that avoids it, and run_owed.sh retries with it"
+  capture_refused.sh emu-capture-refused
+  "a refused capture names its way round, and run_owed.sh takes it" 300)
 
 # The Tensor Core kernels' shared-memory requests (PLEXUS_EMU_ACCESS): one wavefront each for
 # their ldmatrix reads and 16-byte copies, on every tile (the igemm match test in bf16 and f32
@@ -395,3 +397,10 @@ add_test(NAME "cuda emulator: plexus train on the emulated cuda plugin follows t
 set_tests_properties("cuda emulator: plexus train on the emulated cuda plugin follows the cpu"
   PROPERTIES PASS_REGULAR_EXPRESSION "trains on the emulator as on the cpu" TIMEOUT 900
   COST 240)  # the second longest (about 240 s), started early as the memcheck's igemm test is
+
+# A kernel that faults on the device (the emulator's sticky faults, PLEXUS_EMU_FAULT_KERNEL): the
+# plugin's error points to backend.check_kernels, which names a kernel that is not timed; the
+# tuner names a candidate that faults; run_owed.sh's reruns (tests/gpu/run_lib.sh) get a GPU
+# call's runs through both with the kernels kept out.
+plexus_emu_run_test("cuda emulator: a kernel that faults is named, by the tuner or by backend.check_kernels, and run_owed.sh keeps it out"
+  kernel_fault.sh emu-kernel-fault "a faulting kernel is named and kept out" 300)
