@@ -434,21 +434,29 @@ double time_kernel(Backend& backend, const PreparedKernel& kernel,
       per_run.push_back(ms / reps);
     }
     backend.sync_stream(stream);
-  } catch (const std::exception& e) {
+  } catch (...) {
     // A candidate that declines at run time or runs out of memory leaves the stream working: it
     // is no candidate, and the caller goes on. One that faulted (an illegal address on a GPU)
     // leaves the device unusable, so that every node and candidate after it would fail too.
-    std::string after;
+    std::string error = "an exception", after;
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+    }
     try {
       backend.sync_stream(stream);
     } catch (const std::exception& s) {
       after = s.what();
+    } catch (...) {
+      after = "an exception";
     }
     if (!after.empty())
       exit_for_candidate(backend, kernel,
                          fmt::format("failed and left the device unusable ({}; the stream after "
                                      "it: {})",
-                                     e.what(), after));
+                                     error, after));
     cleanup();
     throw;
   }

@@ -835,7 +835,7 @@ TEST_CASE("a stuck step in a process of its own", "[.][stuck-step-child]") {
 // The watchdog under those messages: a watched wait that ends in time is let be, however many
 // come and go; one that lasts past its timeout ends the process with status 3 and its message,
 // after its before_exit.
-TEST_CASE("a watched wait that ends in time is let be; one that does not ends the process",
+TEST_CASE("a watched wait that ends in time is let be, and one that does not ends the process",
           "[cpu][tune]") {
   static std::atomic<int> fired{0};
   for (int i = 0; i < 10000; ++i) {

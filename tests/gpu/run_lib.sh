@@ -37,10 +37,15 @@ refused_capture() {  # LOG: the error of a run that failed capturing or replayin
 # plugin's fault message and plexus's stuck step both say "a kernel failed / may hang on the
 # device (backend.check_kernels = true names the kernel)") runs once more with
 # backend.check_kernels, which waits for each kernel and names the one that faults or hangs, with
-# status 3; the loop below then keeps that kernel out and runs the command as it was.
+# status 3; the loop below then keeps that kernel out and runs the command as it was. If that run
+# passes, its figures are not the command's (each kernel waited for, nothing captured), and a
+# fault that waiting for each kernel hides points at kernels overlapping: the command runs once
+# more as it was, with programmatic launches off.
 unnamed_kernel() {  # LOG: what a run said that a kernel it does not name ended, if so
+  local said="[^;]{0,200}; a kernel (failed|may hang) on the device"
   grep -q 'PLEXUS_EXCLUDE_KERNELS=' "$1" && return 1
-  grep -m1 -oE "[^;]{0,200}; a kernel (failed|may hang) on the device" "$1"
+  # The error the run ended with, else the first warning that said so.
+  grep -E "plexus: error:|\[critical\]" "$1" | grep -m1 -oE "$said" || grep -m1 -oE "$said" "$1"
 }
 run_unstuck() {  # LOG MAX COMMAND...
   local log=$1 max=$2 st=0 k try why
@@ -63,6 +68,14 @@ run_unstuck() {  # LOG MAX COMMAND...
         tee -a "$OUT/summary.txt"
       run_for "$max" "$@" "${PDL_OFF[@]}" --set backend.check_kernels=true > "$log" 2>&1
       st=$?
+      if ((st == 0)); then
+        cp "$log" "$log.checked$try"
+        PDL_OFF=(--set plugins.options.cuda.programmatic_launch=false)
+        echo "NO FAULT with backend.check_kernels (kernels overlapping?); running it as it was," \
+          "with programmatic launches off from here on" | tee -a "$OUT/summary.txt"
+        run_for "$max" "$@" "${PDL_OFF[@]}" > "$log" 2>&1
+        st=$?
+      fi
     fi
     ((st == 3 && try < 4)) || return $st
     k=$(grep -o 'PLEXUS_EXCLUDE_KERNELS=[^ ]*' "$log" | tail -1 | cut -d= -f2)

@@ -61,7 +61,7 @@ struct ExtensionKernel {
 
 // RuntimeOptions from a Config: plugins.*, backend.fallback, backend.kernels,
 // backend.tune_cache, backend.exclude_kernels, backend.tune_timeout_s, backend.check_kernels,
-// memory.limit.
+// backend.step_timeout_s, memory.limit.
 RuntimeOptions runtime_options(const Config& config);
 
 class Runtime {

@@ -14,7 +14,9 @@
 # 4. run_owed.sh's run_unstuck (tests/gpu/run_lib.sh) gets through both faults at once: a rerun
 #    with check_kernels names the first kernel, each kernel is kept out in turn, and the run
 #    trains its steps; summary.txt says so;
-# 5. and through a step that hangs (plexus's stuck-step message, from a stand-in).
+# 5. and through a step that hangs (plexus's stuck-step message, from a stand-in);
+# 6. and through a fault that waiting for each kernel hides (a stand-in): the command runs again
+#    as it was, with programmatic launches off.
 set -euo pipefail
 plexus=$1 emu=$2 work=$3
 rm -rf "$work"
@@ -86,22 +88,47 @@ n=$(steps "$work/retry.log")
 fake=$work/fake-plexus
 cat > "$fake" <<'SH'
 #!/usr/bin/env bash
-if [[ ,${PLEXUS_EXCLUDE_KERNELS:-}, == *,hung_kernel,* ]]; then echo "trained"; exit 0; fi
-if [[ " $* " == *" backend.check_kernels=true "* ]]; then
-  echo "[critical] node 'c' (conv2d): kernel hung_kernel on 'cuda' has not completed in 30 s (backend.step_timeout_s), so the device is taken for stuck and the process exits; keep it out with backend.exclude_kernels = [\"hung_kernel\"] or PLEXUS_EXCLUDE_KERNELS=hung_kernel"
+# FAKE_MODE=hang: the step hangs until hung_kernel is kept out. FAKE_MODE=overlap: a kernel
+# faults unless the kernels are waited for one by one or launched without programmatic edges.
+args=" $* "
+if [[ $FAKE_MODE == hang ]]; then
+  if [[ ,${PLEXUS_EXCLUDE_KERNELS:-}, == *,hung_kernel,* ]]; then echo "trained"; exit 0; fi
+  if [[ $args == *" backend.check_kernels=true "* ]]; then
+    echo "[critical] node 'c' (conv2d): kernel hung_kernel on 'cuda' has not completed in 30 s (backend.step_timeout_s), so the device is taken for stuck and the process exits; keep it out with backend.exclude_kernels = [\"hung_kernel\"] or PLEXUS_EXCLUDE_KERNELS=hung_kernel"
+    exit 3
+  fi
+  echo "[critical] a training step on 'cuda' has not completed in 30 s (backend.step_timeout_s), so the device is taken for stuck and the process exits; a kernel may hang on the device (backend.check_kernels = true names the kernel)"
   exit 3
 fi
-echo "[critical] a training step on 'cuda' has not completed in 30 s (backend.step_timeout_s), so the device is taken for stuck and the process exits; a kernel may hang on the device (backend.check_kernels = true names the kernel)"
-exit 3
+if [[ $args == *" plugins.options.cuda.programmatic_launch=false "* ]]; then echo "trained"; exit 0; fi
+if [[ $args == *" backend.check_kernels=true "* ]]; then echo "checked"; exit 0; fi
+echo "plexus: error: backend 'cuda': CUDA error cudaErrorIllegalAddress: an illegal memory access was encountered in cudaStreamSynchronize(native(s)) (backend.cpp:364); a kernel failed on the device, which is unusable for the rest of this process (backend.check_kernels = true names the kernel)"
+exit 1
 SH
 chmod +x "$fake"
 unset PLEXUS_EXCLUDE_KERNELS PLEXUS_EMU_FAULT_KERNEL
 : > "$OUT/summary.txt"
-run_unstuck "$work/hang.log" 60 "$fake" train || fail "run_unstuck did not get past the hanging kernel"
+FAKE_MODE=hang run_unstuck "$work/hang.log" 60 "$fake" train ||
+  fail "run_unstuck did not get past the hanging kernel"
 cat "$OUT/summary.txt"
 grep -q "FAULTED OR STUCK (.*a training step on 'cuda' has not completed in 30 s (backend.step_timeout_s), so the device is taken for stuck and the process exits; a kernel may hang on the device); running it again with backend.check_kernels" "$OUT/summary.txt" ||
   fail "summary.txt does not say that the step hung"
 grep -q "STUCK OR FAULTED: hung_kernel; PLEXUS_EXCLUDE_KERNELS=hung_kernel from here on" "$OUT/summary.txt" ||
   fail "summary.txt does not say that the hanging kernel is kept out"
 grep -q "^trained$" "$work/hang.log" || fail "the run without the hanging kernel did not run"
+
+# 6. A fault that waiting for each kernel hides: the run with check_kernels passes, but its
+#    figures are not the command's; run_unstuck runs the command again without programmatic
+#    launches, and keeps them off.
+unset PLEXUS_EXCLUDE_KERNELS
+PDL_OFF=()
+: > "$OUT/summary.txt"
+FAKE_MODE=overlap run_unstuck "$work/overlap.log" 60 "$fake" train ||
+  fail "run_unstuck did not get past a fault that check_kernels hides"
+cat "$OUT/summary.txt"
+grep -q "NO FAULT with backend.check_kernels (kernels overlapping?); running it as it was, with programmatic launches off from here on" "$OUT/summary.txt" ||
+  fail "summary.txt does not say that check_kernels hid the fault"
+grep -q "^trained$" "$work/overlap.log" || fail "the last run is not the command's own"
+[[ " ${PDL_OFF[*]} " == *" plugins.options.cuda.programmatic_launch=false "* ]] ||
+  fail "programmatic launches are not kept off"
 echo "a faulting kernel is named and kept out"
