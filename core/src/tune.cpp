@@ -24,6 +24,7 @@
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/sdk/tensor.hpp"
 #include "plexus/tensor.hpp"
+#include "plexus/watchdog.hpp"
 #include "text.hpp"
 
 namespace plexus {
@@ -334,20 +335,17 @@ void sort_fastest_first(std::vector<CandidateTime>& times) {
 namespace {
 
 // Ends the process when the tuner's run of a candidate has broken the device (`what` says how):
-// names the kernel and how to keep it out, keeps what the tuner has timed so far, and exits with
-// status 3. Nothing more can run on the device, so nothing is unwound (destructors would wait on
-// it or fail), and every later process would time the kernel again if it were not named.
+// names the kernel and how to keep it out, keeps what the tuner has timed so far, and exits
+// (exit_for_device). Every later process would time the kernel again if it were not named.
 [[noreturn]] void exit_for_candidate(Backend& backend, const PreparedKernel& kernel,
                                      const std::string& what) {
   const std::string impl = kernel.kernel().impl ? kernel.kernel().impl : "?";
-  spdlog::critical(
+  const std::string message = fmt::format(
       "{} on '{}': the tuner's run of candidate {} {}, and the process exits; keep the kernel "
       "out with backend.exclude_kernels = [\"{}\"] or PLEXUS_EXCLUDE_KERNELS={}",
       kernel.label(), backend.name(), impl, what, impl, impl);
   backend.runtime().tuner().flush();
-  spdlog::default_logger()->flush();
-  std::fflush(nullptr);
-  std::_Exit(3);
+  exit_for_device(message);
 }
 
 // Waits for `done` as sync_event would, for at most backend.tune_timeout_s. A candidate whose run

@@ -55,13 +55,21 @@ struct Dog {
       // The waiter is still blocked in its wait (it leaves only after taking the lock), so what
       // its watch refers to is alive.
       if (soonest->before_exit) soonest->before_exit();
-      spdlog::critical("{}", soonest->what());
-      spdlog::default_logger()->flush();
-      std::fflush(nullptr);
-      std::_Exit(3);
+      exit_for_device(soonest->what());
     }
   }
 };
+
+}  // namespace
+
+void exit_for_device(const std::string& message) {
+  spdlog::critical("{}", message);
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(3);
+}
+
+namespace {
 
 Dog& dog() {
   static Dog* d = new Dog;

@@ -220,8 +220,9 @@ class Executable {
   struct Step;  // a node ready to run: kernel and ABI views
   // "{node}: kernel K on 'backend' {what}; keep it out with ...".
   std::string blame(const Step& st, const std::string& what) const;
-  // backend.check_kernels: `st`'s kernel left the stream failing (`error`: what said so).
-  [[noreturn]] void throw_kernel_fault(const Step& st, const std::string& error) const;
+  // backend.check_kernels: waits for `st`'s kernel, and throws KernelFaultError naming it if the
+  // stream fails, with `error` (the kernel's own, when its run threw) or the wait's.
+  void check_kernel(const Step& st, const char* error);
   // Waits for the stream, for at most backend.step_timeout_s (then the process exits with
   // status 3 naming `st`'s kernel, or the graph's kernels when null).
   void wait_for_kernels(const Step* st);

@@ -28,4 +28,9 @@ class WaitWatch {
   uint64_t id_ = 0;  // 0: not watched
 };
 
+// Logs `message` as critical, flushes the logs and C streams, and ends the process with status 3
+// without unwinding: for a device that is stuck or unusable, where destructors would wait on it
+// or fail. What a watch that fires does, and what the tuner does for a candidate that faults.
+[[noreturn]] void exit_for_device(const std::string& message);
+
 }  // namespace plexus

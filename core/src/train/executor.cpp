@@ -1421,8 +1421,13 @@ std::string Executable::blame(const Step& st, const std::string& what) const {
       impl, backend_.name(), what, impl, impl);
 }
 
-void Executable::throw_kernel_fault(const Step& st, const std::string& error) const {
-  throw KernelFaultError(blame(st, "failed on the device (" + error + ")"));
+void Executable::check_kernel(const Step& st, const char* error) {
+  try {
+    wait_for_kernels(&st);
+  } catch (const std::exception& e) {
+    throw KernelFaultError(blame(st, std::string("failed on the device (") +
+                                        (error ? error : e.what()) + ")"));
+  }
 }
 
 void Executable::wait_for_kernels(const Step* st) {
@@ -1457,23 +1462,12 @@ void Executable::run_nodes() {
       st.kernel->run(st.in.data(), static_cast<int32_t>(st.in.size()), st.out.data(),
                      static_cast<int32_t>(st.out.size()), ws, stream_);
     } catch (const std::exception& e) {
-      if (check_kernels_) {
-        try {
-          wait_for_kernels(&st);
-        } catch (const std::exception&) {
-          throw_kernel_fault(st, e.what());  // it faulted, and a launch of its own said so
-        }
-      }
+      // It faulted, and a launch of its own said so.
+      if (check_kernels_) check_kernel(st, e.what());
       if (!st.fused.empty()) throw;  // the kernel's label names the fused kernel and its nodes
       rethrow_for_node(e, nodes[static_cast<size_t>(st.node)]);
     }
-    if (check_kernels_) {
-      try {
-        wait_for_kernels(&st);
-      } catch (const std::exception& e) {
-        throw_kernel_fault(st, e.what());
-      }
-    }
+    if (check_kernels_) check_kernel(st, nullptr);
     if (hooks)
       for (const Hook& h : *hooks)
         if (h.when == HookPoint::After) h.fn();
