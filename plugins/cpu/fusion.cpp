@@ -5,7 +5,7 @@
 //    attributes, learning rate and check), run as one multi-tensor kernel: one parallel loop over all
 //    parameters instead of one per parameter, so a step pays one OpenMP fork/join for its update;
 //  - a layer whose output feeds only an activation (linear, conv2d, matmul, add, batch_norm,
-//    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
+//    batch_norm_apply or layer_norm, then relu, tanh, sigmoid or gelu): the layer writes into the
 //    activation's output and the activation runs there in place, so the pre-activation tensor
 //    is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, whose kernel
@@ -32,7 +32,7 @@ namespace {
 const std::vector<std::string_view> kProducers = {"linear",     "conv2d",           "matmul",
                                                   "add",        "batch_norm",       "layer_norm",
                                                   "batch_norm_apply"};
-const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
+const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid", "gelu"};
 
 }  // namespace
 

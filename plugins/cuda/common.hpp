@@ -295,10 +295,11 @@ std::unique_ptr<Kernel> make_max_pool_bias_relu(const plx_node_info& pool, bool 
 // backward. `sms`: the device's multiprocessors, which size the grid.
 std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, int sms,
                                                    uint32_t& flags);
-// relu_backward and the bias gradient's sum of its output (axes 0, 2, 3) as one kernel writing
+// relu_backward and the bias gradient's sum of its output (axes 0, 2, 3, or 0 of a 2-d
+// gradient), or gelu_backward and the sum over the rows of its 2-d output, as one kernel writing
 // both (ops/pool.cu), for fusion; sets the dtype.
-std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
-                                               int sms, plx_dtype& dtype);
+std::unique_ptr<Kernel> make_act_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
+                                              int sms, plx_dtype& dtype);
 void register_gemm(KernelRegistry& r);         // matmul, linear (cuBLASLt)
 void register_mma_gemm(KernelRegistry& r);     // matmul, linear (our mma.sync kernels)
 void register_simt_gemm(KernelRegistry& r);    // matmul, linear: the SIMT kernel, any shape

@@ -217,14 +217,17 @@ TEST_CASE("the conv + max-pool test network trains on the cpu", "[cpu][compare]"
 // db its column sums to rounding. The shapes cover one element, columns that are not a multiple
 // of the 32-column tile, several row splits (the emulator's 4 SMs give 4 for 45 columns and 300
 // rows) and no rows at all.
+struct SumCase {
+  int64_t rows, cols;
+  plx_dtype d;
+};
+const SumCase kSumCases[] = {{1, 1, PLX_F32},     {7, 33, PLX_F32},    {300, 45, PLX_F32},
+                             {1024, 256, PLX_F32}, {300, 45, PLX_BF16}, {129, 70, PLX_F16},
+                             {0, 5, PLX_F32}};
+
 TEST_CASE("relu_backward with its sum over rows fused on cuda matches the cpu", "[cuda][fusion]") {
   PLX_REQUIRE_CUDA(gpu);
-  struct C {
-    int64_t rows, cols;
-    plx_dtype d;
-  };
-  for (const C& c : {C{1, 1, PLX_F32}, C{7, 33, PLX_F32}, C{300, 45, PLX_F32}, C{1024, 256, PLX_F32},
-                     C{300, 45, PLX_BF16}, C{129, 70, PLX_F16}, C{0, 5, PLX_F32}}) {
+  for (const SumCase& c : kSumCases) {
     DYNAMIC_SECTION(c.rows << " x " << c.cols << " " << dtype_name(c.d)) {
       Graph g(runtime().ops());
       const Var dy = g.input("dy", {c.d, {c.rows, c.cols}}), y = g.input("y", {c.d, {c.rows, c.cols}});
@@ -255,4 +258,47 @@ TEST_CASE("relu_backward with its sum over rows fused on cuda matches the cpu", 
       CHECK(compare_tensors(a.tensor("db"), b.tensor("db"), Tolerance{INFINITY, 0, nmse, false}) == "");
     }
   }
+}
+
+// A linear layer's GELU backward with its bias gradient fused on CUDA (ops/pool.cu, GeluCols):
+// dx is the unfused CUDA gelu_backward's bit for bit (one formula, ops/gelu.cuh) and the CPU's
+// to a few ulps of erff, tanhf and expf, db the CPU's column sums to rounding; both forms, the
+// shapes of the ReLU test above.
+TEST_CASE("gelu_backward with its sum over rows fused on cuda matches the cpu", "[cuda][fusion]") {
+  PLX_REQUIRE_CUDA(gpu);
+  for (const char* approximate : {"none", "tanh"})
+    for (const SumCase& c : kSumCases) {
+      DYNAMIC_SECTION(approximate << " " << c.rows << " x " << c.cols << " " << dtype_name(c.d)) {
+        Graph g(runtime().ops());
+        const Var dy = g.input("dy", {c.d, {c.rows, c.cols}});
+        const Var x = g.input("x", {c.d, {c.rows, c.cols}});
+        const Var dx = g.add1("gelu_backward", {dy, x}, {{"approximate", std::string(approximate)}},
+                              "gelu.grad");
+        Attrs sa;
+        sa.set("axes", Ints{0});
+        g.mark_output(g.add1("sum", {dx}, sa, "bias.grad"), "db");
+        g.mark_output(dx, "dx");
+        ExecutableOptions eo, unfused;
+        unfused.fuse = false;
+        TensorStore s_fused, s_unfused, s_cpu;
+        Executable a(gpu, g, s_fused, eo), u(gpu, g, s_unfused, unfused), b(cpu(), g, s_cpu, eo);
+        std::string names;
+        for (const auto& k : a.kernel_names()) names += k + "\n";
+        INFO(names);
+        if (c.rows > 0) CHECK_THAT(names, PLX_CONTAINS("fused kernel 'gelu_backward+sum'"));
+        const int64_t n = c.rows * c.cols;
+        const std::vector<double> vdy = random_doubles(static_cast<size_t>(n), 5, -2, 2);
+        const std::vector<double> vx = random_doubles(static_cast<size_t>(n), 6, -4, 4);
+        for (Executable* e : {&a, &u, &b}) {
+          fill(e->tensor("dy"), vdy);
+          fill(e->tensor("x"), vx);
+          e->run();
+          e->sync();
+        }
+        CHECK(compare_tensors(a.tensor("dx"), u.tensor("dx"), Tolerance{0, 0, 0, true}) == "");
+        CHECK(compare_tensors(a.tensor("dx"), b.tensor("dx"), tolerance_for(c.d, 1, false)) == "");
+        const Tolerance db_tol{INFINITY, 0, c.d == PLX_F32 ? 1e-10 : 1e-4, false};
+        CHECK(compare_tensors(a.tensor("db"), b.tensor("db"), db_tol) == "");
+      }
+    }
 }

@@ -101,7 +101,7 @@ TEST_CASE("conv2d -> relu fused on cuda is one cudnn call where cudnn takes it",
 
 // A linear -> relu or conv2d -> relu pair whose layer the host gave to one of our own kernels
 // (the tuner's choice, pinned here through the tuning cache) runs as that kernel with the ReLU in
-// its epilogue (ops/fusion.cpp, make_relu_pair): one kernel writing relu's output, against
+// its epilogue (ops/fusion.cpp, make_act_pair): one kernel writing relu's output, against
 // the same graph on the CPU. One input is NaN: the ReLU gives 0 there, as the relu op does on
 // every backend (a NaN would poison the comparison). The Hopper GEMM's pair has its own test
 // (test_wgmma_gemm.cpp).

@@ -198,7 +198,7 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
 
 // A linear -> relu group whose linear node the host gave to a wgmma candidate (the tuner's
 // choice, here pinned through the tuning cache) runs as that kernel with the ReLU in its
-// epilogue (ops/fusion.cpp, make_relu_pair), writing the relu's output directly; it
+// epilogue (ops/fusion.cpp, make_act_pair), writing the relu's output directly; it
 // matches the same graph on the CPU.
 TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu in its epilogue",
           "[cuda][fusion]") {

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "device.cuh"
+#include "ops/gelu.cuh"
 #include "ops/indexing.cuh"
 
 namespace plexus::cuda {
@@ -177,38 +178,16 @@ bool gelu_tanh(const NodeInfo& node) {
   return a == "tanh";
 }
 
-// The CPU's constants, rounded to f32 as its functors round them.
-constexpr float kSqrt2OverPi = static_cast<float>(0.7978845608028654);
-constexpr float kInvSqrt2 = static_cast<float>(0.7071067811865476);
-constexpr float kInvSqrt2Pi = static_cast<float>(0.3989422804014327);
-constexpr float kGeluCubic = static_cast<float>(0.044715);
-constexpr float kGeluCubic3 = static_cast<float>(3 * 0.044715);
-
+// ops/gelu.cuh: one formula for these and the fused kernels.
 struct Gelu {
   explicit Gelu(const NodeInfo& node) : tanh_(gelu_tanh(node)) {}
-  __device__ float operator()(float x) const {
-    if (tanh_) {
-      const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-      return 0.5f * x * (1.f + tanhf(u));
-    }
-    return 0.5f * x * (1.f + erff(x * kInvSqrt2));
-  }
+  __device__ float operator()(float x) const { return gelu::forward(x, tanh_); }
   bool tanh_;
 };
 struct GeluBackward {  // saved: x
   static constexpr bool kReports = false;
   explicit GeluBackward(const NodeInfo& node) : tanh_(gelu_tanh(node)) {}
-  __device__ float operator()(float dy, float x) const {
-    if (tanh_) {
-      const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-      const float t = tanhf(u);
-      const float du = kSqrt2OverPi * (1.f + kGeluCubic3 * x * x);
-      return dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
-    }
-    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-  }
+  __device__ float operator()(float dy, float x) const { return gelu::backward(dy, x, tanh_); }
   bool tanh_;
 };
 

@@ -18,13 +18,20 @@
 //    host gave it; where such a kernel declines, a chain, as below;
 //  - conv2d with a bias -> relu: one cudnnConvolutionBiasActivationForward call (ops/conv.cpp)
 //    where the host chose cuDNN for the conv and cuDNN takes the call; else a chain, as below;
+//  - linear -> gelu (sdk::find_activation_pairs), also where gelu_backward reads the
+//    pre-activation (training): where the host gave the linear to our own GEMMs, one launch
+//    whose epilogue applies the GELU (erf or tanh, as the node says) and stores the
+//    pre-activation beside it where it is needed outside the pair; declined on cuBLASLt (its
+//    GELU epilogue is the tanh form only), where in inference the chain below takes it;
 //  - other layers whose output feeds only an activation (conv2d, matmul, add, batch_norm,
-//    batch_norm_apply or layer_norm, then relu, tanh or sigmoid): the layer writes into the
-//    activation's output and the activation runs there in place (sdk::EpilogueChain), so the
-//    pre-activation tensor is never allocated;
+//    batch_norm_apply or layer_norm, then relu, tanh, sigmoid or gelu): the layer writes into
+//    the activation's output and the activation runs there in place (sdk::EpilogueChain), so
+//    the pre-activation tensor is never allocated;
 //  - the backward of ReLU with pooling: relu_backward feeding max_pool2d_backward, one gather
 //    kernel that masks each gradient as it reads it (ops/pool.cu); and of a ReLU after a conv
-//    without a pool: relu_backward with the conv's bias-gradient sum, one kernel writing both;
+//    without a pool or a linear layer: relu_backward with the layer's bias-gradient sum, one
+//    kernel writing both, as for a GELU after a linear layer (gelu_backward with the sum over
+//    rows);
 //    for a first layer whose weight gradient the host gave to the direct kernel, with that
 //    weight gradient too (ops/direct_conv.cu), so the masked gradient is never written.
 //  - the classifier head: linear -> [cast to f32] -> softmax_cross_entropy, with the argmax of
@@ -50,6 +57,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "ops/act_pair_slots.hpp"
 #include "ops/conv_pool.hpp"
 #include "ops/direct_conv.hpp"
 #include "ops/igemm_conv.hpp"
@@ -58,7 +66,6 @@
 #include "ops/multi_cast.hpp"
 #include "ops/multi_unscale.hpp"
 #include "ops/optim_fused.hpp"
-#include "ops/relu_pair_slots.hpp"
 #include "ops/step_cnn.hpp"
 #ifdef PLEXUS_CUDA_WGMMA
 #include "ops/wgmma_gemm.hpp"
@@ -71,7 +78,7 @@ namespace {
 const std::vector<std::string_view> kProducers = {"linear",     "conv2d",           "matmul",
                                                   "add",        "batch_norm",       "layer_norm",
                                                   "batch_norm_apply"};
-const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid"};
+const std::vector<std::string_view> kEpilogues = {"relu", "tanh", "sigmoid", "gelu"};
 
 bool is_f32_group(const sdk::GraphView& g, const std::vector<int32_t>& grp) {
   return g.value(g.node(grp[0]).inputs[0]).dtype == PLX_F32;
@@ -545,21 +552,38 @@ std::vector<std::vector<int32_t>> cast_runs(const sdk::GraphView& g, const std::
   return runs;
 }
 
-// A linear -> relu or conv2d -> relu pair as one kernel of the layer's that applies the ReLU
-// itself, chosen by the host's choice for the layer (`impl`, "" for none): cuDNN's fused call for
-// a conv given to cuDNN or to nothing (unless conv_bias_activation is off), our own kernels'
-// epilogues for one given to them. Null where no such kernel applies or it declines (the debug
-// log says why); `name` is the fused kernel's.
-std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphView& g,
-                                       const sdk::Boundary& b, const std::string& impl,
-                                       std::string& name) {
+// A linear -> relu, conv2d -> relu or linear -> gelu pair as one kernel of the layer's that
+// applies the activation itself, chosen by the host's choice for the layer (`impl`, "" for
+// none): cuDNN's fused call for a conv given to cuDNN or to nothing (unless conv_bias_activation
+// is off), our own kernels' epilogues for one given to them. A gelu pair is only ours (cuBLASLt's
+// GELU epilogue is the tanh form alone), and keeps the pre-activation where it is needed outside
+// the pair (in training gelu_backward reads it): the epilogue stores it beside the activation.
+// Null where no such kernel applies or it declines (the debug log says why); `name` is the fused
+// kernel's.
+std::unique_ptr<Kernel> make_act_pair(CudaBackend& backend, const sdk::GraphView& g,
+                                      const sdk::Boundary& b, const std::string& impl,
+                                      std::string& name) {
   const bool linear = g.is(0, "linear");
+  const bool gelu = g.num_nodes() == 2 && g.is(1, "gelu");
+  const char* act_op = gelu ? "gelu" : "relu";
   try {
-    ReluPairSlots slots(g, b, linear ? "linear" : "conv2d");
+    ActPairSlots slots(g, b, linear ? "linear" : "conv2d", act_op, /*keep_pre=*/gelu);
     const sdk::OwnedNodeInfo info(g, 0);
     const NodeInfo node(&info.get());
+    MmaAct act = MmaAct::Relu;
+    if (gelu) {
+      const sdk::OwnedNodeInfo ai(g, 1);
+      act = NodeInfo(&ai.get()).attr_string("approximate") == "tanh" ? MmaAct::GeluTanh
+                                                                     : MmaAct::Gelu;
+    }
     std::unique_ptr<Kernel> layer;
-    name = std::string(g.node(0).op) + "+relu:" + impl + "-epilogue";
+    name = std::string(g.node(0).op) + "+" + act_op + ":" + impl + "-epilogue";
+    if (gelu) {
+      PLX_DECLINE_UNLESS(linear && (impl.starts_with("mma_sync_") || impl.starts_with("wgmma_")),
+                         "a %s -> gelu pair is one kernel only on the plugin's own GEMM tiles, "
+                         "and the host chose %s for the %s",
+                         g.node(0).op, impl.empty() ? "no kernel" : impl.c_str(), g.node(0).op);
+    }
     if (!linear && (impl.empty() || impl == "cudnn")) {
       if (!backend.options().conv_bias_activation) return nullptr;
       layer = make_cudnn_conv_relu(node, backend);
@@ -568,10 +592,10 @@ std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphVie
       layer = make_cudnn_graph_conv_relu(node, backend);
       name = "conv2d+relu:cudnn_graph-fused";
     } else if (linear && impl.starts_with("mma_sync_")) {
-      layer = make_mma_linear(node, backend, impl, MmaAct::Relu);
+      layer = make_mma_linear(node, backend, impl, act);
 #ifdef PLEXUS_CUDA_WGMMA
     } else if (linear && impl.starts_with("wgmma_")) {
-      layer = make_wgmma_linear(node, backend, impl, MmaAct::Relu);
+      layer = make_wgmma_linear(node, backend, impl, act);
 #endif
     } else if (!linear && impl.starts_with("igemm_")) {
       layer = make_igemm_conv(node, backend, impl, /*relu=*/true);
@@ -579,9 +603,9 @@ std::unique_ptr<Kernel> make_relu_pair(CudaBackend& backend, const sdk::GraphVie
       layer = make_direct_conv(node, backend, /*relu=*/true);
     }
     if (!layer) return nullptr;
-    return std::make_unique<ReluPairKernel>(std::move(slots), std::move(layer));
+    return std::make_unique<ActPairKernel>(std::move(slots), std::move(layer));
   } catch (const sdk::Unsupported& e) {
-    PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s+relu on %s: %s", g.node(0).op,
+    PLX_LOG(PLX_LOG_DEBUG, "cuda.fusion", "%s+%s on %s: %s", g.node(0).op, act_op,
             impl.empty() ? "the default kernel" : impl.c_str(), e.what());
     return nullptr;
   }
@@ -669,16 +693,17 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     claim(user, grp, 3, "relu_backward+sum+conv2d_backward_weight");
   }
   // A ReLU's backward with the bias gradient's sum of what it writes (a conv layer without a
-  // pool, or a linear layer: the sum over rows of a 2-d gradient): one pass over the gradient
-  // instead of two (ops/pool.cu).
+  // pool, or a linear layer: the sum over rows of a 2-d gradient), and a GELU's backward with a
+  // linear layer's: one pass over the gradient instead of two (ops/pool.cu).
   for (int32_t n = 0; n < g.num_nodes(); ++n) {
-    if (!g.is(n, "relu_backward") || g.node(n).num_outputs != 1) continue;
+    const bool gelu = g.is(n, "gelu_backward");
+    if ((!gelu && !g.is(n, "relu_backward")) || g.node(n).num_outputs != 1) continue;
     const int32_t v = g.node(n).outputs[0];
-    if (!g.valid(v) || (g.value(v).ndim != 4 && g.value(v).ndim != 2)) continue;
+    if (!g.valid(v) || !(g.value(v).ndim == 2 || (!gelu && g.value(v).ndim == 4))) continue;
     for (int32_t r : g.readers(v))
       if (g.is(r, "sum") && (g.value(v).ndim == 4 ? sdk::detail::bias_grad_sum(g, r) : row_sum(g, r))) {
         const int32_t pair[2] = {n, r};
-        claim(user, pair, 2, "relu_backward+sum");
+        claim(user, pair, 2, gelu ? "gelu_backward+sum" : "relu_backward+sum");
         break;
       }
   }
@@ -693,6 +718,11 @@ void CudaBackend::get_capability(const plx_graph_view& graph, plx_claim_fn claim
     for (int32_t n : chain) name += (name.empty() ? "" : "+") + std::string(g.node(n).op);
     claim(user, chain.data(), static_cast<int32_t>(chain.size()), name.c_str());
   }
+  // linear -> gelu, also where gelu_backward reads the pre-activation (training): our GEMMs'
+  // epilogues apply the GELU and store the pre-activation beside it. Declined at creation where
+  // the host gave the linear to cuBLASLt (then, in inference, a chain with the GELU in place).
+  for (const auto& pair : sdk::find_activation_pairs(g, "linear", "gelu"))
+    claim(user, pair.data(), 2, "linear+gelu");
   // A run the core refuses (under data parallelism it would hold a gradient back from its
   // all-reduce) is tried again as its parts of casts next to each other in graph order (a
   // layer's weight and bias gradients).
@@ -853,12 +883,13 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
                 workspace_bytes, prefers_nhwc(dt) ? PLX_LAYOUT_NHWC : PLX_LAYOUT_ANY);
     return;
   }
-  if (g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum")) {
+  if (g.num_nodes() == 2 && (g.is(0, "relu_backward") || g.is(0, "gelu_backward")) &&
+      g.is(1, "sum")) {
     plx_dtype dt = dtype;
-    auto k = make_relu_backward_sum(g, b, context(graph.device).prop.multiProcessorCount, dt);
+    auto k = make_act_backward_sum(g, b, context(graph.device).prop.multiProcessorCount, dt);
     // dy, y and dx laid out alike in any dense layout: the layout planner may hand it all three
     // channels-last (abi/ops.h); the sums are then column sums over (N·H·W, C).
-    fused_.give("relu_backward+sum", dt,
+    fused_.give(std::string(g.node(0).op) + "+sum", dt,
                 PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE | PLX_KERNEL_DENSE, std::move(k),
                 kernel, state, workspace_bytes);
     return;
@@ -898,10 +929,13 @@ void CudaBackend::create_fused(const plx_graph_view& graph, const int32_t* input
   }
   // Any other linear -> relu or conv2d -> relu: one kernel applying the ReLU itself where the
   // host's choice for the layer has one (cuDNN's fused call for a conv; our own GEMMs' and
-  // convolution's epilogues); one launch and no pre-activation. Else the chain below.
-  if (g.num_nodes() == 2 && g.is(1, "relu") && (g.is(0, "linear") || g.is(0, "conv2d"))) {
+  // convolution's epilogues); one launch and no pre-activation. linear -> gelu on our own
+  // GEMMs' epilogues, the pre-activation stored beside where it is needed. Else the chain below
+  // (which declines a pre-activation needed outside).
+  if (g.num_nodes() == 2 && (g.is(1, "relu") || g.is(1, "gelu")) &&
+      (g.is(0, "linear") || (g.is(0, "conv2d") && g.is(1, "relu")))) {
     std::string pair_name;
-    if (auto k = make_relu_pair(*this, g, b, hinted ? hinted->impl : "", pair_name)) {
+    if (auto k = make_act_pair(*this, g, b, hinted ? hinted->impl : "", pair_name)) {
       // A conv pair takes x and y in either layout (cuDNN's descriptors, igemm's staging) and,
       // in 16 bits, prefers channels-last as the conv does (register_conv).
       const plx_layout layout =

@@ -28,7 +28,7 @@
 
 #include "common.hpp"
 #include "ops/gemm_bias.hpp"
-#include "ops/relu_pair_slots.hpp"
+#include "ops/act_pair_slots.hpp"
 
 namespace plexus::cuda {
 
@@ -429,7 +429,7 @@ class LinearKernel final : public Kernel {
 class LinearRelu final : public Kernel {
  public:
   LinearRelu(CudaBackend& backend, const sdk::GraphView& g, const sdk::Boundary& b)
-      : slots_(g, b, "linear") {
+      : slots_(g, b, "linear", "relu") {
     const sdk::OwnedNodeInfo li(g, 0), ri(g, 1);
     linear_ = std::make_unique<LinearKernel>(NodeInfo(&li.get()), backend, /*relu=*/true);
     relu_ = std::make_unique<sdk::NodeKernel>(backend, ri.get());
@@ -448,7 +448,7 @@ class LinearRelu final : public Kernel {
   }
 
  private:
-  ReluPairSlots slots_;
+  ActPairSlots slots_;
   std::unique_ptr<LinearKernel> linear_;
   std::unique_ptr<sdk::NodeKernel> relu_;
   uint32_t flags_ = 0;

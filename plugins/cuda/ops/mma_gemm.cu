@@ -46,9 +46,11 @@
 
 #include "device.cuh"
 #include "ops/copy_lanes.cuh"
+#include "ops/gelu.cuh"
 #include "ops/mma_gemm.hpp"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/pair_store.cuh"
 #include "ops/simt_gemm.cuh"
 
 namespace plexus::cuda {
@@ -119,6 +121,7 @@ struct MmaArgs {
   const void* a;
   const void* b;
   void* y;
+  void* pre;         // the pre-activation, laid out as y (GELU epilogues only); null: none
   const void* bias;  // null: none
   int64_t M, N, K;
   int64_t lda, ldb, ldy;  // row strides (elements) of A, B as stored, and of y
@@ -141,30 +144,27 @@ struct MmaArgs {
 using namespace ptx;
 
 // ---- epilogue ----
-// The CPU's constants, rounded to f32 as its functors round them (as ops/elementwise.cu).
-constexpr float kGeluSqrt2OverPi = static_cast<float>(0.7978845608028654);
-constexpr float kGeluInvSqrt2 = static_cast<float>(0.7071067811865476);
-constexpr float kGeluCubic = static_cast<float>(0.044715);
-
 template <MmaAct ACT>
 __device__ __forceinline__ float activate(float x) {
   if constexpr (ACT == MmaAct::Relu) {
     return x > 0.f ? x : 0.f;  // NaN gives 0, as the relu op does
-  } else if constexpr (ACT == MmaAct::Gelu) {
-    return 0.5f * x * (1.f + erff(x * kGeluInvSqrt2));
-  } else if constexpr (ACT == MmaAct::GeluTanh) {
-    const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    return 0.5f * x * (1.f + tanhf(u));
+  } else if constexpr (ACT == MmaAct::Gelu || ACT == MmaAct::GeluTanh) {
+    return gelu::forward(x, ACT == MmaAct::GeluTanh);  // the gelu op's formula (ops/gelu.cuh)
   } else {
     return x;
   }
 }
 
-// Stores outputs (row, col) and (row, col + 1) of one batch entry's y, the second only if
-// col + 1 < N; v0, v1 are the raw sums.
+// Whether the epilogue can also store the pre-activation (MmaArgs::pre): a fused linear -> gelu
+// in training, whose gelu_backward reads it. ReLU's backward reads the ReLU's output instead.
+template <MmaAct ACT>
+constexpr bool kStoresPre = ACT == MmaAct::Gelu || ACT == MmaAct::GeluTanh;
+
+// Stores outputs (row, col) and (row, col + 1) of one batch entry's y (and of its pre-activation
+// `pre`, if not null), the second only if col + 1 < N; v0, v1 are the raw sums.
 template <class T, MmaAct ACT>
-__device__ __forceinline__ void store_pair(const MmaArgs& p, T* y, const T* bias, int64_t row,
-                                           int64_t col, float v0, float v1) {
+__device__ __forceinline__ void store_pair(const MmaArgs& p, T* y, T* pre, const T* bias,
+                                           int64_t row, int64_t col, float v0, float v1) {
   const bool two = col + 1 < p.N;
   v0 *= p.alpha;
   v1 *= p.alpha;
@@ -172,9 +172,14 @@ __device__ __forceinline__ void store_pair(const MmaArgs& p, T* y, const T* bias
     v0 += to_accum<T>(bias[col]);
     if (two) v1 += to_accum<T>(bias[col + 1]);
   }
+  const int64_t at = row * p.ldy + col;
+  if constexpr (kStoresPre<ACT>)
+    if (pre) put_pair<T>(pre + at, v0, v1, two, p.pair);
+  // y's store written out rather than through put_pair, which moved nvcc's scheduling of the
+  // plain and ReLU kernels' epilogues (8 to 56 more instructions in their SASS).
   v0 = activate<ACT>(v0);
   v1 = activate<ACT>(v1);
-  T* out = y + row * p.ldy + col;
+  T* out = y + at;
   if (two && p.pair) {
     if constexpr (std::is_same_v<T, float>) {
       *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
@@ -187,6 +192,14 @@ __device__ __forceinline__ void store_pair(const MmaArgs& p, T* y, const T* bias
     out[0] = from_accum<T>(v0);
     if (two) out[1] = from_accum<T>(v1);
   }
+}
+
+// Batch entry z's pre-activation output (null where there is none or ACT never stores one).
+template <class T, MmaAct ACT>
+__device__ __forceinline__ T* pre_of(const MmaArgs& p, int64_t z) {
+  if constexpr (kStoresPre<ACT>)
+    return p.pre ? static_cast<T*>(p.pre) + z * p.sy : nullptr;
+  return nullptr;
 }
 
 // ---- the Tensor Core kernel ----
@@ -425,6 +438,7 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
     unsigned* const counters = p.done + ((z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) *
                                             split_sum_counters(static_cast<unsigned>(p.splits));
     const T* bias = static_cast<const T*>(p.bias);
+    T* const pre = pre_of<T, ACT>(p, z);
     split_sum(
         counters, p.partial, p.batch * M * N, static_cast<unsigned>(p.splits),
         static_cast<unsigned>(split), BM * BN,
@@ -436,10 +450,13 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
           const int64_t row = m0 + e / BN, col = n0 + e % BN;
           v *= p.alpha;
           if (bias) v += to_accum<T>(bias[col]);
+          if constexpr (kStoresPre<ACT>)
+            if (pre) pre[row * p.ldy + col] = from_accum<T>(v);
           Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
         });
   } else {
     const T* bias = static_cast<const T*>(p.bias);
+    T* const pre = pre_of<T, ACT>(p, z);
 #pragma unroll
     for (int mi = 0; mi < C::MI; ++mi) {
 #pragma unroll
@@ -450,7 +467,8 @@ __global__ void __launch_bounds__(Cfg<T, TL>::kThreads) mma_gemm_kernel(const Mm
         for (int ni = 0; ni < C::NI; ++ni) {
           const int64_t col = n0 + warp_n * C::WN + ni * 8 + 2 * t;
           if (col >= N) continue;
-          store_pair<T, ACT>(p, Y, bias, row, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          store_pair<T, ACT>(p, Y, pre, bias, row, col, acc[mi][ni][2 * h],
+                             acc[mi][ni][2 * h + 1]);
         }
       }
     }
@@ -479,6 +497,8 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   if (row >= p.M || col >= p.N) return;
   float v = acc * p.alpha;
   if (p.bias) v += to_accum<T>(static_cast<const T*>(p.bias)[col]);
+  if constexpr (kStoresPre<ACT>)
+    if (T* pre = pre_of<T, ACT>(p, z)) pre[row * p.ldy + col] = from_accum<T>(v);
   Y[row * p.ldy + col] = from_accum<T>(activate<ACT>(v));
 }
 
@@ -493,9 +513,11 @@ using MmaShape = GemmProblem;
 
 // A launch's arguments for shape s (no split: splits 1, k_split K).
 template <class T>
-MmaArgs gemm_args(const MmaShape& s, const void* a, const void* b, void* y, const void* bias) {
+MmaArgs gemm_args(const MmaShape& s, const void* a, const void* b, void* y, const void* bias,
+                  void* pre = nullptr) {
   MmaArgs p{};
   p.a = a, p.b = b, p.y = y, p.bias = s.bias ? bias : nullptr;
+  p.pre = pre;
   p.M = s.M, p.N = s.N, p.K = s.K;
   p.lda = s.a_kmajor ? s.K : s.M;
   p.ldb = s.b_kmajor ? s.K : s.N;
@@ -505,8 +527,10 @@ MmaArgs gemm_args(const MmaShape& s, const void* a, const void* b, void* y, cons
   p.batch = s.batch;
   p.splits = 1;
   p.k_split = s.K;
-  // Two columns at once need y's row starts (and batch entries) aligned to two elements.
-  p.pair = s.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
+  // Two columns at once need y's (and pre's) row starts and batch entries aligned to two
+  // elements.
+  p.pair = s.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0 &&
+           reinterpret_cast<uintptr_t>(pre) % (2 * sizeof(T)) == 0;
   return p;
 }
 
@@ -629,10 +653,11 @@ class MmaPlan {
   uint64_t workspace_bytes() const { return workspace_; }
 
   // y (batch, M, N) from a, b (and bias, null if none), on `stream`; ws: workspace_bytes().
-  void run(const void* a, const void* b, void* y, const void* bias, void* ws,
-           cudaStream_t stream) const {
+  // `pre`: where a GELU epilogue also stores the pre-activation (null: nowhere).
+  void run(const void* a, const void* b, void* y, const void* bias, void* ws, cudaStream_t stream,
+           void* pre = nullptr) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
-    MmaArgs p = gemm_args<T>(s_, a, b, y, bias);
+    MmaArgs p = gemm_args<T>(s_, a, b, y, bias, pre);
     p.splits = splits_;
     p.k_split = SPLIT ? k_split_ : s_.K;
     p.partial = static_cast<float*>(ws);
@@ -671,10 +696,10 @@ class SimtPlan {
 
   uint64_t workspace_bytes() const { return 0; }
 
-  void run(const void* a, const void* b, void* y, const void* bias, void*,
-           cudaStream_t stream) const {
+  void run(const void* a, const void* b, void* y, const void* bias, void*, cudaStream_t stream,
+           void* pre = nullptr) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
-    launch_simt<T, ACT>(gemm_args<T>(s_, a, b, y, bias), s_, stream);
+    launch_simt<T, ACT>(gemm_args<T>(s_, a, b, y, bias, pre), s_, stream);
   }
 
  private:
@@ -718,10 +743,13 @@ class GemmLinear final : public Kernel {
 
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
 
+  // A second output, where the fused linear -> gelu group keeps the pre-activation, takes it
+  // (GELU epilogues only: make_mma_linear).
   void compute(const KernelCall& c) override {
     use_device(device_);
     const void* bias = c.has_in(2) ? c.in(2).data : nullptr;
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, c.workspace, native(c.stream));
+    void* pre = c.num_outputs > 1 ? c.out(1).data : nullptr;
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, c.workspace, native(c.stream), pre);
   }
 
  private:

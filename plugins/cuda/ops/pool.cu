@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "device.cuh"
+#include "ops/gelu.cuh"
 
 namespace plexus::cuda {
 
@@ -444,6 +445,18 @@ struct ReluCols {
     return to_accum<T>(y[i]) > 0.0f ? to_accum<T>(dy[i]) : 0.0f;
   }
 };
+// ... and gelu_backward's, dy · gelu'(x) (in f32, the gelu_backward op's formula: ops/gelu.cuh),
+// dy, x and dx laid out alike.
+template <class T>
+struct GeluCols {
+  static constexpr int kRowsAhead = 4;
+  const T* dy;
+  const T* x;
+  bool tanh_form;
+  __device__ float at(int64_t, int64_t, int64_t i) const {
+    return gelu::backward(to_accum<T>(dy[i]), to_accum<T>(x[i]), tanh_form);
+  }
+};
 // ... and max_pool2d_backward's, dx channels-last: row n·H·W + e, column c (max_pool_gather),
 // its indices in I (int32_t when every element's fits, as the other pool kernels choose).
 template <class T, class Ix, class I>
@@ -740,21 +753,30 @@ class MaxPool2dBackwardSumKernel final : public Kernel {
 };
 
 // relu_backward(dy, y) whose output a bias gradient's sum (over axes 0, 2, 3) also reads, as one
-// kernel writing both (a conv layer without a pool: its ReLU's backward and its bias gradient).
-// Inputs and outputs at the fused group's boundary slots.
+// kernel writing both (a conv layer without a pool: its ReLU's backward and its bias gradient);
+// and relu_backward or gelu_backward(dy, x) with the sum over the rows of a 2-d gradient (a
+// linear layer's). Inputs and outputs at the fused group's boundary slots.
 template <class T>
-class ReluBackwardSumKernel final : public Kernel {
+class ActBackwardSumKernel final : public Kernel {
  public:
-  ReluBackwardSumKernel(const sdk::GraphView& g, const sdk::Boundary& b, int sms)
-      : device_(g.device()) {
+  ActBackwardSumKernel(const sdk::GraphView& g, const sdk::Boundary& b, int sms)
+      : device_(g.device()), gelu_(g.is(0, "gelu_backward")) {
     const plx_graph_node& relu = g.node(0);
     const plx_graph_node& sum = g.node(1);
+    const char* op = relu.op;
+    if (gelu_) {
+      const sdk::OwnedNodeInfo info(g, 0);
+      const std::string a = NodeInfo(&info.get()).attr_string("approximate");
+      PLX_DECLINE_UNLESS(a == "none" || a == "tanh", "gelu_backward+sum: approximate \"%s\"",
+                         a.c_str());
+      tanh_ = a == "tanh";
+    }
     dy_ = b.input(relu.inputs[0]);
     y_ = b.input(relu.inputs[1]);
     dx_ = b.output(relu.outputs[0]);
     db_ = b.output(sum.outputs[0]);
     PLX_DECLINE_UNLESS(dy_ >= 0 && y_ >= 0 && dx_ >= 0 && db_ >= 0,
-                       "relu_backward+sum: an input or output is not at the boundary");
+                       "%s+sum: an input or output is not at the boundary", op);
     const plx_tensor& x = g.value(relu.outputs[0]);
     const plx_tensor* all[3] = {&x, &g.value(relu.inputs[0]), &g.value(relu.inputs[1])};
     bool nchw = x.ndim == 4 || x.ndim == 2, nhwc = x.ndim == 4;
@@ -763,8 +785,9 @@ class ReluBackwardSumKernel final : public Kernel {
       nhwc = nhwc && sdk::is_channels_last(*t);
     }
     PLX_DECLINE_UNLESS(nchw || nhwc,
-                       "relu_backward+sum: dy, y and dx all NCHW or all channels-last, or "
-                       "(rows, cols) contiguous");
+                       "%s+sum: dy, its saved input and dx all NCHW or all channels-last, or "
+                       "(rows, cols) contiguous",
+                       op);
     images_ = x.shape[0];
     channels_ = x.shape[1];
     rows_ = x.ndim == 2;  // a linear layer's: the sum over rows
@@ -774,7 +797,9 @@ class ReluBackwardSumKernel final : public Kernel {
       hw_ = 1;
       rows_ = true;
     }
-    PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "relu_backward+sum: too many channels");
+    PLX_DECLINE_UNLESS(channels_ <= INT32_MAX, "%s+sum: too many channels", op);
+    PLX_DECLINE_UNLESS(!gelu_ || rows_,
+                       "gelu_backward+sum: only as column sums (a 2-d or channels-last gradient)");
     splits_ = rows_ ? column_sum_splits(sms, images_, channels_) : channel_sum_splits(sms, channels_, images_);
     done_ = sum_counters(rows_, channels_, splits_);
   }
@@ -793,9 +818,16 @@ class ReluBackwardSumKernel final : public Kernel {
         return;
       }
       const dim3 grid(static_cast<unsigned>((channels_ + kColTile - 1) / kColTile), splits_);
-      launch_kernel(column_sum_kernel<T, ReluCols<T>>, grid, kBlock, 0, s,
-                    ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)), images_,
-                    channels_, static_cast<float*>(c.workspace), ptr<T>(c.out(db_)), done_.p);
+      if (gelu_)
+        launch_kernel(column_sum_kernel<T, GeluCols<T>>, grid, kBlock, 0, s,
+                      GeluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_)), tanh_}, ptr<T>(c.out(dx_)),
+                      images_, channels_, static_cast<float*>(c.workspace), ptr<T>(c.out(db_)),
+                      done_.p);
+      else
+        launch_kernel(column_sum_kernel<T, ReluCols<T>>, grid, kBlock, 0, s,
+                      ReluCols<T>{ptr<T>(c.in(dy_)), ptr<T>(c.in(y_))}, ptr<T>(c.out(dx_)),
+                      images_, channels_, static_cast<float*>(c.workspace), ptr<T>(c.out(db_)),
+                      done_.p);
       return;
     }
     const dim3 grid(static_cast<unsigned>(channels_), splits_);
@@ -817,7 +849,8 @@ class ReluBackwardSumKernel final : public Kernel {
 
  private:
   int32_t device_;
-  int32_t dy_ = -1, y_ = -1, dx_ = -1, db_ = -1;
+  bool gelu_ = false, tanh_ = false;  // gelu_backward (its tanh form), else relu_backward
+  int32_t dy_ = -1, y_ = -1, dx_ = -1, db_ = -1;  // y_: relu's y, gelu's x
   int64_t images_ = 0, channels_ = 0, hw_ = 0;  // (rows, cols, 1) for a 2-d gradient
   bool rows_ = false;
   unsigned splits_ = 1;
@@ -984,19 +1017,20 @@ std::unique_ptr<Kernel> make_max_pool_backward_sum(const plx_node_info& pool, in
   }
 }
 
-std::unique_ptr<Kernel> make_relu_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
-                                               int sms, plx_dtype& dtype) {
-  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && g.is(0, "relu_backward") && g.is(1, "sum"),
-                     "not relu_backward then its sum");
+std::unique_ptr<Kernel> make_act_backward_sum(const sdk::GraphView& g, const sdk::Boundary& b,
+                                              int sms, plx_dtype& dtype) {
+  PLX_DECLINE_UNLESS(g.num_nodes() == 2 && (g.is(0, "relu_backward") || g.is(0, "gelu_backward")) &&
+                         g.is(1, "sum"),
+                     "not relu_backward or gelu_backward then its sum");
   dtype = static_cast<plx_dtype>(g.value(g.node(0).inputs[0]).dtype);
   switch (dtype) {
-    case PLX_F32: return std::make_unique<ReluBackwardSumKernel<float>>(g, b, sms);
-    case PLX_F16: return std::make_unique<ReluBackwardSumKernel<f16>>(g, b, sms);
-    case PLX_BF16: return std::make_unique<ReluBackwardSumKernel<bf16>>(g, b, sms);
+    case PLX_F32: return std::make_unique<ActBackwardSumKernel<float>>(g, b, sms);
+    case PLX_F16: return std::make_unique<ActBackwardSumKernel<f16>>(g, b, sms);
+    case PLX_BF16: return std::make_unique<ActBackwardSumKernel<bf16>>(g, b, sms);
     default: break;
   }
   throw sdk::Unsupported(
-      sdk::format("relu_backward+sum: no %s kernel", plexus::dtype_name(dtype)));
+      sdk::format("%s+sum: no %s kernel", g.node(0).op, plexus::dtype_name(dtype)));
 }
 
 void register_pool(KernelRegistry& r) {

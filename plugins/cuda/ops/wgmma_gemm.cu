@@ -63,8 +63,10 @@
 #include <vector>
 
 #include "device.cuh"
+#include "ops/gelu.cuh"
 #include "ops/gemm_problem.hpp"
 #include "ops/mma_ptx.cuh"
+#include "ops/pair_store.cuh"
 #include "ops/simt_gemm.cuh"
 #include "ops/tma_map.hpp"
 #include "ops/wgmma_desc.cuh"
@@ -115,6 +117,7 @@ constexpr uint32_t kMnBoxBytes = 64 * 128;  // 64 K rows of 64 elements
 // Arguments of one launch beside the tensor maps (pointers as void: one struct for both dtypes).
 struct WgArgs {
   void* y;
+  void* pre;         // the pre-activation, laid out as y (fused linear -> gelu); null: none
   const void* bias;  // null: none
   int64_t M, N, K;
   int64_t sy;      // batch stride of y (elements)
@@ -129,11 +132,6 @@ struct WgArgs {
 using namespace ptx;
 
 // ---- epilogue ----
-// The CPU's constants, rounded to f32 as its functors round them (as ops/mma_gemm.cu).
-constexpr float kGeluSqrt2OverPi = static_cast<float>(0.7978845608028654);
-constexpr float kGeluInvSqrt2 = static_cast<float>(0.7071067811865476);
-constexpr float kGeluCubic = static_cast<float>(0.044715);
-
 // act is uniform over the grid, so the switch costs a predictable branch per element and saves
 // one kernel instantiation per activation.
 __device__ __forceinline__ float activate(float x, int32_t act) {
@@ -141,21 +139,19 @@ __device__ __forceinline__ float activate(float x, int32_t act) {
     case MmaAct::Relu:
       return x > 0.f ? x : 0.f;  // NaN gives 0, as the relu op does
     case MmaAct::Gelu:
-      return 0.5f * x * (1.f + erff(x * kGeluInvSqrt2));
-    case MmaAct::GeluTanh: {
-      const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-      return 0.5f * x * (1.f + tanhf(u));
-    }
+      return gelu::forward(x, false);  // the gelu op's formula (ops/gelu.cuh)
+    case MmaAct::GeluTanh:
+      return gelu::forward(x, true);
     default:
       return x;
   }
 }
 
-// Stores outputs (row, col) and (row, col + 1) of one batch entry's y, the second only if
-// col + 1 < N; v0, v1 are the raw sums.
+// Stores outputs (row, col) and (row, col + 1) of one batch entry's y (and of its pre-activation
+// `pre`, if not null), the second only if col + 1 < N; v0, v1 are the raw sums.
 template <class T>
-__device__ __forceinline__ void store_pair(const WgArgs& p, T* y, const T* bias, int64_t row,
-                                           int64_t col, float v0, float v1) {
+__device__ __forceinline__ void store_pair(const WgArgs& p, T* y, T* pre, const T* bias,
+                                           int64_t row, int64_t col, float v0, float v1) {
   const bool two = col + 1 < p.N;
   v0 *= p.alpha;
   v1 *= p.alpha;
@@ -163,19 +159,15 @@ __device__ __forceinline__ void store_pair(const WgArgs& p, T* y, const T* bias,
     v0 += to_accum<T>(bias[col]);
     if (two) v1 += to_accum<T>(bias[col + 1]);
   }
-  v0 = activate(v0, p.act);
-  v1 = activate(v1, p.act);
-  T* out = y + row * p.N + col;
-  if (two && p.pair) {
-    if constexpr (std::is_same_v<T, f16>) {
-      *reinterpret_cast<__half2*>(out) = __floats2half2_rn(v0, v1);
-    } else {
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-    }
-  } else {
-    out[0] = from_accum<T>(v0);
-    if (two) out[1] = from_accum<T>(v1);
-  }
+  const int64_t at = row * p.N + col;
+  if (pre) put_pair<T>(pre + at, v0, v1, two, p.pair);
+  put_pair<T>(y + at, activate(v0, p.act), activate(v1, p.act), two, p.pair);
+}
+
+// Batch entry z's pre-activation output (null: none).
+template <class T>
+__device__ __forceinline__ T* pre_of(const WgArgs& p, int64_t z) {
+  return p.pre ? static_cast<T*>(p.pre) + z * p.sy : nullptr;
 }
 
 // ---- the kernel ----
@@ -342,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const T* bias = static_cast<const T*>(p.bias);
   T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
+  T* const pre = pre_of<T>(p, z);
   constexpr int kPairs = BN / 2;  // column pairs per row, a multiple of 32
 #pragma unroll 4
   for (int idx = lane; idx < 16 * kPairs; idx += 32) {
@@ -349,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
     if (row < p.M && col < p.N) {
       const float2 v = *reinterpret_cast<const float2*>(park + rl * C::kLdPark + c);
-      store_pair<T>(p, Y, bias, row, col, v.x, v.y);
+      store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
     }
   }
 #endif
@@ -381,6 +374,7 @@ __global__ void __launch_bounds__(kSimtTile* kSimtTile)
   if (row >= p.M || col >= p.N) return;
   float v = acc * p.alpha;
   if (p.bias) v += to_accum<T>(static_cast<const T*>(p.bias)[col]);
+  if (T* pre = pre_of<T>(p, z)) pre[row * p.N + col] = from_accum<T>(v);
   Y[row * p.N + col] = from_accum<T>(activate(v, p.act));
 }
 
@@ -473,11 +467,14 @@ class WgPlan {
     allow_dynamic_smem(kernel_, C::kSmemBytes);
   }
 
-  // y (batch, M, N) from a, b (and bias, null if none), on `stream`.
-  void run(const void* a, const void* b, void* y, const void* bias, cudaStream_t stream) const {
+  // y (batch, M, N) from a, b (and bias, null if none), on `stream`; `pre`: where the epilogue
+  // also stores the pre-activation (null: nowhere).
+  void run(const void* a, const void* b, void* y, const void* bias, cudaStream_t stream,
+           void* pre = nullptr) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
     WgArgs p{};
     p.y = y;
+    p.pre = pre;
     p.bias = s_.bias ? bias : nullptr;
     p.M = s_.M, p.N = s_.N, p.K = s_.K;
     p.sy = s_.M * s_.N;
@@ -486,8 +483,10 @@ class WgPlan {
     p.zb = b_.batch > 1 ? 1 : 0;
     p.alpha = s_.alpha;
     p.act = static_cast<int32_t>(act_);
-    // Two columns at once need y's row starts (and batch entries) aligned to two elements.
-    p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0;
+    // Two columns at once need y's (and pre's) row starts and batch entries aligned to two
+    // elements.
+    p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0 &&
+             reinterpret_cast<uintptr_t>(pre) % (2 * sizeof(T)) == 0;
     const unsigned z = static_cast<unsigned>(s_.batch);
     CUtensorMap ma, mb;
     if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
@@ -559,10 +558,12 @@ class WgLinear final : public Kernel {
   WgLinear(const NodeInfo& node, CudaBackend& backend, MmaAct act = MmaAct::None)
       : device_(node.device()), plan_(shape(node), device_, backend, "linear", act) {}
 
+  // A second output, where the fused linear -> gelu group keeps the pre-activation, takes it.
   void compute(const KernelCall& c) override {
     use_device(device_);
     const void* bias = c.has_in(2) ? c.in(2).data : nullptr;
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, native(c.stream));
+    void* pre = c.num_outputs > 1 ? c.out(1).data : nullptr;
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, native(c.stream), pre);
   }
 
  private:

@@ -214,6 +214,8 @@ plexus_emu_tests("" TESTS
     "a small cnn's fused step reports a label out of range"
     "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
     "a layer -> relu pair given to our own kernel runs with the relu in its epilogue"
+    "a linear -> gelu pair on cuda runs as one of our gemms with the gelu in its epilogue"
+    "a cuda training step of an mlp with gelus runs each linear -> gelu as one kernel"
     "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
     "a 16-bit cuda convnet step keeps its activations channels-last up to the classifier and computes the nchw step"
     "a 16-bit cuda simplecnn step keeps its pooled activation channels-last and computes the nchw step"
@@ -221,6 +223,7 @@ plexus_emu_tests("" TESTS
     "an f32 cuda step with the f32_channels_last option keeps its activations channels-last and computes the nchw step"
     "a native cuda training step of simplecnn or convnet runs no library kernel"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
+    "gelu_backward with its sum over rows fused on cuda matches the cpu"
     "a fused cuda training step matches the step node by node"
     "a cuda convnet training step matches the cpu step"
     "every node of a cuda convnet training step matches the cpu op on its inputs"
@@ -262,6 +265,7 @@ plexus_emu_tests("warps drifting apart"
     "conv + max-pool fused on cuda matches the cpu"
     "a small cnn's whole step fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
+    "gelu_backward with its sum over rows fused on cuda matches the cpu"
     "the cuda multi-tensor unscale and check sees a non-finite gradient in any block launch after launch"
     "every cuda tensor core gemm candidate matches the cpu"
     "every cuda wgmma gemm candidate matches the cpu"
@@ -285,6 +289,7 @@ plexus_emu_tests("37 SMs" ENV PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle TESTS
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
     "conv + max-pool fused on cuda matches the cpu"
     "relu_backward with its sum over rows fused on cuda matches the cpu"
+    "gelu_backward with its sum over rows fused on cuda matches the cpu"
     "the classifier head fused on cuda matches the cpu")
 
 # The image-by-image kernels (ops/direct_small.cu, and the first layer's unpooling weight
@@ -323,6 +328,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a small cnn's whole step fused on cuda matches the cpu"
       "conv2d -> relu fused on cuda is one cudnn call where cudnn takes it"
       "relu_backward with its sum over rows fused on cuda matches the cpu"
+      "gelu_backward with its sum over rows fused on cuda matches the cpu"
       "the cuda multi-tensor unscale and check sees a non-finite gradient in any block launch after launch"
       "a 16-bit cuda step keeps its conv activations channels-last and computes the nchw step"
       "cuda max-pool kernels match the cpu in every layout mix"
@@ -339,7 +345,8 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND plexus_libasan AND EXISTS "${plexus_
       "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
       "every cuda tensor core gemm candidate matches the cpu"
       "the cuda simt gemm candidate takes every gemm the tiles decline and matches the cpu"
-      "every cuda wgmma gemm candidate matches the cpu")
+      "every cuda wgmma gemm candidate matches the cpu"
+      "a linear -> gelu pair on cuda runs as one of our gemms with the gelu in its epilogue")
   # The igemm match test, the suite's longest under memcheck (519 s of a 40-minute CI run), in
   # bf16 and f32 only: its f16 kernels are the bf16 ones' templates with the same element size,
   # so they address memory the same way; the unchecked runs above cover f16's values.

@@ -868,6 +868,35 @@ inline std::vector<std::vector<int32_t>> find_feeding_pairs(const GraphView& g,
   return pairs;
 }
 
+// Pairs {p, a}: a node of op `producer` and a node a of op `act` that reads p's output 0 as
+// its input 0 (through no other input), of the same dtype and size. Unlike
+// find_epilogue_chains, p's output may have other readers: in training an activation's
+// backward reads its input (gelu_backward reads the pre-activation), so a kernel that applies
+// the activation in the producer's epilogue also writes the pre-activation where the group's
+// boundary lists it among the outputs (linear -> gelu).
+inline std::vector<std::vector<int32_t>> find_activation_pairs(const GraphView& g,
+                                                               std::string_view producer,
+                                                               std::string_view act) {
+  std::vector<std::vector<int32_t>> pairs;
+  for (int32_t p = 0; p < g.num_nodes(); ++p) {
+    if (!g.is(p, producer) || g.node(p).num_outputs < 1) continue;
+    const int32_t v = g.node(p).outputs[0];
+    for (int32_t r : g.readers(v)) {
+      const plx_graph_node& a = g.node(r);
+      if (!g.is(r, act) || a.num_inputs < 1 || a.inputs[0] != v || a.num_outputs < 1) continue;
+      int32_t uses = 0;
+      for (int32_t k = 0; k < a.num_inputs; ++k) uses += a.inputs[k] == v;
+      const plx_tensor& x = g.value(v);
+      const plx_tensor& y = g.value(a.outputs[0]);
+      if (uses == 1 && x.dtype == y.dtype && numel(x) == numel(y)) {
+        pairs.push_back({p, r});
+        break;
+      }
+    }
+  }
+  return pairs;
+}
+
 // A producer and in-place epilogues from find_epilogue_chains(), run by the backend's own
 // kernels: the producer writes into the last epilogue's output buffer and each epilogue runs over
 // it in place, so the intermediates never exist. Declines (Unsupported) when an intermediate is
