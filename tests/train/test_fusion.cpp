@@ -293,3 +293,57 @@ TEST_CASE("the backward of relu with max-pool runs as one kernel and equals the 
         CHECK(fused.plan.internal_values > plain.plan.internal_values);
       }
 }
+
+// linear -> gelu on the CPU: in an inference graph the linear writes into the GELU's output and
+// the GELU runs there in place (an epilogue chain), so the pre-activation is never allocated, and
+// the result is the nodes' bit for bit; in a training graph, where gelu_backward reads the
+// pre-activation, the pair is not claimed (the CPU has no kernel that writes both).
+TEST_CASE(
+    "a linear -> gelu pair runs as one chain on the cpu only where nothing else reads its "
+    "pre-activation",
+    "[cpu][fusion]") {
+  const int64_t n = 5, in = 12, out = 7;
+  for (const char* approximate : {"none", "tanh"})
+    for (bool training : {false, true}) {
+      INFO(approximate << (training ? ", training" : ", inference"));
+      auto run = [&](bool fuse) {
+        Graph g(runtime().ops());
+        const Var x = g.input("x", {PLX_F32, {n, in}});
+        const Var w = g.parameter("fc.weight", {PLX_F32, {out, in}}, init::uniform(-0.5, 0.5));
+        const Var b = g.parameter("fc.bias", {PLX_F32, {out}}, init::uniform(-0.5, 0.5));
+        const Var y = g.add1("gelu", {g.add1("linear", {x, w, b}, {}, "fc")},
+                             {{"approximate", std::string(approximate)}}, "gelu");
+        g.mark_output(y, "y");
+        if (training) {
+          const Var loss = g.add1("sum", {y}, {}, "loss");
+          const std::vector<Var> params = g.parameters();
+          const std::vector<Var> grads = backward(g, loss, params);
+          for (size_t i = 0; i < params.size(); ++i)
+            g.mark_output(grads[i], "grad:" + g.value(params[i]).name);
+        }
+        TensorStore store;
+        ExecutableOptions eo;
+        eo.seed = 3;
+        eo.fuse = fuse;
+        Executable exe(cpu(), g, store, eo);
+        fill(exe.tensor("x"), random_doubles(static_cast<size_t>(n * in), 9, -3, 3));
+        exe.run();
+        exe.sync();
+        StepResult r;
+        r.plan = exe.plan();
+        r.kernels = exe.kernel_names();
+        std::vector<std::string> names = {"y"};
+        if (training) names.insert(names.end(), {"grad:fc.weight", "grad:fc.bias"});
+        for (const std::string& name : names) {
+          const Tensor t = exe.tensor(name);
+          r.bytes.emplace_back(t.nbytes());
+          t.copy_to_host(r.bytes.back().data());
+        }
+        return r;
+      };
+      const StepResult fused = run(true), plain = run(false);
+      CHECK(fused.bytes == plain.bytes);
+      CHECK(has_kernel(fused, "[fc, gelu]: cpu/linear+gelu") == !training);
+      if (!training) CHECK(fused.plan.internal_values == 1);  // the pre-activation
+    }
+}
