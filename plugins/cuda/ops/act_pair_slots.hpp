@@ -47,9 +47,6 @@ class ActPairSlots {
     }
   }
 
-  // Whether the layer's call has the pre-activation as its second output.
-  bool keeps_pre() const { return pre_ >= 0; }
-
   // The layer's call: its inputs (an absent bias as PLX_DTYPE_NONE) from the fused call's, its
   // output the activation's (then the pre-activation, where kept). Valid until the next call.
   KernelCall layer_call(const KernelCall& c) {

@@ -18,6 +18,7 @@
 
 #include "device.cuh"
 #include "ops/gelu.cuh"
+#include "ops/gelu_attr.hpp"
 #include "ops/indexing.cuh"
 
 namespace plexus::cuda {
@@ -170,13 +171,6 @@ struct TanhBackward {  // saved: y
     return __fmul_rn(dy, __fsub_rn(1.f, __fmul_rn(y, y)));  // no FMA: the CPU rounds y*y
   }
 };
-
-bool gelu_tanh(const NodeInfo& node) {
-  const std::string a = node.attr_string("approximate");
-  PLX_REQUIRE(a == "none" || a == "tanh",
-              "gelu: approximate must be \"none\" or \"tanh\", got \"%s\"", a.c_str());
-  return a == "tanh";
-}
 
 // ops/gelu.cuh: one formula for these and the fused kernels.
 struct Gelu {

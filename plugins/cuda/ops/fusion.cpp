@@ -60,6 +60,7 @@
 #include "ops/act_pair_slots.hpp"
 #include "ops/conv_pool.hpp"
 #include "ops/direct_conv.hpp"
+#include "ops/gelu_attr.hpp"
 #include "ops/igemm_conv.hpp"
 #include "ops/linear_ce.hpp"
 #include "ops/mma_gemm.hpp"
@@ -573,8 +574,7 @@ std::unique_ptr<Kernel> make_act_pair(CudaBackend& backend, const sdk::GraphView
     MmaAct act = MmaAct::Relu;
     if (gelu) {
       const sdk::OwnedNodeInfo ai(g, 1);
-      act = NodeInfo(&ai.get()).attr_string("approximate") == "tanh" ? MmaAct::GeluTanh
-                                                                     : MmaAct::Gelu;
+      act = gelu_tanh(NodeInfo(&ai.get())) ? MmaAct::GeluTanh : MmaAct::Gelu;
     }
     std::unique_ptr<Kernel> layer;
     name = std::string(g.node(0).op) + "+" + act_op + ":" + impl + "-epilogue";

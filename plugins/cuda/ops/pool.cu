@@ -27,6 +27,7 @@
 
 #include "device.cuh"
 #include "ops/gelu.cuh"
+#include "ops/gelu_attr.hpp"
 
 namespace plexus::cuda {
 
@@ -766,10 +767,7 @@ class ActBackwardSumKernel final : public Kernel {
     const char* op = relu.op;
     if (gelu_) {
       const sdk::OwnedNodeInfo info(g, 0);
-      const std::string a = NodeInfo(&info.get()).attr_string("approximate");
-      PLX_DECLINE_UNLESS(a == "none" || a == "tanh", "gelu_backward+sum: approximate \"%s\"",
-                         a.c_str());
-      tanh_ = a == "tanh";
+      tanh_ = gelu_tanh(NodeInfo(&info.get()));
     }
     dy_ = b.input(relu.inputs[0]);
     y_ = b.input(relu.inputs[1]);
