@@ -229,12 +229,22 @@ __device__ __forceinline__ A block_sum(A v, A* shared) {
 // arrive, which may then read every block's partials (through volatile or __ldcg, not L1:
 // another block wrote them in this launch) and must reset *done to 0 for the next launch (BlockCounter, common.hpp,
 // owns it). The count only says which block is last, so the results stay deterministic.
+//
+// Team: the threads that take part, the whole block by default (WholeBlock); a kernel whose warps
+// specialise passes its own (the Hopper GEMM's consumer warp groups, whose producer has exited):
+// rank() from 0 to size() - 1, and sync(), a barrier over exactly those threads.
+struct WholeBlock {
+  __device__ static int rank() { return static_cast<int>(threadIdx.x); }
+  __device__ static int size() { return static_cast<int>(blockDim.x); }
+  __device__ static void sync() { __syncthreads(); }
+};
+template <class Team = WholeBlock>
 __device__ __forceinline__ bool last_block_arrives(unsigned* done, unsigned blocks) {
   __shared__ bool last;
   __threadfence();  // this thread's partials are visible before the count
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == blocks - 1;
-  __syncthreads();
+  Team::sync();
+  if (Team::rank() == 0) last = atomicAdd(done, 1u) == blocks - 1;
+  Team::sync();
   if (last) __threadfence();
   return last;
 }
@@ -262,18 +272,18 @@ __host__ __device__ constexpr unsigned split_sum_counters(unsigned S) {
   return groups > 1 ? groups + 1 : 1;
 }
 
-// For each element i < count of this thread (i = threadIdx.x + k·blockDim.x), the sum of
+// For each element i < count of this thread (i = rank + k·size of the Team), the sum of
 // part[z·zstride + off(i)] over z = z0, z0 + dz, ... (n terms) in that order, from 0.f, passed
 // to out(i, off(i), sum); kE elements at a time with kA slices read ahead, through L2 (not L1:
 // other blocks wrote them in this launch). kE·kA = 8 loads in flight per thread: more made ptxas
 // spill in some of the kernels that use it.
-template <int kE, int kA, class Off, class Out>
+template <int kE, int kA, class Team, class Off, class Out>
 __device__ __forceinline__ void ordered_sums_batched(const float* part, int64_t zstride,
                                                      unsigned z0, unsigned n, unsigned dz,
                                                      int count, Off off, Out out) {
-  const int threads = static_cast<int>(blockDim.x);
+  const int threads = Team::size();
   const int64_t step = static_cast<int64_t>(dz) * zstride;
-  for (int base = static_cast<int>(threadIdx.x); base < count; base += kE * threads) {
+  for (int base = Team::rank(); base < count; base += kE * threads) {
     int64_t o[kE];
     const float* p[kE];  // element e's partial of the next slice to read
     float s[kE];
@@ -305,40 +315,40 @@ __device__ __forceinline__ void ordered_sums_batched(const float* part, int64_t 
 }
 // ... with every thread's loads in flight for one element when the block has a thread per
 // element (a column tile's 32 sums, a channel's one), two elements otherwise.
-template <class Off, class Out>
+template <class Team, class Off, class Out>
 __device__ __forceinline__ void block_ordered_sums(const float* part, int64_t zstride, unsigned z0,
                                                    unsigned n, unsigned dz, int count, Off off,
                                                    Out out) {
-  if (count <= static_cast<int>(blockDim.x))
-    ordered_sums_batched<1, 4>(part, zstride, z0, n, dz, count, off, out);
+  if (count <= Team::size())
+    ordered_sums_batched<1, 4, Team>(part, zstride, z0, n, dz, count, off, out);
   else
-    ordered_sums_batched<2, 4>(part, zstride, z0, n, dz, count, off, out);
+    ordered_sums_batched<2, 4, Team>(part, zstride, z0, n, dz, count, off, out);
 }
 
-// Every thread of slice z's block calls this after writing its partials; in the block that
-// finishes the reduction it calls out(i, off(i), sum) for every element and returns true (that
-// block may then do more of the launch's last work), elsewhere it returns false.
-template <class Off, class Out>
+// Every thread of slice z's block (of its Team) calls this after writing its partials; in the
+// block that finishes the reduction it calls out(i, off(i), sum) for every element and returns
+// true (that block may then do more of the launch's last work), elsewhere it returns false.
+template <class Team = WholeBlock, class Off, class Out>
 __device__ __forceinline__ bool split_sum(unsigned* counters, float* part, int64_t zstride,
                                           unsigned S, unsigned z, int count, Off off, Out out) {
   const unsigned G = split_sum_group(S), groups = (S + G - 1) / G;
   if (groups > 1) {
     const unsigned g = z / G, first = g * G, n = min(S, first + G) - first;
-    if (!last_block_arrives(counters + g, n)) return false;
+    if (!last_block_arrives<Team>(counters + g, n)) return false;
     if (n > 1)
-      block_ordered_sums(part, zstride, first, n, 1, count, off,
-                         [&](int, int64_t o, float s) {
-                           part[static_cast<int64_t>(first) * zstride + o] = s;
-                         });
-    if (threadIdx.x == 0) counters[g] = 0;
+      block_ordered_sums<Team>(part, zstride, first, n, 1, count, off,
+                               [&](int, int64_t o, float s) {
+                                 part[static_cast<int64_t>(first) * zstride + o] = s;
+                               });
+    if (Team::rank() == 0) counters[g] = 0;
   }
   unsigned* const final_count = counters + (groups > 1 ? groups : 0);
-  if (!last_block_arrives(final_count, groups > 1 ? groups : S)) return false;
+  if (!last_block_arrives<Team>(final_count, groups > 1 ? groups : S)) return false;
   if (groups > 1)
-    block_ordered_sums(part, zstride, 0, groups, G, count, off, out);
+    block_ordered_sums<Team>(part, zstride, 0, groups, G, count, off, out);
   else
-    block_ordered_sums(part, zstride, 0, S, 1, count, off, out);
-  if (threadIdx.x == 0) *final_count = 0;
+    block_ordered_sums<Team>(part, zstride, 0, S, 1, count, off, out);
+  if (Team::rank() == 0) *final_count = 0;
   return true;
 }
 

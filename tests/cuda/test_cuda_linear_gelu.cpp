@@ -59,55 +59,67 @@ TEST_CASE("a linear -> gelu pair on cuda runs as one of our gemms with the gelu 
     PLX_SKIP("mma.sync with bf16 needs compute capability 8.0 or later");
   const DeviceInfo dev = probe.device(0);
   const bool hopper = cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90;
-  std::vector<std::string> tiles = {"mma_sync_128x128x32", "mma_sync_64x64x32",
-                                    "mma_sync_32x32x64"};
-  if (hopper && has_candidates(probe, "wgmma_")) {
-    tiles.push_back("wgmma_128x128x64");
-    tiles.push_back("wgmma_128x256x64");
-  }
+  struct Layer {
+    int64_t rows, in, out;
+    std::vector<std::string> tiles;
+  };
   // Ragged: 70 rows (a partial M tile) of 64 features -> 40 (a partial N tile).
-  const int64_t rows = 70, in = 64, out = 40;
-  const std::vector<double> x = random_doubles(static_cast<size_t>(rows * in), 31, -2, 2);
-  for (const char* approximate : {"none", "tanh"})
-    for (bool keep_pre : {false, true}) {
-      INFO("approximate " << approximate << (keep_pre ? ", the pre-activation kept" : ""));
-      auto build = [&](Graph& g) {
-        const Var xv = g.input("x", {PLX_BF16, {rows, in}});
-        const Var w = g.parameter("fc.weight", {PLX_BF16, {out, in}}, init::uniform(-0.4, 0.4));
-        const Var b = g.parameter("fc.bias", {PLX_BF16, {out}}, init::uniform(-0.5, 0.5));
-        const Var pre = g.add1("linear", {xv, w, b}, {}, "fc");
-        g.mark_output(g.add1("gelu", {pre}, {{"approximate", std::string(approximate)}}, "fc.gelu"),
-                      "y");
-        if (keep_pre) g.mark_output(pre, "pre");
-      };
-      PinnedKernelRun pinned(std::string("gelu-") + approximate + (keep_pre ? "-pre" : ""), build,
-                             "fc", x, 9, keep_pre ? std::vector<std::string>{"pre"}
-                                                  : std::vector<std::string>{});
-      REQUIRE_FALSE(pinned.key().empty());
-      for (const std::string& tile : tiles) {
-        INFO(tile);
-        const PinnedKernelRun::Result r = pinned.run(tile, /*time_groups=*/false);
-        CHECK(r.report.impl == tile);
-        INFO("kernels:\n" << listing(r.kernels));
-        CHECK(count(r.kernels, "linear+gelu:" + tile + "-epilogue") == 1);
-        CHECK(r.kernels.size() == 1);
-        // One rounding of the f32 sum to bf16 on each side (the GELU applied to the f32 sum in
-        // the epilogue, to the rounded pre-activation on the CPU): a few bf16 ulps.
+  std::vector<Layer> layers = {
+      {70, 64, 40, {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"}}};
+  if (hopper && has_candidates(probe, "wgmma_")) {
+    layers[0].tiles.push_back("wgmma_128x128x64");
+    layers[0].tiles.push_back("wgmma_128x256x64");
+    // One output tile over 16 K tiles: split-K in 4 (on any device of 4 SMs or more), whose
+    // finishing block applies the GELU and stores the pre-activation.
+    layers.push_back({24, 1024, 40, {"wgmma_128x128x64_splitk"}});
+  }
+  for (const Layer& layer : layers) {
+    for (const char* approximate : {"none", "tanh"})
+      for (bool keep_pre : {false, true}) {
+        const int64_t rows = layer.rows, in = layer.in, out = layer.out;
+        const std::vector<double> x = random_doubles(static_cast<size_t>(rows * in), 31, -2, 2);
+        INFO(rows << " x " << in << " -> " << out << ", approximate " << approximate
+                  << (keep_pre ? ", the pre-activation kept" : ""));
+        auto build = [&](Graph& g) {
+          const Var xv = g.input("x", {PLX_BF16, {rows, in}});
+          const Var w = g.parameter("fc.weight", {PLX_BF16, {out, in}}, init::uniform(-0.4, 0.4));
+          const Var b = g.parameter("fc.bias", {PLX_BF16, {out}}, init::uniform(-0.5, 0.5));
+          const Var pre = g.add1("linear", {xv, w, b}, {}, "fc");
+          const Attrs a = {{"approximate", std::string(approximate)}};
+          g.mark_output(g.add1("gelu", {pre}, a, "fc.gelu"), "y");
+          if (keep_pre) g.mark_output(pre, "pre");
+        };
+        const std::string tag =
+            "gelu-" + std::to_string(in) + "-" + approximate + (keep_pre ? "-pre" : "");
+        PinnedKernelRun pinned(tag, build, "fc", x, 9,
+                               keep_pre ? std::vector<std::string>{"pre"}
+                                        : std::vector<std::string>{});
+        REQUIRE_FALSE(pinned.key().empty());
+        for (const std::string& tile : layer.tiles) {
+          INFO(tile);
+          const PinnedKernelRun::Result r = pinned.run(tile, /*time_groups=*/false);
+          CHECK(r.report.impl == tile);
+          INFO("kernels:\n" << listing(r.kernels));
+          CHECK(count(r.kernels, "linear+gelu:" + tile + "-epilogue") == 1);
+          CHECK(r.kernels.size() == 1);
+          // One rounding of the f32 sum to bf16 on each side (the GELU applied to the f32 sum in
+          // the epilogue, to the rounded pre-activation on the CPU): a few bf16 ulps.
+          CHECK_ALLCLOSE(r.got, r.want, (Tol{2e-2, 2e-2}));
+          REQUIRE(r.also_got.size() == (keep_pre ? 1u : 0u));
+          if (keep_pre) CHECK_ALLCLOSE(r.also_got[0], r.also_want[0], (Tol{2e-2, 2e-2}));
+        }
+        // cuBLASLt's linear: no fused epilogue; the GELU in place after it where nothing else
+        // reads the pre-activation (one chain), else two kernels.
+        const PinnedKernelRun::Result r = pinned.run("cublaslt", /*time_groups=*/false);
+        INFO("cublaslt; kernels:\n" << listing(r.kernels));
+        CHECK(r.report.impl == "cublaslt");
+        CHECK(count(r.kernels, "-epilogue") == 0);
+        CHECK(count(r.kernels, "linear+gelu") == (keep_pre ? 0 : 1));
+        CHECK(r.kernels.size() == (keep_pre ? 2u : 1u));
         CHECK_ALLCLOSE(r.got, r.want, (Tol{2e-2, 2e-2}));
-        REQUIRE(r.also_got.size() == (keep_pre ? 1u : 0u));
-        if (keep_pre) CHECK_ALLCLOSE(r.also_got[0], r.also_want[0], (Tol{2e-2, 2e-2}));
+        if (keep_pre) CHECK_ALLCLOSE(r.also_got.at(0), r.also_want.at(0), (Tol{2e-2, 2e-2}));
       }
-      // cuBLASLt's linear: no fused epilogue; the GELU in place after it where nothing else
-      // reads the pre-activation (one chain), else two kernels.
-      const PinnedKernelRun::Result r = pinned.run("cublaslt", /*time_groups=*/false);
-      INFO("cublaslt; kernels:\n" << listing(r.kernels));
-      CHECK(r.report.impl == "cublaslt");
-      CHECK(count(r.kernels, "-epilogue") == 0);
-      CHECK(count(r.kernels, "linear+gelu") == (keep_pre ? 0 : 1));
-      CHECK(r.kernels.size() == (keep_pre ? 2u : 1u));
-      CHECK_ALLCLOSE(r.got, r.want, (Tol{2e-2, 2e-2}));
-      if (keep_pre) CHECK_ALLCLOSE(r.also_got.at(0), r.also_want.at(0), (Tol{2e-2, 2e-2}));
-    }
+  }
 }
 
 // A training step of an MLP with GELUs (both forms) on the plugin's own kernels

@@ -7,10 +7,13 @@
 // multiples of any tile: 1000 x 1000 x 1000, boxes wholly past the edge, K shorter than one
 // tile), our models' skinny layers (128 x 784 -> 256, ...), alpha, the bias, batches (folded,
 // strided, shared operands), empty outputs, and operands or outputs that are not 16-byte aligned
-// (the SIMT fallback and the unpaired stores). Outputs sit in a poisoned buffer with guard bytes,
-// so an unwritten element or a stray write fails; a second run must give the same bytes (the
-// kernels claim determinism). Shapes a candidate must decline (K = 0, rows that are not 16-byte
-// multiples, batch dims that broadcast partially) are checked to be declined with a reason.
+// (the SIMT fallback and the unpaired stores), and one-tile outputs over a long K, which the
+// split-K candidate takes (its other declines are checked to say why). Outputs sit in a poisoned
+// buffer with guard bytes, and split-K's workspace is poisoned before each run, so an unwritten
+// element, a stray write or a partial read before it is written fails; a second run must give
+// the same bytes (the kernels claim determinism). Shapes a candidate must decline (K = 0, rows
+// that are not 16-byte multiples, batch dims that broadcast partially) are checked to be declined
+// with a reason.
 //
 // Skipped without a GPU, on a GPU that is not compute capability 9.0 (the candidates decline it:
 // sm_90a code runs nowhere else) and when the plugin was built without sm_90 (no candidates). On
@@ -82,6 +85,11 @@ std::vector<GemmCase> wg_cases(bool emulated) {
   // x 8 elements (16 bytes) in: the TMA path with a global address 16-byte aligned, as the driver
   // API asks, but not 128-byte aligned (the programming guide's swizzle table lists 128).
   lin({100, 72}, 40, true)->in_offset = 8;
+  // Split-K (the "_splitk" candidate), one output tile over a long K: 4 splits on the emulator's
+  // 4 SMs, 8 on 37 and on an H100 (both of split_sum's levels, an uneven last group on 37 SMs);
+  // odd N (unpaired partials), the last split a partial K tile (K = 1032 is 16 tiles and 8).
+  lin({24, 2048}, 20, true);
+  lin({24, 1032}, 33, true);
   // Declined: K = 0 (nothing for the Tensor Cores), rows of 10 elements (not 16-byte multiples).
   lin({64, 0}, 8, true)->decline = true;
   lin({4, 10}, 3, true)->decline = true;
@@ -108,6 +116,8 @@ std::vector<GemmCase> wg_cases(bool emulated) {
   mm({2, 48, 40}, {2, 72, 48}, 1, 1);
   mm({3, 40, 48}, {1, 48, 72}, 0, 0);
   mm({4, 200, 264}, {4, 264, 136}, 0, 0);  // batched, several tiles each
+  // Split-K per batch entry, M-major a, alpha: 17 K tiles in 2 splits on 4 SMs, 4 on an H100.
+  mm({2, 1088, 40}, {2, 1088, 24}, 1, 0, -0.5);
   // Misaligned a (fallback), misaligned y.
   mm({96, 80}, {80, 136}, 0, 0)->in_offset = 1;
   mm({80, 96}, {136, 80}, 1, 1)->in_offset = 1;
@@ -123,6 +133,9 @@ std::vector<GemmCase> wg_cases(bool emulated) {
 
 bool is_wgmma(const plx_kernel* k) {
   return k->impl && std::string(k->impl).rfind("wgmma_", 0) == 0;
+}
+bool is_split(const plx_kernel* k) {
+  return std::string(k->impl).find("splitk") != std::string::npos;
 }
 
 // Whether `op` has wgmma candidates in bf16 (none when the plugin was built without sm_90).
@@ -151,16 +164,17 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
     const OpSchema& s = gpu.runtime().ops().get("matmul");
     for (const plx_kernel* k : gpu.kernels(s.id, PLX_F32)) CHECK_FALSE(is_wgmma(k));
   }
-  int64_t runs = 0, declines = 0;
+  int64_t runs = 0, declines = 0, split_runs = 0;
   for (plx_dtype d : {PLX_BF16, PLX_F16}) {
     for (const GemmCase& c : cases) {
       const OpSchema& s = gpu.runtime().ops().get(c.op);
       std::vector<const plx_kernel*> mine;
       for (const plx_kernel* k : gpu.kernels(s.id, d))
         if (is_wgmma(k)) mine.push_back(k);
-      // One candidate per tile, native (not PLX_KERNEL_LIBRARY), deterministic and capturable,
-      // registered after cuBLASLt's (the first accepting kernel wins without the tuner).
-      REQUIRE(mine.size() == 2);
+      // One candidate per tile and the split-K one, native (not PLX_KERNEL_LIBRARY),
+      // deterministic and capturable, registered after cuBLASLt's (the first accepting kernel
+      // wins without the tuner).
+      REQUIRE(mine.size() == 3);
       for (const plx_kernel* k : mine) {
         CHECK_FALSE(k->flags & PLX_KERNEL_LIBRARY);
         CHECK(k->flags & PLX_KERNEL_DETERMINISTIC);
@@ -176,7 +190,7 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
       for (const plx_kernel* k : mine) {
         const std::string label = c.what() + " [" + dtype_name(d) + ", " + k->impl + "]";
         INFO(label);
-        const Outcome o = run_candidate(gpu, k, c, in, want, /*tf32=*/false, /*wants_workspace=*/false);
+        const Outcome o = run_candidate(gpu, k, c, in, want, /*tf32=*/false, is_split(k));
         if (o.declined && is_device_decline(o.reason))
           PLX_SKIP(("the wgmma candidates decline this GPU: " + o.reason).c_str());
         if (c.decline) {
@@ -187,13 +201,25 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
           continue;
         }
         INFO("declined: " << o.reason);
+        if (is_split(k) && o.declined) {
+          // Split-K declines the shapes whose tiles fill the device, or that have too few K
+          // tiles to split.
+          CHECK((o.reason.find("without splitting K") != std::string::npos ||
+                 o.reason.find("nothing to split") != std::string::npos));
+          ++declines;
+          continue;
+        }
         CHECK_FALSE(o.declined);
         CHECK(o.failure == "");
         ++runs;
+        if (is_split(k)) ++split_runs;
       }
     }
   }
-  WARN(runs << " candidate runs, " << declines << " expected declines");
+  // The model layers and the long-K cases leave the device's SMs idle: split-K must have run.
+  CHECK(split_runs > 0);
+  WARN(runs << " candidate runs (" << split_runs << " split-K), " << declines
+            << " expected declines");
 }
 
 // A linear -> relu group whose linear node the host gave to a wgmma candidate (the tuner's

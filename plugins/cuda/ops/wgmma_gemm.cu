@@ -126,6 +126,14 @@ struct WgArgs {
   float alpha;
   int32_t act;   // MmaAct
   int32_t pair;  // y's rows allow storing two adjacent columns as one aligned access
+  // Split-K (the "_splitk" candidate; else splits 1): grid y is batch x splits, split s sums
+  // the K tiles [s·split_tiles, (s + 1)·split_tiles) into partial[(s·batch + z) M N ...] (f32)
+  // and split_sum (device.cuh) adds each output tile's splits in a fixed order in the launch,
+  // its last block applying the epilogue; done: split_sum_counters(splits) per batch entry and
+  // output tile, zero between launches.
+  float* partial;
+  unsigned* done;
+  int32_t batch, splits, split_tiles;
 };
 
 // ---- PTX (ops/wgmma_ptx.cuh; the descriptors, ops/wgmma_desc.cuh) ----
@@ -170,12 +178,70 @@ __device__ __forceinline__ T* pre_of(const WgArgs& p, int64_t z) {
   return p.pre ? static_cast<T*>(p.pre) + z * p.sy : nullptr;
 }
 
+// The two consumer warp groups (threads 128..383) as split_sum's team: the producer warp group
+// has exited by the epilogue, so a block-wide barrier would count threads that never come.
+struct Consumers {
+  __device__ static int rank() { return static_cast<int>(threadIdx.x) - 128; }
+  __device__ static int size() { return 256; }
+  __device__ static void sync() { named_barrier_sync<1, 256>(); }
+};
+
+// Split-K's epilogue, after each consumer warp parked its f32 sums (rows 16 warp .. + 15 of its
+// warp group's 64, padded to ld floats): the raw sums into this split's slice of the partials,
+// then split_sum over the tile's elements, in whose finishing block each output gets the
+// unsplit epilogue's y = act(alpha · sum + bias) (and its pre-activation), one rounding.
+template <class T, int BN>
+__device__ __forceinline__ void split_epilogue(const WgArgs& p, const float* park, int ld,
+                                               int64_t m0, int64_t n0, int32_t z, int32_t split,
+                                               int64_t tile, int cw, int warp, int lane) {
+  const int64_t MN = p.M * p.N;
+  float* part = p.partial + (static_cast<int64_t>(split) * p.batch + z) * MN;
+  constexpr int kPairs = BN / 2;
+  const bool even = p.N % 2 == 0;  // pairs of the slice 8-byte aligned
+#pragma unroll 4
+  for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+    const int rl = 16 * warp + idx / kPairs, c = 2 * (idx % kPairs);
+    const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
+    if (row < p.M && col < p.N) {
+      const float2 v = *reinterpret_cast<const float2*>(park + rl * ld + c);
+      float* at = part + row * p.N + col;
+      if (even) {
+        *reinterpret_cast<float2*>(at) = v;
+      } else {
+        at[0] = v.x;
+        if (col + 1 < p.N) at[1] = v.y;
+      }
+    }
+  }
+  const T* bias = static_cast<const T*>(p.bias);
+  T* const Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
+  T* const pre = pre_of<T>(p, z);
+  const unsigned S = static_cast<unsigned>(p.splits);
+  // Element i of the tile: row m0 + i / BN, column n0 + i % BN (consecutive threads, consecutive
+  // columns), at z M N + row N + col in every slice; -1 past the edges.
+  auto off = [&](int i) -> int64_t {
+    const int64_t row = m0 + i / BN, col = n0 + i % BN;
+    return row < p.M && col < p.N ? static_cast<int64_t>(z) * MN + row * p.N + col : -1;
+  };
+  auto out = [&](int i, int64_t, float v) {
+    const int64_t col = n0 + i % BN, at = (m0 + i / BN) * p.N + col;
+    v *= p.alpha;
+    if (bias) v += to_accum<T>(bias[col]);
+    if (pre) pre[at] = from_accum<T>(v);
+    Y[at] = from_accum<T>(activate(v, p.act));
+  };
+  unsigned* counters =
+      p.done + (static_cast<int64_t>(z) * p.mt * p.nt + tile) * split_sum_counters(S);
+  split_sum<Consumers>(counters, p.partial, static_cast<int64_t>(p.batch) * MN, S,
+                       static_cast<unsigned>(split), kBM * BN, off, out);
+}
+
 // ---- the kernel ----
 extern __shared__ unsigned char wgmma_smem[];
 
 // AK: A is K-major (else M-major). BKM: B is K-major (else N-major). Grid: x over the M x N
-// tiles (grouped, below), y over the batch.
-template <class T, class TL, bool AK, bool BKM>
+// tiles (grouped, below), y over the batch (x the splits of K with SPLIT).
+template <class T, class TL, bool AK, bool BKM, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                         const __grid_constant__ CUtensorMap tma_b, const WgArgs p) {
@@ -218,10 +284,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t in_group = pid % per_group;
   const int64_t m0 = (first_m + in_group % group_m) * kBM;
   const int64_t n0 = (in_group / group_m) * BN;
-  const int32_t z = static_cast<int32_t>(blockIdx.y);
-  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. Tile kt sits in stage kt % S, filled
-  // for the (kt / S)-th time: both loops below step (stage, phase = that count's parity) along.
-  const int ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
+  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. This block's K tiles: kt0 ..
+  // kt0 + ktiles - 1 (all of them without SPLIT; creation leaves no split empty). Its j-th tile
+  // sits in stage j % S, filled for the (j / S)-th time: both loops below step (stage, phase =
+  // that count's parity) along.
+  int32_t z = static_cast<int32_t>(blockIdx.y), split = 0;
+  int kt0 = 0;
+  int ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
+  if constexpr (SPLIT) {
+    split = z % p.splits;
+    z /= p.splits;
+    kt0 = split * p.split_tiles;
+    ktiles = min(ktiles - kt0, p.split_tiles);
+  }
 
   if (wg == 0) {
     // The producer: 40 registers are plenty for one thread's address arithmetic; the rest go to
@@ -240,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty0 + 8 * s, phase ^ 1);
         const uint32_t full = full0 + 8 * s;
         mbar_arrive_expect_tx(full, C::kStageBytes);
-        const int32_t kc = kt * kBK;
+        const int32_t kc = (kt0 + kt) * kBK;
         if constexpr (AK) {
           tma_load_3d(stage_a(s), &tma_a, kc, mc, za, full);  // box (64 of K, 128 of M)
         } else {
@@ -332,6 +407,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncwarp();  // each warp reads back only its own 16 rows
 
+  if constexpr (SPLIT) {
+    split_epilogue<T, BN>(p, park, C::kLdPark, m0, n0, z, split, pid, cw, warp, lane);
+    return;
+  }
   const T* bias = static_cast<const T*>(p.bias);
   T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
   T* const pre = pre_of<T>(p, z);
@@ -389,17 +468,25 @@ using WgShape = GemmProblem;
 
 using WgFn = void (*)(CUtensorMap, CUtensorMap, WgArgs);
 
-template <class T, class TL>
+template <class T, class TL, bool SPLIT>
 WgFn pick_kernel(bool ak, bool bk) {
-  if (ak && bk) return hopper_wgmma_kernel<T, TL, true, true>;
-  if (ak) return hopper_wgmma_kernel<T, TL, true, false>;
-  if (bk) return hopper_wgmma_kernel<T, TL, false, true>;
-  return hopper_wgmma_kernel<T, TL, false, false>;
+  if (ak && bk) return hopper_wgmma_kernel<T, TL, true, true, SPLIT>;
+  if (ak) return hopper_wgmma_kernel<T, TL, true, false, SPLIT>;
+  if (bk) return hopper_wgmma_kernel<T, TL, false, true, SPLIT>;
+  return hopper_wgmma_kernel<T, TL, false, false, SPLIT>;
 }
 
-// The launch of one WgShape with tile TL and activation act: checks at creation whether the
-// kernel can take it (declining otherwise), then launches with no further checks.
-template <class T, class TL>
+// Split-K (the "_splitk" candidate): only where the output tiles alone leave SMs idle (a block
+// fills an SM's shared memory, so one block per SM): enough splits for every SM, at least
+// kMinTilesPerSplit K tiles each (fewer would leave the ring nothing to overlap), at most
+// kMaxSplits (each split adds M·N f32 of workspace and of reduction reads).
+constexpr int64_t kMinTilesPerSplit = 4;
+constexpr int64_t kMaxSplits = 16;
+
+// The launch of one WgShape with tile TL and activation act (and split K with SPLIT): checks at
+// creation whether the kernel can take it (declining otherwise), then launches with no further
+// checks.
+template <class T, class TL, bool SPLIT = false>
 class WgPlan {
  public:
   using C = Cfg<TL>;
@@ -462,14 +549,39 @@ class WgPlan {
                          op, static_cast<long long>(s.M), static_cast<long long>(s.N),
                          static_cast<long long>(s.K));
     }
-    kernel_ = pick_kernel<T, TL>(s.a_kmajor, s.b_kmajor);
+    if constexpr (SPLIT) {
+      const int64_t blocks = mt_ * nt_ * s.batch;
+      const int64_t ktiles = (s.K + kBK - 1) / kBK;
+      PLX_DECLINE_UNLESS(blocks > 0, "%s: nothing to split", op);
+      const int64_t sms = ctx.prop.multiProcessorCount;
+      const int64_t want = sms / blocks;
+      const int64_t splits = std::min({want, ktiles / kMinTilesPerSplit, kMaxSplits});
+      PLX_DECLINE_UNLESS(splits >= 2,
+                         "%s: %lld output tiles fill %lld SMs without splitting K, or K has "
+                         "too few tiles (%lld)",
+                         op, static_cast<long long>(blocks), static_cast<long long>(sms),
+                         static_cast<long long>(ktiles));
+      const int64_t per = (ktiles + splits - 1) / splits;  // K tiles per split
+      split_tiles_ = static_cast<int32_t>(per);
+      splits_ = static_cast<int32_t>((ktiles + per - 1) / per);  // none left empty
+      PLX_DECLINE_UNLESS(splits_ >= 2 && s.batch * splits_ <= 65535,
+                         "%s: %d splits of a batch of %lld do not fit the grid", op, splits_,
+                         static_cast<long long>(s.batch));
+      workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
+                   sizeof(float);
+      done_ = BlockCounter(blocks * split_sum_counters(static_cast<unsigned>(splits_)));
+    }
+    kernel_ = pick_kernel<T, TL, SPLIT>(s.a_kmajor, s.b_kmajor);
     // The attribute stays set for every later launch (common.hpp: it only grows).
     allow_dynamic_smem(kernel_, C::kSmemBytes);
   }
 
-  // y (batch, M, N) from a, b (and bias, null if none), on `stream`; `pre`: where the epilogue
-  // also stores the pre-activation (null: nowhere).
-  void run(const void* a, const void* b, void* y, const void* bias, cudaStream_t stream,
+  // f32 partial sums of the splits (0 without split-K).
+  uint64_t workspace_bytes() const { return workspace_; }
+
+  // y (batch, M, N) from a, b (and bias, null if none), on `stream`; ws: workspace_bytes();
+  // `pre`: where the epilogue also stores the pre-activation (null: nowhere).
+  void run(const void* a, const void* b, void* y, const void* bias, void* ws, cudaStream_t stream,
            void* pre = nullptr) const {
     if (s_.M == 0 || s_.N == 0 || s_.batch == 0) return;
     WgArgs p{};
@@ -487,13 +599,20 @@ class WgPlan {
     // elements.
     p.pair = s_.N % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(T)) == 0 &&
              reinterpret_cast<uintptr_t>(pre) % (2 * sizeof(T)) == 0;
+    p.partial = static_cast<float*>(ws);
+    p.done = done_.p;
+    p.batch = static_cast<int32_t>(s_.batch);
+    p.splits = splits_;
+    p.split_tiles = split_tiles_;
     const unsigned z = static_cast<unsigned>(s_.batch);
     CUtensorMap ma, mb;
     if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
-      const dim3 grid(static_cast<unsigned>(mt_ * nt_), z);
+      // Creation checked batch x splits <= 65535.
+      const dim3 grid(static_cast<unsigned>(mt_ * nt_), z * static_cast<unsigned>(splits_));
       launch_kernel(kernel_, grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream, ma, mb, p);
     } else {
-      // Creation checked everything but the addresses: misaligned operands land here.
+      // Creation checked everything but the addresses: misaligned operands land here (one pass
+      // over all of K: no partials).
       SimtArgs q{};
       q.a = a, q.b = b;
       const int64_t lda = static_cast<int64_t>(a_.ld), ldb = static_cast<int64_t>(b_.ld);
@@ -525,73 +644,95 @@ class WgPlan {
   int64_t mt_ = 0, nt_ = 0;
   TmaOperand a_, b_;
   WgFn kernel_ = nullptr;
+  int32_t splits_ = 1, split_tiles_ = 0;
+  uint64_t workspace_ = 0;
+  BlockCounter done_{0};  // split-K: split_sum counters per batch entry and output tile
 };
 
 // y (..., M, N) = alpha op(a) op(b): one GEMM when the batch folds into rows or is 1, a strided
 // batch (grid y) when each operand's batch dims are all full or all broadcast; declines batch
 // dims that broadcast partially (cuBLASLt's kernel loops over those). The same shapes as the
 // mma.sync candidates (ops/mma_gemm.cu).
-template <class T, class TL>
+template <class T, class TL, bool SPLIT>
 class WgMatmul final : public Kernel {
  public:
   WgMatmul(const NodeInfo& node, CudaBackend& backend)
       : device_(node.device()), plan_(shape(node), device_, backend, "matmul", MmaAct::None) {}
 
+  uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
+
   void compute(const KernelCall& c) override {
     use_device(device_);
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, nullptr, native(c.stream));
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, nullptr, c.workspace, native(c.stream));
   }
 
  private:
   static WgShape shape(const NodeInfo& node) { return matmul_problem(node, dtype_v<T>); }
 
   int32_t device_;
-  WgPlan<T, TL> plan_;
+  WgPlan<T, TL, SPLIT> plan_;
 };
 
 // y (..., out) = act(x (..., in) wᵀ + b): one GEMM over all rows of x, the bias and the
 // activation in the epilogue. Registered with MmaAct::None; the others are for fused
 // linear -> activation groups (make_wgmma_linear).
-template <class T, class TL>
+template <class T, class TL, bool SPLIT>
 class WgLinear final : public Kernel {
  public:
   WgLinear(const NodeInfo& node, CudaBackend& backend, MmaAct act = MmaAct::None)
       : device_(node.device()), plan_(shape(node), device_, backend, "linear", act) {}
+
+  uint64_t workspace_bytes() const override { return plan_.workspace_bytes(); }
 
   // A second output, where the fused linear -> gelu group keeps the pre-activation, takes it.
   void compute(const KernelCall& c) override {
     use_device(device_);
     const void* bias = c.has_in(2) ? c.in(2).data : nullptr;
     void* pre = c.num_outputs > 1 ? c.out(1).data : nullptr;
-    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, native(c.stream), pre);
+    plan_.run(c.in(0).data, c.in(1).data, c.out(0).data, bias, c.workspace, native(c.stream), pre);
   }
 
  private:
   static WgShape shape(const NodeInfo& node) { return linear_problem(node, dtype_v<T>); }
 
   int32_t device_;
-  WgPlan<T, TL> plan_;
+  WgPlan<T, TL, SPLIT> plan_;
 };
+
+// The split-K candidate: the 128 x 128 tile with K spread over grid y, for outputs whose tiles
+// leave SMs idle (a convnet's 1024 x 6272 -> 256 layer is 16 tiles on 132 SMs); it declines the
+// shapes that need no split.
+constexpr const char* kSplitName = "wgmma_128x128x64_splitk";
 
 template <class T>
 std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& backend,
                                          const std::string& tile, MmaAct act) {
-  if (tile == TileN128::kName) return std::make_unique<WgLinear<T, TileN128>>(node, backend, act);
-  if (tile == TileN256::kName) return std::make_unique<WgLinear<T, TileN256>>(node, backend, act);
+  if (tile == TileN128::kName)
+    return std::make_unique<WgLinear<T, TileN128, false>>(node, backend, act);
+  if (tile == TileN256::kName)
+    return std::make_unique<WgLinear<T, TileN256, false>>(node, backend, act);
+  if (tile == kSplitName) return std::make_unique<WgLinear<T, TileN128, true>>(node, backend, act);
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
-template <class T, class TL>
-void add_tile(KernelRegistry& r, uint32_t flags) {
+template <class T, class TL, bool SPLIT>
+void add_tile(KernelRegistry& r, const char* name, uint32_t flags) {
   constexpr plx_dtype d = dtype_v<T>;
-  r.add<WgMatmul<T, TL>, CudaBackend>("matmul", d, TL::kName, flags);
-  r.add<WgLinear<T, TL>, CudaBackend>("linear", d, TL::kName, flags);
+  r.add<WgMatmul<T, TL, SPLIT>, CudaBackend>("matmul", d, name, flags);
+  r.add<WgLinear<T, TL, SPLIT>, CudaBackend>("linear", d, name, flags);
+}
+
+template <class T>
+void add_dtype(KernelRegistry& r, uint32_t flags) {
+  add_tile<T, TileN128, false>(r, TileN128::kName, flags);
+  add_tile<T, TileN256, false>(r, TileN256::kName, flags);
+  add_tile<T, TileN128, true>(r, kSplitName, flags);
 }
 
 }  // namespace
 
 std::vector<std::string> wgmma_tile_names() {
-  return {TileN128::kName, TileN256::kName};
+  return {TileN128::kName, TileN256::kName, kSplitName};
 }
 
 std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
@@ -609,12 +750,11 @@ std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& bac
 }
 
 void register_wgmma_gemm(KernelRegistry& r) {
-  // No PLX_KERNEL_LIBRARY: these are the "native" side of backend.kernels.
+  // No PLX_KERNEL_LIBRARY: these are the "native" side of backend.kernels. Split-K stays
+  // deterministic: split_sum adds the partials in an order that depends on the splits alone.
   const uint32_t f = PLX_KERNEL_DETERMINISTIC | PLX_KERNEL_CAPTURABLE;
-  add_tile<bf16, TileN128>(r, f);
-  add_tile<bf16, TileN256>(r, f);
-  add_tile<f16, TileN128>(r, f);
-  add_tile<f16, TileN256>(r, f);
+  add_dtype<bf16>(r, f);
+  add_dtype<f16>(r, f);
 }
 
 }  // namespace plexus::cuda

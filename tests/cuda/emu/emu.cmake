@@ -284,6 +284,7 @@ plexus_emu_tests("warps drifting apart"
 # and its uneven last group run in every one of them.
 plexus_emu_tests("37 SMs" ENV PLEXUS_EMU_SMS=37 PLEXUS_EMU_BLOCKS=shuffle TESTS
     "every cuda tensor core gemm candidate matches the cpu"
+    "every cuda wgmma gemm candidate matches the cpu"
     "cuda direct convolutions match the cpu reference in every layout mix"
     "the relu backward of a first layer with its bias sum and weight gradient runs as one direct kernel"
     "the max pool backward of a first layer with its weight and bias gradients runs as one direct kernel"
