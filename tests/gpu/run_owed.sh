@@ -370,7 +370,8 @@ if has goalprofile; then
     "$OUT/bench-kernels-$tag.log" | sort | uniq -c | sort -rn | head -60 | tee -a "$OUT/summary.txt"
   stamp "plexus bench kernels: GEMMs in bf16"
   run_unstuck "$OUT/bench-kernels-gemm-bf16.log" 150 $B/bin/plexus bench kernels --backend cuda \
-    --no-step --dtype bf16 --gemm 1024,4096,8192,128x10x800,1024x256x6272 "${TIMEOUTS[@]}" \
+    --no-step --dtype bf16 --gemm 1024,4096,8192,128x10x800,128x256x6272,1024x256x6272 \
+    "${TIMEOUTS[@]}" \
     --json "$OUT/bench-kernels-gemm-bf16.json"
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E '^gemm|GFLOP' "$OUT/bench-kernels-gemm-bf16.log" | tee -a "$OUT/summary.txt"
