@@ -2,6 +2,7 @@
 // wgmma_gemm.cu for sm_90a): one parser of the node for both, with the same declines.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.hpp"
@@ -16,6 +17,37 @@ struct GemmProblem {
   bool bias = false;
   float alpha = 1.0f;
 };
+
+// How a split-K candidate (mma_sync_32x32x64_splitk, wgmma_128x128x64_splitk) cuts the K tiles
+// of a GEMM whose `blocks` output tiles (the batch's included) leave the device's `sms` SMs idle:
+// up to `want` splits (what fills the device at the kernel's blocks per SM), at least
+// `min_tiles` K tiles each (fewer would leave the pipeline nothing to overlap), at most
+// `max_splits` (each adds M·N f32 of partials and of reduction reads), none left empty. Declines
+// the shapes that need no split and the grids that cannot hold the splits.
+struct SplitK {
+  int32_t splits = 1;
+  int64_t per = 0;         // K tiles per split
+  uint64_t workspace = 0;  // bytes of f32 partials: splits x batch x M x N
+};
+inline SplitK plan_split_k(const GemmProblem& s, int64_t blocks, int64_t ktiles, int64_t sms,
+                           int64_t want, int64_t min_tiles, int64_t max_splits, const char* op) {
+  PLX_DECLINE_UNLESS(blocks > 0 && ktiles > 0, "%s: nothing to split", op);
+  const int64_t splits = std::min({want, ktiles / min_tiles, max_splits});
+  PLX_DECLINE_UNLESS(splits >= 2,
+                     "%s: %lld output tiles fill %lld SMs without splitting K, or K has too few "
+                     "tiles (%lld)",
+                     op, static_cast<long long>(blocks), static_cast<long long>(sms),
+                     static_cast<long long>(ktiles));
+  SplitK k;
+  k.per = (ktiles + splits - 1) / splits;
+  k.splits = static_cast<int32_t>((ktiles + k.per - 1) / k.per);
+  PLX_DECLINE_UNLESS(k.splits >= 2 && s.batch * k.splits <= 65535,
+                     "%s: %d splits of a batch of %lld do not fit the grid", op, k.splits,
+                     static_cast<long long>(s.batch));
+  k.workspace = static_cast<uint64_t>(k.splits) * static_cast<uint64_t>(s.batch * s.M * s.N) *
+                sizeof(float);
+  return k;
+}
 
 // Declines (our kernels take one dtype for every operand) unless t is of dtype d.
 inline void require_gemm_dtype(const plx_tensor& t, plx_dtype d, const char* op, const char* what) {

@@ -582,9 +582,8 @@ int smem_for(bool ak, bool bk) {
 }
 
 // Split-K (the "_splitk" candidate): only when the output tiles alone leave the device idle.
-// Enough splits for about two blocks per SM, at least kMinTilesPerSplit K tiles each (fewer
-// would leave the pipeline nothing to overlap), at most kMaxSplits (each split adds M·N f32 of
-// workspace and of reduction reads).
+// Enough splits for about two blocks per SM, at least kMinTilesPerSplit K tiles each, at most
+// kMaxSplits (plan_split_k, ops/gemm_problem.hpp).
 constexpr int64_t kMinTilesPerSplit = 2;
 constexpr int64_t kMaxSplits = 16;
 
@@ -624,24 +623,13 @@ class MmaPlan {
                        TL::kName, smem_, static_cast<size_t>(ctx.prop.sharedMemPerBlockOptin));
     if constexpr (SPLIT) {
       const int64_t blocks = ((s.M + C::BM - 1) / C::BM) * ((s.N + C::BN - 1) / C::BN) * s.batch;
-      const int64_t ktiles = (s.K + C::BK - 1) / C::BK;
-      PLX_DECLINE_UNLESS(blocks > 0 && ktiles > 0, "%s: nothing to split", op);
       const int64_t sms = ctx.prop.multiProcessorCount;
-      const int64_t want = (2 * sms + blocks - 1) / blocks;
-      const int64_t splits = std::min({want, ktiles / kMinTilesPerSplit, kMaxSplits});
-      PLX_DECLINE_UNLESS(splits >= 2,
-                         "%s: %lld output tiles fill %lld SMs without splitting K, or K has "
-                         "too few tiles (%lld)",
-                         op, static_cast<long long>(blocks), static_cast<long long>(sms),
-                         static_cast<long long>(ktiles));
-      const int64_t per = (ktiles + splits - 1) / splits;  // K tiles per split
-      k_split_ = per * C::BK;
-      splits_ = static_cast<int32_t>((ktiles + per - 1) / per);  // none left empty
-      PLX_DECLINE_UNLESS(splits_ >= 2 && s.batch * splits_ <= 65535,
-                         "%s: %d splits of a batch of %lld do not fit the grid", op, splits_,
-                         static_cast<long long>(s.batch));
-      workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
-                   sizeof(float);
+      const SplitK k = plan_split_k(s, blocks, (s.K + C::BK - 1) / C::BK, sms,
+                                    blocks > 0 ? (2 * sms + blocks - 1) / blocks : 0,  // 2/SM
+                                    kMinTilesPerSplit, kMaxSplits, op);
+      k_split_ = k.per * C::BK;
+      splits_ = k.splits;
+      workspace_ = k.workspace;
       done_ = BlockCounter(blocks * split_sum_counters(static_cast<unsigned>(splits_)));
     }
     kernel_ = pick_kernel<T, TL, ACT, SPLIT>(s.a_kmajor, s.b_kmajor);

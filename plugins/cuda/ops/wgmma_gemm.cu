@@ -478,8 +478,7 @@ WgFn pick_kernel(bool ak, bool bk) {
 
 // Split-K (the "_splitk" candidate): only where the output tiles alone leave SMs idle (a block
 // fills an SM's shared memory, so one block per SM): enough splits for every SM, at least
-// kMinTilesPerSplit K tiles each (fewer would leave the ring nothing to overlap), at most
-// kMaxSplits (each split adds M·N f32 of workspace and of reduction reads).
+// kMinTilesPerSplit K tiles each, at most kMaxSplits (plan_split_k, ops/gemm_problem.hpp).
 constexpr int64_t kMinTilesPerSplit = 4;
 constexpr int64_t kMaxSplits = 16;
 
@@ -551,24 +550,13 @@ class WgPlan {
     }
     if constexpr (SPLIT) {
       const int64_t blocks = mt_ * nt_ * s.batch;
-      const int64_t ktiles = (s.K + kBK - 1) / kBK;
-      PLX_DECLINE_UNLESS(blocks > 0, "%s: nothing to split", op);
       const int64_t sms = ctx.prop.multiProcessorCount;
-      const int64_t want = sms / blocks;
-      const int64_t splits = std::min({want, ktiles / kMinTilesPerSplit, kMaxSplits});
-      PLX_DECLINE_UNLESS(splits >= 2,
-                         "%s: %lld output tiles fill %lld SMs without splitting K, or K has "
-                         "too few tiles (%lld)",
-                         op, static_cast<long long>(blocks), static_cast<long long>(sms),
-                         static_cast<long long>(ktiles));
-      const int64_t per = (ktiles + splits - 1) / splits;  // K tiles per split
-      split_tiles_ = static_cast<int32_t>(per);
-      splits_ = static_cast<int32_t>((ktiles + per - 1) / per);  // none left empty
-      PLX_DECLINE_UNLESS(splits_ >= 2 && s.batch * splits_ <= 65535,
-                         "%s: %d splits of a batch of %lld do not fit the grid", op, splits_,
-                         static_cast<long long>(s.batch));
-      workspace_ = static_cast<uint64_t>(splits_) * static_cast<uint64_t>(s.batch * s.M * s.N) *
-                   sizeof(float);
+      const SplitK k = plan_split_k(s, blocks, (s.K + kBK - 1) / kBK, sms,
+                                    blocks > 0 ? sms / blocks : 0,  // one block per SM
+                                    kMinTilesPerSplit, kMaxSplits, op);
+      split_tiles_ = static_cast<int32_t>(k.per);
+      splits_ = k.splits;
+      workspace_ = k.workspace;
       done_ = BlockCounter(blocks * split_sum_counters(static_cast<unsigned>(splits_)));
     }
     kernel_ = pick_kernel<T, TL, SPLIT>(s.a_kmajor, s.b_kmajor);
