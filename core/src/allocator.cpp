@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "plexus/backend.hpp"
 #include "plexus/error.hpp"
@@ -121,19 +122,34 @@ void CachingAllocator::free(MemoryBlock* b) {
   free_[b->stream].emplace(b->size, b);
 }
 
+// After a device error (a kernel that faulted) every free fails alike, and the device's memory
+// goes with its context: one warning for all the blocks, not one a block, so that the error that
+// ended the run stays the last thing the user reads.
 void CachingAllocator::release_cached_locked() {
   const plx_backend& t = backend_.table();
+  uint64_t blocks = 0, failed = 0, failed_bytes = 0;
+  plx_status first = PLX_OK;
+  std::string why;
   for (auto& [stream, pool] : free_) {
     for (auto& [size, b] : pool) {
       const plx_status st = t.mem_free(t.ctx, device_, kind_, b->ptr, stream);
-      if (st != PLX_OK)
-        spdlog::warn("backend '{}': mem_free of {} failed: {}", backend_.name(),
-                     format_bytes(size), plx_status_string(st));
+      ++blocks;
+      if (st != PLX_OK) {
+        if (failed++ == 0) {
+          first = st;
+          why = backend_.plugin().last_error();
+        }
+        failed_bytes += size;
+      }
       stats_.reserved -= size;
       delete b;
     }
     pool.clear();
   }
+  if (failed > 0)
+    spdlog::warn("backend '{}' device {}: mem_free failed for {} of {} cached blocks ({}): {}{}{}",
+                 backend_.name(), device_, failed, blocks, format_bytes(failed_bytes),
+                 plx_status_string(first), why.empty() ? "" : ": ", why);
 }
 
 void CachingAllocator::release_cached() {

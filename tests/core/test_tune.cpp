@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "plexus/executor.hpp"
 #include "plexus/graph.hpp"
 #include "plexus/info.hpp"
+#include "plexus/log.hpp"
 #include "plexus/tune.hpp"
 #include "plexus/watchdog.hpp"
 #include "support/harness.hpp"
@@ -518,6 +520,7 @@ struct WarnCapture {
   std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink =
       std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
   WarnCapture() {
+    (void)logging::level();  // plexus's logger in place first (it replaces spdlog's default)
     sink->set_level(spdlog::level::warn);
     spdlog::default_logger()->sinks().push_back(sink);
   }
@@ -798,6 +801,33 @@ TEST_CASE("backend.check_kernels names the kernel that leaves the device unusabl
     REQUIRE_THROWS_WITH(Config::parse("[backend]\ncheck_kernels = 1\n", "t.toml"),
                         PLX_CONTAINS("backend.check_kernels"));
   }
+}
+
+// After a kernel leaves the device unusable every free of the allocator's cached blocks fails
+// alike (testdev's mem_free fails once the device is lost, as cudaFree does after a fault): one
+// warning for them all, with the count and the backend's reason, rather than one a block after
+// the error that ended the run.
+TEST_CASE("the cached blocks a lost device cannot free are one warning", "[cpu][tune]") {
+  RuntimeOptions o = with_testdev(KernelSide::Native, "");
+  o.plugins.options["testgood"]["faults"] = "1";
+  WarnCapture warnings;
+  {
+    Runtime rt(o);
+    CHECK_THROWS_WITH(scale_relu_step(rt), PLX_CONTAINS("the device is lost"));
+  }  // the runtime, its backends and their allocators go here
+  const std::string text = warnings.text.str();
+  INFO(text);
+  size_t lines = 0;
+  for (size_t at = text.find("mem_free"); at != std::string::npos;
+       at = text.find("mem_free", at + 1))
+    ++lines;
+  CHECK(lines == 1);
+  std::smatch m;
+  const std::regex one(R"(backend 'testdev' device 0: mem_free failed for (\d+) of (\d+) cached )"
+                       R"(blocks \(.+\): backend error: testdev: the device is lost)");
+  REQUIRE(std::regex_search(text, m, one));
+  CHECK(m[1].str() == m[2].str());
+  CHECK(std::stoi(m[1].str()) >= 2);  // several blocks, so one warning a block would show
 }
 
 // A kernel that hangs outside the tuner (a node with one kernel, a fused step made once) would
