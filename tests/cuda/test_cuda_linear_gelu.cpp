@@ -63,15 +63,17 @@ TEST_CASE("a linear -> gelu pair on cuda runs as one of our gemms with the gelu 
     int64_t rows, in, out;
     std::vector<std::string> tiles;
   };
-  // Ragged: 70 rows (a partial M tile) of 64 features -> 40 (a partial N tile).
+  // Ragged: 70 rows (a partial M tile) of 64 features -> 40 (a partial N tile). And 16 K tiles
+  // (of 64) for the split-K candidates, whose finishing block applies the GELU and stores the
+  // pre-activation: 24 x 40 is 2 tiles of 32 x 32 in 4 splits (2 blocks an SM, on 4 SMs or
+  // more), one Hopper tile in 4.
   std::vector<Layer> layers = {
-      {70, 64, 40, {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"}}};
+      {70, 64, 40, {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"}},
+      {24, 1024, 40, {"mma_sync_32x32x64_splitk"}}};
   if (hopper && has_candidates(probe, "wgmma_")) {
     layers[0].tiles.push_back("wgmma_128x128x64");
     layers[0].tiles.push_back("wgmma_128x256x64");
-    // One output tile over 16 K tiles: split-K in 4 (on any device of 4 SMs or more), whose
-    // finishing block applies the GELU and stores the pre-activation.
-    layers.push_back({24, 1024, 40, {"wgmma_128x128x64_splitk"}});
+    layers[1].tiles.push_back("wgmma_128x128x64_splitk");
   }
   for (const Layer& layer : layers) {
     for (const char* approximate : {"none", "tanh"})

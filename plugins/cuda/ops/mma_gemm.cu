@@ -750,27 +750,34 @@ class GemmLinear final : public Kernel {
 template <class T, class TL, MmaAct ACT, bool SPLIT = false>
 using MmaLinear = GemmLinear<T, MmaPlan<T, TL, ACT, SPLIT>>;
 
-template <class T, class TL>
+template <class T, class TL, bool SPLIT = false>
 std::unique_ptr<Kernel> make_linear_for(const NodeInfo& node, CudaBackend& backend, MmaAct act) {
   switch (act) {
     case MmaAct::None:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::None, false>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::None, SPLIT>>(node, backend);
     case MmaAct::Relu:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::Relu, false>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::Relu, SPLIT>>(node, backend);
     case MmaAct::Gelu:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::Gelu, false>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::Gelu, SPLIT>>(node, backend);
     case MmaAct::GeluTanh:
-      return std::make_unique<MmaLinear<T, TL, MmaAct::GeluTanh, false>>(node, backend);
+      return std::make_unique<MmaLinear<T, TL, MmaAct::GeluTanh, SPLIT>>(node, backend);
   }
   throw sdk::Unsupported("linear: unknown epilogue activation");
 }
 
+// The split-K candidate: the small tile with K spread over grid z, for outputs too small to
+// fill the device (128 x 128 is 16 blocks of 32 x 32); it declines the shapes that need no split.
+constexpr const char* kSplitName = "mma_sync_32x32x64_splitk";
+
+// A fused linear -> activation group's linear on `tile`, the split-K candidate's name included
+// (its finishing block applies the activation).
 template <class T>
 std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& backend,
                                          const std::string& tile, MmaAct act) {
   if (tile == TileLarge::kName) return make_linear_for<T, TileLarge>(node, backend, act);
   if (tile == TileMid::kName) return make_linear_for<T, TileMid>(node, backend, act);
   if (tile == TileSmall::kName) return make_linear_for<T, TileSmall>(node, backend, act);
+  if (tile == kSplitName) return make_linear_for<T, TileSmall, true>(node, backend, act);
   throw sdk::Unsupported(sdk::format("linear: no Tensor Core tile named '%s'", tile.c_str()));
 }
 
@@ -780,10 +787,6 @@ void add_tile(KernelRegistry& r, const char* name, uint32_t flags) {
   r.add<GemmMatmul<T, MmaPlan<T, TL, MmaAct::None, SPLIT>>, CudaBackend>("matmul", d, name, flags);
   r.add<MmaLinear<T, TL, MmaAct::None, SPLIT>, CudaBackend>("linear", d, name, flags);
 }
-
-// The split-K candidate: the small tile with K spread over grid z, for outputs too small to
-// fill the device (128 x 128 is 16 blocks of 32 x 32); it declines the shapes that need no split.
-constexpr const char* kSplitName = "mma_sync_32x32x64_splitk";
 
 template <class T>
 void add_dtype(KernelRegistry& r, uint32_t flags) {
@@ -801,10 +804,6 @@ void add_simt(KernelRegistry& r, uint32_t flags) {
 }
 
 }  // namespace
-
-std::vector<std::string> mma_tile_names() {
-  return {TileLarge::kName, TileMid::kName, TileSmall::kName};
-}
 
 std::unique_ptr<Kernel> make_mma_linear(const NodeInfo& node, CudaBackend& backend,
                                         const std::string& tile, MmaAct act) {

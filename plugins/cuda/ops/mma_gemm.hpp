@@ -4,7 +4,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "common.hpp"
 
@@ -14,12 +13,10 @@ namespace plexus::cuda {
 // output dtype (the formulas and NaN behaviour of the relu and gelu ops).
 enum class MmaAct { None, Relu, Gelu, GeluTanh };
 
-// The tile configurations, as their impl names ("mma_sync_128x128x32", ...).
-std::vector<std::string> mma_tile_names();
-
-// A linear node's kernel on the Tensor Core GEMM with tile `tile` (one of mma_tile_names()) and
-// `act` applied in the epilogue, for a fused linear -> activation group. Throws Unsupported
-// (a decline) where the registered linear candidate of that tile would.
+// A linear node's kernel on the Tensor Core GEMM with tile `tile` (a candidate's impl name,
+// "mma_sync_128x128x32", ..., the split-K one's included) and `act` applied in the epilogue,
+// for a fused linear -> activation group. Throws Unsupported (a decline) where the registered
+// linear candidate of that tile would.
 std::unique_ptr<Kernel> make_mma_linear(const NodeInfo& node, CudaBackend& backend,
                                         const std::string& tile, MmaAct act);
 

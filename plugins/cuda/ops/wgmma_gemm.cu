@@ -719,10 +719,6 @@ void add_dtype(KernelRegistry& r, uint32_t flags) {
 
 }  // namespace
 
-std::vector<std::string> wgmma_tile_names() {
-  return {TileN128::kName, TileN256::kName, kSplitName};
-}
-
 std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
                                           const std::string& tile, MmaAct act) {
   switch (static_cast<plx_dtype>(node.input(0).dtype)) {

@@ -5,7 +5,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "common.hpp"
 #include "ops/mma_gemm.hpp"
@@ -16,12 +15,10 @@ namespace plexus::cuda {
 // after register_mma_gemm.
 void register_wgmma_gemm(KernelRegistry& r);
 
-// The tile configurations, as their impl names ("wgmma_128x128x64", ...).
-std::vector<std::string> wgmma_tile_names();
-
-// A linear node's kernel on the Hopper GEMM with tile `tile` (one of wgmma_tile_names()) and
-// `act` applied in the epilogue after the bias, for a fused linear -> activation group. Throws
-// Unsupported (a decline) where the registered linear candidate of that tile would.
+// A linear node's kernel on the Hopper GEMM with tile `tile` (a candidate's impl name,
+// "wgmma_128x128x64", ..., the split-K one's included) and `act` applied in the epilogue after
+// the bias, for a fused linear -> activation group. Throws Unsupported (a decline) where the
+// registered linear candidate of that tile would.
 std::unique_ptr<Kernel> make_wgmma_linear(const NodeInfo& node, CudaBackend& backend,
                                           const std::string& tile, MmaAct act);
 
