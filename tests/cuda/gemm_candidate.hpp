@@ -94,6 +94,16 @@ inline Tensor to_gpu_at(const Tensor& src, Backend& gpu, int64_t offset) {
   return view;
 }
 
+// A split-K candidate ("..._splitk"), and whether a reason it declined with is one split-K gives
+// (ops/gemm_problem.hpp, plan_split_k): the tiles fill the device, or K has too few tiles.
+inline bool is_split(const plx_kernel* k) {
+  return std::string(k->impl).find("splitk") != std::string::npos;
+}
+inline bool is_split_decline(const std::string& reason) {
+  return reason.find("without splitting K") != std::string::npos ||
+         reason.find("nothing to split") != std::string::npos;
+}
+
 struct Outcome {
   bool declined = false;
   std::string reason;   // why it declined
