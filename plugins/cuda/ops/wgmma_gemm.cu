@@ -1,7 +1,8 @@
 // CUDA kernels: our Hopper GEMM for matmul and linear (see docs/ops.md), bf16 and f16 with f32
 // accumulation, registered as "native" candidates after cuBLASLt's and after our mma.sync ones
-// (ops/mma_gemm.cu), one per tile ("wgmma_128x128x64", "wgmma_128x256x64"), so that only the
-// autotuner or backend.kernels = "native" ever picks them.
+// (ops/mma_gemm.cu), one per tile ("wgmma_128x128x64", "wgmma_128x256x64", their persistent
+// forms "..._persistent" and the split-K "wgmma_128x128x64_splitk"), so that only the autotuner
+// or backend.kernels = "native" ever picks them.
 //
 // This file's device code is built for sm_90a alone (plugins/cuda/CMakeLists.txt, only when the
 // plugin's architectures include 90): wgmma and setmaxnreg exist only there, and sm_90a code runs
@@ -53,6 +54,11 @@
 //   (coalesced): alpha, the bias (along N), the activation (a kernel argument: none, ReLU, GELU
 //   erf or tanh, as the relu and gelu ops compute them), one rounding to T; pairs of columns are
 //   stored together when y's rows allow.
+// - Persistent tiles: a grid of one block per SM (at most one per output tile) whose blocks
+//   walk the output tiles t = blockIdx.x, + gridDim.x, ...; the producer's ring (stage, phase)
+//   runs on from one output tile into the next, so it loads the next tile's first K tiles while
+//   the consumers are still storing this one's outputs; each consumer warp stages its outputs in
+//   a buffer of its own beside the ring (the ring is no longer free at the epilogue).
 // - Deterministic (each output is one fixed sequence of wgmmas over K) and capturable (compute()
 //   encodes two tensor maps on the host and launches). The >48 KiB shared memory is opted into
 //   once, at creation.
@@ -86,22 +92,47 @@ constexpr int kThreads = 384;  // producer warp group + 2 consumer warp groups
 
 struct TileN128 {
   static constexpr int BN = 128, kStages = 6;
+  static constexpr bool kPersistent = false;
   static constexpr const char* kName = "wgmma_128x128x64";
 };
 struct TileN256 {
   static constexpr int BN = 256, kStages = 4;
+  static constexpr bool kPersistent = false;
   static constexpr const char* kName = "wgmma_128x256x64";
+};
+// The persistent ones: one block per SM walks the output tiles (tile, tile + grid, ...), so the
+// producer loads the next tile's first stages while the consumers store this one's outputs, and
+// a block's set-up (barriers, tensor-map prefetch, registers) is paid once, not once per tile.
+// Their epilogue cannot park in the ring (the producer is refilling it): each consumer warp has
+// a staging buffer of its own beside the ring, for 16 rows x 32 columns at a time.
+struct TileN128P {
+  static constexpr int BN = 128, kStages = 6;
+  static constexpr bool kPersistent = true;
+  static constexpr const char* kName = "wgmma_128x128x64_persistent";
+};
+struct TileN256P {
+  static constexpr int BN = 256, kStages = 4;
+  static constexpr bool kPersistent = true;
+  static constexpr const char* kName = "wgmma_128x256x64_persistent";
 };
 
 template <class TL>
 struct Cfg {
   static constexpr int BN = TL::BN, S = TL::kStages;
+  static constexpr bool P = TL::kPersistent;
   static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
   static constexpr int kBBytes = BN * kBK * 2;           // one stage of B
   static constexpr int kStageBytes = kABytes + kBBytes;  // what the TMA of one stage delivers
   static constexpr int kBarBytes = 2 * S * 8;            // full[S], empty[S]
+  // The persistent tiles' staging: per consumer warp 16 rows of kChunk f32 columns, rows padded
+  // to kChunk + 8 floats (8 mod 32 words: conflict-free, as kLdPark below), after the barriers.
+  static constexpr int kChunk = 32, kLdChunk = kChunk + 8;
+  static constexpr int kWarpStageFloats = 16 * kLdChunk;
+  static constexpr int kStagingBytes = P ? 8 * kWarpStageFloats * 4 : 0;
   // + 1024: the dynamic shared memory is realigned to the 1024-byte swizzle atom in the kernel.
-  static constexpr int kSmemBytes = S * kStageBytes + kBarBytes + 1024;
+  static constexpr int kSmemBytes = S * kStageBytes + kBarBytes + kStagingBytes + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "a block's shared memory on sm_90");
+  static_assert(kBarBytes % 16 == 0 && BN % kChunk == 0, "staging 16-byte aligned, whole chunks");
   static constexpr int kAcc = BN / 2;  // f32 accumulators per consumer thread (64 x BN / 128)
   // The epilogue parks the f32 tile (two warp groups x 64 rows) in the ring, rows padded to
   // BN + 8 floats (conflict-free, see the kernel).
@@ -251,6 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   using C = Cfg<TL>;
   constexpr int BN = C::BN, S = C::S;
+  constexpr bool P = C::P;
+  static_assert(!(P && SPLIT), "split-K runs one output tile per block");
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;  // 0: producer, 1 and 2: consumers
 
@@ -277,26 +310,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the next N tile, so that the blocks resident together share a few A row panels and B column
   // panels in L2 (a wave of ~132 blocks reads 16 A panels and ~8 B panels, not all of A).
   constexpr int64_t kGroup = 16;
-  const int64_t pid = blockIdx.x;
   const int64_t per_group = kGroup * p.nt;
-  const int64_t first_m = (pid / per_group) * kGroup;
-  const int64_t group_m = p.mt - first_m < kGroup ? p.mt - first_m : kGroup;
-  const int64_t in_group = pid % per_group;
-  const int64_t m0 = (first_m + in_group % group_m) * kBM;
-  const int64_t n0 = (in_group / group_m) * BN;
-  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. This block's K tiles: kt0 ..
-  // kt0 + ktiles - 1 (all of them without SPLIT; creation leaves no split empty). Its j-th tile
-  // sits in stage j % S, filled for the (j / S)-th time: both loops below step (stage, phase =
-  // that count's parity) along.
-  int32_t z = static_cast<int32_t>(blockIdx.y), split = 0;
-  int kt0 = 0;
-  int ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
-  if constexpr (SPLIT) {
-    split = z % p.splits;
-    z /= p.splits;
-    kt0 = split * p.split_tiles;
-    ktiles = min(ktiles - kt0, p.split_tiles);
-  }
+  // The tiles this block computes: its own (x, y) without P; with P, tiles blockIdx.x,
+  // + gridDim.x, ... of all batch entries' (the batch outermost), so each wave of the grid covers
+  // consecutive tiles in the grouped order, as the waves of the plain grid do.
+  const int64_t per_entry = p.mt * p.nt;
+  const int64_t first = P ? static_cast<int64_t>(blockIdx.x) : 0;
+  const int64_t end = P ? per_entry * p.batch : 1;
+  const int64_t step = P ? static_cast<int64_t>(gridDim.x) : 1;
+  // Tile t's batch entry z, split, first row m0 and column n0, and its index within the entry.
+  struct Origin {
+    int64_t pid, m0, n0;
+    int32_t z, split;
+  };
+  auto origin = [&](int64_t t) {
+    Origin o{};
+    if constexpr (P) {
+      o.z = static_cast<int32_t>(t / per_entry);
+      o.pid = t % per_entry;
+    } else {
+      o.z = static_cast<int32_t>(blockIdx.y);
+      o.pid = blockIdx.x;
+    }
+    if constexpr (SPLIT) {
+      o.split = o.z % p.splits;
+      o.z /= p.splits;
+    }
+    const int64_t first_m = (o.pid / per_group) * kGroup;
+    const int64_t group_m = p.mt - first_m < kGroup ? p.mt - first_m : kGroup;
+    const int64_t in_group = o.pid % per_group;
+    o.m0 = (first_m + in_group % group_m) * kBM;
+    o.n0 = (in_group / group_m) * BN;
+    return o;
+  };
+  // K >= 1 (creation declines K = 0) and K <= INT32_MAX. A tile's K tiles: kt0 ..
+  // kt0 + ktiles - 1 (all of them without SPLIT; creation leaves no split empty). The block's
+  // j-th K tile, counted over all its output tiles, sits in stage j % S, filled for the
+  // (j / S)-th time: both loops below step (stage, phase = that count's parity) along.
+  const int all_ktiles = static_cast<int>((p.K + kBK - 1) / kBK);
+  auto k_range = [&](const Origin& o, int& kt0, int& ktiles) {
+    kt0 = 0;
+    ktiles = all_ktiles;
+    if constexpr (SPLIT) {
+      kt0 = o.split * p.split_tiles;
+      ktiles = min(ktiles - kt0, p.split_tiles);
+    }
+  };
 
   if (wg == 0) {
     // The producer: 40 registers are plenty for one thread's address arithmetic; the rest go to
@@ -305,34 +364,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       prefetch_tensormap(&tma_a);
       prefetch_tensormap(&tma_b);
-      const int32_t za = z * p.za, zb = z * p.zb;
-      const int32_t mc = static_cast<int32_t>(m0), nc = static_cast<int32_t>(n0);
       int s = 0;
       uint32_t phase = 0;
-      for (int kt = 0; kt < ktiles; ++kt) {
-        // The consumers are done with the stage's previous tile (kt - S); in the first round
-        // the wait on parity 1 returns at once.
-        mbar_wait(empty0 + 8 * s, phase ^ 1);
-        const uint32_t full = full0 + 8 * s;
-        mbar_arrive_expect_tx(full, C::kStageBytes);
-        const int32_t kc = (kt0 + kt) * kBK;
-        if constexpr (AK) {
-          tma_load_3d(stage_a(s), &tma_a, kc, mc, za, full);  // box (64 of K, 128 of M)
-        } else {
+      for (int64_t t = first; t < end; t += step) {
+        const Origin o = origin(t);
+        int kt0, ktiles;
+        k_range(o, kt0, ktiles);
+        const int32_t za = o.z * p.za, zb = o.z * p.zb;
+        const int32_t mc = static_cast<int32_t>(o.m0), nc = static_cast<int32_t>(o.n0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          // The consumers are done with the stage's previous tile (kt - S); in the first round
+          // the wait on parity 1 returns at once.
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          const uint32_t full = full0 + 8 * s;
+          mbar_arrive_expect_tx(full, C::kStageBytes);
+          const int32_t kc = (kt0 + kt) * kBK;
+          if constexpr (AK) {
+            tma_load_3d(stage_a(s), &tma_a, kc, mc, za, full);  // box (64 of K, 128 of M)
+          } else {
 #pragma unroll
-          for (int j = 0; j < kBM / 64; ++j)  // boxes (64 of M, 64 of K)
-            tma_load_3d(stage_a(s) + j * kMnBoxBytes, &tma_a, mc + 64 * j, kc, za, full);
-        }
-        if constexpr (BKM) {
-          tma_load_3d(stage_b(s), &tma_b, kc, nc, zb, full);  // box (64 of K, BN of N)
-        } else {
+            for (int j = 0; j < kBM / 64; ++j)  // boxes (64 of M, 64 of K)
+              tma_load_3d(stage_a(s) + j * kMnBoxBytes, &tma_a, mc + 64 * j, kc, za, full);
+          }
+          if constexpr (BKM) {
+            tma_load_3d(stage_b(s), &tma_b, kc, nc, zb, full);  // box (64 of K, BN of N)
+          } else {
 #pragma unroll
-          for (int j = 0; j < BN / 64; ++j)  // boxes (64 of N, 64 of K)
-            tma_load_3d(stage_b(s) + j * kMnBoxBytes, &tma_b, nc + 64 * j, kc, zb, full);
-        }
-        if (++s == S) {
-          s = 0;
-          phase ^= 1;
+            for (int j = 0; j < BN / 64; ++j)  // boxes (64 of N, 64 of K)
+              tma_load_3d(stage_b(s) + j * kMnBoxBytes, &tma_b, nc + 64 * j, kc, zb, full);
+          }
+          if (++s == S) {
+            s = 0;
+            phase ^= 1;
+          }
         }
       }
     }
@@ -344,84 +408,133 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;
   const int lane = tid & 31;
   const int warp = (tid >> 5) & 3;  // warp within the warp group
+  // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
+  // holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + {0, 1}] are row 16 w + g,
+  // columns 8 i + 2 q + {0, 1} (q = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
+  const int g = lane >> 2, q = lane & 3;
   float acc[C::kAcc];
-#pragma unroll
-  for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
 
   // This warp group's A rows: K-major, 64 rows of 128 bytes = 8 atoms from row 64 cw; M-major,
   // the cw-th 64-wide box. Both start 8192 cw bytes into the stage.
   const uint32_t a_off = static_cast<uint32_t>(cw) * 8192u;
-  int s = 0, prev = S - 1;  // the stages of tiles kt and kt - 1
+  int s = 0, prev = S - 1;  // the stages of K tiles kt and kt - 1
   uint32_t phase = 0;
-  for (int kt = 0; kt < ktiles; ++kt) {
-    mbar_wait(full0 + 8 * s, phase);  // tile kt has landed
-    fence_acc(acc);
-    wgmma_fence();
+  for (int64_t t = first; t < end; t += step) {
+    const Origin o = origin(t);
+    int kt0, ktiles;
+    k_range(o, kt0, ktiles);
+    const int64_t m0 = o.m0, n0 = o.n0;
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      // K-major: the 16-column slice kk starts 32 kk bytes into each row (LBO unused: 16);
-      // MN-major: 16 K rows of 128 bytes further (2048 kk), LBO = the next 64-wide box.
-      const uint64_t da = AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
-                             : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
-      const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
-                              : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
-      wgmma_m64k16<T, BN, !AK, !BKM>(acc, da, db);
+    for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
+
+    for (int kt = 0; kt < ktiles; ++kt) {
+      mbar_wait(full0 + 8 * s, phase);  // tile kt has landed
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // K-major: the 16-column slice kk starts 32 kk bytes into each row (LBO unused: 16);
+        // MN-major: 16 K rows of 128 bytes further (2048 kk), LBO = the next 64-wide box.
+        const uint64_t da =
+            AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
+               : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
+        const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
+                                : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
+        wgmma_m64k16<T, BN, !AK, !BKM>(acc, da, db);
+      }
+      wgmma_commit();
+      fence_acc(acc);
+      // At most one group (this K tile's) still running: the previous tile's stage may be
+      // reused. (With P, the previous output tile's last stage was released after its loop.)
+      wgmma_wait<1>();
+      fence_acc(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+      prev = s;
+      if (++s == S) {
+        s = 0;
+        phase ^= 1;
+      }
     }
-    wgmma_commit();
+    wgmma_wait<0>();
     fence_acc(acc);
-    // At most one group (this K tile's) still running: the previous tile's stage may be reused.
-    wgmma_wait<1>();
-    fence_acc(acc);
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
-    prev = s;
-    if (++s == S) {
-      s = 0;
-      phase ^= 1;
+
+    const T* bias = static_cast<const T*>(p.bias);
+    T* const Y = static_cast<T*>(p.y) + static_cast<int64_t>(o.z) * p.sy;
+    T* const pre = pre_of<T>(p, o.z);
+    if constexpr (P) {
+      // The last stage is free for the producer, which may already be loading the next output
+      // tile's K tiles into the others while this warp stores its outputs.
+      if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+      // The epilogue through this warp's own staging buffer (no barrier with the other warps):
+      // kChunk columns of its 16 rows at a time, parked as below, then stored a row pair per
+      // step, 16 lanes on 16 consecutive column pairs.
+      float* const stage_w =
+          reinterpret_cast<float*>(wgmma_smem + (base - raw) + S * C::kStageBytes + C::kBarBytes) +
+          (4 * cw + warp) * C::kWarpStageFloats;
+      const int64_t row0 = m0 + 64 * cw + 16 * warp;
+      constexpr int kRegGroups = C::kChunk / 8;  // register groups (8 columns) per chunk
+      constexpr int kPairs = C::kChunk / 2;      // column pairs per chunk row
+#pragma unroll
+      for (int j = 0; j < BN / C::kChunk; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float* prow = stage_w + (g + 8 * h) * C::kLdChunk + 2 * q;
+#pragma unroll
+          for (int i = 0; i < kRegGroups; ++i) {
+            const int r = kRegGroups * j + i;
+            *reinterpret_cast<float2*>(prow + 8 * i) =
+                make_float2(acc[4 * r + 2 * h], acc[4 * r + 2 * h + 1]);
+          }
+        }
+        __syncwarp();
+#pragma unroll 1
+        for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+          const int rl = idx / kPairs, c = 2 * (idx % kPairs);
+          const int64_t row = row0 + rl, col = n0 + C::kChunk * j + c;
+          if (row < p.M && col < p.N) {
+            const float2 v = *reinterpret_cast<const float2*>(stage_w + rl * C::kLdChunk + c);
+            store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
+          }
+        }
+        __syncwarp();  // read back before the next chunk overwrites the buffer
+      }
+      continue;
     }
-  }
-  wgmma_wait<0>();
-  fence_acc(acc);
 
-  // The epilogue goes through shared memory: each warp parks its f32 sums there, then stores its
-  // 16 rows with consecutive lanes on consecutive column pairs (a warp writes 32 pairs of one
-  // row: coalesced), and the activation's code exists once instead of once per register.
-  // The ring is free once both consumer warp groups are past their last wgmma (the other group
-  // may still read the last stages) and every TMA has landed (each was waited for).
-  named_barrier_sync<1, 256>();  // the 256 consumer threads
-  fence_proxy_async();           // wgmma reads before our writes
-  float* park = reinterpret_cast<float*>(wgmma_smem + (base - raw)) + cw * 64 * C::kLdPark;
+    // The epilogue goes through shared memory: each warp parks its f32 sums there, then stores
+    // its 16 rows with consecutive lanes on consecutive column pairs (a warp writes 32 pairs of
+    // one row: coalesced), and the activation's code exists once instead of once per register.
+    // The ring is free once both consumer warp groups are past their last wgmma (the other group
+    // may still read the last stages) and every TMA has landed (each was waited for).
+    named_barrier_sync<1, 256>();  // the 256 consumer threads
+    fence_proxy_async();           // wgmma reads before our writes
+    float* park = reinterpret_cast<float*>(wgmma_smem + (base - raw)) + cw * 64 * C::kLdPark;
 
-  // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
-  // holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + {0, 1}] are row 16 w + g,
-  // columns 8 i + 2 t + {0, 1} (t = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
-  // Row stride kLdPark = 8 (mod 32) words: a half warp's 8-byte stores (g = 0..3, t = 0..3) hit
-  // banks 8 g + 2 t + {0, 1}, all distinct.
-  const int g = lane >> 2, t = lane & 3;
+    // Row stride kLdPark = 8 (mod 32) words: a half warp's 8-byte stores (g = 0..3, q = 0..3)
+    // hit banks 8 g + 2 q + {0, 1}, all distinct.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float* prow = park + (16 * warp + g + 8 * h) * C::kLdPark + 2 * t;
+    for (int h = 0; h < 2; ++h) {
+      float* prow = park + (16 * warp + g + 8 * h) * C::kLdPark + 2 * q;
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i)
-      *reinterpret_cast<float2*>(prow + 8 * i) =
-          make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-  }
-  __syncwarp();  // each warp reads back only its own 16 rows
+      for (int i = 0; i < BN / 8; ++i)
+        *reinterpret_cast<float2*>(prow + 8 * i) =
+            make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+    }
+    __syncwarp();  // each warp reads back only its own 16 rows
 
-  if constexpr (SPLIT) {
-    split_epilogue<T, BN>(p, park, C::kLdPark, m0, n0, z, split, pid, cw, warp, lane);
-    return;
-  }
-  const T* bias = static_cast<const T*>(p.bias);
-  T* Y = static_cast<T*>(p.y) + static_cast<int64_t>(z) * p.sy;
-  T* const pre = pre_of<T>(p, z);
-  constexpr int kPairs = BN / 2;  // column pairs per row, a multiple of 32
+    if constexpr (SPLIT) {
+      split_epilogue<T, BN>(p, park, C::kLdPark, m0, n0, o.z, o.split, o.pid, cw, warp, lane);
+      return;
+    }
+    constexpr int kPairs = BN / 2;  // column pairs per row, a multiple of 32
 #pragma unroll 4
-  for (int idx = lane; idx < 16 * kPairs; idx += 32) {
-    const int rl = 16 * warp + idx / kPairs, c = 2 * (idx % kPairs);
-    const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
-    if (row < p.M && col < p.N) {
-      const float2 v = *reinterpret_cast<const float2*>(park + rl * C::kLdPark + c);
-      store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
+    for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+      const int rl = 16 * warp + idx / kPairs, c = 2 * (idx % kPairs);
+      const int64_t row = m0 + 64 * cw + rl, col = n0 + c;
+      if (row < p.M && col < p.N) {
+        const float2 v = *reinterpret_cast<const float2*>(park + rl * C::kLdPark + c);
+        store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
+      }
     }
   }
 #endif
@@ -510,8 +623,8 @@ class WgPlan {
     // kt * 64 up to 63 past K); grid x spans the tiles (2^31 - 1), grid y (and z of the
     // fallback) the batch (65535); the fallback's grid y spans N / 16.
     constexpr int64_t kMaxDim = INT32_MAX - 512;
-    PLX_DECLINE_UNLESS(s.M <= kMaxDim && s.N <= kMaxDim && s.K <= kMaxDim &&
-                           s.batch <= 65535 && (s.N + kSimtTile - 1) / kSimtTile <= 65535,
+    PLX_DECLINE_UNLESS(s.M <= kMaxDim && s.N <= kMaxDim && s.K <= kMaxDim && s.batch <= 65535 &&
+                           (s.N + kSimtTile - 1) / kSimtTile <= 65535,
                        "%s: (%lld x %lld x %lld, batch %lld) exceeds the TMA coordinates or the "
                        "grid",
                        op, static_cast<long long>(s.M), static_cast<long long>(s.N),
@@ -548,9 +661,10 @@ class WgPlan {
                          op, static_cast<long long>(s.M), static_cast<long long>(s.N),
                          static_cast<long long>(s.K));
     }
+    sms_ = ctx.prop.multiProcessorCount;
     if constexpr (SPLIT) {
       const int64_t blocks = mt_ * nt_ * s.batch;
-      const int64_t sms = ctx.prop.multiProcessorCount;
+      const int64_t sms = sms_;
       const SplitK k = plan_split_k(s, blocks, (s.K + kBK - 1) / kBK, sms,
                                     blocks > 0 ? sms / blocks : 0,  // one block per SM
                                     kMinTilesPerSplit, kMaxSplits, op);
@@ -595,8 +709,11 @@ class WgPlan {
     const unsigned z = static_cast<unsigned>(s_.batch);
     CUtensorMap ma, mb;
     if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
-      // Creation checked batch x splits <= 65535.
-      const dim3 grid(static_cast<unsigned>(mt_ * nt_), z * static_cast<unsigned>(splits_));
+      // Creation checked batch x splits <= 65535. The persistent tiles: one block per SM (a
+      // block fills an SM's shared memory), none without a tile.
+      const dim3 grid =
+          C::P ? dim3(static_cast<unsigned>(std::min(mt_ * nt_ * s_.batch, sms_)))
+               : dim3(static_cast<unsigned>(mt_ * nt_), z * static_cast<unsigned>(splits_));
       launch_kernel(kernel_, grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream, ma, mb, p);
     } else {
       // Creation checked everything but the addresses: misaligned operands land here (one pass
@@ -630,6 +747,7 @@ class WgPlan {
   int32_t device_;
   MmaAct act_;
   int64_t mt_ = 0, nt_ = 0;
+  int64_t sms_ = 1;  // the device's SMs
   TmaOperand a_, b_;
   WgFn kernel_ = nullptr;
   int32_t splits_ = 1, split_tiles_ = 0;
@@ -700,6 +818,10 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
   if (tile == TileN256::kName)
     return std::make_unique<WgLinear<T, TileN256, false>>(node, backend, act);
   if (tile == kSplitName) return std::make_unique<WgLinear<T, TileN128, true>>(node, backend, act);
+  if (tile == TileN128P::kName)
+    return std::make_unique<WgLinear<T, TileN128P, false>>(node, backend, act);
+  if (tile == TileN256P::kName)
+    return std::make_unique<WgLinear<T, TileN256P, false>>(node, backend, act);
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
@@ -715,6 +837,8 @@ void add_dtype(KernelRegistry& r, uint32_t flags) {
   add_tile<T, TileN128, false>(r, TileN128::kName, flags);
   add_tile<T, TileN256, false>(r, TileN256::kName, flags);
   add_tile<T, TileN128, true>(r, kSplitName, flags);
+  add_tile<T, TileN128P, false>(r, TileN128P::kName, flags);
+  add_tile<T, TileN256P, false>(r, TileN256P::kName, flags);
 }
 
 }  // namespace
