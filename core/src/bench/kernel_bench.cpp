@@ -6,6 +6,7 @@
 #include <map>
 #include <ostream>
 
+#include "../text.hpp"
 #include "../train/step_graph.hpp"
 #include "plexus/backend.hpp"
 #include "plexus/dispatch.hpp"
@@ -14,7 +15,6 @@
 #include "plexus/runtime.hpp"
 #include "plexus/sdk/dtype.hpp"
 #include "plexus/sdk/tensor.hpp"
-#include "../text.hpp"
 
 namespace plexus {
 
@@ -33,8 +33,10 @@ std::vector<std::array<int64_t, 3>> parse_gemm_shapes(const std::string& list,
                           "' is not a GEMM shape; expected N (square) or MxNxK with sizes >= 1");
       v.push_back(x);
     }
-    if (v.size() == 1) out.push_back({v[0], v[0], v[0]});
-    else if (v.size() == 3) out.push_back({v[0], v[1], v[2]});
+    if (v.size() == 1)
+      out.push_back({v[0], v[0], v[0]});
+    else if (v.size() == 3)
+      out.push_back({v[0], v[1], v[2]});
     else
       throw ConfigError(option + ": '" + item + "' has " + std::to_string(v.size()) +
                         " sizes; expected N (square) or MxNxK");
@@ -54,10 +56,13 @@ double gflop(const std::string& op, const std::vector<plx_tensor>& in,
   } else if (op == "matmul" && !in.empty() && in[0].ndim >= 2) {
     const AttrValue* ta = attrs.find("trans_a");
     const bool t = ta && std::get_if<int64_t>(ta) && *std::get_if<int64_t>(ta) != 0;
-    f = 2.0 * static_cast<double>(sdk::numel(out[0])) * static_cast<double>(t ? last(in[0], 2) : last(in[0], 1));
-  } else if ((op == "conv2d" || op == "conv2d_backward_data") && in.size() >= 2 && in[1].ndim == 4) {
+    f = 2.0 * static_cast<double>(sdk::numel(out[0])) *
+        static_cast<double>(t ? last(in[0], 2) : last(in[0], 1));
+  } else if ((op == "conv2d" || op == "conv2d_backward_data") && in.size() >= 2 &&
+             in[1].ndim == 4) {
     const plx_tensor& y = op == "conv2d" ? out[0] : in[0];
-    f = 2.0 * static_cast<double>(sdk::numel(y)) * static_cast<double>(in[1].shape[1] * in[1].shape[2] * in[1].shape[3]);
+    f = 2.0 * static_cast<double>(sdk::numel(y)) *
+        static_cast<double>(in[1].shape[1] * in[1].shape[2] * in[1].shape[3]);
   } else if (op == "conv2d_backward_weight" && !out.empty() && out[0].ndim == 4) {
     f = 2.0 * static_cast<double>(sdk::numel(in[0])) *
         static_cast<double>(out[0].shape[1] * out[0].shape[2] * out[0].shape[3]);
@@ -85,19 +90,23 @@ void print_row(std::ostream& os, const KernelBenchRow& r) {
   for (const CandidateTime& t : r.kernels)
     if (t.library && t.ms >= 0 && (lib < 0 || t.ms < lib)) lib = t.ms;
   double best = -1;
-  for (const CandidateTime& t : r.kernels)
+  int width = 26;  // the names' column: as wide as the longest name
+  for (const CandidateTime& t : r.kernels) {
     if (t.ms >= 0 && (best < 0 || t.ms < best)) best = t.ms;
+    width = std::max(width, static_cast<int>(t.impl.size()));
+  }
   for (const CandidateTime& t : r.kernels) {
     char line[256];
     if (t.ms < 0) {
-      std::snprintf(line, sizeof line, "    %-26s %-8s %s\n", t.impl.c_str(),
+      std::snprintf(line, sizeof line, "    %-*s %-8s %s\n", width, t.impl.c_str(),
                     t.library ? "library" : "native", t.error.c_str());
     } else {
       char rate[32] = "", ratio[48] = "";
       if (r.gflop > 0) std::snprintf(rate, sizeof rate, "%10.1f GFLOP/s", r.gflop / (t.ms / 1e3));
       if (lib > 0) std::snprintf(ratio, sizeof ratio, "  %.2fx the library's speed", lib / t.ms);
-      std::snprintf(line, sizeof line, "    %-26s %-8s %10.4f ms%s%s%s\n", t.impl.c_str(),
-                    t.library ? "library" : "native", t.ms, rate, ratio, t.ms == best ? "  fastest" : "");
+      std::snprintf(line, sizeof line, "    %-*s %-8s %10.4f ms%s%s%s\n", width, t.impl.c_str(),
+                    t.library ? "library" : "native", t.ms, rate, ratio,
+                    t.ms == best ? "  fastest" : "");
     }
     os << line;
   }
@@ -107,8 +116,10 @@ void print_row(std::ostream& os, const KernelBenchRow& r) {
 
 KernelBenchReport run_kernel_bench(Runtime& rt, const Config& cfg, const KernelBenchOptions& o,
                                    std::ostream* out) {
-  Backend& backend = rt.select_backend(o.backend.empty() ? cfg.get_string("backend.name") : o.backend);
-  const int32_t dev = o.device >= 0 ? o.device : static_cast<int32_t>(cfg.get_int("backend.device"));
+  Backend& backend =
+      rt.select_backend(o.backend.empty() ? cfg.get_string("backend.name") : o.backend);
+  const int32_t dev =
+      o.device >= 0 ? o.device : static_cast<int32_t>(cfg.get_int("backend.device"));
   KernelBenchReport rep;
   rep.backend = backend.name();
   rep.device = backend.device(dev).name;
@@ -138,18 +149,22 @@ KernelBenchReport run_kernel_bench(Runtime& rt, const Config& cfg, const KernelB
     std::vector<int64_t> sample = spec.input_shape;
     if (sample.empty()) sample = load_data(cfg, spec, false).train.sample_shape;
     const int64_t batch = cfg.get_int("train.batch_size");
-    auto sg = build_step(rt.ops(), spec, batch, sample, true, optimizer_options(cfg), false, compute,
-                         nullptr, {}, cfg.get_float("train.label_smoothing"));
+    auto sg = build_step(rt.ops(), spec, batch, sample, true, optimizer_options(cfg), false,
+                         compute, nullptr, {}, cfg.get_float("train.label_smoothing"));
     const Graph& g = sg->graph;
     // One row per distinct problem, naming every node that has it.
     std::map<std::string, size_t> seen;
-    std::vector<std::tuple<std::string, const GraphNode*, std::vector<plx_tensor>, std::vector<plx_tensor>>> todo;
+    std::vector<
+        std::tuple<std::string, const GraphNode*, std::vector<plx_tensor>, std::vector<plx_tensor>>>
+        todo;
     for (const GraphNode& node : g.nodes()) {
       if (!node.schema) continue;
       std::vector<plx_tensor> in, outs;
-      for (Var v : node.inputs) in.push_back(v.valid() ? make_desc(g.value(v).desc, dev) : Tensor().view());
+      for (Var v : node.inputs)
+        in.push_back(v.valid() ? make_desc(g.value(v).desc, dev) : Tensor().view());
       for (Var v : node.outputs) outs.push_back(make_desc(g.value(v).desc, dev));
-      const int32_t dtype = in.empty() ? PLX_F32 : in[static_cast<size_t>(node.schema->type_input)].dtype;
+      const int32_t dtype =
+          in.empty() ? PLX_F32 : in[static_cast<size_t>(node.schema->type_input)].dtype;
       if (!o.all && backend.kernels(node.schema->id, dtype).size() < 2) continue;
       const std::string key = tune_key(backend, dev, *node.schema, in, outs, node.attrs);
       if (auto it = seen.find(key); it != seen.end()) {
@@ -170,8 +185,7 @@ KernelBenchReport run_kernel_bench(Runtime& rt, const Config& cfg, const KernelB
   if (!o.gemm.empty()) {
     const plx_dtype dt = o.gemm_dtype == PLX_DTYPE_NONE ? compute : o.gemm_dtype;
     const OpSchema& s = rt.ops().get("linear");
-    if (out)
-      *out << "GEMMs as linear (x (M, K), w (N, K), bias (N)) in " << dtype_name(dt) << "\n";
+    if (out) *out << "GEMMs as linear (x (M, K), w (N, K), bias (N)) in " << dtype_name(dt) << "\n";
     for (const auto& [M, N, K] : o.gemm) {
       std::vector<plx_tensor> in{make_desc({dt, {M, K}}, dev), make_desc({dt, {N, K}}, dev),
                                  make_desc({dt, {N}}, dev)};
