@@ -152,24 +152,43 @@ __device__ __forceinline__ void pdl_begin() {
 // programmatic_launch(kernel) says so (common.hpp). A launch that CUDA refuses (a bad
 // configuration, too much shared memory) throws; a fault while the kernel runs shows at the next
 // synchronisation.
+// A grid launched in thread-block clusters of `cluster` blocks along x (sm_90; grid.x a multiple
+// of it): launch_kernel(kernel, ClusterGrid{grid, 2}, ...).
+struct ClusterGrid {
+  dim3 grid;
+  unsigned cluster;
+};
+
 template <class... P, class... A>
-void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   A&&... args) {
+void launch_kernel(void (*kernel)(P...), ClusterGrid grid, dim3 block, size_t smem,
+                   cudaStream_t stream, A&&... args) {
   const void* fn = reinterpret_cast<const void*>(kernel);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = grid.cluster;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
+  cfg.gridDim = grid.grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  if (programmatic_launch(fn)) {
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
+  // The PDL attribute where programmatic_launch says so, the cluster's where it has several
+  // blocks.
+  const bool pdl = programmatic_launch(fn);
+  cfg.attrs = pdl ? attrs : attrs + 1;
+  cfg.numAttrs = (pdl ? 1u : 0u) + (grid.cluster > 1 ? 1u : 0u);
+  if (cfg.numAttrs == 0) cfg.attrs = nullptr;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
   if (e != cudaSuccess) throw_launch(e, fn);
+}
+
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   A&&... args) {
+  launch_kernel(kernel, ClusterGrid{grid, 1}, block, smem, stream, std::forward<A>(args)...);
 }
 
 // ---- launch geometry ----

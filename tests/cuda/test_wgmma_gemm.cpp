@@ -175,10 +175,10 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
       std::vector<const plx_kernel*> mine;
       for (const plx_kernel* k : gpu.kernels(s.id, d))
         if (is_wgmma(k)) mine.push_back(k);
-      // One candidate per tile, the split-K one and the two persistent ones, native (not
-      // PLX_KERNEL_LIBRARY), deterministic and capturable, registered after cuBLASLt's (the
-      // first accepting kernel wins without the tuner).
-      REQUIRE(mine.size() == 5);
+      // One candidate per tile, the split-K one, the two persistent ones and the clustered
+      // one, native (not PLX_KERNEL_LIBRARY), deterministic and capturable, registered after
+      // cuBLASLt's (the first accepting kernel wins without the tuner).
+      REQUIRE(mine.size() == 6);
       for (const plx_kernel* k : mine) {
         CHECK_FALSE(k->flags & PLX_KERNEL_LIBRARY);
         CHECK(k->flags & PLX_KERNEL_DETERMINISTIC);
@@ -245,8 +245,9 @@ TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu 
   PinnedKernelRun pinned("wgmma-fusion", build, "fc",
                          random_doubles(static_cast<size_t>(rows * in), 7, -1, 1), 3);
   REQUIRE_FALSE(pinned.key().empty());
-  for (const std::string tile : {"wgmma_128x128x64", "wgmma_128x256x64",
-                                 "wgmma_128x128x64_persistent", "wgmma_128x256x64_persistent"}) {
+  for (const std::string tile :
+       {"wgmma_128x128x64", "wgmma_128x256x64", "wgmma_128x128x64_persistent",
+        "wgmma_128x256x64_persistent", "wgmma_128x256x64_cluster2"}) {
     INFO(tile);
     const PinnedKernelRun::Result r = pinned.run(tile);
     // A GPU that is not compute capability 9.0 declines the candidate (the tuner keeps another).

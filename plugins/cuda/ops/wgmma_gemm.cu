@@ -91,12 +91,12 @@ constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warp group + 2 consumer warp groups
 
 struct TileN128 {
-  static constexpr int BN = 128, kStages = 6;
+  static constexpr int BN = 128, kStages = 6, kCluster = 1;
   static constexpr bool kPersistent = false;
   static constexpr const char* kName = "wgmma_128x128x64";
 };
 struct TileN256 {
-  static constexpr int BN = 256, kStages = 4;
+  static constexpr int BN = 256, kStages = 4, kCluster = 1;
   static constexpr bool kPersistent = false;
   static constexpr const char* kName = "wgmma_128x256x64";
 };
@@ -106,20 +106,33 @@ struct TileN256 {
 // Their epilogue cannot park in the ring (the producer is refilling it): each consumer warp has
 // a staging buffer of its own beside the ring, for 16 rows x 32 columns at a time.
 struct TileN128P {
-  static constexpr int BN = 128, kStages = 6;
+  static constexpr int BN = 128, kStages = 6, kCluster = 1;
   static constexpr bool kPersistent = true;
   static constexpr const char* kName = "wgmma_128x128x64_persistent";
 };
 struct TileN256P {
-  static constexpr int BN = 256, kStages = 4;
+  static constexpr int BN = 256, kStages = 4, kCluster = 1;
   static constexpr bool kPersistent = true;
   static constexpr const char* kName = "wgmma_128x256x64_persistent";
+};
+// The persistent 128 x 256 tile in clusters of 2 blocks along M (thread-block clusters, sm_90):
+// the two blocks of a cluster compute the two 128-row tiles over the same 256 columns, so they
+// read the same B tile. Each loads half of it and multicasts it to both (TMA .multicast::cluster),
+// so an SM reads 16 KiB of A and 16 KiB of B from L2 per K tile instead of 16 and 32. A stage is
+// refilled once the consumers of both blocks have released it (each consumer warp arrives on the
+// stage's "empty" barrier in both blocks).
+struct TileN256C2 {
+  static constexpr int BN = 256, kStages = 4, kCluster = 2;
+  static constexpr bool kPersistent = true;
+  static constexpr const char* kName = "wgmma_128x256x64_cluster2";
 };
 
 template <class TL>
 struct Cfg {
-  static constexpr int BN = TL::BN, S = TL::kStages;
+  static constexpr int BN = TL::BN, S = TL::kStages, CL = TL::kCluster;
   static constexpr bool P = TL::kPersistent;
+  static_assert(CL == 1 || (P && (CL == 2 || CL == 4)), "clusters: persistent tiles, 2 or 4");
+  static_assert(BN % (64 * CL) == 0, "each block of a cluster loads whole 64-wide B boxes");
   static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
   static constexpr int kBBytes = BN * kBK * 2;           // one stage of B
   static constexpr int kStageBytes = kABytes + kBBytes;  // what the TMA of one stage delivers
@@ -283,9 +296,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Cfg<TL>;
   constexpr int BN = C::BN, S = C::S;
   constexpr bool P = C::P;
+  constexpr int CL = C::CL;
   static_assert(!(P && SPLIT), "split-K runs one output tile per block");
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;  // 0: producer, 1 and 2: consumers
+  // The block's rank in its cluster: the rank-th M tile of each cluster tile.
+  const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
 
   // Realigned to the 1024-byte swizzle atom (the launch asked for 1024 bytes more).
   const uint32_t raw = smem_addr(wgmma_smem);
@@ -297,27 +313,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full0 + 8 * s, 1);   // the producer's arrive.expect_tx (+ the TMA's bytes)
-      mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp (2 warp groups x 4)
+      mbar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the TMA's bytes)
+      // One arrival per consumer warp (2 warp groups x 4) of each block of the cluster.
+      mbar_init(empty0 + 8 * s, 8 * CL);
     }
-    // The inits visible to the other threads and to the TMA unit (the async proxy).
+    // The inits visible to the other threads and to the TMA unit (the async proxy), and in a
+    // cluster to the other blocks.
     fence_mbarrier_init();
     fence_proxy_async();
   }
-  __syncthreads();  // the last block-wide barrier: the producer's idle threads exit below
+  // The last block-wide barrier: the producer's idle threads exit below. In a cluster, no block
+  // multicasts into another's ring or arrives on its barriers before that block's inits.
+  if constexpr (CL > 1)
+    cluster_sync();
+  else
+    __syncthreads();
 
   // Grouped order of the output tiles: bands of kGroup M tiles, M fastest within a band, then
   // the next N tile, so that the blocks resident together share a few A row panels and B column
   // panels in L2 (a wave of ~132 blocks reads 16 A panels and ~8 B panels, not all of A).
-  constexpr int64_t kGroup = 16;
+  // In clusters, the unit is the cluster's CL consecutive M tiles (the last ones may lie past M:
+  // their blocks still load and multicast their share of B, and store nothing).
+  constexpr int64_t kGroup = 16 / CL;
+  const int64_t mtc = CL > 1 ? (p.mt + CL - 1) / CL : p.mt;
   const int64_t per_group = kGroup * p.nt;
   // The tiles this block computes: its own (x, y) without P; with P, tiles blockIdx.x,
   // + gridDim.x, ... of all batch entries' (the batch outermost), so each wave of the grid covers
-  // consecutive tiles in the grouped order, as the waves of the plain grid do.
-  const int64_t per_entry = p.mt * p.nt;
-  const int64_t first = P ? static_cast<int64_t>(blockIdx.x) : 0;
+  // consecutive tiles in the grouped order, as the waves of the plain grid do (in clusters, the
+  // cluster's index and the grid's clusters).
+  const int64_t per_entry = mtc * p.nt;
+  const int64_t first = P ? static_cast<int64_t>(blockIdx.x) / CL : 0;
   const int64_t end = P ? per_entry * p.batch : 1;
-  const int64_t step = P ? static_cast<int64_t>(gridDim.x) : 1;
+  const int64_t step = P ? static_cast<int64_t>(gridDim.x) / CL : 1;
   // Tile t's batch entry z, split, first row m0 and column n0, and its index within the entry.
   struct Origin {
     int64_t pid, m0, n0;
@@ -337,9 +364,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       o.z /= p.splits;
     }
     const int64_t first_m = (o.pid / per_group) * kGroup;
-    const int64_t group_m = p.mt - first_m < kGroup ? p.mt - first_m : kGroup;
+    const int64_t group_m = mtc - first_m < kGroup ? mtc - first_m : kGroup;
     const int64_t in_group = o.pid % per_group;
-    o.m0 = (first_m + in_group % group_m) * kBM;
+    o.m0 = (CL * (first_m + in_group % group_m) + rank) * kBM;
     o.n0 = (in_group / group_m) * BN;
     return o;
   };
@@ -386,13 +413,39 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = 0; j < kBM / 64; ++j)  // boxes (64 of M, 64 of K)
               tma_load_3d(stage_a(s) + j * kMnBoxBytes, &tma_a, mc + 64 * j, kc, za, full);
           }
-          if constexpr (BKM) {
+          if constexpr (CL > 1) {
+            // This block's 1/CL of the B tile, into every block of the cluster.
+            constexpr uint16_t kAll = (1u << CL) - 1;
+            constexpr int kRows = BN / CL;
+            if constexpr (BKM) {  // box (64 of K, BN / CL of N): rows of 128 bytes
+              tma_load_3d_multicast(stage_b(s) + rank * kRows * 128, &tma_b, kc,
+                                    nc + static_cast<int32_t>(rank) * kRows, zb, full, kAll);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kRows / 64; ++j) {
+                const int box = static_cast<int>(rank) * (kRows / 64) + j;
+                tma_load_3d_multicast(stage_b(s) + box * kMnBoxBytes, &tma_b, nc + 64 * box, kc, zb,
+                                      full, kAll);
+              }
+            }
+          } else if constexpr (BKM) {
             tma_load_3d(stage_b(s), &tma_b, kc, nc, zb, full);  // box (64 of K, BN of N)
           } else {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)  // boxes (64 of N, 64 of K)
               tma_load_3d(stage_b(s) + j * kMnBoxBytes, &tma_b, nc + 64 * j, kc, zb, full);
           }
+          if (++s == S) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+      if constexpr (CL > 1) {
+        // Not before every stage is released by the consumers of every block of the cluster:
+        // their last arrivals on this block's barriers must find it running.
+        for (int i = 0; i < S; ++i) {
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
           if (++s == S) {
             s = 0;
             phase ^= 1;
@@ -413,6 +466,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // columns 8 i + 2 q + {0, 1} (q = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
   const int g = lane >> 2, q = lane & 3;
   float acc[C::kAcc];
+  // A stage this warp has finished reading: free for the producer of this block (and, in a
+  // cluster, for those of the others, which multicast into it).
+  auto release = [&](int stage) {
+    if (lane != 0) return;
+    if constexpr (CL > 1) {
+#pragma unroll
+      for (int r = 0; r < CL; ++r)
+        mbar_arrive_cluster(mapa_shared(empty0 + 8 * stage, static_cast<uint32_t>(r)));
+    } else {
+      mbar_arrive(empty0 + 8 * stage);
+    }
+  };
 
   // This warp group's A rows: K-major, 64 rows of 128 bytes = 8 atoms from row 64 cw; M-major,
   // the cw-th 64-wide box. Both start 8192 cw bytes into the stage.
@@ -448,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // reused. (With P, the previous output tile's last stage was released after its loop.)
       wgmma_wait<1>();
       fence_acc(acc);
-      if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+      if (kt > 0) release(prev);
       prev = s;
       if (++s == S) {
         s = 0;
@@ -464,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (P) {
       // The last stage is free for the producer, which may already be loading the next output
       // tile's K tiles into the others while this warp stores its outputs.
-      if (lane == 0) mbar_arrive(empty0 + 8 * prev);
+      release(prev);
       // The epilogue through this warp's own staging buffer (no barrier with the other warps):
       // kChunk columns of its 16 rows at a time, parked as below, then stored a row pair per
       // step, 16 lanes on 16 consecutive column pairs.
@@ -649,7 +714,7 @@ class WgPlan {
     a_.box_outer = s.a_kmajor ? kBM : 64;
     b_.inner = static_cast<uint64_t>(b_row);
     b_.outer = static_cast<uint64_t>(s.b_kmajor ? s.N : s.K);
-    b_.box_outer = s.b_kmajor ? C::BN : 64;
+    b_.box_outer = s.b_kmajor ? C::BN / C::CL : 64;  // in clusters, a block's share of B
     for (TmaOperand* o : {&a_, &b_}) o->ld = o->inner;
     set_batch(a_, s.sa);
     set_batch(b_, s.sb);
@@ -676,6 +741,30 @@ class WgPlan {
     kernel_ = pick_kernel<T, TL, SPLIT>(s.a_kmajor, s.b_kmajor);
     // The attribute stays set for every later launch (common.hpp: it only grows).
     allow_dynamic_smem(kernel_, C::kSmemBytes);
+    if constexpr (C::CL > 1) {
+      // The clusters that fit at once: the persistent grid's size.
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = C::CL;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(C::CL);
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = C::kSmemBytes;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int n = 0;
+      const cudaError_t e =
+          cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel_), &cfg);
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      PLX_DECLINE_UNLESS(e == cudaSuccess && n > 0,
+                         "%s: the device runs no cluster of %d blocks of %d bytes of shared "
+                         "memory (%s)",
+                         op, C::CL, C::kSmemBytes,
+                         e == cudaSuccess ? "none fit" : cudaGetErrorString(e));
+      sms_ = n;  // clusters, here
+    }
   }
 
   // f32 partial sums of the splits (0 without split-K).
@@ -710,11 +799,14 @@ class WgPlan {
     CUtensorMap ma, mb;
     if (aligned16(a) && aligned16(b) && tma_encode<T>(ma, a_, a) && tma_encode<T>(mb, b_, b)) {
       // Creation checked batch x splits <= 65535. The persistent tiles: one block per SM (a
-      // block fills an SM's shared memory), none without a tile.
+      // block fills an SM's shared memory), none without a tile; in clusters, as many clusters
+      // as fit at once, none without a cluster tile (CL M tiles).
+      const int64_t mtc = (mt_ + C::CL - 1) / C::CL;
       const dim3 grid =
-          C::P ? dim3(static_cast<unsigned>(std::min(mt_ * nt_ * s_.batch, sms_)))
+          C::P ? dim3(static_cast<unsigned>(std::min(mtc * nt_ * s_.batch, sms_) * C::CL))
                : dim3(static_cast<unsigned>(mt_ * nt_), z * static_cast<unsigned>(splits_));
-      launch_kernel(kernel_, grid, kThreads, static_cast<size_t>(C::kSmemBytes), stream, ma, mb, p);
+      launch_kernel(kernel_, ClusterGrid{grid, static_cast<unsigned>(C::CL)}, kThreads,
+                    static_cast<size_t>(C::kSmemBytes), stream, ma, mb, p);
     } else {
       // Creation checked everything but the addresses: misaligned operands land here (one pass
       // over all of K: no partials).
@@ -747,7 +839,7 @@ class WgPlan {
   int32_t device_;
   MmaAct act_;
   int64_t mt_ = 0, nt_ = 0;
-  int64_t sms_ = 1;  // the device's SMs
+  int64_t sms_ = 1;  // the device's SMs (in clusters: the clusters that fit at once)
   TmaOperand a_, b_;
   WgFn kernel_ = nullptr;
   int32_t splits_ = 1, split_tiles_ = 0;
@@ -822,6 +914,8 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
     return std::make_unique<WgLinear<T, TileN128P, false>>(node, backend, act);
   if (tile == TileN256P::kName)
     return std::make_unique<WgLinear<T, TileN256P, false>>(node, backend, act);
+  if (tile == TileN256C2::kName)
+    return std::make_unique<WgLinear<T, TileN256C2, false>>(node, backend, act);
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
@@ -839,6 +933,7 @@ void add_dtype(KernelRegistry& r, uint32_t flags) {
   add_tile<T, TileN128, true>(r, kSplitName, flags);
   add_tile<T, TileN128P, false>(r, TileN128P::kName, flags);
   add_tile<T, TileN256P, false>(r, TileN256P::kName, flags);
+  add_tile<T, TileN256C2, false>(r, TileN256C2::kName, flags);
 }
 
 }  // namespace

@@ -71,6 +71,53 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// The same box multicast to every CTA of the cluster in `mask` (bit r: CTA rank r): each gets
+// the bytes at the same shared offset dst, counted on its own mbarrier at the same offset bar.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map,
+                                                      int32_t c0, int32_t c1, int32_t c2,
+                                                      uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// ---- thread-block clusters ----
+// This CTA's rank in its cluster, and the cluster's CTAs.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of the same offset as this CTA's shared address `addr` in CTA
+// `rank` of the cluster.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// One arrival on the mbarrier at a shared::cluster address (mapa_shared's): the stage it guards
+// has been read (by wgmma, retired by wgmma.wait_group) and may be refilled. The default
+// semantics (release at CTA scope), as CUTLASS's ClusterBarrier arrives: the arrival orders no
+// generic-proxy writes, so a cluster-scope release would only add a GPU-wide fence (MEMBAR) per
+// stage and warp.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+}
+// Every thread of every CTA of the cluster: each CTA's mbarrier inits (fence_mbarrier_init
+// first) visible to the others before any of them is used from another CTA.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
 
 // ---- warpgroup-wide (all 128 threads of the warp group execute them) ----
 template <int R>

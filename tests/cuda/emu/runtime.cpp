@@ -112,6 +112,10 @@ struct Fiber {
   // loads and atomics ask through check_device_access).
   bool pdl_pending = false;
   const char* where = "";
+  // barrier.cluster: whether the thread arrived and has not waited yet, and the generation of
+  // the cluster barrier it arrived in.
+  bool cluster_arrived = false;
+  unsigned cluster_gen = 0;
 };
 
 // One block's fibers and barrier state; one per host thread that launches.
@@ -124,6 +128,12 @@ struct Block {
   size_t sched_size = 0;
   const std::function<void()>* body = nullptr;
   bool programmatic = false;  // the grid was launched with programmatic stream serialization
+  // Thread-block clusters: the block's rank in its cluster (%cluster_ctarank) and its index in
+  // the grid; `exited` once all its threads have (a peer's remote access to it is then an
+  // error).
+  unsigned rank = 0;
+  uint3 idx{0, 0, 0};
+  bool exited = false;
   std::string fault;  // set by a thread that threw
   int live = 0;       // fibers not done
   bool progress = false;
@@ -217,9 +227,27 @@ struct Block {
 
 thread_local Block* g_block = nullptr;
 
-Block& block() {
-  if (!g_block) g_block = new Block();  // kept for the thread's life (its stacks are reused)
-  return *g_block;
+// The blocks of the cluster being run (one entry, the block itself, without clusters), and the
+// cluster barrier's state: arrivals of this generation and the generation.
+struct Cluster {
+  std::vector<Block*> blocks;
+  int arrived = 0;
+  unsigned gen = 0;
+  // Threads of the cluster that have not exited.
+  int live() const {
+    int n = 0;
+    for (const Block* b : blocks) n += b->live;
+    return n;
+  }
+};
+thread_local Cluster g_cluster;
+// Blocks kept for the thread's life (their stacks are reused): the first runs grids without
+// clusters, the first n a grid with clusters of n blocks.
+thread_local std::vector<Block*> g_blocks;
+
+Block& block(size_t i = 0) {
+  while (g_blocks.size() <= i) g_blocks.push_back(new Block());
+  return *g_blocks[i];
 }
 
 // Announces a switch to the scheduler's stack (`exiting`: this fiber's stack is done with).
@@ -448,7 +476,14 @@ void count_block_copies(Block& b) {
     add_counts(access_key(b, ("cp" + std::to_string(bytes)).c_str()), add);
 }
 
-void run_block(Block& b, const char* name, int nthreads) {
+// Makes block b current on this host thread: its fibers, its index, its shared memory.
+void enter_block(Block& b) {
+  g_block = &b;
+  g_block_idx = b.idx;
+}
+
+// Readies block b's nthreads fibers to run from the start.
+void start_block(Block& b, const char* name, int nthreads) {
   b.kernel_name = name;
   b.counting = access_on();
   if (b.counting) {
@@ -456,6 +491,7 @@ void run_block(Block& b, const char* name, int nthreads) {
     b.cp_recs.clear();
   }
   b.live = nthreads;
+  b.exited = false;
   b.arrived = 0;
   b.acc = 0;
   for (auto& w : b.warps)
@@ -475,6 +511,7 @@ void run_block(Block& b, const char* name, int nthreads) {
     Fiber& f = b.fibers[t];
     f.done = false;
     f.waiting = false;
+    f.cluster_arrived = false;
     f.thread.linear = t;
     f.pdl_pending = b.programmatic;
     f.thread.idx = {t % ::blockDim.x, (t / ::blockDim.x) % ::blockDim.y,
@@ -491,43 +528,50 @@ void run_block(Block& b, const char* name, int nthreads) {
     for (int r = 0; r < 6; ++r) *--sp = nullptr;
     f.sp = sp;
   }
+}
+
+// One round of the current block's fibers (each runs until it finishes or waits); whether any
+// made progress.
+bool run_pass(Block& b, const char* name, int nthreads) {
   const int nwarps = (nthreads + kWarp - 1) / kWarp;
   const bool ahead = schedule() == Schedule::kAhead;
-  while (b.live > 0) {
-    bool moved = false;
-    for (int wi = 0; wi < nwarps; ++wi) {
-      // "ahead": the last warp first, each warp as far as it can go (to a __syncthreads) before
-      // the next one runs; otherwise one pass over the block's threads in schedule order.
-      const int w = ahead ? nwarps - 1 - wi : 0;
-      const int lo = ahead ? w * kWarp : 0;
-      const int hi = ahead ? std::min(nthreads, lo + kWarp) : nthreads;
-      do {
-        b.progress = false;
-        for (int i = lo; i < hi; ++i) {
-          Fiber& f = b.fibers[ahead ? i : schedule_index(i, nthreads)];
-          if (f.done) continue;
-          b.current = &f;
-          g_thread = &f.thread;
+  bool moved = false;
+  for (int wi = 0; wi < nwarps; ++wi) {
+    // "ahead": the last warp first, each warp as far as it can go (to a __syncthreads) before
+    // the next one runs; otherwise one pass over the block's threads in schedule order.
+    const int w = ahead ? nwarps - 1 - wi : 0;
+    const int lo = ahead ? w * kWarp : 0;
+    const int hi = ahead ? std::min(nthreads, lo + kWarp) : nthreads;
+    do {
+      b.progress = false;
+      for (int i = lo; i < hi; ++i) {
+        Fiber& f = b.fibers[ahead ? i : schedule_index(i, nthreads)];
+        if (f.done) continue;
+        b.current = &f;
+        g_thread = &f.thread;
 #if PLX_EMU_ASAN
-          void* fake = nullptr;
-          __sanitizer_start_switch_fiber(&fake, b.stacks + kStack * (&f - b.fibers.data()), kStack);
+        void* fake = nullptr;
+        __sanitizer_start_switch_fiber(&fake, b.stacks + kStack * (&f - b.fibers.data()), kStack);
 #endif
-          plx_emu_switch(&b.sched_sp, f.sp);
+        plx_emu_switch(&b.sched_sp, f.sp);
 #if PLX_EMU_ASAN
-          __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+        __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
-          if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
-        }
-        moved = moved || b.progress;
-      } while (ahead && b.progress);
-      if (!ahead) break;
-    }
-    b.progress = moved;
-    if (!b.progress && b.live > 0)
-      throw LaunchFault("deadlock in " + describe(b, name) +
-                        ": a barrier that some threads of the block never reach");
+        if (!b.fault.empty()) throw LaunchFault(std::string(name) + ": " + b.fault);
+      }
+      moved = moved || b.progress;
+    } while (ahead && b.progress);
+    if (!ahead) break;
   }
+  b.progress = moved;
+  return moved;
+}
+
+// After the current block's last thread exited: its access counts, and no TMA copy left in
+// flight.
+void finish_block(Block& b, const char* name) {
   g_thread = nullptr;
+  b.exited = true;
   if (b.counting) count_block_copies(b);
   if (!b.bulk.empty()) {
     char buf[200];
@@ -537,6 +581,52 @@ void run_block(Block& b, const char* name, int nthreads) {
                   g_block_idx.x, g_block_idx.y, g_block_idx.z, b.bulk.size(), b.bulk.front().bar);
     throw LaunchFault(name + std::string(buf));
   }
+}
+
+Schedule block_schedule();  // PLEXUS_EMU_BLOCKS (below)
+
+// Runs the blocks of g_cluster (one block without clusters) together until every thread of
+// each has exited: a round of each block's fibers in rank order, again while any moves.
+void run_cluster(const char* name, int nthreads) {
+  for (Block* b : g_cluster.blocks) {
+    enter_block(*b);
+    start_block(*b, name, nthreads);
+  }
+  g_cluster.arrived = 0;
+  const size_t n = g_cluster.blocks.size();
+  const Schedule order = block_schedule();
+  for (uint64_t round = 0;; ++round) {
+    bool moved = false, live = false;
+    for (size_t i = 0; i < n; ++i) {
+      // The blocks' order in a round follows PLEXUS_EMU_BLOCKS: by rank, the last first, or
+      // starting one rank further each round.
+      const size_t r = order == Schedule::kReverse   ? n - 1 - i
+                       : order == Schedule::kShuffle ? (i + round) % n
+                                                     : i;
+      Block* b = g_cluster.blocks[r];
+      if (b->exited) continue;
+      enter_block(*b);
+      moved = run_pass(*b, name, nthreads) || moved;
+      if (b->live == 0)
+        finish_block(*b, name);
+      else
+        live = true;
+    }
+    if (!live) break;
+    if (!moved) {
+      std::string where;
+      for (Block* b : g_cluster.blocks) {
+        if (b->exited) continue;
+        enter_block(*b);
+        where += (where.empty() ? "" : "; ") + describe(*b, name);
+      }
+      throw LaunchFault("deadlock in " + where +
+                        (g_cluster.blocks.size() > 1
+                             ? ": a barrier that some threads of the cluster never reach"
+                             : ": a barrier that some threads of the block never reach"));
+    }
+  }
+  g_thread = nullptr;
 }
 
 }  // namespace
@@ -633,9 +723,21 @@ unsigned whole_warp(const char* what) {
   return ~0u;
 }
 
-// The bytes at shared address `addr` (an offset into the launch's dynamic shared memory).
-unsigned char* shared_at(uint32_t addr, size_t bytes, size_t align, const char* what) {
-  Block& b = *g_block;
+// A shared::cluster address (mapa's result) of block rank r's shared address a: a + (r + 1)
+// << kClusterShift. A block's own shared addresses stay below 1 << kClusterShift.
+constexpr int kClusterShift = 24;
+
+// The bytes at shared address `addr` (an offset into block b's dynamic shared memory).
+unsigned char* shared_at_in(Block& b, uint32_t addr, size_t bytes, size_t align,
+                            const char* what) {
+  if (addr >> kClusterShift) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "%s: shared address %#x is a shared::cluster address (mapa's), where the "
+                  "instruction takes the block's own (shared::cta)",
+                  what, addr);
+    trap(buf);
+  }
   if (addr < kSharedBase) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%s: shared address %u is below the dynamic shared memory (%u)",
@@ -655,6 +757,9 @@ unsigned char* shared_at(uint32_t addr, size_t bytes, size_t align, const char* 
     trap(buf);
   }
   return b.smem.data() + (addr - kSharedBase);
+}
+unsigned char* shared_at(uint32_t addr, size_t bytes, size_t align, const char* what) {
+  return shared_at_in(*g_block, addr, bytes, align, what);
 }
 
 // When a cp.async's bytes land in shared memory (PLEXUS_EMU_CP_ASYNC): "late" (the default) at
@@ -867,13 +972,13 @@ uint64_t mbar_word(const Block::Mbar& m) {
          uint64_t{m.phase & 1} << 61 | uint64_t{1} << 63;
 }
 
-void mbar_store(uint32_t bar, const Block::Mbar& m) {
+void mbar_store(Block& b, uint32_t bar, const Block::Mbar& m) {
   const uint64_t w = mbar_word(m);
-  std::memcpy(shared_at(bar, 8, 8, "mbarrier"), &w, sizeof w);
+  std::memcpy(shared_at_in(b, bar, 8, 8, "mbarrier"), &w, sizeof w);
 }
 
 Block::Mbar& mbar(Block& b, uint32_t bar, const char* what) {
-  const unsigned char* p = shared_at(bar, 8, 8, what);
+  const unsigned char* p = shared_at_in(b, bar, 8, 8, what);
   const auto it = b.mbars.find(bar);
   char buf[200];
   if (it == b.mbars.end()) {
@@ -900,7 +1005,7 @@ void mbar_settle(Block& b, uint32_t bar, Block::Mbar& m) {
     m.pending = m.count;
     b.progress = true;
   }
-  mbar_store(bar, m);
+  mbar_store(b, bar, m);
 }
 
 // Adds `delta` to the tx-count of barrier m (at `bar`), range-checked; the caller settles it.
@@ -918,7 +1023,7 @@ void add_tx(Block::Mbar& m, uint32_t bar, int64_t delta, const char* what) {
 }
 
 void land_bulk(Block& b, const Block::Bulk& c) {
-  std::memcpy(shared_at(c.dst, c.image.size(), 1, "cp.async.bulk.tensor"), c.image.data(),
+  std::memcpy(shared_at_in(b, c.dst, c.image.size(), 1, "cp.async.bulk.tensor"), c.image.data(),
               c.image.size());
   b.progress = true;
   const char* what = "cp.async.bulk.tensor (complete_tx)";
@@ -1099,19 +1204,92 @@ void mbarrier_init(uint32_t bar, uint32_t count) {
   if (count == 0 || count > kMbarMax) trap("mbarrier.init: the count must be 1 to 2^20 - 1");
   Block::Mbar& m = b.mbars[bar];
   m = Block::Mbar{count, count, 0, 0};
-  mbar_store(bar, m);
+  mbar_store(b, bar, m);
   b.progress = true;
 }
 
-void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes) {
-  Block& b = *g_block;
-  const char* what = expect_tx_bytes ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+namespace {
+
+void arrive_on(Block& b, uint32_t bar, uint32_t expect_tx_bytes, const char* what) {
   Block::Mbar& m = mbar(b, bar, what);
   add_tx(m, bar, expect_tx_bytes, what);  // the expect-tx comes before the arrival
   if (m.pending == 0)  // every arrival is in and the phase waits for its transaction bytes
     trap("mbarrier.arrive: more arrivals than the phase expects (it waits for its tx bytes)");
   --m.pending;
   mbar_settle(b, bar, m);
+  b.progress = true;
+}
+
+// The block of rank r in the running cluster, which must not have exited; `what` names the
+// instruction in the errors.
+Block& cluster_block(unsigned r, const char* what) {
+  char buf[240];
+  if (r >= g_cluster.blocks.size()) {
+    std::snprintf(buf, sizeof buf, "%s: CTA rank %u of a cluster of %zu", what, r,
+                  g_cluster.blocks.size());
+    trap(buf);
+  }
+  Block& b = *g_cluster.blocks[r];
+  if (b.exited) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: CTA rank %u of the cluster has exited (a block must not exit while "
+                  "another block of its cluster may still access its shared memory)",
+                  what, r);
+    trap(buf);
+  }
+  return b;
+}
+
+}  // namespace
+
+void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes) {
+  arrive_on(*g_block, bar, expect_tx_bytes,
+            expect_tx_bytes ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive");
+}
+
+unsigned cluster_ctarank() { return g_block->rank; }
+unsigned cluster_nctarank() { return static_cast<unsigned>(g_cluster.blocks.size()); }
+
+uint32_t mapa(uint32_t addr, unsigned rank) {
+  const char* what = "mapa.shared::cluster";
+  (void)shared_at(addr, 1, 1, what);
+  (void)cluster_block(rank, what);
+  return addr + ((rank + 1u) << kClusterShift);
+}
+
+void mbarrier_arrive_cluster(uint32_t addr) {
+  const char* what = "mbarrier.arrive.shared::cluster";
+  const unsigned r = addr >> kClusterShift;
+  // An address below the cluster window is the block's own.
+  Block& b = r == 0 ? *g_block : cluster_block(r - 1, what);
+  arrive_on(b, addr & ((1u << kClusterShift) - 1), 0, what);
+  g_block->progress = true;
+}
+
+void cluster_barrier_arrive() {
+  Fiber& f = *g_block->current;
+  if (f.cluster_arrived)
+    trap("barrier.cluster.arrive: the thread arrived twice without barrier.cluster.wait");
+  f.cluster_arrived = true;
+  f.cluster_gen = g_cluster.gen;
+  ++g_cluster.arrived;
+  g_block->progress = true;
+}
+
+void cluster_barrier_wait() {
+  Block& b = *g_block;
+  Fiber& f = *b.current;
+  if (!f.cluster_arrived) trap("barrier.cluster.wait without barrier.cluster.arrive");
+  // Released when every thread of the cluster that has not exited has arrived.
+  while (g_cluster.gen == f.cluster_gen) {
+    if (g_cluster.arrived >= g_cluster.live()) {
+      g_cluster.arrived = 0;
+      ++g_cluster.gen;
+      break;
+    }
+    park(b, "barrier.cluster.wait");
+  }
+  f.cluster_arrived = false;
   b.progress = true;
 }
 
@@ -1129,9 +1307,13 @@ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
-void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar) {
+namespace {
+
+// The box of a TMA load as it will land at shared address dst (swizzled on that address), after
+// the checks of the copy; `what` names the instruction.
+Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar,
+                    const char* what) {
   Block& b = *g_block;
-  const char* what = "cp.async.bulk.tensor";
   const TensorMap& t = tensor_map(map, what);
   check_device_access(what, reinterpret_cast<const void*>(t.address));
   char buf[240];
@@ -1188,11 +1370,39 @@ void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, ui
     if (in) std::memcpy(c.image.data() + off, reinterpret_cast<const void*>(src), t.elem_bytes);
     // else: zeros (the zero out-of-bounds fill)
   }
+  return c;
+}
+
+// Copy c lands in block b: now (PLEXUS_EMU_CP_ASYNC=early) or when a thread of b would wait on
+// its barrier.
+void issue_bulk(Block& b, Block::Bulk c) {
   b.progress = true;
+  g_block->progress = true;
   if (cp_async_early())
     land_bulk(b, c);
   else
     b.bulk.push_back(std::move(c));
+}
+
+}  // namespace
+
+void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar) {
+  issue_bulk(*g_block, tma_box(dst, map, coords, rank, bar, "cp.async.bulk.tensor"));
+}
+
+void tma_load_multicast(uint32_t dst, const void* map, const int32_t* coords, int rank,
+                        uint32_t bar, uint16_t mask) {
+  const char* what = "cp.async.bulk.tensor.multicast::cluster";
+  const Block::Bulk c = tma_box(dst, map, coords, rank, bar, what);
+  if (mask == 0) trap("cp.async.bulk.tensor.multicast::cluster: an empty ctaMask");
+  // The same box at the same offsets (the data and the mbarrier) in every block of the mask.
+  for (unsigned r = 0; r < 16; ++r) {
+    if (!(mask & (1u << r))) continue;
+    Block& to = cluster_block(r, what);
+    (void)shared_at_in(to, dst, c.image.size(), 128, what);
+    (void)mbar(to, bar, what);
+    issue_bulk(to, c);
+  }
 }
 
 void tensormap_prefetch(const void* map) {
@@ -1489,27 +1699,43 @@ uint64_t block_order(uint64_t i, uint64_t n, uint64_t launch) {
   }
 }
 
+// The grid's clusters run one after another (in the order PLEXUS_EMU_BLOCKS sets), the blocks
+// of a cluster together (run_cluster); without clusters each block is a cluster of one.
 void run_grid(const char* name, const Config& c, const std::function<void()>& thread) {
   static thread_local uint64_t launches = 0;
-  Block& b = block();
   const int nthreads = static_cast<int>(c.block.x * c.block.y * c.block.z);
-  if (b.fibers.size() < static_cast<size_t>(nthreads)) b.fibers.resize(nthreads);
-  b.warps.resize((nthreads + kWarp - 1) / kWarp);
-  b.body = &thread;
-  b.programmatic = c.programmatic;
-  b.fault.clear();
+  const unsigned csize = c.cluster.x * c.cluster.y * c.cluster.z;
+  g_cluster.blocks.clear();
+  for (unsigned r = 0; r < csize; ++r) {
+    Block& b = block(r);
+    if (b.fibers.size() < static_cast<size_t>(nthreads)) b.fibers.resize(nthreads);
+    b.warps.resize((nthreads + kWarp - 1) / kWarp);
+    b.body = &thread;
+    b.programmatic = c.programmatic;
+    b.fault.clear();
+    b.rank = r;
+    g_cluster.blocks.push_back(&b);
+  }
   ::gridDim = c.grid;
   ::blockDim = c.block;
-  const uint64_t gx = c.grid.x, gxy = gx * c.grid.y, n = gxy * c.grid.z;
+  // Clusters: cx x cy x cz of them, each of csize blocks (rank x fastest, as %cluster_ctarank).
+  const uint64_t cx = c.grid.x / c.cluster.x, cy = c.grid.y / c.cluster.y;
+  const uint64_t cxy = cx * cy, n = cxy * (c.grid.z / c.cluster.z);
   ++launches;
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t j = block_order(i, n, launches);
-    g_block_idx = {static_cast<unsigned>(j % gx), static_cast<unsigned>(j / gx % c.grid.y),
-                   static_cast<unsigned>(j / gxy)};
-    // Shared memory starts as garbage (NaN in every float type) in every block, not as the
-    // block before left it.
-    b.smem.assign(c.smem, 0xFF);
-    run_block(b, name, nthreads);
+    const uint3 first{static_cast<unsigned>(j % cx * c.cluster.x),
+                      static_cast<unsigned>(j / cx % cy * c.cluster.y),
+                      static_cast<unsigned>(j / cxy * c.cluster.z)};
+    for (unsigned r = 0; r < csize; ++r) {
+      Block& b = *g_cluster.blocks[r];
+      b.idx = {first.x + r % c.cluster.x, first.y + r / c.cluster.x % c.cluster.y,
+               first.z + r / (c.cluster.x * c.cluster.y)};
+      // Shared memory starts as garbage (NaN in every float type) in every block, not as the
+      // block before left it.
+      b.smem.assign(c.smem, 0xFF);
+    }
+    run_cluster(name, nthreads);
   }
 }
 
@@ -1578,6 +1804,10 @@ cudaError_t launch_config(const cudaLaunchConfig_t* cfg, Config* out) {
   for (unsigned i = 0; i < cfg->numAttrs; ++i) {
     const cudaLaunchAttribute& a = cfg->attrs[i];
     if (a.id == cudaLaunchAttributeIgnore) continue;
+    if (a.id == cudaLaunchAttributeClusterDimension) {
+      c.cluster = dim3{a.val.clusterDim.x, a.val.clusterDim.y, a.val.clusterDim.z};
+      continue;
+    }
     if (a.id != cudaLaunchAttributeProgrammaticStreamSerialization) {
       std::fprintf(stderr,
                    "cuda emulator: cudaLaunchKernelEx: launch attribute %d is not modelled\n",
@@ -1585,6 +1815,18 @@ cudaError_t launch_config(const cudaLaunchConfig_t* cfg, Config* out) {
       return fail(cudaErrorInvalidValue);
     }
     c.programmatic = a.val.programmaticStreamSerializationAllowed != 0;
+  }
+  // Clusters: at most 8 blocks (the portable size; more needs an attribute not modelled), and
+  // a grid that is whole clusters.
+  const dim3 k = c.cluster;
+  const unsigned long long csize = 1ull * k.x * k.y * k.z;
+  if (csize == 0 || csize > 8 || c.grid.x % k.x != 0 || c.grid.y % k.y != 0 ||
+      c.grid.z % k.z != 0) {
+    std::fprintf(stderr,
+                 "cuda emulator: cudaLaunchKernelEx: cluster (%u,%u,%u) for grid (%u,%u,%u): a "
+                 "cluster is 1 to 8 blocks and the grid a whole number of clusters\n",
+                 k.x, k.y, k.z, c.grid.x, c.grid.y, c.grid.z);
+    return fail(cudaErrorInvalidValue);
   }
   *out = c;
   return cudaSuccess;
@@ -2034,6 +2276,31 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
     if (value < 0 || value > (227 << 10)) return fail(cudaErrorInvalidValue);
     plx_emu::g_smem_optin[fn] = value;
   }
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, const void* fn,
+                                           const cudaLaunchConfig_t* config) {
+  if (!clusters || !fn || !config) return fail(cudaErrorInvalidValue);
+  plx_emu::Config c(dim3{}, dim3{});
+  bool has_cluster = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    has_cluster = has_cluster || config->attrs[i].id == cudaLaunchAttributeClusterDimension;
+  if (!has_cluster) return fail(cudaErrorInvalidValue);  // the kernel has no cluster dims
+  cudaLaunchConfig_t probe = *config;
+  probe.gridDim = dim3{config->attrs[0].val.clusterDim.x, 1, 1};  // any whole grid
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension)
+      probe.gridDim = dim3{config->attrs[i].val.clusterDim.x, config->attrs[i].val.clusterDim.y,
+                           config->attrs[i].val.clusterDim.z};
+  if (const cudaError_t e = plx_emu::launch_config(&probe, &c); e != cudaSuccess) return e;
+  const int csize = static_cast<int>(c.cluster.x * c.cluster.y * c.cluster.z);
+  // Blocks an SM holds: an H100's 228 KiB of shared memory (1 KiB of it reserved per block) and
+  // 2,048 threads (registers are not modelled).
+  const unsigned long long threads = 1ull * c.block.x * c.block.y * c.block.z;
+  const unsigned long long per_sm =
+      std::min<unsigned long long>((228u << 10) / (c.smem + 1024), 2048 / std::max(threads, 1ull));
+  *clusters = static_cast<int>(static_cast<unsigned long long>(emulated_sms()) * per_sm /
+                               static_cast<unsigned long long>(csize));
   return cudaSuccess;
 }
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* fn) {

@@ -394,6 +394,57 @@ cudaError_t launch_pdl(void (*k)(int*), int* out, int threads, bool programmatic
 }
 
 // Launched with PLEXUS_EMU_FAULT_KERNEL naming it: faults instead of running.
+// Thread-block clusters of two blocks: each block's warp 1 arrives on the other block's mbarrier
+// (mapa: rank 0's twice a thread, rank 1's once, against counts of 32 and 64, so an arrival
+// that lands on the caller's own barrier leaves rank 1's incomplete), warp 0 waits on its own; thread 0 of rank 0 multicasts one TMA box into both blocks,
+// whose thread 0 each expect its bytes on a second barrier. out[block] = rank + 10 x the cluster's
+// size + 100 once both barriers completed; the box each block received goes to box[block].
+__global__ void cluster_kernel(const __grid_constant__ CUtensorMap map, uint32_t bytes,
+                               int* out, uint16_t* box) {
+  extern __shared__ unsigned char cl_smem[];
+  const uint32_t raw = ::plx_emu::shared_address(cl_smem);
+  const uint32_t base = (raw + 1023) / 1024 * 1024;
+  const uint32_t bar = base, tma_bar = base + 8, dst = base + 1024;
+  const unsigned rank = ::plx_emu::cluster_ctarank();
+  if (threadIdx.x == 0) {
+    ::plx_emu::mbarrier_init(bar, 32 * (rank + 1));  // the other block's warp 1
+    ::plx_emu::mbarrier_init(tma_bar, 1);
+  }
+  ::plx_emu::cluster_barrier_arrive();  // the inits before any block touches another's barrier
+  ::plx_emu::cluster_barrier_wait();
+  if (threadIdx.x >= 32) {
+    for (unsigned i = 0; i < 2 - rank; ++i)
+      ::plx_emu::mbarrier_arrive_cluster(::plx_emu::mapa(bar, rank ^ 1u));
+  } else {
+    if (threadIdx.x == 0) {
+      ::plx_emu::mbarrier_arrive(tma_bar, bytes);
+      if (rank == 0) {
+        const int32_t c[3] = {0, 0, 0};
+        ::plx_emu::tma_load_multicast(dst, &map, c, 3, tma_bar, 0x3);
+      }
+      ::plx_emu::mbarrier_try_wait(tma_bar, 0);
+      std::memcpy(box + blockIdx.x * (bytes / 2), cl_smem + (dst - raw), bytes);
+    }
+    ::plx_emu::mbarrier_try_wait(bar, 0);
+    if (threadIdx.x == 0)
+      out[blockIdx.x] = static_cast<int>(rank + 10 * ::plx_emu::cluster_nctarank()) + 100;
+  }
+  // No block exits while the other may still arrive on its barrier.
+  ::plx_emu::cluster_barrier_arrive();
+  ::plx_emu::cluster_barrier_wait();
+}
+
+// Rank 1 exits at once; rank 0 then arrives on rank 1's mbarrier: an error.
+__global__ void cluster_exited_kernel(int) {
+  extern __shared__ unsigned char cl_smem[];
+  const uint32_t bar = ::plx_emu::shared_address(cl_smem);
+  if (::plx_emu::cluster_ctarank() == 1) return;
+  ::plx_emu::mbarrier_init(bar, 1);
+  ::plx_emu::cluster_barrier_arrive();
+  ::plx_emu::cluster_barrier_wait();
+  ::plx_emu::mbarrier_arrive_cluster(::plx_emu::mapa(bar, 1));
+}
+
 __global__ void injected_fault_kernel(int* out) { *out = 1; }
 
 int main() {
@@ -754,9 +805,10 @@ int main() {
     EXPECT(launch_pdl(pdl_early_kernel, out, 32, false) == cudaSuccess);
     EXPECT(cudaGetLastError() == cudaSuccess);
     EXPECT(out[0] == 64 && out[1] == 7);
-    // The emulator knows one launch attribute; any other is refused, not ignored.
+    // The emulator knows two launch attributes (this one and the cluster's dimensions); any
+    // other is refused, not ignored.
     cudaLaunchAttribute other{};
-    other.id = static_cast<cudaLaunchAttributeID>(4);  // cluster dimensions
+    other.id = static_cast<cudaLaunchAttributeID>(2);  // cooperative
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(1);
     cfg.blockDim = dim3(32);
@@ -812,6 +864,66 @@ int main() {
     ::plx_emu::AccessCounts none;
     EXPECT(!::plx_emu::access_counts("access_kernel smem 4352 cp4", &none));
     cudaFree(src);
+  }
+  {
+    // Thread-block clusters: launches in clusters of 2 (the grid whole clusters), the blocks of
+    // a cluster running together, remote mbarrier arrivals and a multicast TMA box.
+    const uint32_t X = 64, Y = 8;
+    uint16_t* g = device_array<uint16_t>(X * Y);
+    for (uint32_t i = 0; i < X * Y; ++i) g[i] = static_cast<uint16_t>(i + 1);
+    CUtensorMap map;
+    const cuuint64_t dims[3] = {X, Y, 1}, strides[2] = {X * 2, X * Y * 2};
+    const cuuint32_t box[3] = {64, 8, 1}, es[3] = {1, 1, 1};
+    EXPECT(cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, g, dims, strides, box,
+                                  es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
+    const uint32_t bytes = X * Y * 2;
+    int* out = device_array<int>(4);
+    uint16_t* got = device_array<uint16_t>(4 * X * Y);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(4);
+    cfg.blockDim = dim3(64);
+    cfg.dynamicSmemBytes = 4096;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    EXPECT(cudaLaunchKernelEx(&cfg, cluster_kernel, map, bytes, out, got) == cudaSuccess);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    for (int b = 0; b < 4; ++b) EXPECT(out[b] == b % 2 + 20 + 100);
+    int wrong = 0;
+    for (int b = 0; b < 4; ++b)
+      for (uint32_t i = 0; i < X * Y; ++i) wrong += got[b * X * Y + i] != g[i];
+    EXPECT(wrong == 0);
+    // As many clusters as the 4 emulated SMs hold: 218 KiB blocks one an SM, 4 KiB ones 5 an SM
+    // (2,048 threads of 384).
+    int n = 0;
+    cfg.blockDim = dim3(384);
+    cfg.dynamicSmemBytes = 218 << 10;
+    EXPECT(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(cluster_kernel),
+                                          &cfg) == cudaSuccess);
+    EXPECT(n == 2);
+    cfg.dynamicSmemBytes = 4096;
+    EXPECT(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(cluster_kernel),
+                                          &cfg) == cudaSuccess);
+    EXPECT(n == 10);
+    std::fprintf(stderr,
+                 "selftest: the next two launches must fail (a grid of 3 blocks in clusters of "
+                 "2, an arrival on the barrier of a block that has exited):\n");
+    cfg.gridDim = dim3(3);
+    cfg.blockDim = dim3(64);
+    EXPECT(cudaLaunchKernelEx(&cfg, cluster_kernel, map, bytes, out, got) ==
+           cudaErrorInvalidValue);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    cfg.gridDim = dim3(2);
+    (void)cudaLaunchKernelEx(&cfg, cluster_exited_kernel, 0);
+    EXPECT_FAULT(cudaErrorLaunchFailure);
+    cudaFree(g), cudaFree(out), cudaFree(got);
   }
   if (g_failures) {
     std::fprintf(stderr, "cuda emulator selftest: %d checks failed\n", g_failures);

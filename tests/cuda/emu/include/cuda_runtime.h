@@ -89,14 +89,19 @@ struct cudaFuncAttributes {
   int maxDynamicSharedSizeBytes;
   int preferredShmemCarveout;
 };
-// cudaLaunchKernelEx's configuration and the one launch attribute the emulator knows:
-// programmatic stream serialization (programmatic dependent launch). Any other is refused.
+// cudaLaunchKernelEx's configuration and the launch attributes the emulator knows: thread-block
+// clusters (the blocks of a cluster run together) and programmatic stream serialization
+// (programmatic dependent launch). Any other is refused.
 enum cudaLaunchAttributeID {
   cudaLaunchAttributeIgnore = 0,
+  cudaLaunchAttributeClusterDimension = 4,
   cudaLaunchAttributeProgrammaticStreamSerialization = 6,
 };
 union cudaLaunchAttributeValue {
   char pad[64];
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
   int programmaticStreamSerializationAllowed;
 };
 struct cudaLaunchAttribute {
@@ -229,13 +234,15 @@ struct cudaLaunchConfig_t {
 
 namespace plx_emu {
 
-// A launch's configuration, as between <<< and >>>, and whether it may overlap the kernel
-// before it on the stream (cudaLaunchKernelEx's programmatic stream serialization).
+// A launch's configuration, as between <<< and >>>, whether it may overlap the kernel before it
+// on the stream (cudaLaunchKernelEx's programmatic stream serialization), and its clusters'
+// dimensions in blocks (1 x 1 x 1: none).
 struct Config {
   dim3 grid, block;
   size_t smem;
   cudaStream_t stream;
   bool programmatic = false;
+  dim3 cluster{1, 1, 1};
   Config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr)
       : grid(g), block(b), smem(s), stream(st) {}
 };
@@ -279,6 +286,12 @@ cudaError_t submit_work(cudaStream_t s, std::function<void()> work, const char* 
 void submit_library_call(cudaStream_t s, std::function<void()> work, const char* name);
 
 }  // namespace plx_emu
+
+// How many clusters of the configuration's size (its cluster attribute) can run at once: one
+// block per emulated SM when the block asks for more than half of an SM's shared memory, so
+// SMs / cluster size; an error without the attribute or with more than 8 blocks a cluster.
+cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, const void* fn,
+                                           const cudaLaunchConfig_t* config);
 
 template <class... P, class... A>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(P...),

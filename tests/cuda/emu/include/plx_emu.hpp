@@ -90,6 +90,20 @@ void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes);
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
 void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar);
 void tensormap_prefetch(const void* map);
+// Thread-block clusters (a cluster's blocks run together, README): %cluster_ctarank and
+// %cluster_nctarank; mapa (a shared address of the calling block to the shared::cluster address
+// of the same offset in block `rank`); an arrival on the mbarrier at a shared::cluster address
+// (another block's, or the caller's own); a TMA load multicast to the blocks of `mask`, at the
+// same offsets of the data and of the mbarrier in each; barrier.cluster's arrive and wait (the
+// wait released once every thread of the cluster that has not exited has arrived).
+unsigned cluster_ctarank();
+unsigned cluster_nctarank();
+uint32_t mapa(uint32_t addr, unsigned rank);
+void mbarrier_arrive_cluster(uint32_t addr);
+void tma_load_multicast(uint32_t dst, const void* map, const int32_t* coords, int rank,
+                        uint32_t bar, uint16_t mask);
+void cluster_barrier_arrive();
+void cluster_barrier_wait();
 void named_barrier(int id, int count);
 void setmaxnreg(int regs);
 void wgmma_fence();

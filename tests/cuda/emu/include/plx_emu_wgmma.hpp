@@ -42,6 +42,28 @@ inline void tma_load_3d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_
 inline void prefetch_tensormap(const CUtensorMap* map) {
   ::plx_emu::tensormap_prefetch(map);
 }
+inline void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                  int32_t c2, uint32_t bar, uint16_t mask) {
+  const int32_t c[3] = {c0, c1, c2};
+  ::plx_emu::tma_load_multicast(dst, map, c, 3, bar, mask);
+}
+
+inline uint32_t cluster_ctarank() {
+  return ::plx_emu::cluster_ctarank();
+}
+inline uint32_t cluster_nctarank() {
+  return ::plx_emu::cluster_nctarank();
+}
+inline uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  return ::plx_emu::mapa(addr, rank);
+}
+inline void mbar_arrive_cluster(uint32_t cluster_addr) {
+  ::plx_emu::mbarrier_arrive_cluster(cluster_addr);
+}
+inline void cluster_sync() {
+  ::plx_emu::cluster_barrier_arrive();
+  ::plx_emu::cluster_barrier_wait();
+}
 
 template <int R>
 inline void setmaxnreg_dec() {
