@@ -90,14 +90,17 @@ namespace {
 constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warp group + 2 consumer warp groups
 
-struct TileN128 {
-  static constexpr int BN = 128, kStages = 6, kCluster = 1;
-  static constexpr bool kPersistent = false;
+// A tile: BN columns, the ring's stages, whether its blocks walk the output tiles (persistent)
+// and the blocks of its clusters (1: none); each candidate names its own.
+template <int N, int Stages, bool Persistent = false, int Cluster = 1>
+struct Tile {
+  static constexpr int BN = N, kStages = Stages, kCluster = Cluster;
+  static constexpr bool kPersistent = Persistent;
+};
+struct TileN128 : Tile<128, 6> {
   static constexpr const char* kName = "wgmma_128x128x64";
 };
-struct TileN256 {
-  static constexpr int BN = 256, kStages = 4, kCluster = 1;
-  static constexpr bool kPersistent = false;
+struct TileN256 : Tile<256, 4> {
   static constexpr const char* kName = "wgmma_128x256x64";
 };
 // The persistent ones: one block per SM walks the output tiles (tile, tile + grid, ...), so the
@@ -105,14 +108,10 @@ struct TileN256 {
 // a block's set-up (barriers, tensor-map prefetch, registers) is paid once, not once per tile.
 // Their epilogue cannot park in the ring (the producer is refilling it): each consumer warp has
 // a staging buffer of its own beside the ring, for 16 rows x 32 columns at a time.
-struct TileN128P {
-  static constexpr int BN = 128, kStages = 6, kCluster = 1;
-  static constexpr bool kPersistent = true;
+struct TileN128P : Tile<128, 6, true> {
   static constexpr const char* kName = "wgmma_128x128x64_persistent";
 };
-struct TileN256P {
-  static constexpr int BN = 256, kStages = 4, kCluster = 1;
-  static constexpr bool kPersistent = true;
+struct TileN256P : Tile<256, 4, true> {
   static constexpr const char* kName = "wgmma_128x256x64_persistent";
 };
 // The persistent 128 x 256 tile in clusters of 2 blocks along M (thread-block clusters, sm_90):
@@ -121,9 +120,7 @@ struct TileN256P {
 // so an SM reads 16 KiB of A and 16 KiB of B from L2 per K tile instead of 16 and 32. A stage is
 // refilled once the consumers of both blocks have released it (each consumer warp arrives on the
 // stage's "empty" barrier in both blocks).
-struct TileN256C2 {
-  static constexpr int BN = 256, kStages = 4, kCluster = 2;
-  static constexpr bool kPersistent = true;
+struct TileN256C2 : Tile<256, 4, true, 2> {
   static constexpr const char* kName = "wgmma_128x256x64_cluster2";
 };
 
