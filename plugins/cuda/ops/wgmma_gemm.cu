@@ -128,7 +128,7 @@ template <class TL>
 struct Cfg {
   static constexpr int BN = TL::BN, S = TL::kStages, CL = TL::kCluster;
   static constexpr bool P = TL::kPersistent;
-  static_assert(CL == 1 || (P && (CL == 2 || CL == 4)), "clusters: persistent tiles, 2 or 4");
+  static_assert(CL == 1 || (P && CL == 2), "clusters: persistent tiles, of 2 blocks");
   static_assert(BN % (64 * CL) == 0, "each block of a cluster loads whole 64-wide B boxes");
   static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
   static constexpr int kBBytes = BN * kBK * 2;           // one stage of B

@@ -2281,17 +2281,14 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
 cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, const void* fn,
                                            const cudaLaunchConfig_t* config) {
   if (!clusters || !fn || !config) return fail(cudaErrorInvalidValue);
-  plx_emu::Config c(dim3{}, dim3{});
-  bool has_cluster = false;
+  // The configuration's cluster attribute (the kernel has no cluster dimensions of its own).
+  const cudaLaunchAttribute* cl = nullptr;
   for (unsigned i = 0; i < config->numAttrs; ++i)
-    has_cluster = has_cluster || config->attrs[i].id == cudaLaunchAttributeClusterDimension;
-  if (!has_cluster) return fail(cudaErrorInvalidValue);  // the kernel has no cluster dims
+    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) cl = &config->attrs[i];
+  if (!cl) return fail(cudaErrorInvalidValue);
   cudaLaunchConfig_t probe = *config;
-  probe.gridDim = dim3{config->attrs[0].val.clusterDim.x, 1, 1};  // any whole grid
-  for (unsigned i = 0; i < config->numAttrs; ++i)
-    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension)
-      probe.gridDim = dim3{config->attrs[i].val.clusterDim.x, config->attrs[i].val.clusterDim.y,
-                           config->attrs[i].val.clusterDim.z};
+  probe.gridDim = dim3{cl->val.clusterDim.x, cl->val.clusterDim.y, cl->val.clusterDim.z};
+  plx_emu::Config c(dim3{}, dim3{});
   if (const cudaError_t e = plx_emu::launch_config(&probe, &c); e != cudaSuccess) return e;
   const int csize = static_cast<int>(c.cluster.x * c.cluster.y * c.cluster.z);
   // Blocks an SM holds: an H100's 228 KiB of shared memory (1 KiB of it reserved per block) and
