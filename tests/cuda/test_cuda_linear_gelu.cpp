@@ -76,12 +76,14 @@ TEST_CASE("a linear -> gelu pair on cuda runs as one of our gemms with the gelu 
     layers[1].tiles.push_back("wgmma_128x128x64_splitk");
     // The persistent tiles over 9 (6) output tiles of 4 K tiles: on the emulator's 4 SMs a
     // block stores several, the next tile's loads under way, and its ring wraps; in clusters of
-    // two, the last cluster's second M tile lies past the 300 rows.
-    layers.push_back({300,
-                      256,
-                      264,
-                      {"wgmma_128x128x64_persistent", "wgmma_128x256x64_persistent",
-                       "wgmma_128x256x64_cluster2"}});
+    // two, the last cluster's second M tile lies past the 300 rows; in ping-pong the two warp
+    // groups of a block take turns on its tiles.
+    layers.push_back(
+        {300,
+         256,
+         264,
+         {"wgmma_128x128x64_persistent", "wgmma_128x256x64_persistent", "wgmma_128x256x64_cluster2",
+          "wgmma_128x128x64_pingpong", "wgmma_128x128x64_pingpong_cluster2"}});
   }
   for (const Layer& layer : layers) {
     for (const char* approximate : {"none", "tanh"})

@@ -117,12 +117,13 @@ std::vector<GemmCase> wg_cases(bool emulated) {
   mm({3, 40, 48}, {1, 48, 72}, 0, 0);
   mm({4, 200, 264}, {4, 264, 136}, 0, 0);  // batched, several tiles each
   // More output tiles than SMs (the emulator's 4, an H100's 132), so that each block of the
-  // persistent tiles walks several, across batch entries, with K tiles (4, 5) that are no
-  // multiple of either ring's stages: the ring's stage and phase carry over from tile to tile.
+  // persistent tiles walks several, across batch entries, with 7 K tiles, more than either
+  // ring's stages and a multiple of neither: the ring's stage and phase carry over from tile to
+  // tile, and the ping-pong tile's warp groups take turns on tiles whose stages wrap the ring.
   if (emulated)
-    mm({6, 136, 200}, {6, 200, 264}, 0, 0);
+    mm({6, 136, 400}, {6, 400, 264}, 0, 0);
   else
-    mm({12, 520, 264}, {12, 264, 520}, 0, 0);
+    mm({12, 520, 400}, {12, 400, 520}, 0, 0);
   // Split-K per batch entry, M-major a, alpha: 17 K tiles in 2 splits on 4 SMs, 4 on an H100.
   mm({2, 1088, 40}, {2, 1088, 24}, 1, 0, -0.5);
   // Misaligned a (fallback), misaligned y.
@@ -175,10 +176,11 @@ TEST_CASE("every cuda wgmma gemm candidate matches the cpu", "[cuda]") {
       std::vector<const plx_kernel*> mine;
       for (const plx_kernel* k : gpu.kernels(s.id, d))
         if (is_wgmma(k)) mine.push_back(k);
-      // One candidate per tile, the split-K one, the two persistent ones and the clustered
-      // one, native (not PLX_KERNEL_LIBRARY), deterministic and capturable, registered after
-      // cuBLASLt's (the first accepting kernel wins without the tuner).
-      REQUIRE(mine.size() == 6);
+      // One candidate per tile, the split-K one, the two persistent ones, the clustered one and
+      // the two ping-pong ones (alone and in clusters), native (not PLX_KERNEL_LIBRARY),
+      // deterministic and capturable, registered after cuBLASLt's (the first accepting kernel
+      // wins without the tuner).
+      REQUIRE(mine.size() == 8);
       for (const plx_kernel* k : mine) {
         CHECK_FALSE(k->flags & PLX_KERNEL_LIBRARY);
         CHECK(k->flags & PLX_KERNEL_DETERMINISTIC);
@@ -247,7 +249,8 @@ TEST_CASE("a linear -> relu group given to a wgmma candidate runs with the relu 
   REQUIRE_FALSE(pinned.key().empty());
   for (const std::string tile :
        {"wgmma_128x128x64", "wgmma_128x256x64", "wgmma_128x128x64_persistent",
-        "wgmma_128x256x64_persistent", "wgmma_128x256x64_cluster2"}) {
+        "wgmma_128x256x64_persistent", "wgmma_128x256x64_cluster2", "wgmma_128x128x64_pingpong",
+        "wgmma_128x128x64_pingpong_cluster2"}) {
     INFO(tile);
     const PinnedKernelRun::Result r = pinned.run(tile);
     // A GPU that is not compute capability 9.0 declines the candidate (the tuner keeps another).

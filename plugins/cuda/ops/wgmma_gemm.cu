@@ -1,8 +1,9 @@
 // CUDA kernels: our Hopper GEMM for matmul and linear (see docs/ops.md), bf16 and f16 with f32
 // accumulation, registered as "native" candidates after cuBLASLt's and after our mma.sync ones
 // (ops/mma_gemm.cu), one per tile ("wgmma_128x128x64", "wgmma_128x256x64", their persistent
-// forms "..._persistent" and the split-K "wgmma_128x128x64_splitk"), so that only the autotuner
-// or backend.kernels = "native" ever picks them.
+// forms "..._persistent", the split-K "wgmma_128x128x64_splitk", the clustered
+// "wgmma_128x256x64_cluster2" and the ping-pong "wgmma_128x128x64_pingpong", also in clusters),
+// so that only the autotuner or backend.kernels = "native" ever picks them.
 //
 // This file's device code is built for sm_90a alone (plugins/cuda/CMakeLists.txt, only when the
 // plugin's architectures include 90): wgmma and setmaxnreg exist only there, and sm_90a code runs
@@ -59,6 +60,8 @@
 //   runs on from one output tile into the next, so it loads the next tile's first K tiles while
 //   the consumers are still storing this one's outputs; each consumer warp stages its outputs in
 //   a buffer of its own beside the ring (the ring is no longer free at the epilogue).
+// - Ping-pong: persistent, but each output tile is one consumer warp group's (all 128 rows), the
+//   two taking the block's tiles in turn, so one group's epilogue overlaps the other's wgmmas.
 // - Deterministic (each output is one fixed sequence of wgmmas over K) and capturable (compute()
 //   encodes two tensor maps on the host and launches). The >48 KiB shared memory is opted into
 //   once, at creation.
@@ -90,12 +93,13 @@ namespace {
 constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warp group + 2 consumer warp groups
 
-// A tile: BN columns, the ring's stages, whether its blocks walk the output tiles (persistent)
-// and the blocks of its clusters (1: none); each candidate names its own.
-template <int N, int Stages, bool Persistent = false, int Cluster = 1>
+// A tile: BN columns, the ring's stages, whether its blocks walk the output tiles (persistent),
+// the blocks of its clusters (1: none) and whether its consumer warp groups take turns on whole
+// output tiles (ping-pong); each candidate names its own.
+template <int N, int Stages, bool Persistent = false, int Cluster = 1, bool PingPong = false>
 struct Tile {
   static constexpr int BN = N, kStages = Stages, kCluster = Cluster;
-  static constexpr bool kPersistent = Persistent;
+  static constexpr bool kPersistent = Persistent, kPingPong = PingPong;
 };
 struct TileN128 : Tile<128, 6> {
   static constexpr const char* kName = "wgmma_128x128x64";
@@ -123,17 +127,37 @@ struct TileN256P : Tile<256, 4, true> {
 struct TileN256C2 : Tile<256, 4, true, 2> {
   static constexpr const char* kName = "wgmma_128x256x64_cluster2";
 };
+// The persistent 128 x 128 tile in ping-pong: each consumer warp group computes whole output
+// tiles (all 128 rows, two wgmma.m64n128k16 per 16 of K), the two taking the block's tiles in
+// turn, so that one group's epilogue runs while the other's wgmmas keep the Tensor Cores busy.
+// Their K loops take turns too (an mbarrier per group, "order", below), as CUTLASS's ping-pong
+// kernel orders them: a group starts waiting on the ring only once the other has seen every
+// earlier stage land.
+struct TileN128PP : Tile<128, 6, true, 1, true> {
+  static constexpr const char* kName = "wgmma_128x128x64_pingpong";
+};
+// The ping-pong tile in clusters of 2 blocks along M sharing B by multicast, as _cluster2: the
+// two blocks walk the same cluster tiles, so a stage's fill belongs to the same warp group in
+// both, and its "empty" barrier counts that group's warps in both blocks.
+struct TileN128PPC2 : Tile<128, 6, true, 2, true> {
+  static constexpr const char* kName = "wgmma_128x128x64_pingpong_cluster2";
+};
 
 template <class TL>
 struct Cfg {
   static constexpr int BN = TL::BN, S = TL::kStages, CL = TL::kCluster;
-  static constexpr bool P = TL::kPersistent;
+  static constexpr bool P = TL::kPersistent, PP = TL::kPingPong;
   static_assert(CL == 1 || (P && CL == 2), "clusters: persistent tiles, of 2 blocks");
+  static_assert(!PP || P, "ping-pong: persistent tiles");
+  // The 64-row halves of the output tile each consumer warp group computes: its own (1), or in
+  // ping-pong all of them (2).
+  static constexpr int kHalves = PP ? 2 : 1;
   static_assert(BN % (64 * CL) == 0, "each block of a cluster loads whole 64-wide B boxes");
   static constexpr int kABytes = kBM * kBK * 2;          // one stage of A (16-bit elements)
   static constexpr int kBBytes = BN * kBK * 2;           // one stage of B
   static constexpr int kStageBytes = kABytes + kBBytes;  // what the TMA of one stage delivers
-  static constexpr int kBarBytes = 2 * S * 8;            // full[S], empty[S]
+  // full[S], empty[S] (and in ping-pong order[2], one per consumer warp group).
+  static constexpr int kBarBytes = 2 * S * 8 + (PP ? 16 : 0);
   // The persistent tiles' staging: per consumer warp 16 rows of kChunk f32 columns, rows padded
   // to kChunk + 8 floats (8 mod 32 words: conflict-free, as kLdPark below), after the barriers.
   static constexpr int kChunk = 32, kLdChunk = kChunk + 8;
@@ -143,7 +167,8 @@ struct Cfg {
   static constexpr int kSmemBytes = S * kStageBytes + kBarBytes + kStagingBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "a block's shared memory on sm_90");
   static_assert(kBarBytes % 16 == 0 && BN % kChunk == 0, "staging 16-byte aligned, whole chunks");
-  static constexpr int kAcc = BN / 2;  // f32 accumulators per consumer thread (64 x BN / 128)
+  // f32 accumulators per consumer thread and half (64 x BN / 128), kHalves of them.
+  static constexpr int kAcc = BN / 2;
   // The epilogue parks the f32 tile (two warp groups x 64 rows) in the ring, rows padded to
   // BN + 8 floats (conflict-free, see the kernel).
   static constexpr int kLdPark = BN + 8;
@@ -292,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   using C = Cfg<TL>;
   constexpr int BN = C::BN, S = C::S;
-  constexpr bool P = C::P;
-  constexpr int CL = C::CL;
+  constexpr bool P = C::P, PP = C::PP;
+  constexpr int CL = C::CL, H = C::kHalves;
   static_assert(!(P && SPLIT), "split-K runs one output tile per block");
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;  // 0: producer, 1 and 2: consumers
@@ -305,14 +330,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
   const uint32_t full0 = base + S * C::kStageBytes;  // full[s] at full0 + 8 s
   const uint32_t empty0 = full0 + 8 * S;             // empty[s] at empty0 + 8 s
+  const uint32_t order0 = empty0 + 8 * S;            // ping-pong: order[c] at order0 + 8 c
   auto stage_a = [&](int s) { return base + static_cast<uint32_t>(s) * C::kStageBytes; };
   auto stage_b = [&](int s) { return stage_a(s) + C::kABytes; };
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the TMA's bytes)
-      // One arrival per consumer warp (2 warp groups x 4) of each block of the cluster.
-      mbar_init(empty0 + 8 * s, 8 * CL);
+      // One arrival per consumer warp (2 warp groups x 4) of each block of the cluster; in
+      // ping-pong a stage is read by one warp group (4 warps) of each block.
+      mbar_init(empty0 + 8 * s, (PP ? 4 : 8) * CL);
+    }
+    // Ping-pong: order[c] completes a phase when the other consumer warp group (its 4 warps) has
+    // issued its wgmmas of one of its output tiles: then it is consumer c's turn.
+    if constexpr (PP) {
+      mbar_init(order0, 4);
+      mbar_init(order0 + 8, 4);
     }
     // The inits visible to the other threads and to the TMA unit (the async proxy), and in a
     // cluster to the other blocks.
@@ -453,7 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // A consumer warp group: rows m0 + 64 cw .. + 63, all BN columns.
+  // A consumer warp group: rows m0 + 64 cw .. + 63, all BN columns; in ping-pong all 128 rows
+  // of every other output tile of the block.
   setmaxnreg_inc<232>();
   const int cw = wg - 1;
   const int lane = tid & 31;
@@ -461,8 +495,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Accumulator fragment of m64nNk16 (PTX ISA, "Matrix Fragments for wgmma .m64nNk16"): warp w
   // holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + {0, 1}] are row 16 w + g,
   // columns 8 i + 2 q + {0, 1} (q = lane % 4), d[4 i + {2, 3}] the same columns of row + 8.
+  // acc[h] holds 64-row half h of the warp group's rows.
   const int g = lane >> 2, q = lane & 3;
-  float acc[C::kAcc];
+  float acc[H][C::kAcc];
   // A stage this warp has finished reading: free for the producer of this block (and, in a
   // cluster, for those of the others, which multicast into it).
   auto release = [&](int stage) {
@@ -476,40 +511,63 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // This warp group's A rows: K-major, 64 rows of 128 bytes = 8 atoms from row 64 cw; M-major,
-  // the cw-th 64-wide box. Both start 8192 cw bytes into the stage.
-  const uint32_t a_off = static_cast<uint32_t>(cw) * 8192u;
+  // The A rows of half h: K-major, 64 rows of 128 bytes = 8 atoms from row 64 x (the warp group,
+  // or in ping-pong the half); M-major, that 64-wide box. Both start 8192 x bytes into the stage.
+  auto a_off = [&](int h) { return static_cast<uint32_t>(PP ? h : cw) * 8192u; };
   int s = 0, prev = S - 1;  // the stages of K tiles kt and kt - 1
   uint32_t phase = 0;
-  for (int64_t t = first; t < end; t += step) {
+  // The block's output tiles t, one after the other; in ping-pong the warp groups take turns,
+  // tiles i = cw, cw + 2, ... of the block's (the i-th is t = first + i step).
+  const int64_t t0 = PP ? first + cw * step : first;
+  const int64_t tstep = PP ? 2 * step : step;
+  for (int64_t t = t0, i = cw; t < end; t += tstep, i += 2) {
     const Origin o = origin(t);
     int kt0, ktiles;
     k_range(o, kt0, ktiles);
     const int64_t m0 = o.m0, n0 = o.n0;
+    if constexpr (PP) {
+      // The ring carries the other group's tiles between this one's: the block's i-th tile
+      // starts at its (i · K tiles)-th stage fill (every tile has all K tiles: no split).
+      const int64_t j = i * all_ktiles;
+      s = static_cast<int>(j % S);
+      phase = static_cast<uint32_t>(j / S) & 1u;
+      // The turn: the other group has issued tile i - 1's wgmmas, so every stage filled before
+      // this tile's has landed and been waited for, and a parity wait below cannot mistake an
+      // earlier, still pending fill of a stage for the one it waits for.
+      if (i > 0) mbar_wait(order0 + 8 * cw, static_cast<uint32_t>((i - 1) / 2) & 1u);
+    }
 #pragma unroll
-    for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
+    for (int h = 0; h < H; ++h)
+#pragma unroll
+      for (int r = 0; r < C::kAcc; ++r) acc[h][r] = 0.f;
 
     for (int kt = 0; kt < ktiles; ++kt) {
       mbar_wait(full0 + 8 * s, phase);  // tile kt has landed
-      fence_acc(acc);
+#pragma unroll
+      for (int h = 0; h < H; ++h) fence_acc(acc[h]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
         // K-major: the 16-column slice kk starts 32 kk bytes into each row (LBO unused: 16);
         // MN-major: 16 K rows of 128 bytes further (2048 kk), LBO = the next 64-wide box.
-        const uint64_t da =
-            AK ? make_desc(stage_a(s) + a_off + 32u * kk, 16u, kAtomBytes)
-               : make_desc(stage_a(s) + a_off + 2048u * kk, kMnBoxBytes, kAtomBytes);
-        const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
-                                : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
-        wgmma_m64k16<T, BN, !AK, !BKM>(acc, da, db);
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+          const uint64_t da =
+              AK ? make_desc(stage_a(s) + a_off(h) + 32u * kk, 16u, kAtomBytes)
+                 : make_desc(stage_a(s) + a_off(h) + 2048u * kk, kMnBoxBytes, kAtomBytes);
+          const uint64_t db = BKM ? make_desc(stage_b(s) + 32u * kk, 16u, kAtomBytes)
+                                  : make_desc(stage_b(s) + 2048u * kk, kMnBoxBytes, kAtomBytes);
+          wgmma_m64k16<T, BN, !AK, !BKM>(acc[h], da, db);
+        }
       }
       wgmma_commit();
-      fence_acc(acc);
+#pragma unroll
+      for (int h = 0; h < H; ++h) fence_acc(acc[h]);
       // At most one group (this K tile's) still running: the previous tile's stage may be
       // reused. (With P, the previous output tile's last stage was released after its loop.)
       wgmma_wait<1>();
-      fence_acc(acc);
+#pragma unroll
+      for (int h = 0; h < H; ++h) fence_acc(acc[h]);
       if (kt > 0) release(prev);
       prev = s;
       if (++s == S) {
@@ -517,8 +575,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         phase ^= 1;
       }
     }
+    // Ping-pong: the other group's turn (its next tile's stages are the next the ring fills).
+    if constexpr (PP) {
+      if (lane == 0) mbar_arrive(order0 + 8 * (1 - cw));
+    }
     wgmma_wait<0>();
-    fence_acc(acc);
+#pragma unroll
+    for (int h = 0; h < H; ++h) fence_acc(acc[h]);
 
     const T* bias = static_cast<const T*>(p.bias);
     T* const Y = static_cast<T*>(p.y) + static_cast<int64_t>(o.z) * p.sy;
@@ -528,37 +591,40 @@ __global__ void __launch_bounds__(kThreads, 1)
       // tile's K tiles into the others while this warp stores its outputs.
       release(prev);
       // The epilogue through this warp's own staging buffer (no barrier with the other warps):
-      // kChunk columns of its 16 rows at a time, parked as below, then stored a row pair per
-      // step, 16 lanes on 16 consecutive column pairs.
+      // kChunk columns of its 16 rows (of each half) at a time, parked as below, then stored a
+      // row pair per step, 16 lanes on 16 consecutive column pairs.
       float* const stage_w =
           reinterpret_cast<float*>(wgmma_smem + (base - raw) + S * C::kStageBytes + C::kBarBytes) +
           (4 * cw + warp) * C::kWarpStageFloats;
-      const int64_t row0 = m0 + 64 * cw + 16 * warp;
       constexpr int kRegGroups = C::kChunk / 8;  // register groups (8 columns) per chunk
       constexpr int kPairs = C::kChunk / 2;      // column pairs per chunk row
 #pragma unroll
-      for (int j = 0; j < BN / C::kChunk; ++j) {
+      for (int hv = 0; hv < H; ++hv) {
+        const int64_t row0 = m0 + 64 * (PP ? hv : cw) + 16 * warp;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float* prow = stage_w + (g + 8 * h) * C::kLdChunk + 2 * q;
+        for (int j = 0; j < BN / C::kChunk; ++j) {
 #pragma unroll
-          for (int i = 0; i < kRegGroups; ++i) {
-            const int r = kRegGroups * j + i;
-            *reinterpret_cast<float2*>(prow + 8 * i) =
-                make_float2(acc[4 * r + 2 * h], acc[4 * r + 2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {
+            float* prow = stage_w + (g + 8 * h) * C::kLdChunk + 2 * q;
+#pragma unroll
+            for (int r4 = 0; r4 < kRegGroups; ++r4) {
+              const int r = kRegGroups * j + r4;
+              *reinterpret_cast<float2*>(prow + 8 * r4) =
+                  make_float2(acc[hv][4 * r + 2 * h], acc[hv][4 * r + 2 * h + 1]);
+            }
           }
-        }
-        __syncwarp();
+          __syncwarp();
 #pragma unroll 1
-        for (int idx = lane; idx < 16 * kPairs; idx += 32) {
-          const int rl = idx / kPairs, c = 2 * (idx % kPairs);
-          const int64_t row = row0 + rl, col = n0 + C::kChunk * j + c;
-          if (row < p.M && col < p.N) {
-            const float2 v = *reinterpret_cast<const float2*>(stage_w + rl * C::kLdChunk + c);
-            store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
+          for (int idx = lane; idx < 16 * kPairs; idx += 32) {
+            const int rl = idx / kPairs, c = 2 * (idx % kPairs);
+            const int64_t row = row0 + rl, col = n0 + C::kChunk * j + c;
+            if (row < p.M && col < p.N) {
+              const float2 v = *reinterpret_cast<const float2*>(stage_w + rl * C::kLdChunk + c);
+              store_pair<T>(p, Y, pre, bias, row, col, v.x, v.y);
+            }
           }
+          __syncwarp();  // read back before the next chunk overwrites the buffer
         }
-        __syncwarp();  // read back before the next chunk overwrites the buffer
       }
       continue;
     }
@@ -580,7 +646,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i)
         *reinterpret_cast<float2*>(prow + 8 * i) =
-            make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+            make_float2(acc[0][4 * i + 2 * h], acc[0][4 * i + 2 * h + 1]);
     }
     __syncwarp();  // each warp reads back only its own 16 rows
 
@@ -913,6 +979,10 @@ std::unique_ptr<Kernel> make_linear_tile(const NodeInfo& node, CudaBackend& back
     return std::make_unique<WgLinear<T, TileN256P, false>>(node, backend, act);
   if (tile == TileN256C2::kName)
     return std::make_unique<WgLinear<T, TileN256C2, false>>(node, backend, act);
+  if (tile == TileN128PP::kName)
+    return std::make_unique<WgLinear<T, TileN128PP, false>>(node, backend, act);
+  if (tile == TileN128PPC2::kName)
+    return std::make_unique<WgLinear<T, TileN128PPC2, false>>(node, backend, act);
   throw sdk::Unsupported(sdk::format("linear: no wgmma tile named '%s'", tile.c_str()));
 }
 
@@ -931,6 +1001,8 @@ void add_dtype(KernelRegistry& r, uint32_t flags) {
   add_tile<T, TileN128P, false>(r, TileN128P::kName, flags);
   add_tile<T, TileN256P, false>(r, TileN256P::kName, flags);
   add_tile<T, TileN256C2, false>(r, TileN256C2::kName, flags);
+  add_tile<T, TileN128PP, false>(r, TileN128PP::kName, flags);
+  add_tile<T, TileN128PPC2, false>(r, TileN128PPC2::kName, flags);
 }
 
 }  // namespace

@@ -278,6 +278,16 @@ plexus_emu_tests("warps drifting apart"
     "a small conv with its relu and max pool runs as one direct kernel with the unfused bits"
     "cuda max-pool kernels match the cpu in every layout mix")
 
+# The Hopper GEMM again with warps running ahead but copies landing at their wait: a consumer
+# warp that passes a stage's parity wait before the producer has even issued that fill (the
+# ping-pong tile's warp groups skip each other's stages, and a parity alone cannot tell a
+# stage's fill from the one two fills earlier) reads a stage no copy has written. (With copies
+# landing at issue, the producer's first fills have landed before any consumer runs.)
+plexus_emu_tests("warps drifting apart, copies at their wait"
+  ENV PLEXUS_EMU_SCHEDULE=ahead PLEXUS_EMU_BLOCKS=shuffle
+  TESTS
+    "every cuda wgmma gemm candidate matches the cpu")
+
 # The kernels whose grids follow the SM count (split-K GEMMs, weight gradients, bias sums: each
 # finished by split_sum in the launch) again on an emulated device of 37 SMs, blocks shuffled:
 # more slices than the 4-SM default makes (up to a few hundred), so both of split_sum's levels
