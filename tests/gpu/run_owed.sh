@@ -8,8 +8,9 @@
 #
 #   PHASES="build tests goals sanitize compare kernels train tta torch" (default: all)   EPOCHS=3
 #   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs), "ncu" (Nsight Compute on
-#   our convolution kernels in the convnet bf16 step; after goalprofile) and "racecheck" (three
-#   tests with last-block counters). The device allows 15 minutes a session, a fresh machine's
+#   our convolution kernels in the convnet bf16 step; after goalprofile), "ncugemm" (Nsight
+#   Compute on one launch of each persistent Hopper GEMM tile and of cuBLASLt's kernel at 8192 in
+#   bf16, about 90 s: a second call) and "racecheck" (three tests with last-block counters). The device allows 15 minutes a session, a fresh machine's
 #   start and this build (70 s) included: the first call of a session is best
 #   PHASES="build gputests goals goalprofile ncu" with LIMIT=550 and timeout_s=585.
 #   "recipes": other recipes to 91% with convnet (the short one in bf16, AdamW for two epochs at
@@ -402,6 +403,31 @@ if has ncu; then
     # and 16-byte copy since the forty-ninth session: "Shared-memory wavefronts of the copies").
     grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Instructions  |Executed Ipc Active|Issue Slots Busy|L1/TEX Hit Rate|L2 Hit Rate|[Bb]ank' \
       "$OUT/ncu-convnet-b1024-bf16.log" | head -200 | tee -a "$OUT/summary.txt"
+  else
+    echo "no ncu on this machine" | tee -a "$OUT/summary.txt"
+  fi
+fi
+
+if has ncugemm; then
+  # Why our Hopper GEMM tiles reach what they reach at 8192 in bf16 against cuBLASLt (the 90%
+  # goal): Nsight Compute on one launch of each persistent, clustered and ping-pong tile and of
+  # cuBLASLt's kernel, each in a `plexus bench kernels` run of its own (a launch past the
+  # warm-up): Tensor Core and L2 throughput, stalls, occupancy. About 15 s a kernel.
+  if command -v ncu > /dev/null; then
+    for pick in 'TileN128P,' 'TileN256P,' 'TileN256C2,' 'TileN128PP,' 'TileN128PPC2,' \
+                'nvjet|xmma|cutlass'; do
+      tag=$(echo "$pick" | tr -dc 'A-Za-z0-9')
+      stamp "ncu: bf16 GEMM 8192, $pick"
+      run_for 60 ncu --clock-control none --kernel-name-base demangled \
+        --kernel-name regex:"$pick" --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        $B/bin/plexus bench kernels --backend cuda --no-step --dtype bf16 --gemm 8192 \
+        --budget-ms 20 "${TIMEOUTS[@]}" > "$OUT/ncu-gemm8192-$tag.log" 2>&1
+      echo "exit $?" | tee -a "$OUT/summary.txt"
+      grep -E '^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Executed Ipc Active|Issue Slots Busy|L2 Hit Rate|Cluster Size|Stall' \
+        "$OUT/ncu-gemm8192-$tag.log" | head -40 | tee -a "$OUT/summary.txt"
+    done
   else
     echo "no ncu on this machine" | tee -a "$OUT/summary.txt"
   fi
