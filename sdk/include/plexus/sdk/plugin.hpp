@@ -206,7 +206,7 @@ const plx_plugin* make_descriptor(const char* name, const char* version, const c
       guard([&] { delete static_cast<P*>(ctx); });
       log_fn = nullptr;
     };
-    p.last_error = []() -> const char* { return detail::last_error.c_str(); };
+    p.last_error = []() -> const char* { return detail::last_error; };
     p.backend_count = [](void* ctx) { return static_cast<P*>(ctx)->backend_count(); };
     p.get_backend = [](void* ctx, int32_t i) { return static_cast<P*>(ctx)->backend_table(i); };
     p.comm_count = [](void* ctx) { return static_cast<P*>(ctx)->comm_count(); };

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <stdexcept>
@@ -56,14 +58,24 @@ inline std::string format(const char* fmt, ...) {
 namespace detail {
 
 // The plugin's last error on this thread. Plugins are built with hidden visibility, so every
-// plugin library has its own copy.
-inline thread_local std::string last_error;
+// plugin library has its own copy. A fixed buffer, not a std::string: a host may call a slot
+// after this thread's thread_local objects were destroyed (a runtime held in a static tears its
+// backends down from exit(), after the main thread's thread_local destructors ran), and a
+// failing slot would then write into a freed string. Longer messages are cut, marked " [...]".
+inline constexpr size_t kLastErrorBytes = 16384;
+inline thread_local char last_error[kLastErrorBytes] = "";
 
 inline plx_status set_error(plx_status status, const char* message) noexcept {
-  try {
-    last_error = message;
-  } catch (...) {
-  }
+  static constexpr char kCut[] = " [...]";
+  if (message == nullptr) message = "";
+  size_t n = std::strlen(message);
+  const bool cut = n >= kLastErrorBytes;
+  if (cut) n = kLastErrorBytes - sizeof kCut;
+  std::memmove(last_error, message, n);  // message may be last_error itself
+  if (cut)
+    std::memcpy(last_error + n, kCut, sizeof kCut);
+  else
+    last_error[n] = '\0';
   return status;
 }
 
