@@ -62,12 +62,15 @@ struct cudnnConvolutionStruct {
 
 namespace {
 
-thread_local std::string g_last_error;
+// A buffer without a destructor, as the SDK's (sdk/include/plexus/sdk/status.hpp): a call
+// failing in a static's teardown at exit, after this thread's thread_local objects were
+// destroyed, must not write into a freed string.
+thread_local char g_last_error[4096];
 
 // The reason is kept for cudnnGetLastErrorString (the plugin puts it in its error); a refused
 // algorithm, which callers probe for, is not printed.
 cudnnStatus_t fail(cudnnStatus_t s, const std::string& why) {
-  g_last_error = why;
+  std::snprintf(g_last_error, sizeof g_last_error, "%s", why.c_str());
   if (s != CUDNN_STATUS_NOT_SUPPORTED) std::fprintf(stderr, "cuda emulator: cuDNN: %s\n", why.c_str());
   return s;
 }
@@ -432,8 +435,8 @@ const char* cudnnGetErrorString(cudnnStatus_t s) {
 }
 void cudnnGetLastErrorString(char* buf, size_t n) {
   if (!buf || n == 0) return;
-  std::snprintf(buf, n, "%s", g_last_error.c_str());
-  g_last_error.clear();
+  std::snprintf(buf, n, "%s", g_last_error);
+  g_last_error[0] = '\0';
 }
 namespace {
 // The handle and the descriptors: created empty, set by their own calls.

@@ -17,10 +17,12 @@ struct ncclComm {
 
 namespace {
 
-thread_local std::string g_last_error;  // for ncclGetLastError(nullptr)
+// For ncclGetLastError(nullptr); a buffer without a destructor, as the SDK's, so that a call
+// failing in a static's teardown at exit does not write into a freed string.
+thread_local char g_last_error[4096];
 
 ncclResult_t fail(ncclComm* c, ncclResult_t r, const std::string& why) {
-  g_last_error = why;
+  std::snprintf(g_last_error, sizeof g_last_error, "%s", why.c_str());
   if (c) c->last_error = why;
   return r;
 }
@@ -140,7 +142,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
   }
 }
 const char* ncclGetLastError(ncclComm_t comm) {
-  return comm ? comm->last_error.c_str() : g_last_error.c_str();
+  return comm ? comm->last_error.c_str() : g_last_error;
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
