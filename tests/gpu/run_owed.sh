@@ -10,8 +10,9 @@
 #   also "goalprofile" (the goal steps kernel by kernel, bf16 GEMMs), "ncu" (Nsight Compute on
 #   our convolution kernels in the convnet bf16 step; after goalprofile), "ncugemm" (Nsight
 #   Compute on one launch of each persistent Hopper GEMM tile and of cuBLASLt's kernel at 8192 in
-#   bf16, about 90 s: a second call) and "racecheck" (three tests with last-block counters). The device allows 15 minutes a session, a fresh machine's
-#   start and this build (70 s) included: the first call of a session is best
+#   bf16, about 90 s: a second call) and "racecheck" (three tests with last-block counters). The
+#   device allows 15 minutes a session, a fresh machine's start and this build (70 s) included:
+#   the first call of a session is best
 #   PHASES="build gputests goals goalprofile ncu" with LIMIT=550 and timeout_s=585.
 #   "recipes": other recipes to 91% with convnet (the short one in bf16, AdamW for two epochs at
 #   batch 256 for both sides), for a second call (PHASES="recipes" LIMIT=250) while the machine
