@@ -69,6 +69,11 @@ const std::vector<Geo>& tf32_geometries() {
 // tiles of its own (64 or 128 output channels, and N a multiple of 64: MN-major operands).
 const std::vector<std::string> kWgmmaTiles = {"igemm_wgmma_128x128x64", "igemm_wgmma_128x64x64",
                                               "igemm_wgmma_128x32x64"};
+// The same tiles with A through the TMA's im2col mode (the forward without a pool, and backward
+// data), registered after them.
+const std::vector<std::string> kWgmmaIm2colTiles = {"igemm_wgmma_im2col_128x128x64",
+                                                    "igemm_wgmma_im2col_128x64x64",
+                                                    "igemm_wgmma_im2col_128x32x64"};
 const std::vector<std::string> kWgmmaWgradTiles = {
     "igemm_wgmma_128x128x64", "igemm_wgmma_128x64x64", "igemm_wgmma_64x128x64"};
 
@@ -305,7 +310,11 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
       const bool hopper = has_wgmma_tiles(*b);
       const std::vector<std::string>& hopper_tiles =
           std::string(op) == "conv2d_backward_weight" ? kWgmmaWgradTiles : kWgmmaTiles;
-      if (hopper && d != PLX_F32) want.insert(want.end(), hopper_tiles.begin(), hopper_tiles.end());
+      if (hopper && d != PLX_F32) {
+        want.insert(want.end(), hopper_tiles.begin(), hopper_tiles.end());
+        if (std::string(op) != "conv2d_backward_weight")
+          want.insert(want.end(), kWgmmaIm2colTiles.begin(), kWgmmaIm2colTiles.end());
+      }
       CHECK(igemm == want);
       for (const plx_kernel* k : candidates(*b, s, d)) {
         CHECK((k->flags & PLX_KERNEL_LIBRARY) == 0);
@@ -495,8 +504,10 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
   // The Hopper tiles where they were built and the device runs them (9.0).
   const auto& dev = probe.device(0);
   if (has_wgmma_tiles(probe) &&
-      (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90))
+      (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90)) {
     tiles.insert(tiles.end(), kWgmmaTiles.begin(), kWgmmaTiles.end());
+    tiles.insert(tiles.end(), kWgmmaIm2colTiles.begin(), kWgmmaIm2colTiles.end());
+  }
   TempDir dir("igemm-pool-tiles");
   for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32})
     for (const C& c : cases) {

@@ -99,7 +99,7 @@ inline namespace PLX_IGEMM_TU {
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
-  static constexpr bool kWgmma = false;
+  static constexpr bool kWgmma = false, kIm2col = false;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
@@ -148,10 +148,12 @@ using Tile256x32 = Tile<256, 32, 32, 64, 32, 3>;    // 4 warps, 67.5 KiB (opt-in
 // of 16-bit elements: one row of the 128-byte swizzle). To the epilogues a warp w is a warp tile
 // of 16 rows (WM) and all BN columns (WN): the wgmma accumulator fragment of warp w of a warp
 // group is mma.sync's C fragment of rows 16 w.., 8-column tile by 8-column tile.
-template <int BM_, int BN_, int STAGES_>
+// kIm2col_: the forward's and backward data's A through the TMA's im2col mode as well
+// (igemm_wgmma_im2col_kernel), where the plain tiles gather it with cp.async.
+template <int BM_, int BN_, int STAGES_, bool kIm2col_ = false>
 struct WgTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
-  static constexpr bool kWgmma = true;
+  static constexpr bool kWgmma = true, kIm2col = kIm2col_;
   static constexpr int WM = 16, WN = BN, WARPS_M = BM / 16, WARPS_N = 1;
   static constexpr int THREADS = 2 * BM;  // BM / 64 warp groups of 128 threads
   static constexpr int MI = 1, NI = BN / 8;
@@ -168,8 +170,8 @@ struct WgTile {
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
 
   static std::string name() {
-    return "igemm_wgmma_" + std::to_string(BM) + "x" + std::to_string(BN) + "x" +
-           std::to_string(BK);
+    return std::string(kIm2col ? "igemm_wgmma_im2col_" : "igemm_wgmma_") + std::to_string(BM) +
+           "x" + std::to_string(BN) + "x" + std::to_string(BK);
   }
 };
 using WgTile128x128 = WgTile<128, 128, 4>;  // 128 KiB of stages
@@ -178,6 +180,10 @@ using WgTile128x32 = WgTile<128, 32, 4>;    // 80 KiB
 // The weight gradient's (igemm_wgmma_wgrad_kernel) third tile: one warp group for 64 output
 // channels (convnet's conv2), where a 128-row tile would compute half zeros.
 using WgTile64x128 = WgTile<64, 128, 4>;  // 96 KiB
+// The same tiles with A through the TMA's im2col mode (forward without a pool, backward data).
+using WgI2cTile128x128 = WgTile<128, 128, 4, true>;
+using WgI2cTile128x64 = WgTile<128, 64, 4, true>;
+using WgI2cTile128x32 = WgTile<128, 32, 4, true>;
 
 // ---- the GEMM problem ----
 //
@@ -582,7 +588,8 @@ __device__ __forceinline__ void run_staged(T* cs, int wm, int wn, int lane, Tabl
   }
 }
 
-// The pool variant. Rows 4q..4q+3 of the tile are the window of one pooled pixel; a thread takes
+// The pool variant. Rows 4q..4q+3 of the tile are the window of one pooled pixel (kCornerMajor:
+// rows q, q + BM/4, q + BM/2, q + 3 BM/4, the im2col tiles' order); a thread takes
 // (window, channel) items, channels fastest (conflict-free reads of the tile, and consecutive
 // channels of one pooled pixel: coalesced stores into a channels-last y), and scans the window's
 // four values in tap order for what max_pool2d keeps: the first NaN, else the first maximum
@@ -591,7 +598,7 @@ __device__ __forceinline__ void run_staged(T* cs, int wm, int wn, int lane, Tabl
 // ReLU runs on the maximum and the index is none where y is not > 0 (as the chunked group and the
 // direct kernel run it). So y and the indices are the unfused kernels' bits. M is 4·Q and m0 a
 // multiple of 4: a window's rows are all real or all past M.
-template <class T, class TL, class Ix, int kSmem>
+template <class T, class TL, class Ix, int kSmem, bool kCornerMajor = false>
 __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
                                                     const float (&acc)[TL::MI][TL::NI][4],
                                                     int64_t m0, int n0, int wm, int wn, int lane,
@@ -636,12 +643,14 @@ __device__ __forceinline__ void igemm_pool_epilogue(const IgemmArgs<T>& a,
     for (int w = tid / ES::CW; w < kWin; w += TL::THREADS / ES::CW) {
       const int64_t yr = y_row[w];
       if (yr < 0) break;  // this window and every later one are past M
-      const T* const col = cs + 4 * w * ES::LDP + c;
+      // Window w's pixel t: row 4 w + t, or corner-major (the im2col tiles) row t·BM/4 + w.
+      constexpr int kTapRows = kCornerMajor ? kWin : 1;
+      const T* const col = cs + (kCornerMajor ? w : 4 * w) * ES::LDP + c;
       float v = to_accum<T>(col[0]);
       int bt = 0;
 #pragma unroll
       for (int t = 1; t < 4; ++t) {
-        const float ov = to_accum<T>(col[t * ES::LDP]);
+        const float ov = to_accum<T>(col[t * kTapRows * ES::LDP]);
         if (pool_beats(ov, t, v, bt)) v = ov, bt = t;
       }
       const float out = to_accum<T>(from_accum<T>(a.relu_after && !(v > 0.f) ? 0.f : v));
@@ -706,7 +715,7 @@ __device__ __forceinline__ void igemm_staged_epilogue(const IgemmArgs<T>& a,
 
 // The forward's (and backward data's) epilogue: with Ix (u8 or i32) the pool variant's; else the
 // staged one into a channels-last y, the direct one (igemm_epilogue) into any other layout.
-template <class T, class TL, class Ix, int kSmem>
+template <class T, class TL, class Ix, int kSmem, bool kCornerMajor = false>
 __device__ __forceinline__ void igemm_store(const IgemmArgs<T>& a,
                                             const float (&acc)[TL::MI][TL::NI][4], int64_t m0,
                                             int n0, int wm, int wn, int lane, int tid,
@@ -717,7 +726,7 @@ __device__ __forceinline__ void igemm_store(const IgemmArgs<T>& a,
     else
       igemm_epilogue<T, TL>(a, acc, m0, n0, wm, wn, lane);
   } else {
-    igemm_pool_epilogue<T, TL, Ix, kSmem>(a, acc, m0, n0, wm, wn, lane, tid, smem);
+    igemm_pool_epilogue<T, TL, Ix, kSmem, kCornerMajor>(a, acc, m0, n0, wm, wn, lane, tid, smem);
   }
 }
 
@@ -854,8 +863,11 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // 2048 kk bytes into each box), else K-major (the 16-column slice kk starts 32 kk bytes into
 // each row). load(stage, it) issues the copies of the block's tile `it` into `stage`: the
 // gathered operand's cp.async, and (thread 0) the other operand's TMA boxes with the stage's
-// arrive.expect_tx. No wgmma or copy is in flight at the end.
-template <class T, class TL, bool kMN, class Load>
+// arrive.expect_tx. No wgmma or copy is in flight at the end. kCpAsync false: load issues TMA
+// copies only (the im2col tiles), which write through the async proxy as wgmma reads: no
+// cp.async groups to commit and wait for, and no proxy fence (a MEMBAR and a FENCE.VIEW.ASYNC a
+// tile) before the barrier.
+template <class T, class TL, bool kMN, class Load, bool kCpAsync = true>
 __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
                                              uint64_t da0, uint64_t db0, uint32_t full0) {
   constexpr int S = TL::STAGES;
@@ -863,15 +875,17 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) {
     if (s < nk) load(s, s);
-    cp_async_commit();
+    if constexpr (kCpAsync) cp_async_commit();
   }
   for (int it = 0; it < nk; ++it) {
-    cp_async_wait<S - 3>();
-    fence_proxy_async();  // this thread's landed copies, visible to wgmma's reads
+    if constexpr (kCpAsync) {
+      cp_async_wait<S - 3>();
+      fence_proxy_async();  // this thread's landed copies, visible to wgmma's reads
+    }
     __syncthreads();
     const int next = it + S - 2;
     if (next < nk) load(next % S, next);
-    cp_async_commit();
+    if constexpr (kCpAsync) cp_async_commit();
     const int st = it % S;
     mbar_wait(full0 + 8 * st, (static_cast<unsigned>(it) / S) & 1u);
     fence_acc(d);
@@ -892,7 +906,7 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
   }
   wgmma_wait<0>();
   fence_acc(d);
-  cp_async_wait<0>();
+  if constexpr (kCpAsync) cp_async_wait<0>();
 }
 
 // ---- The Hopper tiles' TMA operand ----
@@ -996,6 +1010,108 @@ __global__ void __launch_bounds__(TL::THREADS)
 
   // Warp w of the block is the epilogues' warp tile (w, 0): rows 16 w.., all BN columns.
   igemm_store<T, TL, Ix, TL::kRing>(a, acc, m0, n0, warp, 0, lane, tid, smem);
+#endif
+}
+
+// ---- Hopper: A through the TMA's im2col mode (sm_90a) ----
+//
+// igemm_wgmma_kernel with both operands on the TMA: A, the receptive fields of the block's BM
+// output pixels, is one im2col copy per K tile (tmx: the channels-last activation with the
+// convolution's bounding box, ops/tma_map.hpp's TmaIm2col), B one tiled copy of the filter as
+// (C, taps, O) (tmw: 64 channels of one tap for BN output channels). K is walked tap by tap and,
+// within a tap, in blocks of 64 channels: tile (tap, cb) copies channels 64 cb.. of every row's
+// pixel at the tap's offset (kw, kh), and the same channels of the tap's filter slice. Channels
+// past C are zero-filled in both, so any C % 8 == 0 runs (C % 64 == 0 without a wasted channel);
+// rows past M are pixels past the last image, zero-filled too. The copies land in the 128-byte
+// swizzle the plain tiles' cp.async wrote, so the descriptors and wgmma_k_loop are unchanged; what
+// the K loop loses is the gather (per K tile and thread, A_ITERS 16-byte copies with their tap
+// bits, addresses and zero-fill selects, and the k table's reads): thread 0 issues the copies,
+// and every thread waits on the stage's mbarrier. The rows are output pixels in the order
+// (n, oh, ow). With a pool (Ix not void) they are the BM / 4 windows' pixels corner by corner:
+// tmx then walks the windows' top-left pixels (traversal strides 2 sw, 2 sh: im2col_pool_corners)
+// and a stage's A is four copies of BM / 4 rows, corner t = 2 dh + dw at offsets
+// (kw + dw·sw, kh + dh·sh), so row t·BM/4 + w is window w's pixel t, and the pool epilogue
+// reads its windows corner-major.
+template <class T, class TL, class Ix = void>
+__global__ void __launch_bounds__(TL::THREADS)
+    igemm_wgmma_im2col_kernel(const __grid_constant__ CUtensorMap tmx,
+                              const __grid_constant__ CUtensorMap tmw, const IgemmArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  constexpr int S = TL::STAGES;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  unsigned char* const smem = smem_raw + (base - raw);
+  const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM][128 B], [S][BN][128 B]
+  const uint32_t full0 = base + TL::kRing;                // a stage's mbarrier (both copies)
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int CB = (a.C + 63) / 64;  // channel blocks per tap
+  const int KT = a.KH * a.KW * CB;
+
+  constexpr bool kPool = !std::is_void_v<Ix>;
+  // Thread 0 copies: the block's first pixel (n, oh, ow) as its filter base (ow·sw - pw,
+  // oh·sh - ph) in image n, the coordinates of every A copy (with a pool, the first window's
+  // top-left pixel: (2 pw', 2 ph') of pooled pixel m0 / 4); the K tile's (cb, kw, kh) stepped
+  // one tile on per copy (the copies are issued in K order).
+  int32_t cn = 0, ch = 0, cw = 0;
+  int cb = 0, kw = 0, kh = 0, tap = 0;
+  if (tid == 0) {
+    tma_stages_init<S>(full0, &tmx);
+    prefetch_tensormap(&tmw);
+    int oh, ow;
+    if constexpr (kPool) {
+      const int64_t q = m0 >> 2, n = q / a.PHW;
+      const int r = static_cast<int>(q - n * a.PHW);
+      const int py = r / a.PW;
+      cn = static_cast<int32_t>(n), oh = 2 * py, ow = 2 * (r - py * a.PW);
+    } else {
+      const int64_t n = m0 / a.OHW;
+      const int r = static_cast<int>(m0 - n * a.OHW);
+      cn = static_cast<int32_t>(n), oh = r / a.OW, ow = r - oh * a.OW;
+    }
+    ch = oh * a.sh - a.ph, cw = ow * a.sw - a.pw;
+  }
+  // The above reads only the parameters: it may overlap the kernel before this one.
+  pdl_begin();
+
+  auto load_tile = [&](int st, int) {
+    if (tid != 0) return;
+    const uint32_t bar = full0 + 8 * st;
+    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
+    if constexpr (kPool) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        tma_load_im2col_4d(sa + st * TL::kABytes + t * (TL::kABytes / 4), &tmx, cb * 64, cw, ch, cn,
+                           static_cast<uint16_t>(kw + (t & 1) * a.sw),
+                           static_cast<uint16_t>(kh + (t >> 1) * a.sh), bar);
+    } else {
+      tma_load_im2col_4d(sa + st * TL::kABytes, &tmx, cb * 64, cw, ch, cn,
+                         static_cast<uint16_t>(kw), static_cast<uint16_t>(kh), bar);
+    }
+    tma_load_3d(sb + st * TL::kBBytes, &tmw, cb * 64, tap, n0, bar);
+    if (++cb == CB) {
+      cb = 0, ++tap;
+      if (++kw == a.KW) kw = 0, ++kh;
+    }
+  };
+
+  float acc[1][TL::NI][4];
+  zero_acc<TL>(acc);
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  wgmma_k_loop<T, TL, false, decltype(load_tile)&, false>(KT, load_tile, d, da0, db0, full0);
+  fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
+
+  igemm_store<T, TL, Ix, TL::kRing, true>(a, acc, m0, n0, warp, 0, lane, tid, smem);
 #endif
 }
 
@@ -2029,7 +2145,17 @@ class IgemmConvKernel final : public Kernel {
     use_device(device_);
     const DeviceContext& ctx = backend.context(device_);
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
-    if constexpr (TL::kWgmma) {
+    if constexpr (TL::kIm2col) {
+      decline_unless_sm90a(ctx, op);
+      // The filter as (Ca, taps, Co) in boxes of 64 channels of a tap; the activation (dy for
+      // backward data) as the im2col map of the convolution's receptive fields.
+      PLX_DECLINE_UNLESS(tma_accepts<T>(tma_filter_by_tap(Ca, g.KH * g.KW, Co, TL::BN)),
+                         "%s: the TMA (cuTensorMapEncodeTiled) refuses the filter as (%lld, %lld, "
+                         "%lld)",
+                         op, static_cast<long long>(Ca), static_cast<long long>(g.KH * g.KW),
+                         static_cast<long long>(Co));
+      // The activation's map is checked once the pool is known (below).
+    } else if constexpr (TL::kWgmma) {
       decline_unless_sm90a(ctx, op);
       // The filter through the TMA: (Co, K) row-major, boxes of 64 k x BN rows.
       PLX_DECLINE_UNLESS(tma_accepts<T>(tma_matrix(K, Co, TL::BN)),
@@ -2043,6 +2169,8 @@ class IgemmConvKernel final : public Kernel {
     // 16 bits: the stages, then the K tiles' chunk table.
     if constexpr (kTf32)
       smem_ = Tf32Tile<TL>::smem_with_table(static_cast<int>(K));
+    else if constexpr (TL::kIm2col)
+      smem_ = TL::SMEM;  // no k table: the TMA walks the taps
     else if constexpr (TL::kWgmma)
       smem_ = TL::SMEM + k_table_bytes<TL::BK>(static_cast<int>(K), false);
     else
@@ -2056,7 +2184,9 @@ class IgemmConvKernel final : public Kernel {
     if constexpr (kTf32) {
       opt_in(igemm_tf32_kernel<TL>);
       if (vec_) opt_in(igemm_tf32_kernel<TL, void, true>);
-    } else if constexpr (TL::kWgmma)
+    } else if constexpr (TL::kIm2col)
+      opt_in(igemm_wgmma_im2col_kernel<T, TL>);
+    else if constexpr (TL::kWgmma)
       opt_in(igemm_wgmma_kernel<T, TL>);
     else if (bt_)
       opt_in(igemm_conv_kernel<T, TL, true>);
@@ -2082,6 +2212,24 @@ class IgemmConvKernel final : public Kernel {
     canonical_strides(od, out_nhwc, os);
     a_.y_n = os[0], a_.y_c = os[1], a_.y_p = os[3];  // p = oh·Wo + ow: offset oh·s2 + ow·s3 = p·s3
     if (pool) set_pool(*pool, g.N, Ho, Wo, relu);
+    if constexpr (TL::kIm2col) {
+      if (out_elems_ == 0) return;  // no window (the pool's output is empty): nothing to map
+      // A's rows: every output pixel, or (a pool) the windows' pixels corner by corner, whose
+      // traversal strides are twice the convolution's.
+      i2c_ = pool ? im2col_pool_corners(g.N, Hi, Wi, Ca, sh, sw, ph, pw, a_.PHW / a_.PW, a_.PW,
+                                        static_cast<uint32_t>(TL::BM / 4))
+                  : im2col_conv(g.N, Hi, Wi, Ca, g.KH, g.KW, sh, sw, ph, pw,
+                                static_cast<uint32_t>(TL::BM));
+      PLX_DECLINE_UNLESS(tma_im2col_accepts<T>(i2c_),
+                         "%s: the TMA (cuTensorMapEncodeIm2col) refuses the activation: traversal "
+                         "strides up to 8 (the convolution's, twice them with a pool), and the "
+                         "bounding box's corners within [-128, 127] (strides [%lld, %lld], "
+                         "padding [%lld, %lld], filter %lld x %lld%s)",
+                         op, static_cast<long long>(sh), static_cast<long long>(sw),
+                         static_cast<long long>(ph), static_cast<long long>(pw),
+                         static_cast<long long>(g.KH), static_cast<long long>(g.KW),
+                         pool ? ", pooled" : "");
+    }
 
     // Staging in the workspace (16 bits): the activation when it is NCHW, the filter when it is
     // NCHW (or, for backward data, channels-last with a channel count the BT copies cannot
@@ -2172,6 +2320,21 @@ class IgemmConvKernel final : public Kernel {
         go(static_cast<int32_t*>(nullptr));
       else
         go(static_cast<void*>(nullptr));
+    } else if constexpr (TL::kIm2col) {
+      CUtensorMap tmx, tmw;
+      if (!tma_encode_im2col<T>(tmx, i2c_, a.x) ||
+          !tma_encode<T>(tmw, tma_filter_by_tap(a.C, a.KH * a.KW, a.O, TL::BN), a.w))
+        throw sdk::Error(PLX_ERR_INTERNAL,
+                         "igemm convolution: the TMA refused the tensor maps it accepted at "
+                         "creation");
+      if (pool_ == PoolIx::U8)
+        launch_kernel(igemm_wgmma_im2col_kernel<T, TL, uint8_t>, grid, TL::THREADS, smem_, s, tmx,
+                      tmw, a);
+      else if (pool_ == PoolIx::I32)
+        launch_kernel(igemm_wgmma_im2col_kernel<T, TL, int32_t>, grid, TL::THREADS, smem_, s, tmx,
+                      tmw, a);
+      else
+        launch_kernel(igemm_wgmma_im2col_kernel<T, TL>, grid, TL::THREADS, smem_, s, tmx, tmw, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmw;
       if (!tma_encode<T>(tmw, tma_matrix(a.K, a.O, TL::BN), a.w))
@@ -2245,6 +2408,9 @@ class IgemmConvKernel final : public Kernel {
       if (vec_)
         u8 ? opt_in(igemm_tf32_kernel<TL, uint8_t, true>)
            : opt_in(igemm_tf32_kernel<TL, int32_t, true>);
+    } else if constexpr (TL::kIm2col) {
+      u8 ? opt_in(igemm_wgmma_im2col_kernel<T, TL, uint8_t>)
+         : opt_in(igemm_wgmma_im2col_kernel<T, TL, int32_t>);
     } else if constexpr (TL::kWgmma)
       u8 ? opt_in(igemm_wgmma_kernel<T, TL, uint8_t>) : opt_in(igemm_wgmma_kernel<T, TL, int32_t>);
     else
@@ -2273,6 +2439,7 @@ class IgemmConvKernel final : public Kernel {
   int64_t w_strides_[4] = {0, 0, 0, 0};
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
   KTable tab_;  // TF32
+  TmaIm2col i2c_{};  // the im2col tiles' activation map, but for its address
 };
 
 // conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW).
@@ -2544,6 +2711,7 @@ void for_each_tile(F&& f) {
   if constexpr (kHopper) {
     static_assert(!std::is_same_v<T, float>, "wgmma tiles: f16 and bf16");
     f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile128x32{});
+    f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile128x32{});
   } else {
     f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
     if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});

@@ -1317,6 +1317,13 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
   const TensorMap& t = tensor_map(map, what);
   check_device_access(what, reinterpret_cast<const void*>(t.address));
   char buf[240];
+  if (t.im2col) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: a tensor map of cuTensorMapEncodeIm2col in a tiled copy (im2col maps "
+                  "take the .im2col form)",
+                  what);
+    trap(buf);
+  }
   if (rank != t.rank) {
     std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
     trap(buf);
@@ -1373,6 +1380,107 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
   return c;
 }
 
+// The box of an im2col TMA load (PTX ISA, "Tensors", "im2col mode"): pixelsPerColumn rows of
+// channelsPerPixel elements from channel coords[0], landing at dst as a tiled box of those rows
+// would (swizzled on the address). coords[1 .. rank-2] (W, H, D) place the first pixel's filter
+// base, which must lie in the bounding box (from the lower corner past the tensor's first element
+// to the upper corner past its last), coords[rank-1] its image. Row p reads the pixel at the base
+// plus the im2col offsets; the base then steps by the traversal stride along W, back to the lower
+// corner and one stride on along H past the box's end (then D), and on to the next image past the
+// last. Elements outside the tensor (any coordinate, images past the last included) are zeros.
+Block::Bulk tma_im2col_box(uint32_t dst, const void* map, const int32_t* coords, int rank,
+                           const uint16_t* offsets, uint32_t bar, const char* what) {
+  Block& b = *g_block;
+  const TensorMap& t = tensor_map(map, what);
+  check_device_access(what, reinterpret_cast<const void*>(t.address));
+  char buf[300];
+  if (!t.im2col) {
+    std::snprintf(buf, sizeof buf, "%s: a tensor map of cuTensorMapEncodeTiled in an im2col copy",
+                  what);
+    trap(buf);
+  }
+  if (rank != t.rank) {
+    std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
+    trap(buf);
+  }
+  if (t.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
+    trap("cp.async.bulk.tensor.im2col: interleaved layouts are not modelled");
+  if (t.oob_nan) trap("cp.async.bulk.tensor.im2col: the NaN out-of-bounds fill is not modelled");
+  const bool swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
+  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz)
+    trap("cp.async.bulk.tensor.im2col: swizzles other than none and 128B are not modelled");
+  if (t.elem_strides[rank - 1] != 1)
+    trap("cp.async.bulk.tensor.im2col: a traversal stride along the images is not modelled");
+  const int spatial = rank - 2;
+  // The offsets' range by rank (16 bits for one spatial dimension, 8 for two, 5 for three).
+  const int off_lim = spatial == 1 ? 65536 : spatial == 2 ? 256 : 32;
+  int64_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0}, base[3] = {0, 0, 0};
+  for (int i = 0; i < spatial; ++i) {
+    if (offsets[i] >= off_lim) {
+      std::snprintf(buf, sizeof buf, "%s.%dd: im2col offset %d = %u is past %d", what, rank, i,
+                    offsets[i], off_lim - 1);
+      trap(buf);
+    }
+    lo[i] = t.lower[i];
+    hi[i] = static_cast<int64_t>(t.dims[i + 1]) - 1 + t.upper[i];
+    base[i] = coords[i + 1];
+    if (base[i] < lo[i] || base[i] > hi[i]) {
+      std::snprintf(buf, sizeof buf,
+                    "%s.%dd: the filter base %lld of spatial dimension %d lies outside the "
+                    "bounding box [%lld, %lld]",
+                    what, rank, static_cast<long long>(base[i]), i, static_cast<long long>(lo[i]),
+                    static_cast<long long>(hi[i]));
+      trap(buf);
+    }
+  }
+  int64_t img = coords[rank - 1];
+  const int64_t cpp = t.box[0], ppc = t.box[1];
+  const size_t row = static_cast<size_t>(cpp) * t.elem_bytes;
+  const size_t bytes = row * static_cast<size_t>(ppc);
+  if (swz && row != 128) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: a 128B-swizzled im2col box with %zu-byte rows is not modelled (only "
+                  "rows of exactly 128 bytes)",
+                  what, row);
+    trap(buf);
+  }
+  (void)shared_at(dst, bytes, 128, what);
+  (void)mbar(b, bar, what);
+  Block::Bulk c{dst, bar, std::vector<unsigned char>(bytes)};
+  for (int64_t p = 0; p < ppc; ++p) {
+    bool in = img >= 0 && img < static_cast<int64_t>(t.dims[rank - 1]);
+    uint64_t src = t.address + static_cast<uint64_t>(img) * t.strides[rank - 1];
+    for (int i = 0; i < spatial && in; ++i) {
+      const int64_t g = base[i] + offsets[i];
+      if (g < 0 || g >= static_cast<int64_t>(t.dims[i + 1]))
+        in = false;
+      else
+        src += static_cast<uint64_t>(g) * t.strides[i + 1];
+    }
+    for (int64_t j = 0; j < cpp && in; ++j) {
+      const int64_t ch = int64_t{coords[0]} + j;
+      if (ch < 0 || ch >= static_cast<int64_t>(t.dims[0])) continue;  // zeros
+      uint32_t off = static_cast<uint32_t>((p * cpp + j) * t.elem_bytes);
+      if (swz) {
+        const uint32_t a = dst + off;
+        off = (a ^ (((a >> 7) & 7) << 4)) - dst;
+      }
+      std::memcpy(c.image.data() + off,
+                  reinterpret_cast<const void*>(src + static_cast<uint64_t>(ch) * t.elem_bytes),
+                  t.elem_bytes);
+    }
+    // The next pixel's filter base: along W, wrapping into H (and D), then the next image.
+    int i = 0;
+    for (; i < spatial; ++i) {
+      base[i] += t.elem_strides[i + 1];
+      if (base[i] <= hi[i]) break;
+      base[i] = lo[i];
+    }
+    if (i == spatial) ++img;
+  }
+  return c;
+}
+
 // Copy c lands in block b: now (PLEXUS_EMU_CP_ASYNC=early) or when a thread of b would wait on
 // its barrier.
 void issue_bulk(Block& b, Block::Bulk c) {
@@ -1388,6 +1496,12 @@ void issue_bulk(Block& b, Block::Bulk c) {
 
 void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar) {
   issue_bulk(*g_block, tma_box(dst, map, coords, rank, bar, "cp.async.bulk.tensor"));
+}
+
+void tma_load_im2col(uint32_t dst, const void* map, const int32_t* coords, int rank,
+                     const uint16_t* offsets, uint32_t bar) {
+  issue_bulk(*g_block,
+             tma_im2col_box(dst, map, coords, rank, offsets, bar, "cp.async.bulk.tensor.im2col"));
 }
 
 void tma_load_multicast(uint32_t dst, const void* map, const int32_t* coords, int rank,
@@ -1983,9 +2097,11 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   if (!symbol || !fn) return fail(cudaErrorInvalidValue);
   *fn = nullptr;
   cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
-  if (std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0) {
+  const bool tiled = std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+  if (tiled || std::strcmp(symbol, "cuTensorMapEncodeIm2col") == 0) {
     if (version >= 12000) {
-      *fn = reinterpret_cast<void*>(&cuTensorMapEncodeTiled);
+      *fn = tiled ? reinterpret_cast<void*>(&cuTensorMapEncodeTiled)
+                  : reinterpret_cast<void*>(&cuTensorMapEncodeIm2col);
       r = cudaDriverEntryPointSuccess;
     } else {
       r = cudaDriverEntryPointVersionNotSufficent;

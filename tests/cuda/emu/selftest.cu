@@ -239,6 +239,26 @@ __global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int c0, int 
   phases[2] = ::plx_emu::mbarrier_try_wait(bar, 0);  // phase 0 stays complete in phase 1
 }
 
+// Thread 0 loads one im2col box of a 4-D map (coordinates c, w, h, n and offsets ow, oh), waits
+// for it, and copies its `bytes` (from `dst_off` past the first 1024-byte boundary) to `out`.
+__global__ void tma_im2col_kernel(const __grid_constant__ CUtensorMap map, int c, int w, int h,
+                                  int n, int ow, int oh, uint32_t dst_off, uint32_t bytes,
+                                  uint16_t* out) {
+  extern __shared__ unsigned char tma_smem[];
+  if (threadIdx.x != 0) return;
+  const uint32_t raw = ::plx_emu::shared_address(tma_smem);
+  const uint32_t base = (raw + 1023) / 1024 * 1024;
+  const uint32_t bar = base, dst = base + 1024 + dst_off;
+  ::plx_emu::mbarrier_init(bar, 1);
+  ::plx_emu::mbarrier_arrive(bar, bytes);
+  const int32_t co[4] = {c, w, h, n};
+  const uint16_t off[2] = {static_cast<uint16_t>(ow), static_cast<uint16_t>(oh)};
+  ::plx_emu::tma_load_im2col(dst, &map, co, 4, off, bar);
+  while (!::plx_emu::mbarrier_try_wait(bar, 0)) {
+  }
+  std::memcpy(out, tma_smem + (dst - raw), bytes);
+}
+
 // mbarrier phases between two warps: warp 1 arrives twice (phases 0 and 1), warp 0 waits for each.
 __global__ void mbarrier_phase_kernel(int* order) {
   extern __shared__ unsigned char bar_smem[];
@@ -726,6 +746,97 @@ int main() {
     EXPECT(unlanded == static_cast<int>(bytes / 2));
     EXPECT(bad == 0);
     cudaFree(g), cudaFree(before), cudaFree(after), cudaFree(phases);
+  }
+  {
+    // TMA im2col (PTX ISA, "im2col mode"), against the convolution it serves, written out
+    // independently: a box's row p is the output pixel p places after the first (in the order
+    // n, oh, ow over OH x OW outputs, which the bounding box implies), read at its filter base
+    // (ow·s + lower, oh·s + lower) plus the offsets; pixels outside the image, images past the
+    // last and channels past C are zeros. (a) a 3x3 convolution of stride 1, padding 1 on
+    // (N 2, H 5, W 6, C 64) bf16: 40 rows of all 64 channels (128 bytes, 128B swizzle) from
+    // output pixel 53 (image 1, oh 3, ow 5: the base (4, 2)) at the tap (kw 2, kh 0), so past
+    // the 60th pixel into a third image; (b) stride 2 on (1, 7, 7, 64), rows of 16 channels from
+    // channel 56 (8 past C), no swizzle, 12 rows from output pixel 2 at the tap (1, 2).
+    struct Case {
+      int N, H, W, C, s, pad, k, cpp, ppc, c0, start, offw, offh;
+      CUtensorMapSwizzle sw;
+    };
+    const Case cases[2] = {{2, 5, 6, 64, 1, 1, 3, 64, 40, 0, 53, 2, 0, CU_TENSOR_MAP_SWIZZLE_128B},
+                           {1, 7, 7, 64, 2, 1, 3, 16, 12, 56, 2, 1, 2, CU_TENSOR_MAP_SWIZZLE_NONE}};
+    for (const Case& k : cases) {
+      const size_t elems = static_cast<size_t>(k.N) * k.H * k.W * k.C;
+      uint16_t* g = device_array<uint16_t>(elems);
+      for (size_t i = 0; i < elems; ++i) g[i] = static_cast<uint16_t>(1 + i);
+      const cuuint64_t dims[4] = {static_cast<cuuint64_t>(k.C), static_cast<cuuint64_t>(k.W),
+                                  static_cast<cuuint64_t>(k.H), static_cast<cuuint64_t>(k.N)};
+      const cuuint64_t st[3] = {2ull * k.C, 2ull * k.C * k.W, 2ull * k.C * k.W * k.H};
+      const int lo[2] = {-k.pad, -k.pad}, up[2] = {k.pad - (k.k - 1), k.pad - (k.k - 1)};
+      const cuuint32_t es[4] = {1, static_cast<cuuint32_t>(k.s), static_cast<cuuint32_t>(k.s), 1};
+      CUtensorMap map;
+      auto encode = [&](const int* lower, cuuint32_t ppc) {
+        return cuTensorMapEncodeIm2col(
+            &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, g, dims, st, lower, up,
+            static_cast<cuuint32_t>(k.cpp), ppc, es, CU_TENSOR_MAP_INTERLEAVE_NONE, k.sw,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      };
+      if (&k == cases) {
+        std::fprintf(stderr,
+                     "selftest: the next two im2col maps must be refused (a corner of "
+                     "-129 at rank 4, 1025 pixels per column):\n");
+        const int far[2] = {-129, -1};
+        EXPECT(encode(far, 40) == CUDA_ERROR_INVALID_VALUE);
+        EXPECT(encode(lo, 1025) == CUDA_ERROR_INVALID_VALUE);
+      }
+      EXPECT(encode(lo, static_cast<cuuint32_t>(k.ppc)) == CUDA_SUCCESS);
+      const int OH = (k.H + 2 * k.pad - k.k) / k.s + 1, OW = (k.W + 2 * k.pad - k.k) / k.s + 1;
+      const int q0 = k.start % (OH * OW);
+      const int w0 = (q0 % OW) * k.s - k.pad, h0 = (q0 / OW) * k.s - k.pad;
+      const uint32_t bytes = static_cast<uint32_t>(k.cpp * k.ppc * 2);
+      uint16_t* out = device_array<uint16_t>(bytes / 2);
+      tma_im2col_kernel<<<1, 32, 1024 + 1024 + 128 + bytes>>>(
+          map, k.c0, w0, h0, k.start / (OH * OW), k.offw, k.offh, 128, bytes, out);
+      EXPECT(cudaGetLastError() == cudaSuccess);
+      const uint32_t dst = 1024 * 1000 + 128;  // the same place in the swizzle pattern
+      int bad = 0, nonzero = 0, zero = 0;
+      for (int p = 0; p < k.ppc; ++p) {
+        const int q = k.start + p, n = q / (OH * OW), oh = q % (OH * OW) / OW, ow = q % OW;
+        const int ih = oh * k.s - k.pad + k.offh, iw = ow * k.s - k.pad + k.offw;
+        for (int j = 0; j < k.cpp; ++j) {
+          const int c = k.c0 + j;
+          const bool in = n < k.N && ih >= 0 && ih < k.H && iw >= 0 && iw < k.W && c < k.C;
+          const uint16_t want =
+              in ? static_cast<uint16_t>(1 +
+                                         ((static_cast<size_t>(n) * k.H + ih) * k.W + iw) * k.C + c)
+                 : 0;
+          const uint32_t at = k.sw == CU_TENSOR_MAP_SWIZZLE_128B
+                                  ? (swizzled(dst + 128 * p, 2 * j) - dst) / 2
+                                  : static_cast<uint32_t>(p * k.cpp + j);
+          bad += out[at] != want;
+          (want ? nonzero : zero) += 1;
+        }
+      }
+      EXPECT(bad == 0);
+      EXPECT(nonzero > 0);
+      EXPECT(zero > 0);
+      cudaFree(out);
+      if (&k == cases) {
+        // A tiled copy of an im2col map, and an im2col copy whose filter base lies outside the
+        // bounding box (w 5 past its last position 4), trap.
+        std::fprintf(stderr,
+                     "selftest: the next two launches must fail (an im2col map in a "
+                     "tiled copy, a filter base outside the bounding box):\n");
+        uint16_t* before = device_array<uint16_t>(64);
+        int* phases = device_array<int>(3);
+        tma_kernel<<<1, 32, 8192>>>(map, 0, 0, 0, 0, 128, before, before, phases);
+        EXPECT_FAULT(cudaErrorLaunchFailure);
+        uint16_t* o2 = device_array<uint16_t>(bytes / 2);
+        tma_im2col_kernel<<<1, 32, 1024 + 1024 + 128 + bytes>>>(map, 0, 5, 0, 0, 0, 0, 128, bytes,
+                                                                o2);
+        EXPECT_FAULT(cudaErrorLaunchFailure);
+        cudaFree(before), cudaFree(phases), cudaFree(o2);
+      }
+      cudaFree(g);
+    }
   }
   {
     // mbarrier phases: warp 0 waits for each of warp 1's two rounds of arrivals.

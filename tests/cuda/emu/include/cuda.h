@@ -78,3 +78,15 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataType tens
                                 CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                 CUtensorMapL2promotion l2Promotion,
                                 CUtensorMapFloatOOBfill oobFill);
+
+// The emulator's im2col encoder: the same checks for what it shares with the tiled one, and those
+// cuTensorMapEncodeIm2col documents (rank 3 to 5, the bounding box's corners per rank, at most
+// 256 channels per pixel and 1024 pixels per column).
+CUresult cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                 cuuint32_t tensorRank, void* globalAddress,
+                                 const cuuint64_t* globalDim, const cuuint64_t* globalStrides,
+                                 const int* pixelBoxLowerCorner, const int* pixelBoxUpperCorner,
+                                 cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn,
+                                 const cuuint32_t* elementStrides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
+                                 CUtensorMapFloatOOBfill oobFill);

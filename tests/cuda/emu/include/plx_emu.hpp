@@ -89,6 +89,10 @@ void mbarrier_init(uint32_t bar, uint32_t count);
 void mbarrier_arrive(uint32_t bar, uint32_t expect_tx_bytes);
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
 void tma_load(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar);
+// The im2col form (cuTensorMapEncodeIm2col's maps): coords (c, w[, h[, d]], n) and one offset per
+// spatial dimension (w[, h[, d]]).
+void tma_load_im2col(uint32_t dst, const void* map, const int32_t* coords, int rank,
+                     const uint16_t* offsets, uint32_t bar);
 void tensormap_prefetch(const void* map);
 // Thread-block clusters (a cluster's blocks run together, README): %cluster_ctarank and
 // %cluster_nctarank; mapa (a shared address of the calling block to the shared::cluster address

@@ -39,6 +39,12 @@ inline void tma_load_3d(uint32_t dst, const CUtensorMap* map, int32_t c0, int32_
   const int32_t c[3] = {c0, c1, c2};
   ::plx_emu::tma_load(dst, map, c, 3, bar);
 }
+inline void tma_load_im2col_4d(uint32_t dst, const CUtensorMap* map, int32_t c, int32_t w,
+                               int32_t h, int32_t n, uint16_t off_w, uint16_t off_h, uint32_t bar) {
+  const int32_t co[4] = {c, w, h, n};
+  const uint16_t off[2] = {off_w, off_h};
+  ::plx_emu::tma_load_im2col(dst, map, co, 4, off, bar);
+}
 inline void prefetch_tensormap(const CUtensorMap* map) {
   ::plx_emu::tensormap_prefetch(map);
 }
