@@ -184,6 +184,7 @@ using WgTile64x128 = WgTile<64, 128, 4>;  // 96 KiB
 using WgI2cTile128x128 = WgTile<128, 128, 4, true>;
 using WgI2cTile128x64 = WgTile<128, 64, 4, true>;
 using WgI2cTile128x32 = WgTile<128, 32, 4, true>;
+using WgI2cTile64x128 = WgTile<64, 128, 4, true>;  // the weight gradient's
 
 // ---- the GEMM problem ----
 //
@@ -1413,6 +1414,9 @@ struct WgradArgs {
   int64_t ds_n, ds_c, ds_h, ds_w, xs_n, xs_h, xs_w;
   int KH;
   uint32_t rep;
+  // The im2col weight gradient's pixel p = (n, oh, ow): n and the rest by OH·OW, then oh and ow
+  // by OW (device.cuh's FastDiv: a multiply-high where `/` is about twenty instructions).
+  FastDiv fOHW, fOW;
 };
 
 template <class TL>
@@ -1803,6 +1807,89 @@ __global__ void __launch_bounds__(TL::THREADS)
   wgmma_k_loop<T, TL, true>(nk, load_tile, d, da0, db0, full0);
 
   // Warp w of the block is wgrad_finish's warp tile (w, 0): rows 16 w.., all BN columns.
+  wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
+#endif
+}
+
+// The Hopper weight gradient with B (x through the receptive fields) on the TMA's im2col mode as
+// well: per stage, B's column block jb (64 columns j = tap·C + c of one tap, as C % 64 == 0) is
+// one im2col copy of the stage's 64 pixels (k rows) at that tap's offsets (kw, kh) and channels
+// c.. c + 63: the copy lands as 64 rows (pixels) of 128 bytes (channels) in the 128-byte swizzle,
+// which is the MN-major box the gather wrote. tmx is x's map with the convolution's bounding box
+// and 64 pixels per column (im2col_conv), so a copy walks the pixels p0.. in the order n, oh, ow
+// from the base of p0, crossing rows and images as the GEMM's K does, and zero-fills taps in the
+// padding and pixels past P (the last slice's last tile). Column blocks past J copy channel C..
+// (all zeros). No pixel tables and no cp.async: thread 0 issues BM / 64 + BN / 64 copies a tile
+// and computes the tile's base (p0 divided by OH·OW and OW, by multiply-high).
+template <class T, class TL>
+__global__ void __launch_bounds__(TL::THREADS)
+    igemm_wgmma_wgrad_im2col_kernel(const __grid_constant__ CUtensorMap tmy,
+                                    const __grid_constant__ CUtensorMap tmx, const WgradArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  constexpr int S = TL::STAGES, BK = TL::BK;
+  constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
+  constexpr int NB = TL::BN / 64;      // B's column blocks (one im2col copy each)
+  static_assert(BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64 elements");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t sa = base, sb = base + S * TL::kABytes;
+  const uint32_t full0 = base + TL::kRing;  // a stage's mbarrier (all its copies)
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int KT = (a.P + BK - 1) / BK;
+  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
+  const int nk = min(KT, kt0 + a.kt_per) - kt0;  // the host makes every slice non-empty
+
+  // Thread 0's column blocks: channel c0 of tap (kw, kh), or channel C (zeros) past J.
+  int bc[NB], bkw[NB], bkh[NB];
+  if (tid == 0) {
+    tma_stages_init<S>(full0, &tmy);
+    prefetch_tensormap(&tmx);
+#pragma unroll
+    for (int jb = 0; jb < NB; ++jb) {
+      const int j = n0 + 64 * jb;
+      const int tap = j / a.C;
+      bc[jb] = j < a.J ? j - tap * a.C : a.C;
+      bkh[jb] = j < a.J ? tap / a.KW : 0;
+      bkw[jb] = j < a.J ? tap - bkh[jb] * a.KW : 0;
+    }
+  }
+  pdl_begin();
+
+  auto load_tile = [&](int st, int it) {
+    if (tid != 0) return;
+    const uint32_t bar = full0 + 8 * st, dst = sa + st * TL::kABytes;
+    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
+    const int p0 = (kt0 + it) * BK;
+#pragma unroll
+    for (int j = 0; j < TL::BM / 64; ++j)
+      tma_load_3d(dst + j * kBox, &tmy, m0 + 64 * j, p0, 0, bar);
+    // The base of pixel p0 = (n, oh, ow): (ow·sw - pw, oh·sh - ph) in image n.
+    int n, r, oh, ow;
+    a.fOHW.divmod(p0, n, r);
+    a.fOW.divmod(r, oh, ow);
+    const int bw = ow * a.sw - a.pw, bh = oh * a.sh - a.ph;
+#pragma unroll
+    for (int jb = 0; jb < NB; ++jb)
+      tma_load_im2col_4d(sb + st * TL::kBBytes + jb * kBox, &tmx, bc[jb], bw, bh, n,
+                         static_cast<uint16_t>(bkw[jb]), static_cast<uint16_t>(bkh[jb]), bar);
+  };
+
+  float acc[1][TL::NI][4];
+  zero_acc<TL>(acc);
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
+  wgmma_k_loop<T, TL, true, decltype(load_tile)&, false>(nk, load_tile, d, da0, db0, full0);
+
   wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
 #endif
 }
@@ -2449,6 +2536,8 @@ class IgemmWgradKernel final : public Kernel {
   static constexpr bool kTf32 = std::is_same_v<T, float>;
   static constexpr int smem_bytes() {
     if constexpr (kTf32) return Tf32Tile<TL>::W_SMEM + TL::BN * 8 + TL::BM * 4;  // + the tables
+    else if constexpr (TL::kIm2col)
+      return TL::SMEM;  // no pixel tables
     else if constexpr (TL::kWgmma)
       return wgmma_wgrad_smem<TL>();
     else return S::BYTES;
@@ -2538,6 +2627,21 @@ class IgemmWgradKernel final : public Kernel {
                          "matrix",
                          op, static_cast<long long>(P), static_cast<long long>(g.O));
     }
+    if constexpr (TL::kIm2col) {
+      // x through the TMA's im2col mode: 64 pixels a copy, in boxes of 64 channels of one tap.
+      PLX_DECLINE_UNLESS(g.C % 64 == 0,
+                         "%s: the im2col tiles read x in boxes of 64 channels of one tap, so C "
+                         "must be a multiple of 64, not %lld",
+                         op, static_cast<long long>(g.C));
+      i2c_ = im2col_conv(g.N, g.H, g.W, g.C, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, 64);
+      PLX_DECLINE_UNLESS(tma_im2col_accepts<T>(i2c_),
+                         "%s: the TMA (cuTensorMapEncodeIm2col) refuses x: strides up to 8, and "
+                         "the bounding box's corners within [-128, 127] (strides [%lld, %lld], "
+                         "padding [%lld, %lld], filter %lld x %lld)",
+                         op, static_cast<long long>(g.sh), static_cast<long long>(g.sw),
+                         static_cast<long long>(g.ph), static_cast<long long>(g.pw),
+                         static_cast<long long>(g.KH), static_cast<long long>(g.KW));
+    }
     PLX_DECLINE_UNLESS(static_cast<size_t>(kSmem) <= ctx.prop.sharedMemPerBlockOptin,
                        "%s: %d bytes of shared memory per block are more than the device allows",
                        op, kSmem);
@@ -2546,7 +2650,9 @@ class IgemmWgradKernel final : public Kernel {
     if constexpr (kTf32) {
       allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL>, kSmem);
       if (vec_) allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL, true>, kSmem);
-    } else if constexpr (TL::kWgmma)
+    } else if constexpr (TL::kIm2col)
+      allow_dynamic_smem(igemm_wgmma_wgrad_im2col_kernel<T, TL>, kSmem);
+    else if constexpr (TL::kWgmma)
       allow_dynamic_smem(igemm_wgmma_wgrad_kernel<T, TL>, kSmem);
     else
       allow_dynamic_smem(igemm_wgrad_kernel<T, TL>, kSmem);
@@ -2571,6 +2677,7 @@ class IgemmWgradKernel final : public Kernel {
     a_.P = static_cast<int>(P);
     a_.OHW = static_cast<int>(g.OH * g.OW);
     a_.OH = static_cast<int>(g.OH);
+    a_.fOHW = FastDiv(g.OH * g.OW), a_.fOW = FastDiv(g.OW);
     a_.kt_per = static_cast<int>(kt_per);
     a_.KHW = g.KH * g.KW;
     a_.w_nhwc = nhwc[1];
@@ -2655,6 +2762,15 @@ class IgemmWgradKernel final : public Kernel {
         launch_kernel(igemm_wgrad_tf32_kernel<TL, true>, grid_, TL::THREADS, kSmem, s, a);
       else
         launch_kernel(igemm_wgrad_tf32_kernel<TL>, grid_, TL::THREADS, kSmem, s, a);
+    } else if constexpr (TL::kIm2col) {
+      CUtensorMap tmy, tmx;
+      if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy) ||
+          !tma_encode_im2col<T>(tmx, i2c_, a.x))
+        throw sdk::Error(PLX_ERR_INTERNAL,
+                         "igemm convolution: the TMA refused the tensor maps it accepted at "
+                         "creation");
+      launch_kernel(igemm_wgmma_wgrad_im2col_kernel<T, TL>, grid_, TL::THREADS, kSmem, s, tmy, tmx,
+                    a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmy;
       if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy))
@@ -2680,6 +2796,7 @@ class IgemmWgradKernel final : public Kernel {
   uint64_t y_bytes_ = 0, x_bytes_ = 0, part_bytes_ = 0;
   bool vec_ = false;  // TF32: dy's and x's 16-byte copies (igemm_wgrad_tf32_kernel's kVec)
   KTable tab_;  // TF32
+  TmaIm2col i2c_{};  // the im2col tiles' map of x, but for its address
 };
 
 template <class T, class TL>
@@ -2723,6 +2840,7 @@ void for_each_tile(F&& f) {
 template <class F>
 void for_each_wgrad_tile(F&& f) {
   f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile64x128{});
+  f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile64x128{});
 }
 
 template <class T, bool kHopper = false>
