@@ -866,8 +866,8 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
 // gathered operand's cp.async, and (thread 0) the other operand's TMA boxes with the stage's
 // arrive.expect_tx. No wgmma or copy is in flight at the end. kCpAsync false: load issues TMA
 // copies only (the im2col tiles), which write through the async proxy as wgmma reads: no
-// cp.async groups to commit and wait for, and no proxy fence (a MEMBAR and a FENCE.VIEW.ASYNC a
-// tile) before the barrier.
+// cp.async groups to commit and wait for, no proxy fence (a MEMBAR and a FENCE.VIEW.ASYNC a
+// tile) before the barrier, and the refill issued after the tile's wgmmas.
 template <class T, class TL, bool kMN, class Load, bool kCpAsync = true>
 __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
                                              uint64_t da0, uint64_t db0, uint32_t full0) {
@@ -885,8 +885,10 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
     }
     __syncthreads();
     const int next = it + S - 2;
-    if (next < nk) load(next % S, next);
-    if constexpr (kCpAsync) cp_async_commit();
+    if constexpr (kCpAsync) {
+      if (next < nk) load(next % S, next);
+      cp_async_commit();
+    }
     const int st = it % S;
     mbar_wait(full0 + 8 * st, (static_cast<unsigned>(it) / S) & 1u);
     fence_acc(d);
@@ -901,6 +903,11 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
       wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSlice * kk),
                                         desc_advance(db, kSlice * kk));
     wgmma_commit();
+    // TMA copies only: thread 0 refills the stage of tile it - 2 (retired by every warp before
+    // the barrier above) once this tile's wgmmas are issued, so that its warp's wgmmas do not
+    // wait behind the copies' issue.
+    if constexpr (!kCpAsync)
+      if (next < nk) load(next % S, next);
     fence_acc(d);
     wgmma_wait<1>();
     fence_acc(d);

@@ -17,19 +17,23 @@
 
 namespace plexus::cuda {
 
-// cuTensorMapEncodeTiled, fetched once; null if the driver lacks it (TMA needs CUDA 12).
+// A driver function of CUDA 12.0's API, of type Fn, from the driver the runtime loaded; null if
+// it lacks it (TMA needs CUDA 12).
+template <class Fn>
+Fn driver_entry(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    f = nullptr;
+  }
+  return reinterpret_cast<Fn>(f);
+}
+
+// cuTensorMapEncodeTiled, fetched once.
 inline PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static const auto fn = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   return fn;
 }
 
@@ -94,19 +98,10 @@ bool tma_accepts(const TmaOperand& o) {
   return tma_encode<T>(m, o, reinterpret_cast<const void*>(uintptr_t{1} << 20));
 }
 
-// cuTensorMapEncodeIm2col, fetched once; null if the driver lacks it.
+// cuTensorMapEncodeIm2col, fetched once.
 inline PFN_cuTensorMapEncodeIm2col_v12000 tma_im2col_fn() {
-  static const PFN_cuTensorMapEncodeIm2col_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeIm2col", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeIm2col_v12000>(f);
-  }();
+  static const auto fn =
+      driver_entry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   return fn;
 }
 

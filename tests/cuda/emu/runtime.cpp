@@ -1309,31 +1309,48 @@ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
 
 namespace {
 
-// The box of a TMA load as it will land at shared address dst (swizzled on that address), after
-// the checks of the copy; `what` names the instruction.
-Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar,
-                    const char* what) {
-  Block& b = *g_block;
+// The tensor map of a TMA copy `what` of rank `rank`, checked: written by the encoder of the copy's
+// mode (im2col or tiled), of the copy's rank, and of what the emulator models (no interleave, the
+// zero fill, no swizzle or the 128-byte one). Sets swz to whether it is 128B-swizzled.
+const TensorMap& copy_map(const void* map, int rank, bool im2col, const char* what, bool& swz) {
   const TensorMap& t = tensor_map(map, what);
   check_device_access(what, reinterpret_cast<const void*>(t.address));
   char buf[240];
-  if (t.im2col) {
-    std::snprintf(buf, sizeof buf,
-                  "%s: a tensor map of cuTensorMapEncodeIm2col in a tiled copy (im2col maps "
-                  "take the .im2col form)",
-                  what);
+  if (static_cast<bool>(t.im2col) != im2col) {
+    std::snprintf(buf, sizeof buf, "%s: a tensor map of %s in %s copy", what,
+                  t.im2col ? "cuTensorMapEncodeIm2col" : "cuTensorMapEncodeTiled",
+                  im2col ? "an im2col" : "a tiled");
     trap(buf);
   }
   if (rank != t.rank) {
     std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
     trap(buf);
   }
-  if (t.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
-    trap("cp.async.bulk.tensor: interleaved layouts are not modelled");
-  if (t.oob_nan) trap("cp.async.bulk.tensor: the NaN out-of-bounds fill is not modelled");
-  const bool swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
-  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz)
-    trap("cp.async.bulk.tensor: swizzles other than none and 128B are not modelled");
+  const char* form = im2col ? "cp.async.bulk.tensor.im2col" : "cp.async.bulk.tensor";
+  if (t.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) {
+    std::snprintf(buf, sizeof buf, "%s: interleaved layouts are not modelled", form);
+    trap(buf);
+  }
+  if (t.oob_nan) {
+    std::snprintf(buf, sizeof buf, "%s: the NaN out-of-bounds fill is not modelled", form);
+    trap(buf);
+  }
+  swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
+  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz) {
+    std::snprintf(buf, sizeof buf, "%s: swizzles other than none and 128B are not modelled", form);
+    trap(buf);
+  }
+  return t;
+}
+
+// The box of a TMA load as it will land at shared address dst (swizzled on that address), after
+// the checks of the copy; `what` names the instruction.
+Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar,
+                    const char* what) {
+  Block& b = *g_block;
+  bool swz = false;
+  const TensorMap& t = copy_map(map, rank, false, what, swz);
+  char buf[240];
   // Elements per dimension: the box, every elem_strides-th along dimensions 1.. (dimension 0 has
   // no traversal stride without interleave).
   int64_t n[5] = {1, 1, 1, 1, 1};
@@ -1391,24 +1408,9 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
 Block::Bulk tma_im2col_box(uint32_t dst, const void* map, const int32_t* coords, int rank,
                            const uint16_t* offsets, uint32_t bar, const char* what) {
   Block& b = *g_block;
-  const TensorMap& t = tensor_map(map, what);
-  check_device_access(what, reinterpret_cast<const void*>(t.address));
+  bool swz = false;
+  const TensorMap& t = copy_map(map, rank, true, what, swz);
   char buf[300];
-  if (!t.im2col) {
-    std::snprintf(buf, sizeof buf, "%s: a tensor map of cuTensorMapEncodeTiled in an im2col copy",
-                  what);
-    trap(buf);
-  }
-  if (rank != t.rank) {
-    std::snprintf(buf, sizeof buf, "%s.%dd on a tensor map of rank %d", what, rank, t.rank);
-    trap(buf);
-  }
-  if (t.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
-    trap("cp.async.bulk.tensor.im2col: interleaved layouts are not modelled");
-  if (t.oob_nan) trap("cp.async.bulk.tensor.im2col: the NaN out-of-bounds fill is not modelled");
-  const bool swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
-  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz)
-    trap("cp.async.bulk.tensor.im2col: swizzles other than none and 128B are not modelled");
   if (t.elem_strides[rank - 1] != 1)
     trap("cp.async.bulk.tensor.im2col: a traversal stride along the images is not modelled");
   const int spatial = rank - 2;
