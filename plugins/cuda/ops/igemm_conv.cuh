@@ -1721,6 +1721,17 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_wgrad_kernel(const WgradArg
 
 // ---- Hopper: the weight gradient on wgmma (sm_90a) ----
 
+// The Hopper weight gradients' K tiles (64 pixels each): slice blockIdx.z starts at tile kt0 and
+// takes nk of them (the host makes every slice non-empty).
+template <class T>
+__device__ __forceinline__ int wgrad_kt0(const WgradArgs<T>& a) {
+  return static_cast<int>(blockIdx.z) * a.kt_per;
+}
+template <class T>
+__device__ __forceinline__ int wgrad_tiles(const WgradArgs<T>& a, int kt0) {
+  return min((a.P + 63) / 64, kt0 + a.kt_per) - kt0;
+}
+
 // Its shared memory: the ring (realigned to 1024 bytes), the pixel tables, then A's mbarriers.
 template <class TL>
 constexpr int wgmma_wgrad_tables() {
@@ -1771,9 +1782,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
   const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
-  const int KT = (a.P + BK - 1) / BK;
-  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
-  const int nk = min(KT, kt0 + a.kt_per) - kt0;  // the host makes every slice non-empty
+  const int kt0 = wgrad_kt0(a), nk = wgrad_tiles(a, kt0);
 
   // Thread tid copies B's chunk column ccol (of box ccol / 8) of k rows crow + i·step.
   const int b_ccol = tid % CB, b_crow = tid / CB;
@@ -1851,12 +1860,10 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
   const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
-  const int KT = (a.P + BK - 1) / BK;
-  const int kt0 = static_cast<int>(blockIdx.z) * a.kt_per;
-  const int nk = min(KT, kt0 + a.kt_per) - kt0;  // the host makes every slice non-empty
+  const int kt0 = wgrad_kt0(a), nk = wgrad_tiles(a, kt0);
 
   // Thread 0's column blocks: channel c0 of tap (kw, kh), or channel C (zeros) past J.
-  int bc[NB], bkw[NB], bkh[NB];
+  int bc[NB] = {}, bkw[NB] = {}, bkh[NB] = {};  // set by thread 0, which alone reads them
   if (tid == 0) {
     tma_stages_init<S>(full0, &tmy);
     prefetch_tensormap(&tmx);

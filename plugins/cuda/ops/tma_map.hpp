@@ -37,6 +37,20 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn() {
   return fn;
 }
 
+// The tensor-map element type of our 16-bit operands.
+template <class T>
+constexpr CUtensorMapDataType tma_dtype() {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "TMA operands: 16 bits");
+  return std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// The aligned stand-in address the *_accepts checks encode a map with at creation, before a call
+// gives the operand's own.
+inline const void* tma_stand_in() {
+  return reinterpret_cast<const void*>(uintptr_t{1} << 20);
+}
+
 // One 16-bit operand as its tensor map sees it: `outer` rows of `inner` contiguous elements, row
 // stride `ld` elements, `batch` entries `bstride` elements apart (batch 1: the driver still
 // checks bstride, so it is the whole matrix). Boxes of box_inner x box_outer elements, read with
@@ -76,9 +90,7 @@ inline TmaOperand tma_filter_by_tap(int64_t C, int64_t taps, int64_t O, uint32_t
 // not multiples of 16 bytes, a misaligned address, dimensions past 2^32).
 template <class T>
 bool tma_encode(CUtensorMap& m, const TmaOperand& o, const void* ptr) {
-  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "TMA operands: 16 bits");
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr CUtensorMapDataType kType = tma_dtype<T>();
   const cuuint64_t dims[3] = {o.inner, o.outer, o.batch};
   const cuuint64_t strides[2] = {o.ld * sizeof(T), o.bstride * sizeof(T)};  // bytes, dims 1, 2
   const cuuint32_t box[3] = {o.box_inner, o.box_outer, o.box_batch};
@@ -95,7 +107,7 @@ template <class T>
 bool tma_accepts(const TmaOperand& o) {
   if (tma_encode_fn() == nullptr) return false;
   CUtensorMap m;
-  return tma_encode<T>(m, o, reinterpret_cast<const void*>(uintptr_t{1} << 20));
+  return tma_encode<T>(m, o, tma_stand_in());
 }
 
 // cuTensorMapEncodeIm2col, fetched once.
@@ -147,9 +159,7 @@ inline TmaIm2col im2col_pool_corners(int64_t N, int64_t H, int64_t W, int64_t C,
 
 template <class T>
 bool tma_encode_im2col(CUtensorMap& m, const TmaIm2col& o, const void* ptr) {
-  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "TMA operands: 16 bits");
-  constexpr CUtensorMapDataType kType =
-      std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr CUtensorMapDataType kType = tma_dtype<T>();
   // The driver's limits for rank 4: corners in [-128, 127], traversal strides 1 to 8.
   const auto fits8 = [](int64_t v) { return v >= -128 && v <= 127; };
   if (!fits8(o.lo_w) || !fits8(o.lo_h) || !fits8(o.up_w) || !fits8(o.up_h) || o.tw < 1 ||
@@ -174,7 +184,7 @@ template <class T>
 bool tma_im2col_accepts(const TmaIm2col& o) {
   if (tma_im2col_fn() == nullptr) return false;
   CUtensorMap m;
-  return tma_encode_im2col<T>(m, o, reinterpret_cast<const void*>(uintptr_t{1} << 20));
+  return tma_encode_im2col<T>(m, o, tma_stand_in());
 }
 
 }  // namespace plexus::cuda

@@ -1343,6 +1343,32 @@ const TensorMap& copy_map(const void* map, int rank, bool im2col, const char* wh
   return t;
 }
 
+// A TMA copy's landing image of `bytes` in rows of `row` bytes for block b at shared address dst,
+// counted on mbarrier bar, after the checks its destination takes: a 128B-swizzled box in rows of
+// exactly 128 bytes (the only ones modelled), dst 128-byte aligned (CUDA programming guide, TMA).
+Block::Bulk new_box(Block& b, uint32_t dst, uint32_t bar, size_t row, size_t bytes, bool swz,
+                    const char* what) {
+  if (swz && row != 128) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "%s: a 128B-swizzled box with %zu-byte rows is not modelled (only rows of "
+                  "exactly 128 bytes)",
+                  what, row);
+    trap(buf);
+  }
+  (void)shared_at(dst, bytes, 128, what);
+  (void)mbar(b, bar, what);
+  return Block::Bulk{dst, bar, std::vector<unsigned char>(bytes)};
+}
+
+// Where byte `off` of a box landing at shared address dst goes: the 128-byte swizzle exchanges
+// the 16-byte chunks of each 128-byte row by the row's place in its 1024-byte atom.
+uint32_t box_offset(uint32_t dst, uint32_t off, bool swz) {
+  if (!swz) return off;
+  const uint32_t a = dst + off;
+  return (a ^ (((a >> 7) & 7) << 4)) - dst;
+}
+
 // The box of a TMA load as it will land at shared address dst (swizzled on that address), after
 // the checks of the copy; `what` names the instruction.
 Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar,
@@ -1350,7 +1376,6 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
   Block& b = *g_block;
   bool swz = false;
   const TensorMap& t = copy_map(map, rank, false, what, swz);
-  char buf[240];
   // Elements per dimension: the box, every elem_strides-th along dimensions 1.. (dimension 0 has
   // no traversal stride without interleave).
   int64_t n[5] = {1, 1, 1, 1, 1};
@@ -1359,19 +1384,8 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
     n[i] = i == 0 ? t.box[0] : (t.box[i] + t.elem_strides[i] - 1) / t.elem_strides[i];
     elems *= n[i];
   }
-  const size_t row = static_cast<size_t>(n[0]) * t.elem_bytes;
-  const size_t bytes = static_cast<size_t>(elems) * t.elem_bytes;
-  if (swz && row != 128) {
-    std::snprintf(buf, sizeof buf,
-                  "%s: a 128B-swizzled box with %zu-byte rows is not modelled "
-                  "(only rows of exactly 128 bytes)",
-                  what, row);
-    trap(buf);
-  }
-  // The destination must be 128-byte aligned (CUDA programming guide, TMA).
-  (void)shared_at(dst, bytes, 128, what);
-  (void)mbar(b, bar, what);
-  Block::Bulk c{dst, bar, std::vector<unsigned char>(bytes)};
+  Block::Bulk c = new_box(b, dst, bar, static_cast<size_t>(n[0]) * t.elem_bytes,
+                          static_cast<size_t>(elems) * t.elem_bytes, swz, what);
   int64_t j[5] = {0, 0, 0, 0, 0};
   for (int64_t e = 0; e < elems; ++e) {
     int64_t rest = e;
@@ -1386,11 +1400,8 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
       else
         src += static_cast<uint64_t>(g) * t.strides[i];
     }
-    uint32_t off = static_cast<uint32_t>(e) * t.elem_bytes;  // box order, dimension 0 fastest
-    if (swz) {
-      const uint32_t a = dst + off;
-      off = (a ^ (((a >> 7) & 7) << 4)) - dst;
-    }
+    // box order, dimension 0 fastest
+    const uint32_t off = box_offset(dst, static_cast<uint32_t>(e) * t.elem_bytes, swz);
     if (in) std::memcpy(c.image.data() + off, reinterpret_cast<const void*>(src), t.elem_bytes);
     // else: zeros (the zero out-of-bounds fill)
   }
@@ -1438,17 +1449,7 @@ Block::Bulk tma_im2col_box(uint32_t dst, const void* map, const int32_t* coords,
   int64_t img = coords[rank - 1];
   const int64_t cpp = t.box[0], ppc = t.box[1];
   const size_t row = static_cast<size_t>(cpp) * t.elem_bytes;
-  const size_t bytes = row * static_cast<size_t>(ppc);
-  if (swz && row != 128) {
-    std::snprintf(buf, sizeof buf,
-                  "%s: a 128B-swizzled im2col box with %zu-byte rows is not modelled (only "
-                  "rows of exactly 128 bytes)",
-                  what, row);
-    trap(buf);
-  }
-  (void)shared_at(dst, bytes, 128, what);
-  (void)mbar(b, bar, what);
-  Block::Bulk c{dst, bar, std::vector<unsigned char>(bytes)};
+  Block::Bulk c = new_box(b, dst, bar, row, row * static_cast<size_t>(ppc), swz, what);
   for (int64_t p = 0; p < ppc; ++p) {
     bool in = img >= 0 && img < static_cast<int64_t>(t.dims[rank - 1]);
     uint64_t src = t.address + static_cast<uint64_t>(img) * t.strides[rank - 1];
@@ -1462,11 +1463,8 @@ Block::Bulk tma_im2col_box(uint32_t dst, const void* map, const int32_t* coords,
     for (int64_t j = 0; j < cpp && in; ++j) {
       const int64_t ch = int64_t{coords[0]} + j;
       if (ch < 0 || ch >= static_cast<int64_t>(t.dims[0])) continue;  // zeros
-      uint32_t off = static_cast<uint32_t>((p * cpp + j) * t.elem_bytes);
-      if (swz) {
-        const uint32_t a = dst + off;
-        off = (a ^ (((a >> 7) & 7) << 4)) - dst;
-      }
+      const uint32_t off =
+          box_offset(dst, static_cast<uint32_t>((p * cpp + j) * t.elem_bytes), swz);
       std::memcpy(c.image.data() + off,
                   reinterpret_cast<const void*>(src + static_cast<uint64_t>(ch) * t.elem_bytes),
                   t.elem_bytes);
