@@ -119,7 +119,7 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
   // first layer (one input channel, 9 taps) for the direct kernel, and a layer of 144 taps for
   // its image-by-image form (ops/direct_small.cu).
   // The Hopper convolution tiles where the plugin has them and the device runs them (9.0): the
-  // gathered tile and its im2col twin (A through the TMA's im2col mode).
+  // gathered tile, its im2col twin (A through the TMA's im2col mode) and that one persistent.
   std::vector<std::string> conv_tiles = {"igemm_mma_128x128x32", "igemm_mma_128x64x32",
                                          "igemm_mma_64x64x32",   "igemm_mma_128x32x32",
                                          "igemm_mma_64x128x32",  "igemm_mma_256x32x32"};
@@ -128,7 +128,8 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
   for (const plx_kernel* k : probe.kernels(runtime().ops().get("conv2d").id, PLX_BF16))
     hopper = hopper || (k->impl && std::string(k->impl) == "igemm_wgmma_im2col_128x64x64");
   if (hopper && (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90))
-    conv_tiles.insert(conv_tiles.end(), {"igemm_wgmma_128x64x64", "igemm_wgmma_im2col_128x64x64"});
+    conv_tiles.insert(conv_tiles.end(), {"igemm_wgmma_128x64x64", "igemm_wgmma_im2col_128x64x64",
+                                         "igemm_wgmma_im2col_128x64x64_persistent"});
   const Layer layers[] = {{"linear",
                            {"mma_sync_128x128x32", "mma_sync_64x64x32", "mma_sync_32x32x64"},
                            {70, 64},

@@ -75,10 +75,21 @@ const std::vector<std::string> kWgmmaTiles = {"igemm_wgmma_128x128x64", "igemm_w
 const std::vector<std::string> kWgmmaIm2colTiles = {"igemm_wgmma_im2col_128x128x64",
                                                     "igemm_wgmma_im2col_128x64x64",
                                                     "igemm_wgmma_im2col_128x32x64"};
-const std::vector<std::string> kWgmmaWgradTiles = {
-    "igemm_wgmma_128x128x64",       "igemm_wgmma_128x64x64",
-    "igemm_wgmma_64x128x64",        "igemm_wgmma_im2col_128x128x64",
-    "igemm_wgmma_im2col_128x64x64", "igemm_wgmma_im2col_64x128x64"};
+// The im2col tiles again, persistent and warp-specialized (a producer warp; the blocks walk the
+// output tiles), registered last.
+const std::vector<std::string> kWgmmaPersistentTiles = {"igemm_wgmma_im2col_128x128x64_persistent",
+                                                        "igemm_wgmma_im2col_128x64x64_persistent",
+                                                        "igemm_wgmma_im2col_128x32x64_persistent"};
+// The weight gradient's: gathering, im2col, and im2col with a producer warp (_ws).
+const std::vector<std::string> kWgmmaWgradTiles = {"igemm_wgmma_128x128x64",
+                                                   "igemm_wgmma_128x64x64",
+                                                   "igemm_wgmma_64x128x64",
+                                                   "igemm_wgmma_im2col_128x128x64",
+                                                   "igemm_wgmma_im2col_128x64x64",
+                                                   "igemm_wgmma_im2col_64x128x64",
+                                                   "igemm_wgmma_im2col_128x128x64_ws",
+                                                   "igemm_wgmma_im2col_128x64x64_ws",
+                                                   "igemm_wgmma_im2col_64x128x64_ws"};
 
 bool is_wgmma_tile(const std::string& impl) {
   return impl.rfind("igemm_wgmma_", 0) == 0;
@@ -319,8 +330,10 @@ TEST_CASE("the cuda plugin registers its igemm convolutions after cudnn", "[cpu]
           std::string(op) == "conv2d_backward_weight" ? kWgmmaWgradTiles : kWgmmaTiles;
       if (hopper && d != PLX_F32) {
         want.insert(want.end(), hopper_tiles.begin(), hopper_tiles.end());
-        if (std::string(op) != "conv2d_backward_weight")
+        if (std::string(op) != "conv2d_backward_weight") {
           want.insert(want.end(), kWgmmaIm2colTiles.begin(), kWgmmaIm2colTiles.end());
+          want.insert(want.end(), kWgmmaPersistentTiles.begin(), kWgmmaPersistentTiles.end());
+        }
       }
       CHECK(igemm == want);
       for (const plx_kernel* k : candidates(*b, s, d)) {
@@ -514,6 +527,7 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
       (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90)) {
     tiles.insert(tiles.end(), kWgmmaTiles.begin(), kWgmmaTiles.end());
     tiles.insert(tiles.end(), kWgmmaIm2colTiles.begin(), kWgmmaIm2colTiles.end());
+    tiles.insert(tiles.end(), kWgmmaPersistentTiles.begin(), kWgmmaPersistentTiles.end());
   }
   TempDir dir("igemm-pool-tiles");
   for (plx_dtype d : {PLX_BF16, PLX_F16, PLX_F32})

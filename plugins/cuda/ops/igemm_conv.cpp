@@ -1,7 +1,8 @@
 // The implicit-GEMM convolution's entry points (ops/igemm_conv.hpp): registration of every
 // dtype's candidates, and the fused forwards (conv -> relu, conv -> [relu ->] 2x2 max pool)
 // by the conv's dtype. The kernels are in ops/igemm_conv.cuh, built per dtype by
-// igemm_conv_{f16,bf16,f32}.cu, and the Hopper tiles by igemm_wgmma.cu (sm_90a).
+// igemm_conv_{f16,bf16,f32}.cu, and the Hopper tiles by igemm_wgmma.cu and
+// igemm_wgmma_ws.cu (sm_90a).
 #include "ops/igemm_conv.hpp"
 
 namespace plexus::cuda {
@@ -13,6 +14,8 @@ std::unique_ptr<Kernel> make_fwd_of(plx_dtype dtype, const NodeInfo& conv, CudaB
                                     const char* op) {
   if (tile.rfind("igemm_wgmma_", 0) == 0) {
 #ifdef PLEXUS_CUDA_WGMMA
+    if (tile.ends_with("_persistent"))
+      return igemm::make_fwd_wgmma_ws(conv, backend, tile, relu, pool, op);
     return igemm::make_fwd_wgmma(conv, backend, tile, relu, pool, op);
 #else
     throw sdk::Unsupported(
@@ -61,6 +64,7 @@ void register_igemm_conv(KernelRegistry& r) {
   igemm::add_f32(r);
 #ifdef PLEXUS_CUDA_WGMMA
   igemm::add_wgmma(r);
+  igemm::add_wgmma_ws(r);
 #endif
 }
 

@@ -99,7 +99,7 @@ inline namespace PLX_IGEMM_TU {
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
-  static constexpr bool kWgmma = false, kIm2col = false;
+  static constexpr bool kWgmma = false, kIm2col = false, kPersistent = false, kWarpSpec = false;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int MI = WM / 16, NI = WN / 8;  // mma tiles per warp
@@ -149,29 +149,49 @@ using Tile256x32 = Tile<256, 32, 32, 64, 32, 3>;    // 4 warps, 67.5 KiB (opt-in
 // of 16 rows (WM) and all BN columns (WN): the wgmma accumulator fragment of warp w of a warp
 // group is mma.sync's C fragment of rows 16 w.., 8-column tile by 8-column tile.
 // kIm2col_: the forward's and backward data's A through the TMA's im2col mode as well
-// (igemm_wgmma_im2col_kernel), where the plain tiles gather it with cp.async.
-template <int BM_, int BN_, int STAGES_, bool kIm2col_ = false>
+// (igemm_wgmma_im2col_kernel), where the plain tiles gather it with cp.async. kWarpSpec_ (im2col
+// only): a producer warp after the warp groups issues every copy, and the warp groups release
+// each stage through an mbarrier of its own (the weight gradient's igemm_wgmma_wgrad_ws_kernel).
+// kPersistent_ (the forward's and backward data's; warp-specialized too): the blocks walk the
+// output tiles (igemm_wgmma_im2col_persistent_kernel).
+template <int BM_, int BN_, int STAGES_, bool kIm2col_ = false, bool kPersistent_ = false,
+          bool kWarpSpec_ = false>
 struct WgTile {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
-  static constexpr bool kWgmma = true, kIm2col = kIm2col_;
+  static constexpr bool kWgmma = true, kIm2col = kIm2col_, kPersistent = kPersistent_;
+  static constexpr bool kWarpSpec = kWarpSpec_ || kPersistent_;
   static constexpr int WM = 16, WN = BN, WARPS_M = BM / 16, WARPS_N = 1;
   static constexpr int THREADS = 2 * BM;  // BM / 64 warp groups of 128 threads
+  // The launch's: the warp groups, and the warp-specialized tiles' producer warp.
+  static constexpr int BLOCK_THREADS = THREADS + (kWarpSpec ? 32 : 0);
   static constexpr int MI = 1, NI = BN / 8;
   static constexpr int CPR = 8;  // 16-byte chunks per 128-byte row
   static constexpr int A_ITERS = BM * CPR / THREADS;  // the forward's gathered A (B: the TMA)
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128;  // one stage of each operand
   static constexpr int kRing = STAGES * (kABytes + kBBytes);
-  static constexpr int kBarBytes = STAGES * 8;  // an mbarrier per stage (the TMA operand's)
+  // An mbarrier per stage (the TMA operands'), and for the warp-specialized tiles a second (the
+  // stage is free again).
+  static constexpr int kBarBytes = STAGES * 8 * (kWarpSpec ? 2 : 1);
+  // The persistent tiles' epilogue staging (the ring is not free there: the producer is already
+  // filling it with the next tile's K tiles): the tile in 16 bits, rows padded by 8, and a row
+  // table (EpiStage's one pass).
+  static constexpr int kEpiBytes = kPersistent ? BM * (BN + 8) * 2 + BM * 8 : 0;
   // + the realignment to the 1024-byte swizzle atom
-  static constexpr int SMEM = kRing + kBarBytes + 1024;
+  static constexpr int SMEM = kRing + kEpiBytes + kBarBytes + 1024;
   static_assert(BM % 64 == 0 && BN % 32 == 0 && BN <= 128,
                 "wgmma tiles: 64-row warp groups, n 32-128");
   static_assert(STAGES >= 3, "a stage in flight, one computing, one being refilled");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
+  static_assert(!kWarpSpec || kIm2col, "warp-specialized tiles: both operands on the TMA");
 
   static std::string name() {
+    std::string suffix;
+    if (kPersistent)
+      suffix = "_persistent";
+    else if (kWarpSpec)
+      suffix = "_ws";
     return std::string(kIm2col ? "igemm_wgmma_im2col_" : "igemm_wgmma_") + std::to_string(BM) +
-           "x" + std::to_string(BN) + "x" + std::to_string(BK);
+           "x" + std::to_string(BN) + "x" + std::to_string(BK) + suffix;
   }
 };
 using WgTile128x128 = WgTile<128, 128, 4>;  // 128 KiB of stages
@@ -185,6 +205,17 @@ using WgI2cTile128x128 = WgTile<128, 128, 4, true>;
 using WgI2cTile128x64 = WgTile<128, 64, 4, true>;
 using WgI2cTile128x32 = WgTile<128, 32, 4, true>;
 using WgI2cTile64x128 = WgTile<64, 128, 4, true>;  // the weight gradient's
+// The im2col tiles, persistent (forward and backward data). Beside the ring, each keeps its
+// epilogue staging: 128x128 with 4 stages is one block an SM (164 KiB), 128x64 and 128x32 with 3
+// and 4 stages two (2 x 92 and 2 x 92 KiB of the SM's 228).
+using WgPerTile128x128 = WgTile<128, 128, 4, true, true>;
+using WgPerTile128x64 = WgTile<128, 64, 3, true, true>;
+using WgPerTile128x32 = WgTile<128, 32, 4, true, true>;
+// The weight gradient's im2col tiles, warp-specialized (not persistent: its slices of K already
+// give each block tens of K tiles).
+using WgWsTile128x128 = WgTile<128, 128, 4, true, false, true>;
+using WgWsTile128x64 = WgTile<128, 64, 4, true, false, true>;
+using WgWsTile64x128 = WgTile<64, 128, 4, true, false, true>;
 
 // ---- the GEMM problem ----
 //
@@ -230,6 +261,9 @@ struct IgemmArgs {
   FastDiv fC, fKW;
   // Bit kh·KW for each kh < KH (16 bits, KH·KW <= 32): the first tap of each filter row.
   uint32_t rep;
+  // The persistent tiles: the output tiles (M tiles x nt), which the blocks walk.
+  int64_t tiles;
+  int nt;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -562,14 +596,32 @@ struct EpiStage {
 // columns fall in it write their fragments, each value finished by fin(i, j, h, e) (an f32 that T
 // holds exactly, or that rounds once to T), as pairs of columns, and read(pass) reads the pass
 // back.
+// The warp groups of a warp-specialized tile (threads 0 .. N - 1; the producer warp after them
+// takes no part in the epilogue) as split_sum's team, and the epilogues' barrier: named barrier
+// 1 over them, or the block's where every thread computes.
+template <int N>
+struct FirstThreads {
+  __device__ static int rank() { return static_cast<int>(threadIdx.x); }
+  __device__ static int size() { return N; }
+  __device__ static void sync() { named_barrier_sync<1, N>(); }
+};
+template <class TL>
+using EpiTeam = std::conditional_t<TL::kWarpSpec, FirstThreads<TL::THREADS>, WholeBlock>;
+template <class TL>
+__device__ __forceinline__ void epi_sync() {
+  EpiTeam<TL>::sync();
+}
+
 template <class T, class TL, class ES, class Table, class Fin, class Read>
 __device__ __forceinline__ void run_staged(T* cs, int wm, int wn, int lane, Table&& table,
                                            Fin&& fin, Read&& read) {
-  __syncthreads();  // every warp is done with the stages
+  // Every warp is done with the stages (the persistent tiles: with the previous tile's reads of
+  // the staging).
+  epi_sync<TL>();
   table();
 #pragma unroll
   for (int pass = 0; pass < ES::kPasses; ++pass) {
-    if (pass > 0) __syncthreads();  // the previous pass's reads are done
+    if (pass > 0) epi_sync<TL>();  // the previous pass's reads are done
     const int col0 = wn * TL::WN - pass * ES::CW;
     if (col0 >= 0 && col0 < ES::CW) {
 #pragma unroll
@@ -584,7 +636,7 @@ __device__ __forceinline__ void run_staged(T* cs, int wm, int wn, int lane, Tabl
           }
         }
     }
-    __syncthreads();
+    epi_sync<TL>();
     read(pass);
   }
 }
@@ -1021,6 +1073,59 @@ __global__ void __launch_bounds__(TL::THREADS)
 #endif
 }
 
+// The im2col tiles' copies, issued by one thread (thread 0, or the persistent tiles' producer)
+// K tile after K tile in K order. start() takes the output tile's first pixel (n, oh, ow) as its
+// filter base (ow·sw - pw, oh·sh - ph) in image n, the coordinates of every A copy (with a pool,
+// the first window's top-left pixel: (2 pw', 2 ph') of pooled pixel m0 / 4); issue() copies the
+// next K tile (tap, cb) into a stage and steps (cb, kw, kh) one tile on.
+template <class TL, bool kPool>
+struct I2cCopies {
+  int32_t cn = 0, ch = 0, cw = 0;
+  int cb = 0, kw = 0, kh = 0, tap = 0;
+
+  template <class T>
+  __device__ __forceinline__ void start(const IgemmArgs<T>& a, int64_t m0) {
+    int oh, ow;
+    if constexpr (kPool) {
+      const int64_t q = m0 >> 2, n = q / a.PHW;
+      const int r = static_cast<int>(q - n * a.PHW);
+      const int py = r / a.PW;
+      cn = static_cast<int32_t>(n), oh = 2 * py, ow = 2 * (r - py * a.PW);
+    } else {
+      const int64_t n = m0 / a.OHW;
+      const int r = static_cast<int>(m0 - n * a.OHW);
+      cn = static_cast<int32_t>(n), oh = r / a.OW, ow = r - oh * a.OW;
+    }
+    ch = oh * a.sh - a.ph, cw = ow * a.sw - a.pw;
+    cb = 0, kw = 0, kh = 0, tap = 0;
+  }
+
+  // The K tile's A (one copy, or with a pool one per corner t = 2 dh + dw of BM / 4 rows at
+  // offsets (kw + dw·sw, kh + dh·sh)) into dst_a and its B into dst_b, both completing on the
+  // mbarrier bar with the stage's bytes; CB: channel blocks per tap.
+  template <class T>
+  __device__ __forceinline__ void issue(const IgemmArgs<T>& a, const CUtensorMap* tmx,
+                                        const CUtensorMap* tmw, uint32_t dst_a, uint32_t dst_b,
+                                        int n0, int CB, uint32_t bar) {
+    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
+    if constexpr (kPool) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        tma_load_im2col_4d(dst_a + t * (TL::kABytes / 4), tmx, cb * 64, cw, ch, cn,
+                           static_cast<uint16_t>(kw + (t & 1) * a.sw),
+                           static_cast<uint16_t>(kh + (t >> 1) * a.sh), bar);
+    } else {
+      tma_load_im2col_4d(dst_a, tmx, cb * 64, cw, ch, cn, static_cast<uint16_t>(kw),
+                         static_cast<uint16_t>(kh), bar);
+    }
+    tma_load_3d(dst_b, tmw, cb * 64, tap, n0, bar);
+    if (++cb == CB) {
+      cb = 0, ++tap;
+      if (++kw == a.KW) kw = 0, ++kh;
+    }
+  }
+};
+
 // ---- Hopper: A through the TMA's im2col mode (sm_90a) ----
 //
 // igemm_wgmma_kernel with both operands on the TMA: A, the receptive fields of the block's BM
@@ -1064,51 +1169,19 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int CB = (a.C + 63) / 64;  // channel blocks per tap
   const int KT = a.KH * a.KW * CB;
 
-  constexpr bool kPool = !std::is_void_v<Ix>;
-  // Thread 0 copies: the block's first pixel (n, oh, ow) as its filter base (ow·sw - pw,
-  // oh·sh - ph) in image n, the coordinates of every A copy (with a pool, the first window's
-  // top-left pixel: (2 pw', 2 ph') of pooled pixel m0 / 4); the K tile's (cb, kw, kh) stepped
-  // one tile on per copy (the copies are issued in K order).
-  int32_t cn = 0, ch = 0, cw = 0;
-  int cb = 0, kw = 0, kh = 0, tap = 0;
+  // Thread 0 issues the copies, in K order.
+  I2cCopies<TL, !std::is_void_v<Ix>> cp;
   if (tid == 0) {
     tma_stages_init<S>(full0, &tmx);
     prefetch_tensormap(&tmw);
-    int oh, ow;
-    if constexpr (kPool) {
-      const int64_t q = m0 >> 2, n = q / a.PHW;
-      const int r = static_cast<int>(q - n * a.PHW);
-      const int py = r / a.PW;
-      cn = static_cast<int32_t>(n), oh = 2 * py, ow = 2 * (r - py * a.PW);
-    } else {
-      const int64_t n = m0 / a.OHW;
-      const int r = static_cast<int>(m0 - n * a.OHW);
-      cn = static_cast<int32_t>(n), oh = r / a.OW, ow = r - oh * a.OW;
-    }
-    ch = oh * a.sh - a.ph, cw = ow * a.sw - a.pw;
+    cp.start(a, m0);
   }
   // The above reads only the parameters: it may overlap the kernel before this one.
   pdl_begin();
 
   auto load_tile = [&](int st, int) {
-    if (tid != 0) return;
-    const uint32_t bar = full0 + 8 * st;
-    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
-    if constexpr (kPool) {
-#pragma unroll
-      for (int t = 0; t < 4; ++t)
-        tma_load_im2col_4d(sa + st * TL::kABytes + t * (TL::kABytes / 4), &tmx, cb * 64, cw, ch, cn,
-                           static_cast<uint16_t>(kw + (t & 1) * a.sw),
-                           static_cast<uint16_t>(kh + (t >> 1) * a.sh), bar);
-    } else {
-      tma_load_im2col_4d(sa + st * TL::kABytes, &tmx, cb * 64, cw, ch, cn,
-                         static_cast<uint16_t>(kw), static_cast<uint16_t>(kh), bar);
-    }
-    tma_load_3d(sb + st * TL::kBBytes, &tmw, cb * 64, tap, n0, bar);
-    if (++cb == CB) {
-      cb = 0, ++tap;
-      if (++kw == a.KW) kw = 0, ++kh;
-    }
+    if (tid == 0)
+      cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0, CB, full0 + 8 * st);
   };
 
   float acc[1][TL::NI][4];
@@ -1120,6 +1193,164 @@ __global__ void __launch_bounds__(TL::THREADS)
   fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
 
   igemm_store<T, TL, Ix, TL::kRing, true>(a, acc, m0, n0, warp, 0, lane, tid, smem);
+#endif
+}
+
+// ---- Hopper: the warp-specialized im2col tiles (sm_90a) ----
+//
+// A consumer warp's K loop: nk K tiles from the ring's position (s: the stage, phase: the parity
+// of its fill), which it steps along. Per K tile: wait for the stage's copies (its "full"
+// mbarrier at full0 + 8·stage), issue its four wgmmas (from stage 0's descriptors da0, db0; kMN
+// as in wgmma_k_loop), and once wgmma.wait_group 1 has retired the previous K tile's, release
+// that one's stage (one arrival per warp on its "empty" mbarrier at empty0 + 8·stage). The last
+// stage is released after wait_group 0: no wgmma is in flight at the end.
+template <class T, class TL, bool kMN>
+__device__ __forceinline__ void ws_k_loop(int nk, float (&d)[TL::BN / 2], uint64_t da0,
+                                          uint64_t db0, uint32_t full0, uint32_t empty0, int lane,
+                                          int& s, uint32_t& phase) {
+  constexpr int S = TL::STAGES;
+  constexpr uint32_t kSlice = kMN ? 2048 : 32;
+  int prev = 0;  // the stage of the previous K tile
+  for (int kt = 0; kt < nk; ++kt) {
+    mbar_wait(full0 + 8 * s, phase);  // K tile kt has landed
+    fence_acc(d);
+    wgmma_fence();
+    const uint64_t da = desc_advance(da0, s * TL::kABytes), db = desc_advance(db0, s * TL::kBBytes);
+#pragma unroll
+    for (int kk = 0; kk < TL::BK / 16; ++kk)
+      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSlice * kk),
+                                        desc_advance(db, kSlice * kk));
+    wgmma_commit();
+    fence_acc(d);
+    wgmma_wait<1>();  // only this K tile's wgmmas in flight: the previous stage is read
+    fence_acc(d);
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);
+    prev = s;
+    if (++s == S) s = 0, phase ^= 1;
+  }
+  wgmma_wait<0>();
+  fence_acc(d);
+  if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev);  // the producer may refill it at once
+}
+
+// A warp-specialized tile's start: the producer warp's lane 0 (thread THREADS) sets up the
+// ring's mbarriers, per stage a "full" (count 1: the producer's arrive.expect_tx, then the
+// copies' bytes) and an "empty" (count: the consumer warps, each arriving once it is done with
+// the stage), and prefetches the two tensor maps; the block's barrier orders that before any
+// wait. All of it reads only the parameters: it may overlap the kernel before this one.
+template <class TL>
+__device__ __forceinline__ void ws_begin(uint32_t full0, uint32_t empty0, const CUtensorMap* m0,
+                                         const CUtensorMap* m1) {
+  if (threadIdx.x == TL::THREADS) {
+#pragma unroll
+    for (int s = 0; s < TL::STAGES; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, TL::THREADS / 32);
+    }
+    fence_mbarrier_init();
+    prefetch_tensormap(m0);
+    prefetch_tensormap(m1);
+  }
+  __syncthreads();
+  pdl_begin();
+}
+
+// The producer's next fill of the ring at (s, phase): once the consumers are done with the
+// stage's previous fill (in the first round the wait on parity 1 returns at once), issue(s)
+// copies into it; then (s, phase) steps on.
+template <class TL, class Issue>
+__device__ __forceinline__ void ws_fill(int& s, uint32_t& phase, uint32_t empty0, Issue&& issue) {
+  mbar_wait(empty0 + 8 * s, phase ^ 1);
+  issue(s);
+  if (++s == TL::STAGES) s = 0, phase ^= 1;
+}
+
+// ---- Hopper: the im2col tiles, persistent and warp-specialized (sm_90a) ----
+//
+// igemm_wgmma_im2col_kernel's copies and wgmmas, with the block's threads split by role, as the
+// GEMM's warp-specialized tiles (ops/wgmma_gemm.cu) and CUTLASS's Hopper convolutions run them. A
+// convolution's output tile has few K tiles (convnet: 9 to 18), so a block per output tile spends
+// much of its time filling its pipeline and emptying it (the first copies' latency, the
+// epilogue's, with the Tensor Cores idle), and the copies' issue sits in a consumer warp. Here:
+// - a grid of as many blocks as fit at once (TL::BLOCK_THREADS threads, the ring and a staging
+//   area each), whose blocks walk the output tiles t = blockIdx.x, + gridDim.x, ...: tile t is
+//   (t / nt, t % nt) of the (M tiles, nt N tiles), so neighbouring blocks share their A rows;
+// - the producer, one warp after the warp groups (warp THREADS / 32, lane 0), issues every K
+//   tile's copies of every output tile of the block through the ring, waiting only for the stage
+//   to be free: it loads the next output tile's first K tiles while the warp groups still store
+//   this one's;
+// - the warp groups (the consumers) wait for each stage's copies (the "full" mbarrier), issue its
+//   wgmmas, and once the next K tile's are issued and wgmma.wait_group 1 retires the previous
+//   one, each warp releases the previous stage (the "empty" mbarrier, one arrival per consumer
+//   warp): no block-wide barrier in the K loop;
+// - the epilogue (the same staged or pool epilogue) runs through a staging area of its own beside
+//   the ring, the consumers meeting at named barrier 1 (epi_sync), without the producer.
+// Both loops step (stage, phase) along the same sequence: the block's j-th K tile, counted over
+// all its output tiles, sits in stage j % S, filled for the (j / S)-th time.
+template <class T, class TL, class Ix = void>
+__global__ void __launch_bounds__(TL::BLOCK_THREADS)
+    igemm_wgmma_im2col_persistent_kernel(const __grid_constant__ CUtensorMap tmx,
+                                         const __grid_constant__ CUtensorMap tmw,
+                                         const IgemmArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  static_assert(TL::kPersistent, "the persistent tiles");
+  constexpr int S = TL::STAGES;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  unsigned char* const smem = smem_raw + (base - raw);
+  // [S][BM][128 B] of A, [S][BN][128 B] of B, the staging, S "full" then S "empty" mbarriers.
+  const uint32_t sa = base, sb = base + S * TL::kABytes;
+  unsigned char* const staging = smem + TL::kRing;
+  const uint32_t full0 = base + TL::kRing + TL::kEpiBytes, empty0 = full0 + 8 * S;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int CB = (a.C + 63) / 64;  // channel blocks per tap
+  const int KT = a.KH * a.KW * CB;
+  const int64_t tiles = a.tiles;
+  const int nt = a.nt;
+
+  ws_begin<TL>(full0, empty0, &tmx, &tmw);
+
+  if (warp == TL::THREADS / 32) {  // the producer
+    if (lane == 0) {
+      I2cCopies<TL, !std::is_void_v<Ix>> cp;
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int64_t mt = t / nt;
+        const int n0 = static_cast<int>(t - mt * nt) * TL::BN;
+        cp.start(a, mt * TL::BM);
+        for (int kt = 0; kt < KT; ++kt)
+          ws_fill<TL>(s, phase, empty0, [&](int st) {
+            cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0, CB,
+                     full0 + 8 * st);
+          });
+      }
+    }
+    return;  // the consumers wait for every copy issued: none is left in flight
+  }
+
+  // A consumer warp group: rows 64 wg.. of every output tile of the block, all BN columns.
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  float acc[1][TL::NI][4];
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t mt = t / nt;
+    const int64_t m0 = mt * TL::BM;
+    const int n0 = static_cast<int>(t - mt * nt) * TL::BN;
+    zero_acc<TL>(acc);
+    ws_k_loop<T, TL, false>(KT, d, da0, db0, full0, empty0, lane, s, phase);
+    igemm_store<T, TL, Ix, TL::kEpiBytes, true>(a, acc, m0, n0, warp, 0, lane, tid, staging);
+  }
 #endif
 }
 
@@ -1442,7 +1673,7 @@ struct WgradSmem {
 // columns per store where J is even (j is: then j + 1 < J, and the pair is 8-byte aligned); then,
 // in the block that finishes the tile's split_sum, dw = the slices' sum rounded once into w's
 // layout (channels-last (O, KH, KW, C) is the partials' own order, else (O, C, KH, KW)).
-template <class T, class TL>
+template <class T, class TL, class Team = WholeBlock>
 __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
                                              const float (&acc)[TL::MI][TL::NI][4], int m0, int n0,
                                              int wm, int wn, int lane) {
@@ -1471,7 +1702,7 @@ __device__ __forceinline__ void wgrad_finish(const WgradArgs<T>& a,
   // The slices' sum (split_sum: two levels, in a fixed order), rounded once into dw.
   unsigned* const counters =
       a.done + (blockIdx.y * gridDim.x + blockIdx.x) * split_sum_counters(gridDim.z);
-  split_sum(
+  split_sum<Team>(
       counters, a.part, static_cast<int64_t>(a.O) * a.J, gridDim.z, blockIdx.z, TL::BM * TL::BN,
       [&](int e) -> int64_t {
         const int o = m0 + e / TL::BN, j = n0 + e % TL::BN;
@@ -1827,6 +2058,50 @@ __global__ void __launch_bounds__(TL::THREADS)
 #endif
 }
 
+// The Hopper weight gradient's im2col copies, issued by one thread (thread 0, or the _ws tiles'
+// producer) K tile after K tile. start() finds the block's column blocks: block jb is channel c0..
+// of tap (kw, kh), or channel C (zeros) past J. issue() copies the K tile of pixels p0.. into a
+// stage: dy's BM / 64 tiled boxes into dst_a and B's column blocks into dst_b (one im2col copy
+// each, from the base of pixel p0 = (n, oh, ow): (ow·sw - pw, oh·sh - ph) in image n), all
+// completing on the mbarrier bar with the stage's bytes.
+template <class TL>
+struct WgradI2cCopies {
+  static constexpr int NB = TL::BN / 64;      // B's column blocks (one im2col copy each)
+  static constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
+  static_assert(TL::BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64");
+  int bc[NB] = {}, bkw[NB] = {}, bkh[NB] = {};
+
+  template <class T>
+  __device__ __forceinline__ void start(const WgradArgs<T>& a, int n0) {
+#pragma unroll
+    for (int jb = 0; jb < NB; ++jb) {
+      const int j = n0 + 64 * jb;
+      const int tap = j / a.C;
+      bc[jb] = j < a.J ? j - tap * a.C : a.C;
+      bkh[jb] = j < a.J ? tap / a.KW : 0;
+      bkw[jb] = j < a.J ? tap - bkh[jb] * a.KW : 0;
+    }
+  }
+
+  template <class T>
+  __device__ __forceinline__ void issue(const WgradArgs<T>& a, const CUtensorMap* tmy,
+                                        const CUtensorMap* tmx, uint32_t dst_a, uint32_t dst_b,
+                                        int m0, int p0, uint32_t bar) const {
+    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
+#pragma unroll
+    for (int j = 0; j < TL::BM / 64; ++j)
+      tma_load_3d(dst_a + j * kBox, tmy, m0 + 64 * j, p0, 0, bar);
+    int n, r, oh, ow;
+    a.fOHW.divmod(p0, n, r);
+    a.fOW.divmod(r, oh, ow);
+    const int bw = ow * a.sw - a.pw, bh = oh * a.sh - a.ph;
+#pragma unroll
+    for (int jb = 0; jb < NB; ++jb)
+      tma_load_im2col_4d(dst_b + jb * kBox, tmx, bc[jb], bw, bh, n, static_cast<uint16_t>(bkw[jb]),
+                         static_cast<uint16_t>(bkh[jb]), bar);
+  }
+};
+
 // The Hopper weight gradient with B (x through the receptive fields) on the TMA's im2col mode as
 // well: per stage, B's column block jb (64 columns j = tap·C + c of one tap, as C % 64 == 0) is
 // one im2col copy of the stage's 64 pixels (k rows) at that tap's offsets (kw, kh) and channels
@@ -1847,8 +2122,6 @@ __global__ void __launch_bounds__(TL::THREADS)
 #else
   constexpr int S = TL::STAGES, BK = TL::BK;
   constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
-  constexpr int NB = TL::BN / 64;      // B's column blocks (one im2col copy each)
-  static_assert(BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64 elements");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
@@ -1862,39 +2135,19 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
   const int kt0 = wgrad_kt0(a), nk = wgrad_tiles(a, kt0);
 
-  // Thread 0's column blocks: channel c0 of tap (kw, kh), or channel C (zeros) past J.
-  int bc[NB] = {}, bkw[NB] = {}, bkh[NB] = {};  // set by thread 0, which alone reads them
+  // Thread 0 issues the copies.
+  WgradI2cCopies<TL> cp;
   if (tid == 0) {
     tma_stages_init<S>(full0, &tmy);
     prefetch_tensormap(&tmx);
-#pragma unroll
-    for (int jb = 0; jb < NB; ++jb) {
-      const int j = n0 + 64 * jb;
-      const int tap = j / a.C;
-      bc[jb] = j < a.J ? j - tap * a.C : a.C;
-      bkh[jb] = j < a.J ? tap / a.KW : 0;
-      bkw[jb] = j < a.J ? tap - bkh[jb] * a.KW : 0;
-    }
+    cp.start(a, n0);
   }
   pdl_begin();
 
   auto load_tile = [&](int st, int it) {
-    if (tid != 0) return;
-    const uint32_t bar = full0 + 8 * st, dst = sa + st * TL::kABytes;
-    mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
-    const int p0 = (kt0 + it) * BK;
-#pragma unroll
-    for (int j = 0; j < TL::BM / 64; ++j)
-      tma_load_3d(dst + j * kBox, &tmy, m0 + 64 * j, p0, 0, bar);
-    // The base of pixel p0 = (n, oh, ow): (ow·sw - pw, oh·sh - ph) in image n.
-    int n, r, oh, ow;
-    a.fOHW.divmod(p0, n, r);
-    a.fOW.divmod(r, oh, ow);
-    const int bw = ow * a.sw - a.pw, bh = oh * a.sh - a.ph;
-#pragma unroll
-    for (int jb = 0; jb < NB; ++jb)
-      tma_load_im2col_4d(sb + st * TL::kBBytes + jb * kBox, &tmx, bc[jb], bw, bh, n,
-                         static_cast<uint16_t>(bkw[jb]), static_cast<uint16_t>(bkh[jb]), bar);
+    if (tid == 0)
+      cp.issue(a, &tmy, &tmx, sa + st * TL::kABytes, sb + st * TL::kBBytes, m0, (kt0 + it) * BK,
+               full0 + 8 * st);
   };
 
   float acc[1][TL::NI][4];
@@ -1905,6 +2158,65 @@ __global__ void __launch_bounds__(TL::THREADS)
   wgmma_k_loop<T, TL, true, decltype(load_tile)&, false>(nk, load_tile, d, da0, db0, full0);
 
   wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
+#endif
+}
+
+// The same, warp-specialized (the _ws tiles): a producer warp after the warp groups (its lane 0)
+// issues every K tile's copies into the ring, waiting only for the stage to be free, and the warp
+// groups run ws_k_loop: no block-wide barrier a K tile, and the copies' issue (with the tile
+// base's divisions: about 60 instructions a K tile) off the consumers' warps. The producer then
+// exits, and split_sum finishes over the warp groups alone (FirstThreads).
+template <class T, class TL>
+__global__ void __launch_bounds__(TL::BLOCK_THREADS)
+    igemm_wgmma_wgrad_ws_kernel(const __grid_constant__ CUtensorMap tmy,
+                                const __grid_constant__ CUtensorMap tmx, const WgradArgs<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_begin();
+  __trap();  // wgmma needs sm_90a; the host declines every other device
+#else
+  static_assert(TL::kWarpSpec && !TL::kPersistent, "the weight gradient's _ws tiles");
+  constexpr int S = TL::STAGES, BK = TL::BK;
+  constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t sa = base, sb = base + S * TL::kABytes;
+  const uint32_t full0 = base + TL::kRing, empty0 = full0 + 8 * S;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int m0 = static_cast<int>(blockIdx.x) * TL::BM;
+  const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
+  const int kt0 = wgrad_kt0(a), nk = wgrad_tiles(a, kt0);
+
+  ws_begin<TL>(full0, empty0, &tmy, &tmx);
+
+  if (warp == TL::THREADS / 32) {  // the producer
+    if (lane == 0) {
+      WgradI2cCopies<TL> cp;
+      cp.start(a, n0);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int it = 0; it < nk; ++it)
+        ws_fill<TL>(s, phase, empty0, [&](int st) {
+          cp.issue(a, &tmy, &tmx, sa + st * TL::kABytes, sb + st * TL::kBBytes, m0, (kt0 + it) * BK,
+                   full0 + 8 * st);
+        });
+    }
+    return;  // the consumers wait for every copy issued: none is left in flight
+  }
+
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
+  float acc[1][TL::NI][4];
+  zero_acc<TL>(acc);
+  float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
+  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
+  const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
+  int s = 0;
+  uint32_t phase = 0;
+  ws_k_loop<T, TL, true>(nk, d, da0, db0, full0, empty0, lane, s, phase);
+
+  wgrad_finish<T, TL, FirstThreads<TL::THREADS>>(a, acc, m0, n0, warp, 0, lane);
 #endif
 }
 
@@ -2286,7 +2598,7 @@ class IgemmConvKernel final : public Kernel {
       opt_in(igemm_tf32_kernel<TL>);
       if (vec_) opt_in(igemm_tf32_kernel<TL, void, true>);
     } else if constexpr (TL::kIm2col)
-      opt_in(igemm_wgmma_im2col_kernel<T, TL>);
+      opt_in(im2col_kernel());
     else if constexpr (TL::kWgmma)
       opt_in(igemm_wgmma_kernel<T, TL>);
     else if (bt_)
@@ -2330,6 +2642,19 @@ class IgemmConvKernel final : public Kernel {
                          static_cast<long long>(ph), static_cast<long long>(pw),
                          static_cast<long long>(g.KH), static_cast<long long>(g.KW),
                          pool ? ", pooled" : "");
+      if constexpr (TL::kPersistent) {
+        // The grid: as many blocks as fit on the device at once (by shared memory, each
+        // block's own and the 1 KiB the SM reserves per block, and by threads), at most one
+        // per output tile.
+        a_.nt = static_cast<int>((Co + TL::BN - 1) / TL::BN);
+        a_.tiles = (a_.M + TL::BM - 1) / TL::BM * a_.nt;
+        const int64_t by_smem = static_cast<int64_t>(ctx.prop.sharedMemPerMultiprocessor) /
+                                (smem_ + static_cast<int64_t>(ctx.prop.reservedSharedMemPerBlock));
+        const int64_t by_threads = ctx.prop.maxThreadsPerMultiProcessor / TL::BLOCK_THREADS;
+        const int64_t per_sm = std::max<int64_t>(1, std::min(by_smem, by_threads));
+        blocks_ = static_cast<unsigned>(
+            std::min<int64_t>(a_.tiles, per_sm * ctx.prop.multiProcessorCount));
+      }
     }
 
     // Staging in the workspace (16 bits): the activation when it is NCHW, the filter when it is
@@ -2428,14 +2753,14 @@ class IgemmConvKernel final : public Kernel {
         throw sdk::Error(PLX_ERR_INTERNAL,
                          "igemm convolution: the TMA refused the tensor maps it accepted at "
                          "creation");
+      // The persistent tiles: blocks_ blocks walk the output tiles.
+      const dim3 g = TL::kPersistent ? dim3(blocks_) : grid;
       if (pool_ == PoolIx::U8)
-        launch_kernel(igemm_wgmma_im2col_kernel<T, TL, uint8_t>, grid, TL::THREADS, smem_, s, tmx,
-                      tmw, a);
+        launch_kernel(im2col_kernel<uint8_t>(), g, TL::BLOCK_THREADS, smem_, s, tmx, tmw, a);
       else if (pool_ == PoolIx::I32)
-        launch_kernel(igemm_wgmma_im2col_kernel<T, TL, int32_t>, grid, TL::THREADS, smem_, s, tmx,
-                      tmw, a);
+        launch_kernel(im2col_kernel<int32_t>(), g, TL::BLOCK_THREADS, smem_, s, tmx, tmw, a);
       else
-        launch_kernel(igemm_wgmma_im2col_kernel<T, TL>, grid, TL::THREADS, smem_, s, tmx, tmw, a);
+        launch_kernel(im2col_kernel(), g, TL::BLOCK_THREADS, smem_, s, tmx, tmw, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmw;
       if (!tma_encode<T>(tmw, tma_matrix(a.K, a.O, TL::BN), a.w))
@@ -2510,13 +2835,21 @@ class IgemmConvKernel final : public Kernel {
         u8 ? opt_in(igemm_tf32_kernel<TL, uint8_t, true>)
            : opt_in(igemm_tf32_kernel<TL, int32_t, true>);
     } else if constexpr (TL::kIm2col) {
-      u8 ? opt_in(igemm_wgmma_im2col_kernel<T, TL, uint8_t>)
-         : opt_in(igemm_wgmma_im2col_kernel<T, TL, int32_t>);
+      u8 ? opt_in(im2col_kernel<uint8_t>()) : opt_in(im2col_kernel<int32_t>());
     } else if constexpr (TL::kWgmma)
       u8 ? opt_in(igemm_wgmma_kernel<T, TL, uint8_t>) : opt_in(igemm_wgmma_kernel<T, TL, int32_t>);
     else
       u8 ? opt_in(igemm_conv_kernel<T, TL, false, uint8_t>)
          : opt_in(igemm_conv_kernel<T, TL, false, int32_t>);
+  }
+
+  // The im2col tiles' kernel: a block per output tile, or the persistent one.
+  template <class Ix = void>
+  static constexpr auto im2col_kernel() {
+    if constexpr (TL::kPersistent)
+      return igemm_wgmma_im2col_persistent_kernel<T, TL, Ix>;
+    else
+      return igemm_wgmma_im2col_kernel<T, TL, Ix>;
   }
 
   // Opts kernel f into smem_ bytes of dynamic shared memory (above the default 48 KiB a kernel
@@ -2541,6 +2874,7 @@ class IgemmConvKernel final : public Kernel {
   uint64_t act_bytes_ = 0, w_bytes_ = 0;
   KTable tab_;  // TF32
   TmaIm2col i2c_{};  // the im2col tiles' activation map, but for its address
+  unsigned blocks_ = 0;  // the persistent tiles' grid
 };
 
 // conv2d_backward_weight: dy (N, O, OH, OW), x (N, C, H, W) -> dw (O, C, KH, KW).
@@ -2665,7 +2999,7 @@ class IgemmWgradKernel final : public Kernel {
       allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL>, kSmem);
       if (vec_) allow_dynamic_smem(igemm_wgrad_tf32_kernel<TL, true>, kSmem);
     } else if constexpr (TL::kIm2col)
-      allow_dynamic_smem(igemm_wgmma_wgrad_im2col_kernel<T, TL>, kSmem);
+      allow_dynamic_smem(wgrad_im2col_kernel(), kSmem);
     else if constexpr (TL::kWgmma)
       allow_dynamic_smem(igemm_wgmma_wgrad_kernel<T, TL>, kSmem);
     else
@@ -2783,8 +3117,7 @@ class IgemmWgradKernel final : public Kernel {
         throw sdk::Error(PLX_ERR_INTERNAL,
                          "igemm convolution: the TMA refused the tensor maps it accepted at "
                          "creation");
-      launch_kernel(igemm_wgmma_wgrad_im2col_kernel<T, TL>, grid_, TL::THREADS, kSmem, s, tmy, tmx,
-                    a);
+      launch_kernel(wgrad_im2col_kernel(), grid_, TL::BLOCK_THREADS, kSmem, s, tmy, tmx, a);
     } else if constexpr (TL::kWgmma) {
       CUtensorMap tmy;
       if (!tma_encode<T>(tmy, tma_matrix(a.O, a.P, 64), a.dy))
@@ -2798,6 +3131,14 @@ class IgemmWgradKernel final : public Kernel {
   }
 
  private:
+  // The im2col tiles' kernel: thread 0 issuing the copies, or a producer warp (_ws).
+  static constexpr auto wgrad_im2col_kernel() {
+    if constexpr (TL::kWarpSpec)
+      return igemm_wgmma_wgrad_ws_kernel<T, TL>;
+    else
+      return igemm_wgmma_wgrad_im2col_kernel<T, TL>;
+  }
+
   int32_t device_;
   int64_t out_elems_ = 0;
   uint64_t out_bytes_ = 0;
@@ -2835,14 +3176,23 @@ void add_wgrad_tile(KernelRegistry& r) {
                                               TL::name().c_str(), f, PLX_LAYOUT_NHWC);
 }
 
-// Calls f(TL{}) for each tile of dtype T, in registration order: the mma.sync tiles (256x32 has
-// no TF32 form), or with kHopper the wgmma tiles (16 bits; the sm_90a unit only).
-template <class T, bool kHopper = false, class F>
+// The tile families, each instantiated by a translation unit of its own (nvcc builds them in
+// parallel): the mma.sync tiles (igemm_conv_{f16,bf16,f32}.cu, one per dtype), the wgmma tiles
+// (igemm_wgmma.cu) and the warp-specialized wgmma tiles (igemm_wgmma_ws.cu), both sm_90a.
+enum class Family { Mma, Hopper, WarpSpec };
+
+// Calls f(TL{}) for each forward and backward-data tile of dtype T and family F, in registration
+// order: the mma.sync tiles (256x32 has no TF32 form), the wgmma tiles or the persistent ones
+// (16 bits).
+template <class T, Family kFamily = Family::Mma, class F>
 void for_each_tile(F&& f) {
-  if constexpr (kHopper) {
+  if constexpr (kFamily != Family::Mma)
     static_assert(!std::is_same_v<T, float>, "wgmma tiles: f16 and bf16");
+  if constexpr (kFamily == Family::Hopper) {
     f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile128x32{});
     f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile128x32{});
+  } else if constexpr (kFamily == Family::WarpSpec) {
+    f(WgPerTile128x128{}), f(WgPerTile128x64{}), f(WgPerTile128x32{});
   } else {
     f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
     if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});
@@ -2850,22 +3200,26 @@ void for_each_tile(F&& f) {
 }
 
 // The Hopper weight gradient's tiles (M = O, N = J = KH·KW·C: 64 or 128 output channels a tile,
-// read MN-major in boxes of 64).
-template <class F>
+// read MN-major in boxes of 64): the gathering and im2col ones, or the warp-specialized family's.
+template <Family kFamily, class F>
 void for_each_wgrad_tile(F&& f) {
-  f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile64x128{});
-  f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile64x128{});
+  if constexpr (kFamily == Family::Hopper) {
+    f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile64x128{});
+    f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile64x128{});
+  } else if constexpr (kFamily == Family::WarpSpec) {
+    f(WgWsTile128x128{}), f(WgWsTile128x64{}), f(WgWsTile64x128{});
+  }
 }
 
-template <class T, bool kHopper = false>
+template <class T, Family kFamily = Family::Mma>
 void add_tiles(KernelRegistry& r) {
-  for_each_tile<T, kHopper>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
-  if constexpr (kHopper) for_each_wgrad_tile([&]<class TL>(TL) { add_wgrad_tile<T, TL>(r); });
+  for_each_tile<T, kFamily>([&]<class TL>(TL) { add_tile<T, TL>(r, dtype_v<T>); });
+  for_each_wgrad_tile<kFamily>([&]<class TL>(TL) { add_wgrad_tile<T, TL>(r); });
 }
 
 // The forward kernel of tile `tile` in dtype T, with the ReLU and (pool non-null) the 2x2 pool in
 // its epilogue; `op` names the node or group in a decline.
-template <class T, bool kHopper = false>
+template <class T, Family kFamily = Family::Mma>
 std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backend,
                                        const std::string& tile, bool relu, const Pool* pool,
                                        const char* op) {
@@ -2874,7 +3228,7 @@ std::unique_ptr<Kernel> make_fwd_tiles(const NodeInfo& conv, CudaBackend& backen
     if (!k && tile == TL::name())
       k = std::make_unique<IgemmConvKernel<T, TL, Dir::Fwd>>(conv, backend, relu, pool);
   };
-  for_each_tile<T, kHopper>(try_tile);
+  for_each_tile<T, kFamily>(try_tile);
   if (!k) throw sdk::Unsupported(sdk::format("%s: no igemm tile named '%s'", op, tile.c_str()));
   return k;
 }

@@ -61,6 +61,12 @@ void add_wgmma(KernelRegistry& r);
 std::unique_ptr<Kernel> make_fwd_wgmma(const NodeInfo& conv, CudaBackend& backend,
                                        const std::string& tile, bool relu, const Pool* pool,
                                        const char* op);
+// Their warp-specialized tiles (igemm_wgmma_ws.cu, built likewise): the persistent im2col tiles
+// of conv2d and conv2d_backward_data, and conv2d_backward_weight's _ws tiles.
+void add_wgmma_ws(KernelRegistry& r);
+std::unique_ptr<Kernel> make_fwd_wgmma_ws(const NodeInfo& conv, CudaBackend& backend,
+                                          const std::string& tile, bool relu, const Pool* pool,
+                                          const char* op);
 
 }  // namespace igemm
 

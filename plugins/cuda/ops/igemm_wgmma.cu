@@ -8,8 +8,8 @@
 namespace plexus::cuda::igemm {
 
 void add_wgmma(KernelRegistry& r) {
-  add_tiles<f16, true>(r);
-  add_tiles<bf16, true>(r);
+  add_tiles<f16, Family::Hopper>(r);
+  add_tiles<bf16, Family::Hopper>(r);
 }
 
 std::unique_ptr<Kernel> make_fwd_wgmma(const NodeInfo& conv, CudaBackend& backend,
@@ -17,9 +17,9 @@ std::unique_ptr<Kernel> make_fwd_wgmma(const NodeInfo& conv, CudaBackend& backen
                                        const char* op) {
   switch (static_cast<plx_dtype>(conv.input(0).dtype)) {
     case PLX_F16:
-      return make_fwd_tiles<f16, true>(conv, backend, tile, relu, pool, op);
+      return make_fwd_tiles<f16, Family::Hopper>(conv, backend, tile, relu, pool, op);
     case PLX_BF16:
-      return make_fwd_tiles<bf16, true>(conv, backend, tile, relu, pool, op);
+      return make_fwd_tiles<bf16, Family::Hopper>(conv, backend, tile, relu, pool, op);
     default:
       break;
   }

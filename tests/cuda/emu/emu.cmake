@@ -6,8 +6,8 @@ set(cuda_dir ${PROJECT_SOURCE_DIR}/plugins/cuda)
 # (include/plx_emu_ptx.hpp), the Hopper GEMM on its wgmma, TMA and mbarriers
 # (include/plx_emu_wgmma.hpp).
 set(emu_kernel_files elementwise misc optim reduce softmax norm pool linear_ce conv_pool
-    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 igemm_wgmma direct_conv
-    direct_small wgmma_gemm step_cnn)
+    gemm_bias mma_gemm igemm_conv_f16 igemm_conv_bf16 igemm_conv_f32 igemm_wgmma
+    igemm_wgmma_ws direct_conv direct_small wgmma_gemm step_cnn)
 # Headers with kernels and launches in them, included by several of those files: translated to
 # emu/ops/NAME.cuh, which the translated files' `#include "ops/NAME.cuh"` finds first (a quoted
 # include looks in the including file's folder, emu/, before the include path).

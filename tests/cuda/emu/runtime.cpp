@@ -2136,6 +2136,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->totalGlobalMem = plx_emu::kTotal;
   p->sharedMemPerBlock = 48 << 10;
   p->sharedMemPerBlockOptin = 227 << 10;
+  p->sharedMemPerMultiprocessor = 228 << 10;  // an H100's, 1 KiB of it reserved per block
+  p->reservedSharedMemPerBlock = 1 << 10;
   p->regsPerBlock = 65536;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;

@@ -136,6 +136,8 @@ struct cudaDeviceProp {
   size_t totalGlobalMem;
   size_t sharedMemPerBlock;
   size_t sharedMemPerBlockOptin;
+  size_t sharedMemPerMultiprocessor;
+  size_t reservedSharedMemPerBlock;
   int regsPerBlock;
   int warpSize;
   int maxThreadsPerBlock;
