@@ -969,6 +969,16 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
   if constexpr (kCpAsync) cp_async_wait<0>();
 }
 
+// The block's dynamic shared memory realigned up to the 1024-byte swizzle atom, where the Hopper
+// tiles lay out their rings (their launches ask for kAtomBytes more): its shared address, and in
+// *smem (where given) its generic pointer.
+__device__ __forceinline__ uint32_t atom_base(unsigned char* raw, unsigned char** smem = nullptr) {
+  const uint32_t a = smem_addr(raw);
+  const uint32_t base = (a + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  if (smem) *smem = raw + (base - a);
+  return base;
+}
+
 // ---- The Hopper tiles' TMA operand ----
 //
 // Of a Hopper tile's two operands, the one that is a plain matrix in memory comes through the
@@ -1014,10 +1024,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   constexpr bool kPool = !std::is_void_v<Ix>;
   constexpr int S = TL::STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Realigned to the 1024-byte swizzle atom (the launch asks for 1024 bytes more).
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
-  unsigned char* const smem = smem_raw + (base - raw);
+  unsigned char* smem;
+  const uint32_t base = atom_base(smem_raw, &smem);
   const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM][128 B], [S][BN][128 B]
   const uint32_t full0 = base + TL::kRing;                // B's mbarriers, one per stage
 
@@ -1155,9 +1163,8 @@ __global__ void __launch_bounds__(TL::THREADS)
 #else
   constexpr int S = TL::STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
-  unsigned char* const smem = smem_raw + (base - raw);
+  unsigned char* smem;
+  const uint32_t base = atom_base(smem_raw, &smem);
   const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM][128 B], [S][BN][128 B]
   const uint32_t full0 = base + TL::kRing;                // a stage's mbarrier (both copies)
 
@@ -1299,9 +1306,8 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
   static_assert(TL::kPersistent, "the persistent tiles");
   constexpr int S = TL::STAGES;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
-  unsigned char* const smem = smem_raw + (base - raw);
+  unsigned char* smem;
+  const uint32_t base = atom_base(smem_raw, &smem);
   // [S][BM][128 B] of A, [S][BN][128 B] of B, the staging, S "full" then S "empty" mbarriers.
   const uint32_t sa = base, sb = base + S * TL::kABytes;
   unsigned char* const staging = smem + TL::kRing;
@@ -2003,9 +2009,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   static_assert(TL::THREADS % CB == 0 && kBStep % 8 == 0 && BK % kBStep == 0,
                 "a thread's rows share their swizzle phase, and the rows spread evenly");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Realigned to the 1024-byte swizzle atom (the launch asks for 1024 bytes more).
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  unsigned char* smem;
+  const uint32_t base = atom_base(smem_raw, &smem);
   const uint32_t sa = base, sb = base + S * TL::kABytes;  // [S][BM/64][64][128 B], [S][BN/64]...
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -2023,8 +2028,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   // The pixel tables after the ring, then A's mbarriers; the pipeline copies S - 2 tiles ahead.
   const uint32_t full0 = base + TL::kRing + wgmma_wgrad_tables<TL>();
   if (tid == 0) tma_stages_init<S>(full0, &tmy);
-  PixTables<BK, S, S - 2, T> px(a, reinterpret_cast<PixRow*>(smem_raw + (base - raw) + TL::kRing),
-                                kt0, nk, tid);
+  PixTables<BK, S, S - 2, T> px(a, reinterpret_cast<PixRow*>(smem + TL::kRing), kt0, nk, tid);
   px.prologue(a, tid);
   // All of the above (the mbarriers, the tensor map's prefetch, the first tiles' pixel tables)
   // reads only the parameters: it may overlap the kernel before this one.
@@ -2123,8 +2127,7 @@ __global__ void __launch_bounds__(TL::THREADS)
   constexpr int S = TL::STAGES, BK = TL::BK;
   constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t base = atom_base(smem_raw);
   const uint32_t sa = base, sb = base + S * TL::kABytes;
   const uint32_t full0 = base + TL::kRing;  // a stage's mbarrier (all its copies)
 
@@ -2178,8 +2181,7 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
   constexpr int S = TL::STAGES, BK = TL::BK;
   constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t base = atom_base(smem_raw);
   const uint32_t sa = base, sb = base + S * TL::kABytes;
   const uint32_t full0 = base + TL::kRing, empty0 = full0 + 8 * S;
 
