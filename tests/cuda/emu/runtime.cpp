@@ -94,6 +94,7 @@ int block_threads() {
 struct Desc {
   uint32_t start, lbo, sbo;
   bool mn_major;
+  uint32_t span;  // the swizzle's row: 128, 64 or 32 bytes
 };
 
 // Thrown out of a launch when a block cannot go on (a deadlock, a trap, an error in a thread).
@@ -1060,13 +1061,20 @@ int warpgroup_base(const char* what) {
 
 // One 16-bit element of a wgmma operand in shared memory: row `mn` (of M or N) and column `k` of
 // the matrix descriptor `desc` (PTX ISA, "Matrix Descriptor Format" and the canonical layouts of
-// "Shared Memory Matrix Layout"), K-major or MN-major. Only the 128-byte swizzle is modelled:
-//   K-major:  rows of 128 bytes (64 of K) in atoms of 8 rows, SBO bytes from one 8-row group of
+// "Shared Memory Matrix Layout"), K-major or MN-major, with the 128-, 64- or 32-byte swizzle
+// (layout types 1, 2, 3), whose rows are R = 128, 64 or 32 bytes:
+//   K-major:  rows of R bytes (R / 2 of K) in atoms of 8 rows, SBO bytes from one 8-row group of
 //             M/N to the next; LBO unused.
-//   MN-major: 64 of M/N per 128-byte row, rows along K in atoms of 8, LBO bytes from one 64-wide
-//             group of M/N to the next, SBO bytes from one 8-row group of K to the next.
-// The swizzle exchanges the 16-byte chunks of each 128-byte row by the row's place in its
-// 1024-byte pattern: address bits 4-6 ^= bits 7-9.
+//   MN-major: R / 2 of M/N per R-byte row, rows along K in atoms of 8, LBO bytes from one
+//             (R / 2)-wide group of M/N to the next, SBO bytes from one 8-row group of K to the
+//             next.
+// The swizzle exchanges the 16-byte chunks of each row by the row's place in its 8·R-byte
+// pattern: address bits 4.. ^= bits 7.. (3, 2 or 1 bits: CUTLASS's Swizzle<3|2|1, 4, 3>).
+
+// Where the swizzle of rows `span` bytes wide puts shared byte `logical`.
+uint32_t swizzle_at(uint32_t logical, uint32_t span) {
+  return logical ^ (((logical >> 7) & (span / 16 - 1)) << 4);
+}
 
 Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
   char buf[240];
@@ -1081,16 +1089,17 @@ Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
     trap(buf);
   }
   const unsigned layout = static_cast<unsigned>(desc >> 62);
-  if (layout != 1) {
+  if (layout == 0) {
     std::snprintf(buf, sizeof buf,
-                  "wgmma.mma_async: the %s descriptor's layout type %u is not "
-                  "modelled (only 1, the 128-byte swizzle)",
-                  which, layout);
+                  "wgmma.mma_async: the %s descriptor's layout type 0 (no swizzle) is not "
+                  "modelled (only 1, 2 and 3: the 128-, 64- and 32-byte swizzles)",
+                  which);
     trap(buf);
   }
+  const uint32_t span = 256u >> layout;  // 1: 128, 2: 64, 3: 32 bytes
   Desc d{static_cast<uint32_t>(desc & 0x3FFF) << 4,
          static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4,
-         static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4, mn_major};
+         static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4, mn_major, span};
   // The base offset is the pattern's phase at the start address ((start >> 7) & 7); it is 0 when
   // the layout starts on a 1024-byte boundary.
   const unsigned base = static_cast<unsigned>((desc >> 49) & 7);
@@ -1101,18 +1110,18 @@ Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
                   which, base, d.start, (d.start >> 7) & 7);
     trap(buf);
   }
-  if (!mn_major && d.start % 128 + 32 > 128) {
+  if (!mn_major && d.start % span + 32 > span) {
     std::snprintf(buf, sizeof buf,
                   "wgmma.mma_async: the K-major %s operand starts at shared address "
-                  "%u, so its 16 K (32 bytes) cross a 128-byte swizzle row",
-                  which, d.start);
+                  "%u, so its 16 K (32 bytes) cross a %u-byte swizzle row",
+                  which, d.start, span);
     trap(buf);
   }
-  if (mn_major && d.start % 128 != 0) {
+  if (mn_major && d.start % span != 0) {
     std::snprintf(buf, sizeof buf,
                   "wgmma.mma_async: the MN-major %s operand starts at shared "
-                  "address %u, inside a 128-byte swizzle row",
-                  which, d.start);
+                  "address %u, inside a %u-byte swizzle row",
+                  which, d.start, span);
     trap(buf);
   }
   if (d.sbo == 0 || (mn_major && d.lbo == 0)) {
@@ -1126,13 +1135,14 @@ Desc decode_desc(uint64_t desc, bool mn_major, const char* which) {
 // `smem`: the block's dynamic shared memory, fetched once per wgmma (not per element from the
 // thread-local block); an element outside it traps through shared_at, with its message.
 uint16_t desc_element(const Desc& d, int mn, int k, const std::vector<unsigned char>& smem) {
+  const uint32_t w = d.span / 2;  // elements per row
   const uint32_t logical =
       d.mn_major
-          ? d.start + static_cast<uint32_t>(mn % 64) * 2 + static_cast<uint32_t>(mn / 64) * d.lbo +
-                static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(k / 8) * d.sbo
-          : d.start + static_cast<uint32_t>(mn % 8) * 128 + static_cast<uint32_t>(mn / 8) * d.sbo +
-                static_cast<uint32_t>(k) * 2;
-  const uint32_t physical = logical ^ (((logical >> 7) & 7) << 4);
+          ? d.start + static_cast<uint32_t>(mn) % w * 2 + static_cast<uint32_t>(mn) / w * d.lbo +
+                static_cast<uint32_t>(k % 8) * d.span + static_cast<uint32_t>(k / 8) * d.sbo
+          : d.start + static_cast<uint32_t>(mn % 8) * d.span +
+                static_cast<uint32_t>(mn / 8) * d.sbo + static_cast<uint32_t>(k) * 2;
+  const uint32_t physical = swizzle_at(logical, d.span);
   const unsigned char* p =
       physical >= kSharedBase && physical % 2 == 0 && physical - kSharedBase + 2 <= smem.size()
           ? smem.data() + (physical - kSharedBase)
@@ -1147,7 +1157,7 @@ uint16_t desc_element(const Desc& d, int mn, int k, const std::vector<unsigned c
 // group holds rows 16 w + g and 16 w + g + 8 (g = lane / 4); d[4 i + 2 h + e] is row
 // 16 w + g + 8 h, column 8 i + 2 (lane % 4) + e. Products exact, the sum rounded once to f32.
 // The 16 k elements of row mn of a descriptor's operand, as bits. K-major, they are 32 bytes of
-// one 128-byte row (decode_desc checks that), i.e. two 16-byte chunks, each moved whole by the
+// one swizzle row (decode_desc checks that), i.e. two 16-byte chunks, each moved whole by the
 // swizzle: two reads; MN-major, one element per k row.
 void desc_row(const Desc& d, int mn, const std::vector<unsigned char>& smem, uint16_t (&out)[16]) {
   if (d.mn_major) {
@@ -1155,10 +1165,9 @@ void desc_row(const Desc& d, int mn, const std::vector<unsigned char>& smem, uin
     return;
   }
   const uint32_t logical =
-      d.start + static_cast<uint32_t>(mn % 8) * 128 + static_cast<uint32_t>(mn / 8) * d.sbo;
+      d.start + static_cast<uint32_t>(mn % 8) * d.span + static_cast<uint32_t>(mn / 8) * d.sbo;
   for (int j = 0; j < 2; ++j) {
-    const uint32_t at = logical + 16 * j;
-    const uint32_t physical = at ^ (((at >> 7) & 7) << 4);
+    const uint32_t physical = swizzle_at(logical + 16 * j, d.span);
     const unsigned char* p =
         physical >= kSharedBase && physical % 16 == 0 && physical - kSharedBase + 16 <= smem.size()
             ? smem.data() + (physical - kSharedBase)
@@ -1311,8 +1320,9 @@ namespace {
 
 // The tensor map of a TMA copy `what` of rank `rank`, checked: written by the encoder of the copy's
 // mode (im2col or tiled), of the copy's rank, and of what the emulator models (no interleave, the
-// zero fill, no swizzle or the 128-byte one). Sets swz to whether it is 128B-swizzled.
-const TensorMap& copy_map(const void* map, int rank, bool im2col, const char* what, bool& swz) {
+// zero fill, no swizzle or the 128-, 64- or 32-byte one). Sets swz to the swizzle's row in bytes
+// (0: none).
+const TensorMap& copy_map(const void* map, int rank, bool im2col, const char* what, uint32_t& swz) {
   const TensorMap& t = tensor_map(map, what);
   check_device_access(what, reinterpret_cast<const void*>(t.address));
   char buf[240];
@@ -1335,25 +1345,39 @@ const TensorMap& copy_map(const void* map, int rank, bool im2col, const char* wh
     std::snprintf(buf, sizeof buf, "%s: the NaN out-of-bounds fill is not modelled", form);
     trap(buf);
   }
-  swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B;
-  if (t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && !swz) {
-    std::snprintf(buf, sizeof buf, "%s: swizzles other than none and 128B are not modelled", form);
-    trap(buf);
+  switch (t.swizzle) {
+    case CU_TENSOR_MAP_SWIZZLE_NONE:
+      swz = 0;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_32B:
+      swz = 32;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_64B:
+      swz = 64;
+      break;
+    case CU_TENSOR_MAP_SWIZZLE_128B:
+      swz = 128;
+      break;
+    default:
+      std::snprintf(buf, sizeof buf,
+                    "%s: swizzles other than none, 32B, 64B and 128B are not modelled", form);
+      trap(buf);
   }
   return t;
 }
 
 // A TMA copy's landing image of `bytes` in rows of `row` bytes for block b at shared address dst,
-// counted on mbarrier bar, after the checks its destination takes: a 128B-swizzled box in rows of
-// exactly 128 bytes (the only ones modelled), dst 128-byte aligned (CUDA programming guide, TMA).
-Block::Bulk new_box(Block& b, uint32_t dst, uint32_t bar, size_t row, size_t bytes, bool swz,
+// counted on mbarrier bar, after the checks its destination takes: a swizzled box in rows of
+// exactly the swizzle's width (swz bytes: the only ones modelled), dst 128-byte aligned (CUDA
+// programming guide, TMA).
+Block::Bulk new_box(Block& b, uint32_t dst, uint32_t bar, size_t row, size_t bytes, uint32_t swz,
                     const char* what) {
-  if (swz && row != 128) {
+  if (swz && row != swz) {
     char buf[240];
     std::snprintf(buf, sizeof buf,
-                  "%s: a 128B-swizzled box with %zu-byte rows is not modelled (only rows of "
-                  "exactly 128 bytes)",
-                  what, row);
+                  "%s: a %uB-swizzled box with %zu-byte rows is not modelled (only rows of "
+                  "exactly %u bytes)",
+                  what, swz, row, swz);
     trap(buf);
   }
   (void)shared_at(dst, bytes, 128, what);
@@ -1361,12 +1385,12 @@ Block::Bulk new_box(Block& b, uint32_t dst, uint32_t bar, size_t row, size_t byt
   return Block::Bulk{dst, bar, std::vector<unsigned char>(bytes)};
 }
 
-// Where byte `off` of a box landing at shared address dst goes: the 128-byte swizzle exchanges
-// the 16-byte chunks of each 128-byte row by the row's place in its 1024-byte atom.
-uint32_t box_offset(uint32_t dst, uint32_t off, bool swz) {
+// Where byte `off` of a box landing at shared address dst goes: the swizzle of swz-byte rows
+// (0: none) exchanges the 16-byte chunks of each row by the row's place in its 8-row pattern,
+// on the address (swizzle_at).
+uint32_t box_offset(uint32_t dst, uint32_t off, uint32_t swz) {
   if (!swz) return off;
-  const uint32_t a = dst + off;
-  return (a ^ (((a >> 7) & 7) << 4)) - dst;
+  return swizzle_at(dst + off, swz) - dst;
 }
 
 // The box of a TMA load as it will land at shared address dst (swizzled on that address), after
@@ -1374,7 +1398,7 @@ uint32_t box_offset(uint32_t dst, uint32_t off, bool swz) {
 Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int rank, uint32_t bar,
                     const char* what) {
   Block& b = *g_block;
-  bool swz = false;
+  uint32_t swz = 0;
   const TensorMap& t = copy_map(map, rank, false, what, swz);
   // Elements per dimension: the box, every elem_strides-th along dimensions 1.. (dimension 0 has
   // no traversal stride without interleave).
@@ -1419,7 +1443,7 @@ Block::Bulk tma_box(uint32_t dst, const void* map, const int32_t* coords, int ra
 Block::Bulk tma_im2col_box(uint32_t dst, const void* map, const int32_t* coords, int rank,
                            const uint16_t* offsets, uint32_t bar, const char* what) {
   Block& b = *g_block;
-  bool swz = false;
+  uint32_t swz = 0;
   const TensorMap& t = copy_map(map, rank, true, what, swz);
   char buf[300];
   if (t.elem_strides[rank - 1] != 1)

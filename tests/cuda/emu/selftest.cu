@@ -209,11 +209,13 @@ __global__ void cp_async_out_of_range_kernel(const uint32_t* src) {
 
 // ---- Hopper PTX ----
 
-// The 128-byte swizzle (CUDA programming guide, "TMA swizzle"; PTX ISA, "Swizzling modes"): the
-// 16-byte chunk x of the 128-byte row at shared address `row_addr` is stored at chunk
-// x ^ ((row_addr / 128) % 8). Returns the shared address of byte `byte` (< 128) of that row.
-__host__ __device__ uint32_t swizzled(uint32_t row_addr, uint32_t byte) {
-  return row_addr + ((((byte / 16) ^ ((row_addr / 128) % 8)) * 16) | (byte % 16));
+// The swizzles (CUDA programming guide, "TMA swizzle"; PTX ISA, "Swizzling modes"): the 16-byte
+// chunk x of the `span`-byte row (128, 64 or 32) at shared address `row_addr` is stored at chunk
+// x ^ ((row_addr / 128) % (span / 16)): the 128-byte swizzle's rows each have their own phase,
+// the 64-byte swizzle's pairs of rows, the 32-byte swizzle's fours. Returns the shared address of
+// byte `byte` (< span) of that row.
+__host__ __device__ uint32_t swizzled(uint32_t row_addr, uint32_t byte, uint32_t span = 128) {
+  return row_addr + ((((byte / 16) ^ ((row_addr / 128) % (span / 16))) * 16) | (byte % 16));
 }
 
 // Thread 0 loads one box of a tensor map with TMA at `c`, counted on an mbarrier, and copies the
@@ -306,49 +308,57 @@ __global__ void named_barrier_kernel(int* out) {
 }
 
 // wgmma descriptor (PTX ISA, "Matrix Descriptor Format"): start, LBO, SBO (each >> 4, 14 bits),
-// base offset 0, layout type 1 (128-byte swizzle) in bits 62-63.
-uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
+// base offset 0, layout type in bits 62-63 (1, 2, 3: the 128-, 64- and 32-byte swizzles).
+uint64_t wg_desc(uint32_t start, uint32_t lbo, uint32_t sbo, uint32_t span) {
+  const uint64_t layout = span == 128 ? 1 : span == 64 ? 2 : 3;
   return uint64_t{(start & 0x3FFFF) >> 4} | uint64_t{(lbo & 0x3FFFF) >> 4} << 16 |
-         uint64_t{(sbo & 0x3FFFF) >> 4} << 32 | uint64_t{1} << 62;
+         uint64_t{(sbo & 0x3FFFF) >> 4} << 32 | layout << 62;
 }
 
 // One warp group: D (64 x 128, f32, starting at 0.5) += A (64 x 16) · B (16 x 128), bf16 values
-// a[m][k], b[k][n] laid out in shared memory by the ISA's canonical 128B-swizzled layouts:
-//   K-major (a_kmajor / b_kmajor): rows of M or N 128 bytes long (64 of K), the wgmma's 16 K at
-//     bytes 32..63 of each row (a start 32 bytes into the atom), atoms of 8 rows 1024 bytes apart
-//     (SBO);
-//   MN-major: rows of K 128 bytes long (64 of M or N), 8 rows per 1024-byte atom, the next 8
-//     K rows an SBO of 1024 further, the next 64 of M or N an LBO of 2048 further.
+// a[m][k], b[k][n] laid out in shared memory by the ISA's canonical swizzled layouts, rows of
+// `span` bytes (128, 64 or 32) and atoms of 8 rows (8·span bytes):
+//   K-major (a_kmajor / b_kmajor): rows of M or N (span / 2 of K), the wgmma's 16 K at bytes
+//     32..63 of each row where the row has them (a start 32 bytes into the atom), else 0..31;
+//     atoms 8·span bytes apart (SBO);
+//   MN-major: rows of K (span / 2 of M or N), 8 rows per atom, the next 8 K rows an SBO of
+//     8·span further, the next span / 2 of M or N an LBO of 16·span further.
 // Each thread writes D by the accumulator fragment (warp w, lane l): d[4i + 2h + e] is row
 // 16 w + l / 4 + 8 h, column 8 i + 2 (l % 4) + e.
 __global__ void wgmma_kernel(const uint16_t* a, const uint16_t* b, float* d, int a_kmajor,
-                             int b_kmajor) {
+                             int b_kmajor, uint32_t span) {
   extern __shared__ unsigned char wg_smem[];
   const uint32_t raw = ::plx_emu::shared_address(wg_smem);
   const uint32_t base = (raw + 1023) / 1024 * 1024;
   const uint32_t sa = base, sb = base + 16384;
+  const uint32_t atom = 8 * span, per_row = span / 2, lbo = 16 * span;
+  const uint32_t koff = span >= 64 ? 32 : 0;
   auto put = [&](uint32_t addr, uint16_t v) { std::memcpy(wg_smem + (addr - raw), &v, 2); };
   if (threadIdx.x == 0) {
-    for (int m = 0; m < 64; ++m)
-      for (int k = 0; k < 16; ++k) {
+    for (uint32_t m = 0; m < 64; ++m)
+      for (uint32_t k = 0; k < 16; ++k) {
         const uint16_t v = a[m * 16 + k];
         if (a_kmajor)
-          put(swizzled(sa + (m / 8) * 1024 + (m % 8) * 128, 32 + 2 * k), v);
+          put(swizzled(sa + (m / 8) * atom + (m % 8) * span, koff + 2 * k, span), v);
         else
-          put(swizzled(sa + (k / 8) * 1024 + (k % 8) * 128, 2 * m), v);
+          put(swizzled(sa + (m / per_row) * lbo + (k / 8) * atom + (k % 8) * span,
+                       2 * (m % per_row), span),
+              v);
       }
-    for (int k = 0; k < 16; ++k)
-      for (int n = 0; n < 128; ++n) {
+    for (uint32_t k = 0; k < 16; ++k)
+      for (uint32_t n = 0; n < 128; ++n) {
         const uint16_t v = b[k * 128 + n];
         if (b_kmajor)
-          put(swizzled(sb + (n / 8) * 1024 + (n % 8) * 128, 32 + 2 * k), v);
+          put(swizzled(sb + (n / 8) * atom + (n % 8) * span, koff + 2 * k, span), v);
         else
-          put(swizzled(sb + (n / 64) * 2048 + (k / 8) * 1024 + (k % 8) * 128, 2 * (n % 64)), v);
+          put(swizzled(sb + (n / per_row) * lbo + (k / 8) * atom + (k % 8) * span,
+                       2 * (n % per_row), span),
+              v);
       }
   }
   __syncthreads();
-  const uint64_t da = a_kmajor ? wg_desc(sa + 32, 16, 1024) : wg_desc(sa, 2048, 1024);
-  const uint64_t db = b_kmajor ? wg_desc(sb + 32, 16, 1024) : wg_desc(sb, 2048, 1024);
+  const uint64_t da = a_kmajor ? wg_desc(sa + koff, 16, atom, span) : wg_desc(sa, lbo, atom, span);
+  const uint64_t db = b_kmajor ? wg_desc(sb + koff, 16, atom, span) : wg_desc(sb, lbo, atom, span);
   float acc[64];
   for (float& x : acc) x = 0.5f;
   ::plx_emu::wgmma_fence();
@@ -726,25 +736,33 @@ int main() {
     EXPECT(encode(bad_stride, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(encode(strides, wide, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(encode(bad_batch, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_ERROR_INVALID_VALUE);
-    EXPECT(encode(strides, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_SUCCESS);
+    // The same box with the 128-byte swizzle, and half its width (32 elements, 64-byte rows) with
+    // the 64-byte swizzle, whose pairs of rows share a phase.
     const uint32_t bytes = 64 * 16 * 2;
     uint16_t* before = device_array<uint16_t>(bytes / 2);
     uint16_t* after = device_array<uint16_t>(bytes / 2);
     int* phases = device_array<int>(3);
-    tma_kernel<<<1, 32, 8192>>>(map, 64, 20, 1, 128, bytes, before, after, phases);
-    EXPECT(cudaGetLastError() == cudaSuccess);
-    for (int i = 0; i < 3; ++i) EXPECT(phases[i] == 1);
-    int unlanded = 0, bad = 0;
-    for (uint32_t i = 0; i < bytes / 2; ++i) unlanded += before[i] == 0xFFFF;
-    const uint32_t dst = 1024 * 1000 + 128;  // any address with the same place in the pattern
-    for (int r = 0; r < 16; ++r)
-      for (int c = 0; c < 64; ++c) {
-        const int x = 64 + c, y = 20 + r;
-        const uint16_t want = x < X && y < Y ? static_cast<uint16_t>(1 + x + 100 * y + 3000) : 0;
-        bad += after[(swizzled(dst + 128 * r, 2 * c) - dst) / 2] != want;
-      }
-    EXPECT(unlanded == static_cast<int>(bytes / 2));
-    EXPECT(bad == 0);
+    for (const uint32_t span : {128u, 64u}) {
+      const uint32_t cols = span / 2, box_bytes = cols * 16 * 2;
+      const cuuint32_t bx[3] = {cols, 16, 1};
+      EXPECT(encode(strides, bx,
+                    span == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B) ==
+             CUDA_SUCCESS);
+      tma_kernel<<<1, 32, 8192>>>(map, 64, 20, 1, 128, box_bytes, before, after, phases);
+      EXPECT(cudaGetLastError() == cudaSuccess);
+      for (int i = 0; i < 3; ++i) EXPECT(phases[i] == 1);
+      int unlanded = 0, bad = 0;
+      for (uint32_t i = 0; i < box_bytes / 2; ++i) unlanded += before[i] == 0xFFFF;
+      const uint32_t dst = 1024 * 1000 + 128;  // any address with the same place in the pattern
+      for (uint32_t r = 0; r < 16; ++r)
+        for (uint32_t c = 0; c < cols; ++c) {
+          const uint32_t x = 64 + c, y = 20 + r;
+          const uint16_t want = x < X && y < Y ? static_cast<uint16_t>(1 + x + 100 * y + 3000) : 0;
+          bad += after[(swizzled(dst + span * r, 2 * c, span) - dst) / 2] != want;
+        }
+      EXPECT(unlanded == static_cast<int>(box_bytes / 2));
+      EXPECT(bad == 0);
+    }
     cudaFree(g), cudaFree(before), cudaFree(after), cudaFree(phases);
   }
   {
@@ -756,13 +774,15 @@ int main() {
     // (N 2, H 5, W 6, C 64) bf16: 40 rows of all 64 channels (128 bytes, 128B swizzle) from
     // output pixel 53 (image 1, oh 3, ow 5: the base (4, 2)) at the tap (kw 2, kh 0), so past
     // the 60th pixel into a third image; (b) stride 2 on (1, 7, 7, 64), rows of 16 channels from
-    // channel 56 (8 past C), no swizzle, 12 rows from output pixel 2 at the tap (1, 2).
+    // channel 56 (8 past C), no swizzle, 12 rows from output pixel 2 at the tap (1, 2); (c) (a)
+    // with 32 channels, in rows of 64 bytes with the 64-byte swizzle.
     struct Case {
       int N, H, W, C, s, pad, k, cpp, ppc, c0, start, offw, offh;
       CUtensorMapSwizzle sw;
     };
-    const Case cases[2] = {{2, 5, 6, 64, 1, 1, 3, 64, 40, 0, 53, 2, 0, CU_TENSOR_MAP_SWIZZLE_128B},
-                           {1, 7, 7, 64, 2, 1, 3, 16, 12, 56, 2, 1, 2, CU_TENSOR_MAP_SWIZZLE_NONE}};
+    const Case cases[3] = {{2, 5, 6, 64, 1, 1, 3, 64, 40, 0, 53, 2, 0, CU_TENSOR_MAP_SWIZZLE_128B},
+                           {1, 7, 7, 64, 2, 1, 3, 16, 12, 56, 2, 1, 2, CU_TENSOR_MAP_SWIZZLE_NONE},
+                           {2, 5, 6, 32, 1, 1, 3, 32, 40, 0, 53, 2, 0, CU_TENSOR_MAP_SWIZZLE_64B}};
     for (const Case& k : cases) {
       const size_t elems = static_cast<size_t>(k.N) * k.H * k.W * k.C;
       uint16_t* g = device_array<uint16_t>(elems);
@@ -808,9 +828,11 @@ int main() {
               in ? static_cast<uint16_t>(1 +
                                          ((static_cast<size_t>(n) * k.H + ih) * k.W + iw) * k.C + c)
                  : 0;
-          const uint32_t at = k.sw == CU_TENSOR_MAP_SWIZZLE_128B
-                                  ? (swizzled(dst + 128 * p, 2 * j) - dst) / 2
-                                  : static_cast<uint32_t>(p * k.cpp + j);
+          const uint32_t span = static_cast<uint32_t>(2 * k.cpp);  // a swizzled row: the box's
+          const uint32_t at =
+              k.sw != CU_TENSOR_MAP_SWIZZLE_NONE
+                  ? (swizzled(dst + span * p, 2 * static_cast<uint32_t>(j), span) - dst) / 2
+                  : static_cast<uint32_t>(p * k.cpp + j);
           bad += out[at] != want;
           (want ? nonzero : zero) += 1;
         }
@@ -860,8 +882,8 @@ int main() {
     cudaFree(order), cudaFree(out);
   }
   {
-    // wgmma m64n128k16 (bf16) in every operand layout against a direct product: small integers,
-    // exact in bf16 and f32.
+    // wgmma m64n128k16 (bf16) in every operand layout and swizzle against a direct product:
+    // small integers, exact in bf16 and f32.
     uint16_t* a = device_array<uint16_t>(64 * 16);
     uint16_t* b = device_array<uint16_t>(16 * 128);
     float* d = device_array<float>(64 * 128);
@@ -876,8 +898,8 @@ int main() {
     }
     EXPECT(cudaFuncSetAttribute(wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 40000) ==
            cudaSuccess);
-    for (int layout = 0; layout < 4; ++layout) {
-      wgmma_kernel<<<1, 128, 40000>>>(a, b, d, layout & 1, layout >> 1);
+    for (int layout = 0; layout < 12; ++layout) {
+      wgmma_kernel<<<1, 128, 40000>>>(a, b, d, layout & 1, (layout >> 1) & 1, 128u >> (layout / 4));
       EXPECT(cudaGetLastError() == cudaSuccess);
       int bad = 0;
       for (int m = 0; m < 64; ++m)

@@ -1,7 +1,7 @@
 // The CUDA emulator's ops/wgmma_ptx.cuh: the same wrappers (signatures alike, namespace alike), on
 // the emulator's Hopper PTX (plx_emu.hpp) instead of inline assembly. translate.py includes this
 // in place of ops/wgmma_ptx.cuh, so the Hopper GEMM (ops/wgmma_gemm.cu) runs on the CPU as it is
-// written: its mbarrier pipeline, TMA boxes with the 128-byte swizzle, wgmma descriptors and
+// written: its mbarrier pipeline, TMA boxes with the 128- or 64-byte swizzle, wgmma descriptors and
 // accumulator fragments, modelled from the PTX ISA and the driver API independently of the kernel.
 #pragma once
 
