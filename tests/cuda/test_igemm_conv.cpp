@@ -44,6 +44,7 @@ const std::vector<Geo>& geometries() {
       {{2, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}},   // convnet conv2 (M = 1568)
       {{2, 64, 14, 14}, 128, 3, 3, {1, 1}, {1, 1}},  // convnet conv3
       {{2, 128, 9, 7}, 24, 3, 3, {2, 2}, {1, 1}},    // C of two 64-channel blocks, stride 2
+      {{1, 96, 7, 6}, 24, 3, 3, {2, 1}, {1, 1}},     // C of three 32-channel blocks, mixed stride
       {{3, 8, 7, 9}, 16, 3, 3, {2, 2}, {1, 1}},      // stride 2, small O
       {{2, 24, 9, 6}, 8, 3, 2, {1, 2}, {2, 1}},      // rectangular kernel, mixed stride
       {{1, 8, 5, 5}, 200, 1, 1, {1, 1}, {0, 0}},     // 1x1, O over two 128 tiles, ragged
@@ -71,16 +72,18 @@ const std::vector<Geo>& tf32_geometries() {
 const std::vector<std::string> kWgmmaTiles = {"igemm_wgmma_128x128x64", "igemm_wgmma_128x64x64",
                                               "igemm_wgmma_128x32x64"};
 // The same tiles with A through the TMA's im2col mode (the forward, and backward data),
-// registered after them; the weight gradient's (kWgmmaWgradTiles) read x so.
-const std::vector<std::string> kWgmmaIm2colTiles = {"igemm_wgmma_im2col_128x128x64",
-                                                    "igemm_wgmma_im2col_128x64x64",
-                                                    "igemm_wgmma_im2col_128x32x64"};
+// registered after them, and the narrow one (K tiles of 32 channels, the 64-byte swizzle: C % 64
+// in 1..32 only); the weight gradient's (kWgmmaWgradTiles) read x so.
+const std::vector<std::string> kWgmmaIm2colTiles = {
+    "igemm_wgmma_im2col_128x128x64", "igemm_wgmma_im2col_128x64x64", "igemm_wgmma_im2col_128x32x64",
+    "igemm_wgmma_im2col_128x64x32"};
 // The im2col tiles again, persistent and warp-specialized (a producer warp; the blocks walk the
 // output tiles), registered last.
-const std::vector<std::string> kWgmmaPersistentTiles = {"igemm_wgmma_im2col_128x128x64_persistent",
-                                                        "igemm_wgmma_im2col_128x64x64_persistent",
-                                                        "igemm_wgmma_im2col_128x32x64_persistent"};
-// The weight gradient's: gathering, im2col, and im2col with a producer warp (_ws).
+const std::vector<std::string> kWgmmaPersistentTiles = {
+    "igemm_wgmma_im2col_128x128x64_persistent", "igemm_wgmma_im2col_128x64x64_persistent",
+    "igemm_wgmma_im2col_128x32x64_persistent", "igemm_wgmma_im2col_128x64x32_persistent"};
+// The weight gradient's: gathering, im2col, and im2col with a producer warp (_ws), the last in
+// x's boxes of 32 channels (_c32: C an odd multiple of 32 only).
 const std::vector<std::string> kWgmmaWgradTiles = {"igemm_wgmma_128x128x64",
                                                    "igemm_wgmma_128x64x64",
                                                    "igemm_wgmma_64x128x64",
@@ -89,7 +92,9 @@ const std::vector<std::string> kWgmmaWgradTiles = {"igemm_wgmma_128x128x64",
                                                    "igemm_wgmma_im2col_64x128x64",
                                                    "igemm_wgmma_im2col_128x128x64_ws",
                                                    "igemm_wgmma_im2col_128x64x64_ws",
-                                                   "igemm_wgmma_im2col_64x128x64_ws"};
+                                                   "igemm_wgmma_im2col_64x128x64_ws",
+                                                   "igemm_wgmma_im2col_64x128x64_c32_ws",
+                                                   "igemm_wgmma_im2col_64x96x64_c32_ws"};
 
 bool is_wgmma_tile(const std::string& impl) {
   return impl.rfind("igemm_wgmma_", 0) == 0;
@@ -114,12 +119,18 @@ std::vector<const plx_kernel*> candidates(Backend& gpu, const OpSchema& s, plx_d
 const Layouts kLayouts[] = {
     {false, false, false}, {true, true, true}, {true, false, false}, {false, true, true}};
 
+// How many times each candidate ran (its results compared), by run_key.
+using Runs = std::map<std::string, int>;
+std::string run_key(const std::string& op, plx_dtype d, const std::string& impl) {
+  return op + " " + dtype_name(d) + " " + impl;
+}
+
 // Runs every candidate of `op` for one node; checks that each one accepts when `must_accept`,
 // and compares each result with `want`.
 void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
                       const std::vector<Tensor>& in, const Shape& out_shape, bool out_nhwc,
                       const Attrs& attrs, const Tensor& want, int64_t terms, bool must_accept,
-                      const std::string& what, int* ran) {
+                      const std::string& what, Runs* ran) {
   const OpSchema& s = runtime().ops().get(op);
   const std::vector<const plx_kernel*> ks = candidates(gpu, s, d);
   REQUIRE(ks.size() >= 4);  // one per tile
@@ -136,13 +147,17 @@ void check_candidates(Backend& gpu, const std::string& op, plx_dtype d,
       // sm_90a code on another device: the decline is the whole test of such a candidate.
       const bool other_device =
           is_wgmma_tile(k->impl) && why.find("compute capability 9.0") != std::string::npos;
-      // The im2col weight gradient reads x in boxes of 64 channels of one tap.
+      // The im2col weight gradient reads x in boxes of 64 channels of one tap (the _c32 one in
+      // boxes of 32, C an odd multiple of 32), and the narrow forward (K tiles of 32 channels)
+      // takes only C % 64 in 1..32.
       const bool im2col_c = std::string(k->impl).rfind("igemm_wgmma_im2col_", 0) == 0 &&
-                            why.find("must be a multiple of 64") != std::string::npos;
+                            (why.find("must be a multiple of 64") != std::string::npos ||
+                             why.find("must be an odd multiple of 32") != std::string::npos ||
+                             why.find("to the 64-channel ones") != std::string::npos);
       CHECK((!must_accept || other_device || im2col_c));
       continue;
     }
-    ++*ran;
+    ++(*ran)[run_key(op, d, k->impl)];
     const Tensor got = out.contiguous().to(cpu());
     const std::string diff =
         cmp::compare_tensors(got, want, cmp::tolerance_for(d, terms, d == PLX_F32));
@@ -157,7 +172,7 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
   PLX_REQUIRE_CUDA(gpu);
   cuda::Tf32Off tf32_guard(gpu);
   uint64_t seed = 20261123;
-  int ran_fwd = 0, ran_bd = 0, ran_bw = 0;
+  Runs ran;
   const std::vector<plx_dtype> dtypes = test_dtypes({PLX_F16, PLX_BF16, PLX_F32});
   REQUIRE(!dtypes.empty());
   for (plx_dtype d : dtypes) {
@@ -174,43 +189,66 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
         const Tensor gdy = on_gpu(gpu, c.dy, l.y);
         const Tensor gb = c.b.to(gpu);
         check_candidates(gpu, "conv2d", d, {gx, gw, Tensor()}, c.y_shape, l.y, c.geo, c.want_y,
-                         g.x[1] * g.kh * g.kw + 1, true, what, &ran_fwd);
+                         g.x[1] * g.kh * g.kw + 1, true, what, &ran);
         check_candidates(gpu, "conv2d", d, {gx, gw, gb}, c.y_shape, l.y, c.geo, c.want_yb,
-                         g.x[1] * g.kh * g.kw + 1, true, what + ", bias", &ran_fwd);
+                         g.x[1] * g.kh * g.kw + 1, true, what + ", bias", &ran);
         // Backward data: stride 1 only (dx as a convolution of dy); dx in x's layout.
         check_candidates(gpu, "conv2d_backward_data", d, {gdy, gw}, g.x, l.x, c.bd_attrs, c.want_dx,
-                         g.o * g.kh * g.kw, stride1, what, &ran_bd);
+                         g.o * g.kh * g.kw, stride1, what, &ran);
         // Backward weight: dw in w's layout.
         check_candidates(
             gpu, "conv2d_backward_weight", d, {gdy, gx}, c.w_shape, l.w, c.bw_attrs, c.want_dw,
-            std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]), true, what, &ran_bw);
+            std::max<int64_t>(1, c.y_shape[0] * c.y_shape[2] * c.y_shape[3]), true, what, &ran);
       }
     }
   }
-  CHECK(ran_fwd > 0);
-  CHECK(ran_bd > 0);
-  CHECK(ran_bw > 0);
+  // Every candidate ran on some geometry (one that declines everything would pass the checks
+  // above untested), the Hopper tiles where the device runs them (9.0).
+  const auto& dev = gpu.device(0);
+  const bool sm90 = cuda::emulated(gpu) || dev.arch_major * 10 + dev.arch_minor == 90;
+  for (const char* op : {"conv2d", "conv2d_backward_data", "conv2d_backward_weight"})
+    for (plx_dtype d : dtypes)
+      for (const plx_kernel* k : candidates(gpu, runtime().ops().get(op), d)) {
+        if (is_wgmma_tile(k->impl) && !sm90) continue;
+        INFO(run_key(op, d, k->impl));
+        CHECK(ran[run_key(op, d, k->impl)] > 0);
+      }
 }
 
 // The same candidate twice on the same inputs gives the same bits (the flags say deterministic:
 // no atomics, and the weight gradient's split-K slices are summed in a fixed order).
 TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
   PLX_REQUIRE_CUDA(gpu);
-  // (convnet's conv3: 64 input channels, which the im2col weight gradient's boxes take)
-  const Geo g = {{4, 64, 14, 14}, 128, 3, 3, {1, 1}, {1, 1}};
-  const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
-  const Shape y_shape = out_shape(g);
+  // convnet's conv3 (64 input channels, which the im2col weight gradients' 64-channel boxes
+  // take) and conv2 (32: the _c32 tiles' boxes); each candidate on those it accepts, and on one
+  // at least.
+  const Geo geos[] = {{{4, 64, 14, 14}, 128, 3, 3, {1, 1}, {1, 1}},
+                      {{2, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}}};
   cuda::Tf32Off tf32_guard(gpu);
+  const auto& dev = gpu.device(0);
+  const bool sm90 = cuda::emulated(gpu) || dev.arch_major * 10 + dev.arch_minor == 90;
+  Runs tested;
   for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
     REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
-    const Tensor x = random_tensor(g.x, d, 7).to(gpu);
-    const Tensor dy = random_tensor(y_shape, d, 8).to(gpu);
-    Attrs bw_attrs = geo_attrs(g);
-    bw_attrs.set("weight_shape", Ints(w_shape));
-    const OpSchema& s = runtime().ops().get("conv2d_backward_weight");
-    for (const plx_kernel* k : candidates(gpu, s, d)) {
+    for (const Geo& g : geos) {
+      const Shape w_shape = {g.o, g.x[1], g.kh, g.kw};
+      const Tensor x = random_tensor(g.x, d, 7).to(gpu);
+      const Tensor dy = random_tensor(out_shape(g), d, 8).to(gpu);
+      Attrs bw_attrs = geo_attrs(g);
+      bw_attrs.set("weight_shape", Ints(w_shape));
+      const OpSchema& s = runtime().ops().get("conv2d_backward_weight");
+      for (const plx_kernel* k : candidates(gpu, s, d)) {
+        INFO(dtype_name(d) << " " << k->impl << ", " << describe(g));
+        Tensor probe = poisoned(gpu, w_shape, d, false);
+        if (!run_candidate(gpu, s, k, {dy, x}, {probe}, bw_attrs).empty()) continue;
+        ++tested[run_key(s.name, d, k->impl)];
+        CHECK(same_bits_twice(gpu, s, k, {dy, x}, w_shape, d, bw_attrs));
+      }
+    }
+    for (const plx_kernel* k : candidates(gpu, runtime().ops().get("conv2d_backward_weight"), d)) {
+      if (is_wgmma_tile(k->impl) && !sm90) continue;  // declined on other devices
       INFO(dtype_name(d) << " " << k->impl);
-      CHECK(same_bits_twice(gpu, s, k, {dy, x}, w_shape, d, bw_attrs));
+      CHECK(tested[run_key("conv2d_backward_weight", d, k->impl)] > 0);
     }
   }
 }

@@ -154,10 +154,16 @@ using Tile256x32 = Tile<256, 32, 32, 64, 32, 3>;    // 4 warps, 67.5 KiB (opt-in
 // each stage through an mbarrier of its own (the weight gradient's igemm_wgmma_wgrad_ws_kernel).
 // kPersistent_ (the forward's and backward data's; warp-specialized too): the blocks walk the
 // output tiles (igemm_wgmma_im2col_persistent_kernel).
+// BK_, CW_ (im2col only): the K tile, and the channels of one im2col copy's row. 64 and 64: rows
+// of 128 bytes with the 128-byte swizzle. The narrow tiles take 32 channels a copy, in rows of 64
+// bytes with the 64-byte swizzle, for C = 32 (convnet's conv2), where 64-channel copies are half
+// zeros: the forward's and backward data's with BK = CW = 32 (a K tile is one tap's 32 channels,
+// both operands K-major in 64-byte rows), the weight gradient's with BK = 64 pixels and CW = 32
+// (B, MN-major, in column blocks of 32; A, dy, as before).
 template <int BM_, int BN_, int STAGES_, bool kIm2col_ = false, bool kPersistent_ = false,
-          bool kWarpSpec_ = false>
+          bool kWarpSpec_ = false, int BK_ = 64, int CW_ = BK_>
 struct WgTile {
-  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, CW = CW_;
   static constexpr bool kWgmma = true, kIm2col = kIm2col_, kPersistent = kPersistent_;
   static constexpr bool kWarpSpec = kWarpSpec_ || kPersistent_;
   static constexpr int WM = 16, WN = BN, WARPS_M = BM / 16, WARPS_N = 1;
@@ -165,9 +171,13 @@ struct WgTile {
   // The launch's: the warp groups, and the warp-specialized tiles' producer warp.
   static constexpr int BLOCK_THREADS = THREADS + (kWarpSpec ? 32 : 0);
   static constexpr int MI = 1, NI = BN / 8;
-  static constexpr int CPR = 8;  // 16-byte chunks per 128-byte row
+  static constexpr int CPR = BK / 8;  // 16-byte chunks per K-major row (the gathered tiles': 8)
   static constexpr int A_ITERS = BM * CPR / THREADS;  // the forward's gathered A (B: the TMA)
-  static constexpr int kABytes = BM * 128, kBBytes = BN * 128;  // one stage of each operand
+  // One stage of each operand: BM (BN) rows of BK, or BK rows of BM (BN).
+  static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2;
+  // The rows' bytes, which the swizzle spans: K-major rows (the forward's, BK), and the im2col
+  // copies' rows (CW channels: the forward's B as well, the weight gradient's B).
+  static constexpr int kRowK = BK * 2, kRowC = CW * 2;
   static constexpr int kRing = STAGES * (kABytes + kBBytes);
   // An mbarrier per stage (the TMA operands'), and for the warp-specialized tiles a second (the
   // stage is free again).
@@ -183,6 +193,8 @@ struct WgTile {
   static_assert(STAGES >= 3, "a stage in flight, one computing, one being refilled");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stages keep atoms 1024-aligned");
   static_assert(!kWarpSpec || kIm2col, "warp-specialized tiles: both operands on the TMA");
+  static_assert((BK == 64 && CW == 64) || (kIm2col && CW == 32 && (BK == 32 || BK == 64)),
+                "128-byte rows, or the im2col tiles' 64-byte ones");
 
   static std::string name() {
     std::string suffix;
@@ -190,8 +202,10 @@ struct WgTile {
       suffix = "_persistent";
     else if (kWarpSpec)
       suffix = "_ws";
+    // A weight gradient's narrow copies (CW below BK) show in the name; the forward's in BK.
+    const std::string cw = CW != BK ? "_c" + std::to_string(CW) : "";
     return std::string(kIm2col ? "igemm_wgmma_im2col_" : "igemm_wgmma_") + std::to_string(BM) +
-           "x" + std::to_string(BN) + "x" + std::to_string(BK) + suffix;
+           "x" + std::to_string(BN) + "x" + std::to_string(BK) + cw + suffix;
   }
 };
 using WgTile128x128 = WgTile<128, 128, 4>;  // 128 KiB of stages
@@ -216,6 +230,17 @@ using WgPerTile128x32 = WgTile<128, 32, 4, true, true>;
 using WgWsTile128x128 = WgTile<128, 128, 4, true, false, true>;
 using WgWsTile128x64 = WgTile<128, 64, 4, true, false, true>;
 using WgWsTile64x128 = WgTile<64, 128, 4, true, false, true>;
+// The narrow im2col tiles (C = 32: convnet's conv2, 32 -> 64 channels). The forward's K tiles
+// are half as large, so twice the stages fit: 128x64x32 with 6 stages (73 KiB: three blocks an
+// SM), persistent with 7 beside its staging (104 KiB: two).
+using WgI2cTile128x64x32 = WgTile<128, 64, 6, true, false, false, 32>;
+using WgPerTile128x64x32 = WgTile<128, 64, 7, true, true, false, 32>;
+// The weight gradient's (warp-specialized): 64 output channels (conv2's) by 128 columns j of
+// x's 32-channel taps, four im2col copies a stage; and by 96 (wgmma's n96), three copies, whose
+// tiles cover conv2's J = 9·32 = 288 exactly where 128 computes a third tile three quarters
+// zeros.
+using WgWsTile64x128c32 = WgTile<64, 128, 4, true, false, true, 64, 32>;
+using WgWsTile64x96c32 = WgTile<64, 96, 4, true, false, true, 64, 32>;
 
 // ---- the GEMM problem ----
 //
@@ -900,6 +925,26 @@ __global__ void __launch_bounds__(TL::THREADS) igemm_conv_kernel(const IgemmArgs
   igemm_store<T, TL, Ix, BT ? TL::SMEM_T : TL::SMEM>(a, acc, m0, n0, wm, wn, lane, tid, smem_raw);
 }
 
+// The bytes from one 16-row k slice of an operand's stage to the next: K-major, 32 (16 k of a
+// row); MN-major, 16 k rows: of 128 bytes for A (dy's 64 channels), of kRowC for B (the weight
+// gradient's column blocks, 128 or 64 bytes).
+template <class TL, bool kMN, bool kB>
+constexpr uint32_t slice_bytes() {
+  if constexpr (!kMN) return 32;
+  return 16u * (kB ? TL::kRowC : 128);
+}
+
+// The forward's and backward data's stage-0 descriptors, both operands K-major in rows of
+// TL::kRowK bytes (the LBO unused: 16) in atoms of 8 rows (SBO): warp group wg's 64 rows of A
+// from sa, and B's BN rows from sb.
+template <class TL>
+__device__ __forceinline__ void kmajor_descs(uint32_t sa, uint32_t sb, int wg, uint64_t& da0,
+                                             uint64_t& db0) {
+  constexpr uint32_t kRow = TL::kRowK;
+  da0 = make_desc<kRow>(sa + static_cast<uint32_t>(wg) * 64 * kRow, 16u, 8 * kRow);
+  db0 = make_desc<kRow>(sb, 16u, 8 * kRow);
+}
+
 // ---- the wgmma kernels' K loop ----
 //
 // STAGES shared-memory stages, copies STAGES-2 tiles ahead and one wgmma group in flight (two
@@ -924,7 +969,8 @@ template <class T, class TL, bool kMN, class Load, bool kCpAsync = true>
 __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL::BN / 2],
                                              uint64_t da0, uint64_t db0, uint32_t full0) {
   constexpr int S = TL::STAGES;
-  constexpr uint32_t kSlice = kMN ? 2048 : 32;
+  constexpr uint32_t kSliceA = slice_bytes<TL, kMN, false>(),
+                     kSliceB = slice_bytes<TL, kMN, true>();
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) {
     if (s < nk) load(s, s);
@@ -952,8 +998,8 @@ __device__ __forceinline__ void wgmma_k_loop(int nk, Load&& load, float (&d)[TL:
                    db = desc_advance(db0, st * TL::kBBytes);
 #pragma unroll
     for (int kk = 0; kk < TL::BK / 16; ++kk)
-      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSlice * kk),
-                                        desc_advance(db, kSlice * kk));
+      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSliceA * kk),
+                                        desc_advance(db, kSliceB * kk));
     wgmma_commit();
     // TMA copies only: thread 0 refills the stage of tile it - 2 (retired by every warp before
     // the barrier above) once this tile's wgmmas are issued, so that its warp's wgmmas do not
@@ -1069,10 +1115,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   zero_acc<TL>(acc);
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
 
-  // Stage 0's descriptors, K-major (the leading byte offset unused: 16), atoms of 8 rows
-  // kAtomBytes apart: this warp group's 64 rows of A (8 atoms from row 64 wg) and B's BN rows.
-  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
-  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  uint64_t da0, db0;  // stage 0's (K-major, 128-byte rows)
+  kmajor_descs<TL>(sa, sb, wg, da0, db0);
   wgmma_k_loop<T, TL, false>(KT, load_tile, d, da0, db0, full0);
   fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
 
@@ -1119,14 +1163,14 @@ struct I2cCopies {
     if constexpr (kPool) {
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        tma_load_im2col_4d(dst_a + t * (TL::kABytes / 4), tmx, cb * 64, cw, ch, cn,
+        tma_load_im2col_4d(dst_a + t * (TL::kABytes / 4), tmx, cb * TL::BK, cw, ch, cn,
                            static_cast<uint16_t>(kw + (t & 1) * a.sw),
                            static_cast<uint16_t>(kh + (t >> 1) * a.sh), bar);
     } else {
-      tma_load_im2col_4d(dst_a, tmx, cb * 64, cw, ch, cn, static_cast<uint16_t>(kw),
+      tma_load_im2col_4d(dst_a, tmx, cb * TL::BK, cw, ch, cn, static_cast<uint16_t>(kw),
                          static_cast<uint16_t>(kh), bar);
     }
-    tma_load_3d(dst_b, tmw, cb * 64, tap, n0, bar);
+    tma_load_3d(dst_b, tmw, cb * TL::BK, tap, n0, bar);
     if (++cb == CB) {
       cb = 0, ++tap;
       if (++kw == a.KW) kw = 0, ++kh;
@@ -1173,7 +1217,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
-  const int CB = (a.C + 63) / 64;  // channel blocks per tap
+  static_assert(TL::BK == TL::CW, "a K tile is one copy's channels of a tap");
+  const int CB = (a.C + TL::BK - 1) / TL::BK;  // channel blocks per tap
   const int KT = a.KH * a.KW * CB;
 
   // Thread 0 issues the copies, in K order.
@@ -1194,8 +1239,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   float acc[1][TL::NI][4];
   zero_acc<TL>(acc);
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
-  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
-  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  uint64_t da0, db0;
+  kmajor_descs<TL>(sa, sb, wg, da0, db0);
   wgmma_k_loop<T, TL, false, decltype(load_tile)&, false>(KT, load_tile, d, da0, db0, full0);
   fence_proxy_async();  // wgmma's reads of the stages before the epilogue's writes
 
@@ -1216,7 +1261,8 @@ __device__ __forceinline__ void ws_k_loop(int nk, float (&d)[TL::BN / 2], uint64
                                           uint64_t db0, uint32_t full0, uint32_t empty0, int lane,
                                           int& s, uint32_t& phase) {
   constexpr int S = TL::STAGES;
-  constexpr uint32_t kSlice = kMN ? 2048 : 32;
+  constexpr uint32_t kSliceA = slice_bytes<TL, kMN, false>(),
+                     kSliceB = slice_bytes<TL, kMN, true>();
   int prev = 0;  // the stage of the previous K tile
   for (int kt = 0; kt < nk; ++kt) {
     mbar_wait(full0 + 8 * s, phase);  // K tile kt has landed
@@ -1225,8 +1271,8 @@ __device__ __forceinline__ void ws_k_loop(int nk, float (&d)[TL::BN / 2], uint64
     const uint64_t da = desc_advance(da0, s * TL::kABytes), db = desc_advance(db0, s * TL::kBBytes);
 #pragma unroll
     for (int kk = 0; kk < TL::BK / 16; ++kk)
-      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSlice * kk),
-                                        desc_advance(db, kSlice * kk));
+      wgmma_m64k16<T, TL::BN, kMN, kMN>(d, desc_advance(da, kSliceA * kk),
+                                        desc_advance(db, kSliceB * kk));
     wgmma_commit();
     fence_acc(d);
     wgmma_wait<1>();  // only this K tile's wgmmas in flight: the previous stage is read
@@ -1315,7 +1361,8 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
-  const int CB = (a.C + 63) / 64;  // channel blocks per tap
+  static_assert(TL::BK == TL::CW, "a K tile is one copy's channels of a tap");
+  const int CB = (a.C + TL::BK - 1) / TL::BK;  // channel blocks per tap
   const int KT = a.KH * a.KW * CB;
   const int64_t tiles = a.tiles;
   const int nt = a.nt;
@@ -1343,8 +1390,8 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
 
   // A consumer warp group: rows 64 wg.. of every output tile of the block, all BN columns.
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
-  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * 64 * 128, 16u, kAtomBytes);
-  const uint64_t db0 = make_desc(sb, 16u, kAtomBytes);
+  uint64_t da0, db0;
+  kmajor_descs<TL>(sa, sb, wg, da0, db0);
   float acc[1][TL::NI][4];
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
   int s = 0;
@@ -2070,16 +2117,17 @@ __global__ void __launch_bounds__(TL::THREADS)
 // completing on the mbarrier bar with the stage's bytes.
 template <class TL>
 struct WgradI2cCopies {
-  static constexpr int NB = TL::BN / 64;      // B's column blocks (one im2col copy each)
-  static constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
-  static_assert(TL::BK == 64 && TL::BN % 64 == 0, "MN-major operands: boxes of 64 k x 64");
+  static constexpr int NB = TL::BN / TL::CW;         // B's column blocks (one im2col copy each)
+  static constexpr uint32_t kBox = 64 * 128;         // dy's: 64 k rows of 64 elements
+  static constexpr uint32_t kBoxB = 64 * TL::kRowC;  // B's: 64 k rows of CW elements
+  static_assert(TL::BK == 64 && TL::BN % TL::CW == 0, "MN-major operands: boxes of 64 k x CW");
   int bc[NB] = {}, bkw[NB] = {}, bkh[NB] = {};
 
   template <class T>
   __device__ __forceinline__ void start(const WgradArgs<T>& a, int n0) {
 #pragma unroll
     for (int jb = 0; jb < NB; ++jb) {
-      const int j = n0 + 64 * jb;
+      const int j = n0 + TL::CW * jb;
       const int tap = j / a.C;
       bc[jb] = j < a.J ? j - tap * a.C : a.C;
       bkh[jb] = j < a.J ? tap / a.KW : 0;
@@ -2101,20 +2149,34 @@ struct WgradI2cCopies {
     const int bw = ow * a.sw - a.pw, bh = oh * a.sh - a.ph;
 #pragma unroll
     for (int jb = 0; jb < NB; ++jb)
-      tma_load_im2col_4d(dst_b + jb * kBox, tmx, bc[jb], bw, bh, n, static_cast<uint16_t>(bkw[jb]),
+      tma_load_im2col_4d(dst_b + jb * kBoxB, tmx, bc[jb], bw, bh, n, static_cast<uint16_t>(bkw[jb]),
                          static_cast<uint16_t>(bkh[jb]), bar);
   }
 };
 
+// The im2col weight gradients' stage-0 descriptors, both MN-major: warp group wg's box of A (its
+// 64 output channels: 64 k rows of 128 bytes, 8 rows kAtomBytes apart), and B's BN / CW column
+// blocks, kBoxB apart (LBO), each 64 k rows of kRowC bytes (the 128- or 64-byte swizzle) in
+// atoms of 8 rows (SBO).
+template <class TL>
+__device__ __forceinline__ void wgrad_i2c_descs(uint32_t sa, uint32_t sb, int wg, uint64_t& da0,
+                                                uint64_t& db0) {
+  using Cp = WgradI2cCopies<TL>;
+  constexpr uint32_t kRow = TL::kRowC;
+  da0 = make_desc(sa + static_cast<uint32_t>(wg) * Cp::kBox, Cp::kBox, kAtomBytes);
+  db0 = make_desc<kRow>(sb, Cp::kBoxB, 8 * kRow);
+}
+
 // The Hopper weight gradient with B (x through the receptive fields) on the TMA's im2col mode as
-// well: per stage, B's column block jb (64 columns j = tap·C + c of one tap, as C % 64 == 0) is
+// well: per stage, B's column block jb (CW columns j = tap·C + c of one tap, as C % CW == 0) is
 // one im2col copy of the stage's 64 pixels (k rows) at that tap's offsets (kw, kh) and channels
-// c.. c + 63: the copy lands as 64 rows (pixels) of 128 bytes (channels) in the 128-byte swizzle,
-// which is the MN-major box the gather wrote. tmx is x's map with the convolution's bounding box
+// c.. c + CW - 1: the copy lands as 64 rows (pixels) of 2·CW bytes (channels) in the swizzle of
+// that width (CW = 64: the MN-major box the gather wrote; the _c32 tiles' 32: the 64-byte
+// swizzle, wgrad_i2c_descs). tmx is x's map with the convolution's bounding box
 // and 64 pixels per column (im2col_conv), so a copy walks the pixels p0.. in the order n, oh, ow
 // from the base of p0, crossing rows and images as the GEMM's K does, and zero-fills taps in the
 // padding and pixels past P (the last slice's last tile). Column blocks past J copy channel C..
-// (all zeros). No pixel tables and no cp.async: thread 0 issues BM / 64 + BN / 64 copies a tile
+// (all zeros). No pixel tables and no cp.async: thread 0 issues BM / 64 + BN / CW copies a tile
 // and computes the tile's base (p0 divided by OH·OW and OW, by multiply-high).
 template <class T, class TL>
 __global__ void __launch_bounds__(TL::THREADS)
@@ -2125,7 +2187,6 @@ __global__ void __launch_bounds__(TL::THREADS)
   __trap();  // wgmma needs sm_90a; the host declines every other device
 #else
   constexpr int S = TL::STAGES, BK = TL::BK;
-  constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t base = atom_base(smem_raw);
   const uint32_t sa = base, sb = base + S * TL::kABytes;
@@ -2156,8 +2217,8 @@ __global__ void __launch_bounds__(TL::THREADS)
   float acc[1][TL::NI][4];
   zero_acc<TL>(acc);
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
-  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
-  const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
+  uint64_t da0, db0;
+  wgrad_i2c_descs<TL>(sa, sb, wg, da0, db0);
   wgmma_k_loop<T, TL, true, decltype(load_tile)&, false>(nk, load_tile, d, da0, db0, full0);
 
   wgrad_finish<T, TL>(a, acc, m0, n0, warp, 0, lane);
@@ -2179,7 +2240,6 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
 #else
   static_assert(TL::kWarpSpec && !TL::kPersistent, "the weight gradient's _ws tiles");
   constexpr int S = TL::STAGES, BK = TL::BK;
-  constexpr uint32_t kBox = 64 * 128;  // 64 k rows of 64 elements
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t base = atom_base(smem_raw);
   const uint32_t sa = base, sb = base + S * TL::kABytes;
@@ -2212,8 +2272,8 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
   float acc[1][TL::NI][4];
   zero_acc<TL>(acc);
   float(&d)[TL::BN / 2] = reinterpret_cast<float(&)[TL::BN / 2]>(acc);
-  const uint64_t da0 = make_desc(sa + static_cast<uint32_t>(wg) * kBox, kBox, kAtomBytes);
-  const uint64_t db0 = make_desc(sb, kBox, kAtomBytes);
+  uint64_t da0, db0;
+  wgrad_i2c_descs<TL>(sa, sb, wg, da0, db0);
   int s = 0;
   uint32_t phase = 0;
   ws_k_loop<T, TL, true>(nk, d, da0, db0, full0, empty0, lane, s, phase);
@@ -2562,9 +2622,17 @@ class IgemmConvKernel final : public Kernel {
     PLX_DECLINE_UNLESS(ctx.prop.major >= 8, "%s: mma.sync and cp.async need sm_80 or later", op);
     if constexpr (TL::kIm2col) {
       decline_unless_sm90a(ctx, op);
-      // The filter as (Ca, taps, Co) in boxes of 64 channels of a tap; the activation (dy for
+      // The narrow tiles (32 channels a K tile) take what 64-channel K tiles would fill with
+      // zeros for more than half of their last channel block (Ca % 64 in 1..32: C = 32, 96..);
+      // the others waste nothing more on 64.
+      if constexpr (TL::CW == 32)
+        PLX_DECLINE_UNLESS(Ca % 64 != 0 && Ca % 64 <= 32,
+                           "%s: the 32-channel tiles leave %lld channels (not 1 to 32 past a "
+                           "multiple of 64) to the 64-channel ones",
+                           op, static_cast<long long>(Ca));
+      // The filter as (Ca, taps, Co) in boxes of CW channels of a tap; the activation (dy for
       // backward data) as the im2col map of the convolution's receptive fields.
-      PLX_DECLINE_UNLESS(tma_accepts<T>(tma_filter_by_tap(Ca, g.KH * g.KW, Co, TL::BN)),
+      PLX_DECLINE_UNLESS(tma_accepts<T>(tma_filter_by_tap(Ca, g.KH * g.KW, Co, TL::BN, TL::CW)),
                          "%s: the TMA (cuTensorMapEncodeTiled) refuses the filter as (%lld, %lld, "
                          "%lld)",
                          op, static_cast<long long>(Ca), static_cast<long long>(g.KH * g.KW),
@@ -2635,6 +2703,7 @@ class IgemmConvKernel final : public Kernel {
                                         static_cast<uint32_t>(TL::BM / 4))
                   : im2col_conv(g.N, Hi, Wi, Ca, g.KH, g.KW, sh, sw, ph, pw,
                                 static_cast<uint32_t>(TL::BM));
+      i2c_.channels = TL::CW;
       PLX_DECLINE_UNLESS(tma_im2col_accepts<T>(i2c_),
                          "%s: the TMA (cuTensorMapEncodeIm2col) refuses the activation: traversal "
                          "strides up to 8 (the convolution's, twice them with a pool), and the "
@@ -2751,7 +2820,7 @@ class IgemmConvKernel final : public Kernel {
     } else if constexpr (TL::kIm2col) {
       CUtensorMap tmx, tmw;
       if (!tma_encode_im2col<T>(tmx, i2c_, a.x) ||
-          !tma_encode<T>(tmw, tma_filter_by_tap(a.C, a.KH * a.KW, a.O, TL::BN), a.w))
+          !tma_encode<T>(tmw, tma_filter_by_tap(a.C, a.KH * a.KW, a.O, TL::BN, TL::CW), a.w))
         throw sdk::Error(PLX_ERR_INTERNAL,
                          "igemm convolution: the TMA refused the tensor maps it accepted at "
                          "creation");
@@ -2978,12 +3047,16 @@ class IgemmWgradKernel final : public Kernel {
                          op, static_cast<long long>(P), static_cast<long long>(g.O));
     }
     if constexpr (TL::kIm2col) {
-      // x through the TMA's im2col mode: 64 pixels a copy, in boxes of 64 channels of one tap.
-      PLX_DECLINE_UNLESS(g.C % 64 == 0,
-                         "%s: the im2col tiles read x in boxes of 64 channels of one tap, so C "
-                         "must be a multiple of 64, not %lld",
-                         op, static_cast<long long>(g.C));
+      // x through the TMA's im2col mode: 64 pixels a copy, in boxes of CW channels of one tap
+      // (the narrow tiles: 32, for C an odd multiple of 32; C a multiple of 64 goes to the
+      // others, whose boxes are twice as wide).
+      PLX_DECLINE_UNLESS(g.C % TL::CW == 0 && (TL::CW == 64 || g.C % 64 != 0),
+                         "%s: the im2col tiles read x in boxes of %d channels of one tap, so C "
+                         "must be %s, not %lld",
+                         op, TL::CW, TL::CW == 64 ? "a multiple of 64" : "an odd multiple of 32",
+                         static_cast<long long>(g.C));
       i2c_ = im2col_conv(g.N, g.H, g.W, g.C, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, 64);
+      i2c_.channels = TL::CW;
       PLX_DECLINE_UNLESS(tma_im2col_accepts<T>(i2c_),
                          "%s: the TMA (cuTensorMapEncodeIm2col) refuses x: strides up to 8, and "
                          "the bounding box's corners within [-128, 127] (strides [%lld, %lld], "
@@ -3193,8 +3266,10 @@ void for_each_tile(F&& f) {
   if constexpr (kFamily == Family::Hopper) {
     f(WgTile128x128{}), f(WgTile128x64{}), f(WgTile128x32{});
     f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile128x32{});
+    f(WgI2cTile128x64x32{});
   } else if constexpr (kFamily == Family::WarpSpec) {
     f(WgPerTile128x128{}), f(WgPerTile128x64{}), f(WgPerTile128x32{});
+    f(WgPerTile128x64x32{});
   } else {
     f(Tile128x128{}), f(Tile128x64{}), f(Tile64x64{}), f(Tile128x32{}), f(Tile64x128{});
     if constexpr (!std::is_same_v<T, float>) f(Tile256x32{});
@@ -3210,6 +3285,7 @@ void for_each_wgrad_tile(F&& f) {
     f(WgI2cTile128x128{}), f(WgI2cTile128x64{}), f(WgI2cTile64x128{});
   } else if constexpr (kFamily == Family::WarpSpec) {
     f(WgWsTile128x128{}), f(WgWsTile128x64{}), f(WgWsTile64x128{});
+    f(WgWsTile64x128c32{}), f(WgWsTile64x96c32{});
   }
 }
 

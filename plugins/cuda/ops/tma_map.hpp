@@ -51,11 +51,19 @@ inline const void* tma_stand_in() {
   return reinterpret_cast<const void*>(uintptr_t{1} << 20);
 }
 
+// The swizzle whose rows are a box's inner `bytes` (128, 64 or 32): each box row is one swizzle
+// row, the layout our wgmma descriptors read (ops/wgmma_desc.cuh).
+inline CUtensorMapSwizzle tma_swizzle(uint32_t bytes) {
+  return bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+         : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                       : CU_TENSOR_MAP_SWIZZLE_32B;
+}
+
 // One 16-bit operand as its tensor map sees it: `outer` rows of `inner` contiguous elements, row
 // stride `ld` elements, `batch` entries `bstride` elements apart (batch 1: the driver still
 // checks bstride, so it is the whole matrix). Boxes of box_inner x box_outer elements, read with
-// the 128-byte swizzle (box_inner 64: one 128-byte swizzle row); the box's parts outside the
-// tensor are zero-filled, and complete_tx still counts the whole box.
+// the swizzle of box_inner's bytes (64: the 128-byte swizzle, 32: the 64-byte one); the box's
+// parts outside the tensor are zero-filled, and complete_tx still counts the whole box.
 struct TmaOperand {
   uint64_t inner = 0, outer = 0, ld = 0, batch = 1, bstride = 0;
   uint32_t box_inner = 64, box_outer = 0, box_batch = 1;
@@ -71,12 +79,14 @@ inline TmaOperand tma_matrix(int64_t inner, int64_t outer, uint32_t box_outer) {
   return o;
 }
 
-// A convolution filter (O, KH, KW, C) channels-last, as (C, taps, O) with boxes of 64 channels of
-// one tap for box_o output channels: a box lands as box_o rows of 64 channels (128 bytes), the
-// layout of a (O, K) row-major box of 64 k, with channels past C zero-filled instead of running
-// into the next tap's.
-inline TmaOperand tma_filter_by_tap(int64_t C, int64_t taps, int64_t O, uint32_t box_o) {
+// A convolution filter (O, KH, KW, C) channels-last, as (C, taps, O) with boxes of box_c (64 or
+// 32) channels of one tap for box_o output channels: a box lands as box_o rows of box_c channels
+// (one swizzle row each), the layout of a (O, K) row-major box of box_c k, with channels past C
+// zero-filled instead of running into the next tap's.
+inline TmaOperand tma_filter_by_tap(int64_t C, int64_t taps, int64_t O, uint32_t box_o,
+                                    uint32_t box_c = 64) {
   TmaOperand o;
+  o.box_inner = box_c;
   o.inner = o.ld = static_cast<uint64_t>(C);
   o.outer = static_cast<uint64_t>(taps);
   o.batch = static_cast<uint64_t>(O);
@@ -96,7 +106,8 @@ bool tma_encode(CUtensorMap& m, const TmaOperand& o, const void* ptr) {
   const cuuint32_t box[3] = {o.box_inner, o.box_outer, o.box_batch};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   return tma_encode_fn()(&m, kType, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         tma_swizzle(o.box_inner * static_cast<uint32_t>(sizeof(T))),
                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -118,8 +129,9 @@ inline PFN_cuTensorMapEncodeIm2col_v12000 tma_im2col_fn() {
 }
 
 // A channels-last activation (N, H, W, C) as the im2col tensor map of a convolution: `pixels`
-// rows of a copy (the GEMM's A rows, in the order n, oh, ow), 64 channels each (one 128-byte row
-// of the 128-byte swizzle; channels past C are zero-filled). The bounding box holds the filter
+// rows of a copy (the GEMM's A rows, in the order n, oh, ow), `channels` each (64: one 128-byte
+// row of the 128-byte swizzle; 32: a 64-byte row of the 64-byte swizzle; channels past C are
+// zero-filled). The bounding box holds the filter
 // bases (the top-left tap's input pixel) of the rows: from lower past the tensor's first element
 // to upper past its last, walked with the traversal strides (tw, th); a copy adds the tap as its
 // im2col offsets. Pixels past the last image, and taps in the padding, are zero-filled.
@@ -127,7 +139,7 @@ struct TmaIm2col {
   int64_t N = 0, H = 0, W = 0, C = 0;
   int64_t lo_w = 0, lo_h = 0, up_w = 0, up_h = 0;
   int64_t tw = 1, th = 1;
-  uint32_t pixels = 0;
+  uint32_t pixels = 0, channels = 64;
 };
 
 // The rows of a convolution (KH x KW filter, strides sh, sw, padding ph, pw): every output
@@ -173,9 +185,10 @@ bool tma_encode_im2col(CUtensorMap& m, const TmaIm2col& o, const void* ptr) {
   const int upper[2] = {static_cast<int>(o.up_w), static_cast<int>(o.up_h)};
   const cuuint32_t elem_strides[4] = {1, static_cast<cuuint32_t>(o.tw),
                                       static_cast<cuuint32_t>(o.th), 1};
-  return tma_im2col_fn()(&m, kType, 4, const_cast<void*>(ptr), dims, strides, lower, upper, 64,
-                         o.pixels, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return tma_im2col_fn()(&m, kType, 4, const_cast<void*>(ptr), dims, strides, lower, upper,
+                         o.channels, o.pixels, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         tma_swizzle(o.channels * static_cast<uint32_t>(sizeof(T))),
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

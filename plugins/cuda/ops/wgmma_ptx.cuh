@@ -202,6 +202,26 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
       : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
+#define PLX_WGMMA_N96(TY)                                                                          \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      ".reg .pred p;\n"                                                                            \
+      "setp.ne.b32 p, %50, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32." TY "." TY                                      \
+      " {"                                                                                         \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"             \
+      "}, %48, %49, p, 1, 1, %51, %52;\n"                                                          \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])               \
+      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
 #define PLX_WGMMA_N128(TY)                                                                         \
   asm volatile(                                                                                    \
       "{\n"                                                                                        \
@@ -280,13 +300,18 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t da, uin
       PLX_WGMMA_N64("bf16");
     else
       PLX_WGMMA_N64("f16");
+  } else if constexpr (N == 96) {
+    if constexpr (std::is_same_v<T, bf16>)
+      PLX_WGMMA_N96("bf16");
+    else
+      PLX_WGMMA_N96("f16");
   } else if constexpr (N == 128) {
     if constexpr (std::is_same_v<T, bf16>)
       PLX_WGMMA_N128("bf16");
     else
       PLX_WGMMA_N128("f16");
   } else {
-    static_assert(N == 256, "wgmma tiles: n32, n64, n128, n256");
+    static_assert(N == 256, "wgmma tiles: n32, n64, n96, n128, n256");
     if constexpr (std::is_same_v<T, bf16>)
       PLX_WGMMA_N256("bf16");
     else
@@ -295,6 +320,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t da, uin
 }
 #undef PLX_WGMMA_N32
 #undef PLX_WGMMA_N64
+#undef PLX_WGMMA_N96
 #undef PLX_WGMMA_N128
 #undef PLX_WGMMA_N256
 
