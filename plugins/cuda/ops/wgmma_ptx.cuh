@@ -170,158 +170,77 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 // d (64 x N f32, this thread's fragment) += A (64 x 16) · B (16 x N), both read from shared
 // memory through the descriptors da and db. TA: A is M-major (else K-major); TB: B is N-major
 // (else K-major). scale-d = 1: the accumulators are added to (they start at zero).
-// (Generated: every accumulator register is an in/out operand of the one instruction.)
-#define PLX_WGMMA_N32(TY)                                                                       \
-  asm volatile(                                                                                 \
-      "{\n"                                                                                     \
-      ".reg .pred p;\n"                                                                         \
-      "setp.ne.b32 p, %18, 0;\n"                                                                \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                   \
-      " {"                                                                                      \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                    \
-      "}, %16, %17, p, 1, 1, %19, %20;\n"                                                       \
-      "}\n"                                                                                     \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-        "+f"(d[14]), "+f"(d[15])                                                                \
+// Every accumulator register is an in/out operand of the one instruction: PLX_WG_R<g> is the
+// register list of d[16 g .. 16 g + 15], PLX_WG_D16(i) their constraints; PLX_WGMMA's A, B, S,
+// TA, TB number the operands after the N / 2 accumulators (da, db, scale-d, imm-trans-a, -b).
+#define PLX_WG_R0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define PLX_WG_R1 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define PLX_WG_R2 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define PLX_WG_R3 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define PLX_WG_R4 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define PLX_WG_R5 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define PLX_WG_R6                                \
+  "%96, %97, %98, %99, %100, %101, %102, %103, " \
+  "%104, %105, %106, %107, %108, %109, %110, %111"
+#define PLX_WG_R7                                    \
+  "%112, %113, %114, %115, %116, %117, %118, %119, " \
+  "%120, %121, %122, %123, %124, %125, %126, %127"
+#define PLX_WG_D8(i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define PLX_WG_D16(i) PLX_WG_D8(i), PLX_WG_D8(i + 8)
+#define PLX_WGMMA_TY(N, TY, REGS, A, B, S, TA, TB, ...)                                        \
+  asm volatile(                                                                                \
+      "{\n"                                                                                    \
+      ".reg .pred p;\n"                                                                        \
+      "setp.ne.b32 p, %" #S                                                                    \
+      ", 0;\n"                                                                                 \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" REGS "}, %" #A ", %" #B \
+      ", p, 1, 1, %" #TA ", %" #TB                                                             \
+      ";\n"                                                                                    \
+      "}\n"                                                                                    \
+      : __VA_ARGS__                                                                            \
       : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N64(TY)                                                                          \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %34, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"             \
-      "}, %32, %33, p, 1, 1, %35, %36;\n"                                                          \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N96(TY)                                                                          \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %50, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32." TY "." TY                                      \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"             \
-      "}, %48, %49, p, 1, 1, %51, %52;\n"                                                          \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])               \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N128(TY)                                                                         \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %66, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"             \
-      "}, %64, %65, p, 1, 1, %67, %68;\n"                                                          \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63])                                                                                \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
-#define PLX_WGMMA_N256(TY)                                                                         \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      ".reg .pred p;\n"                                                                            \
-      "setp.ne.b32 p, %130, 0;\n"                                                                  \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
-      " {"                                                                                         \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "     \
-      "%111, "                                                                                     \
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
-      "%127"                                                                                       \
-      "}, %128, %129, p, 1, 1, %131, %132;\n"                                                      \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])         \
-      : "l"(da), "l"(db), "r"(1), "n"(kTA), "n"(kTB))
+#define PLX_WGMMA(N, REGS, A, B, S, TA, TB, ...)                 \
+  if constexpr (std::is_same_v<T, bf16>)                         \
+    PLX_WGMMA_TY(N, "bf16", REGS, A, B, S, TA, TB, __VA_ARGS__); \
+  else                                                           \
+    PLX_WGMMA_TY(N, "f16", REGS, A, B, S, TA, TB, __VA_ARGS__)
 
 template <class T, int N, bool TA, bool TB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t da, uint64_t db) {
   static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>, "wgmma: bf16 or f16");
   constexpr int kTA = TA ? 1 : 0, kTB = TB ? 1 : 0;
   if constexpr (N == 32) {
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N32("bf16");
-    else
-      PLX_WGMMA_N32("f16");
+    PLX_WGMMA(32, PLX_WG_R0, 16, 17, 18, 19, 20, PLX_WG_D16(0));
   } else if constexpr (N == 64) {
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N64("bf16");
-    else
-      PLX_WGMMA_N64("f16");
+    PLX_WGMMA(64, PLX_WG_R0 ", " PLX_WG_R1, 32, 33, 34, 35, 36, PLX_WG_D16(0), PLX_WG_D16(16));
   } else if constexpr (N == 96) {
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N96("bf16");
-    else
-      PLX_WGMMA_N96("f16");
+    PLX_WGMMA(96, PLX_WG_R0 ", " PLX_WG_R1 ", " PLX_WG_R2, 48, 49, 50, 51, 52, PLX_WG_D16(0),
+              PLX_WG_D16(16), PLX_WG_D16(32));
   } else if constexpr (N == 128) {
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N128("bf16");
-    else
-      PLX_WGMMA_N128("f16");
+    PLX_WGMMA(128, PLX_WG_R0 ", " PLX_WG_R1 ", " PLX_WG_R2 ", " PLX_WG_R3, 64, 65, 66, 67, 68,
+              PLX_WG_D16(0), PLX_WG_D16(16), PLX_WG_D16(32), PLX_WG_D16(48));
   } else {
     static_assert(N == 256, "wgmma tiles: n32, n64, n96, n128, n256");
-    if constexpr (std::is_same_v<T, bf16>)
-      PLX_WGMMA_N256("bf16");
-    else
-      PLX_WGMMA_N256("f16");
+    PLX_WGMMA(256,
+              PLX_WG_R0 ", " PLX_WG_R1 ", " PLX_WG_R2 ", " PLX_WG_R3 ", " PLX_WG_R4 ", " PLX_WG_R5
+                        ", " PLX_WG_R6 ", " PLX_WG_R7,
+              128, 129, 130, 131, 132, PLX_WG_D16(0), PLX_WG_D16(16), PLX_WG_D16(32),
+              PLX_WG_D16(48), PLX_WG_D16(64), PLX_WG_D16(80), PLX_WG_D16(96), PLX_WG_D16(112));
   }
 }
-#undef PLX_WGMMA_N32
-#undef PLX_WGMMA_N64
-#undef PLX_WGMMA_N96
-#undef PLX_WGMMA_N128
-#undef PLX_WGMMA_N256
+#undef PLX_WGMMA
+#undef PLX_WGMMA_TY
+#undef PLX_WG_D16
+#undef PLX_WG_D8
+#undef PLX_WG_R0
+#undef PLX_WG_R1
+#undef PLX_WG_R2
+#undef PLX_WG_R3
+#undef PLX_WG_R4
+#undef PLX_WG_R5
+#undef PLX_WG_R6
+#undef PLX_WG_R7
 
 }  // namespace plexus::cuda::ptx
