@@ -42,6 +42,15 @@ inline bool emulated(Backend& b) {
   return b.device_count() > 0 && b.device(0).name.find("CUDA emulator") != std::string::npos;
 }
 
+// Whether the backend's device runs the plugin's sm_90a code (its Hopper kernels: wgmma, the
+// TMA): compute capability 9.0, or the emulator (an H100). Elsewhere those candidates decline.
+inline bool runs_sm90a(Backend& b) {
+  if (emulated(b)) return true;
+  if (b.device_count() == 0) return false;
+  const DeviceInfo& d = b.device(0);
+  return d.arch_major == 9 && d.arch_minor == 0;
+}
+
 // Calls the backend's extra `name`, a void (*)(void* backend_ctx, int32_t on); false if the
 // backend has no such extra.
 inline bool set_switch(Backend& b, const char* name, bool on) {

@@ -123,11 +123,10 @@ TEST_CASE("a layer -> relu pair given to our own kernel runs with the relu in it
   std::vector<std::string> conv_tiles = {"igemm_mma_128x128x32", "igemm_mma_128x64x32",
                                          "igemm_mma_64x64x32",   "igemm_mma_128x32x32",
                                          "igemm_mma_64x128x32",  "igemm_mma_256x32x32"};
-  const auto& dev = probe.device(0);
   bool hopper = false;
   for (const plx_kernel* k : probe.kernels(runtime().ops().get("conv2d").id, PLX_BF16))
     hopper = hopper || (k->impl && std::string(k->impl) == "igemm_wgmma_im2col_128x64x64");
-  if (hopper && (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90))
+  if (hopper && cuda::runs_sm90a(probe))
     conv_tiles.insert(conv_tiles.end(), {"igemm_wgmma_128x64x64", "igemm_wgmma_im2col_128x64x64",
                                          "igemm_wgmma_im2col_128x64x64_persistent"});
   const Layer layers[] = {{"linear",

@@ -57,8 +57,7 @@ TEST_CASE("a linear -> gelu pair on cuda runs as one of our gemms with the gelu 
   PLX_REQUIRE_CUDA(probe);
   if (probe.device(0).arch_major < 8)
     PLX_SKIP("mma.sync with bf16 needs compute capability 8.0 or later");
-  const DeviceInfo dev = probe.device(0);
-  const bool hopper = cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90;
+  const bool hopper = cuda::runs_sm90a(probe);
   struct Layer {
     int64_t rows, in, out;
     std::vector<std::string> tiles;

@@ -204,8 +204,7 @@ TEST_CASE("cuda igemm convolution candidates match the cpu reference", "[cuda]")
   }
   // Every candidate ran on some geometry (one that declines everything would pass the checks
   // above untested), the Hopper tiles where the device runs them (9.0).
-  const auto& dev = gpu.device(0);
-  const bool sm90 = cuda::emulated(gpu) || dev.arch_major * 10 + dev.arch_minor == 90;
+  const bool sm90 = cuda::runs_sm90a(gpu);
   for (const char* op : {"conv2d", "conv2d_backward_data", "conv2d_backward_weight"})
     for (plx_dtype d : dtypes)
       for (const plx_kernel* k : candidates(gpu, runtime().ops().get(op), d)) {
@@ -225,8 +224,7 @@ TEST_CASE("cuda igemm convolution candidates are deterministic", "[cuda]") {
   const Geo geos[] = {{{4, 64, 14, 14}, 128, 3, 3, {1, 1}, {1, 1}},
                       {{2, 32, 28, 28}, 64, 3, 3, {1, 1}, {1, 1}}};
   cuda::Tf32Off tf32_guard(gpu);
-  const auto& dev = gpu.device(0);
-  const bool sm90 = cuda::emulated(gpu) || dev.arch_major * 10 + dev.arch_minor == 90;
+  const bool sm90 = cuda::runs_sm90a(gpu);
   Runs tested;
   for (plx_dtype d : {PLX_F16, PLX_BF16, PLX_F32}) {
     REQUIRE(cuda::set_tf32(gpu, d == PLX_F32));
@@ -560,9 +558,7 @@ TEST_CASE("a conv with its relu and 2x2 max pool runs as one igemm kernel on eve
                                     "igemm_mma_64x64x32",   "igemm_mma_128x32x32",
                                     "igemm_mma_64x128x32",  "igemm_mma_256x32x32"};
   // The Hopper tiles where they were built and the device runs them (9.0).
-  const auto& dev = probe.device(0);
-  if (has_wgmma_tiles(probe) &&
-      (cuda::emulated(probe) || dev.arch_major * 10 + dev.arch_minor == 90)) {
+  if (has_wgmma_tiles(probe) && cuda::runs_sm90a(probe)) {
     tiles.insert(tiles.end(), kWgmmaTiles.begin(), kWgmmaTiles.end());
     tiles.insert(tiles.end(), kWgmmaIm2colTiles.begin(), kWgmmaIm2colTiles.end());
     tiles.insert(tiles.end(), kWgmmaPersistentTiles.begin(), kWgmmaPersistentTiles.end());
