@@ -286,9 +286,6 @@ struct IgemmArgs {
   FastDiv fC, fKW;
   // Bit kh·KW for each kh < KH (16 bits, KH·KW <= 32): the first tap of each filter row.
   uint32_t rep;
-  // The persistent tiles: the output tiles (M tiles x nt), which the blocks walk.
-  int64_t tiles;
-  int nt;
 };
 
 // ---- PTX wrappers: ops/mma_ptx.cuh ----
@@ -1132,8 +1129,20 @@ __global__ void __launch_bounds__(TL::THREADS)
 // next K tile (tap, cb) into a stage and steps (cb, kw, kh) one tile on.
 template <class TL, bool kPool>
 struct I2cCopies {
+  static_assert(TL::BK == TL::CW, "a K tile is one copy's channels of a tap");
   int32_t cn = 0, ch = 0, cw = 0;
   int cb = 0, kw = 0, kh = 0, tap = 0;
+  int cbs = 1;  // channel blocks per tap
+
+  // Channel blocks per tap, and the K tiles of an output tile: tap by tap, BK channels a tile.
+  template <class T>
+  __device__ __forceinline__ static int channel_blocks(const IgemmArgs<T>& a) {
+    return (a.C + TL::BK - 1) / TL::BK;
+  }
+  template <class T>
+  __device__ __forceinline__ static int k_tiles(const IgemmArgs<T>& a) {
+    return a.KH * a.KW * channel_blocks(a);
+  }
 
   template <class T>
   __device__ __forceinline__ void start(const IgemmArgs<T>& a, int64_t m0) {
@@ -1150,15 +1159,16 @@ struct I2cCopies {
     }
     ch = oh * a.sh - a.ph, cw = ow * a.sw - a.pw;
     cb = 0, kw = 0, kh = 0, tap = 0;
+    cbs = channel_blocks(a);
   }
 
   // The K tile's A (one copy, or with a pool one per corner t = 2 dh + dw of BM / 4 rows at
   // offsets (kw + dw·sw, kh + dh·sh)) into dst_a and its B into dst_b, both completing on the
-  // mbarrier bar with the stage's bytes; CB: channel blocks per tap.
+  // mbarrier bar with the stage's bytes.
   template <class T>
   __device__ __forceinline__ void issue(const IgemmArgs<T>& a, const CUtensorMap* tmx,
                                         const CUtensorMap* tmw, uint32_t dst_a, uint32_t dst_b,
-                                        int n0, int CB, uint32_t bar) {
+                                        int n0, uint32_t bar) {
     mbar_arrive_expect_tx(bar, TL::kABytes + TL::kBBytes);
     if constexpr (kPool) {
 #pragma unroll
@@ -1171,7 +1181,7 @@ struct I2cCopies {
                          static_cast<uint16_t>(kh), bar);
     }
     tma_load_3d(dst_b, tmw, cb * TL::BK, tap, n0, bar);
-    if (++cb == CB) {
+    if (++cb == cbs) {
       cb = 0, ++tap;
       if (++kw == a.KW) kw = 0, ++kh;
     }
@@ -1217,12 +1227,10 @@ __global__ void __launch_bounds__(TL::THREADS)
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);  // uniform: see igemm_wgmma_kernel
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TL::BM;
   const int n0 = static_cast<int>(blockIdx.y) * TL::BN;
-  static_assert(TL::BK == TL::CW, "a K tile is one copy's channels of a tap");
-  const int CB = (a.C + TL::BK - 1) / TL::BK;  // channel blocks per tap
-  const int KT = a.KH * a.KW * CB;
-
   // Thread 0 issues the copies, in K order.
-  I2cCopies<TL, !std::is_void_v<Ix>> cp;
+  using Copies = I2cCopies<TL, !std::is_void_v<Ix>>;
+  const int KT = Copies::k_tiles(a);
+  Copies cp;
   if (tid == 0) {
     tma_stages_init<S>(full0, &tmx);
     prefetch_tensormap(&tmw);
@@ -1233,7 +1241,7 @@ __global__ void __launch_bounds__(TL::THREADS)
 
   auto load_tile = [&](int st, int) {
     if (tid == 0)
-      cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0, CB, full0 + 8 * st);
+      cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0, full0 + 8 * st);
   };
 
   float acc[1][TL::NI][4];
@@ -1332,10 +1340,7 @@ __device__ __forceinline__ void ws_fill(int& s, uint32_t& phase, uint32_t empty0
 //   tile's copies of every output tile of the block through the ring, waiting only for the stage
 //   to be free: it loads the next output tile's first K tiles while the warp groups still store
 //   this one's;
-// - the warp groups (the consumers) wait for each stage's copies (the "full" mbarrier), issue its
-//   wgmmas, and once the next K tile's are issued and wgmma.wait_group 1 retires the previous
-//   one, each warp releases the previous stage (the "empty" mbarrier, one arrival per consumer
-//   warp): no block-wide barrier in the K loop;
+// - the warp groups (the consumers) run ws_k_loop: no block-wide barrier in the K loop;
 // - the epilogue (the same staged or pool epilogue) runs through a staging area of its own beside
 //   the ring, the consumers meeting at named barrier 1 (epi_sync), without the producer.
 // Both loops step (stage, phase) along the same sequence: the block's j-th K tile, counted over
@@ -1361,17 +1366,17 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
-  static_assert(TL::BK == TL::CW, "a K tile is one copy's channels of a tap");
-  const int CB = (a.C + TL::BK - 1) / TL::BK;  // channel blocks per tap
-  const int KT = a.KH * a.KW * CB;
-  const int64_t tiles = a.tiles;
-  const int nt = a.nt;
+  using Copies = I2cCopies<TL, !std::is_void_v<Ix>>;
+  const int KT = Copies::k_tiles(a);
+  // The output tiles: (M tiles) x (nt N tiles).
+  const int nt = (a.O + TL::BN - 1) / TL::BN;
+  const int64_t tiles = (a.M + TL::BM - 1) / TL::BM * nt;
 
   ws_begin<TL>(full0, empty0, &tmx, &tmw);
 
   if (warp == TL::THREADS / 32) {  // the producer
     if (lane == 0) {
-      I2cCopies<TL, !std::is_void_v<Ix>> cp;
+      Copies cp;
       int s = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -1380,7 +1385,7 @@ __global__ void __launch_bounds__(TL::BLOCK_THREADS)
         cp.start(a, mt * TL::BM);
         for (int kt = 0; kt < KT; ++kt)
           ws_fill<TL>(s, phase, empty0, [&](int st) {
-            cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0, CB,
+            cp.issue(a, &tmx, &tmw, sa + st * TL::kABytes, sb + st * TL::kBBytes, n0,
                      full0 + 8 * st);
           });
       }
@@ -2717,14 +2722,13 @@ class IgemmConvKernel final : public Kernel {
         // The grid: as many blocks as fit on the device at once (by shared memory, each
         // block's own and the 1 KiB the SM reserves per block, and by threads), at most one
         // per output tile.
-        a_.nt = static_cast<int>((Co + TL::BN - 1) / TL::BN);
-        a_.tiles = (a_.M + TL::BM - 1) / TL::BM * a_.nt;
+        const int64_t tiles = (a_.M + TL::BM - 1) / TL::BM * ((Co + TL::BN - 1) / TL::BN);
         const int64_t by_smem = static_cast<int64_t>(ctx.prop.sharedMemPerMultiprocessor) /
                                 (smem_ + static_cast<int64_t>(ctx.prop.reservedSharedMemPerBlock));
         const int64_t by_threads = ctx.prop.maxThreadsPerMultiProcessor / TL::BLOCK_THREADS;
         const int64_t per_sm = std::max<int64_t>(1, std::min(by_smem, by_threads));
-        blocks_ = static_cast<unsigned>(
-            std::min<int64_t>(a_.tiles, per_sm * ctx.prop.multiProcessorCount));
+        blocks_ =
+            static_cast<unsigned>(std::min<int64_t>(tiles, per_sm * ctx.prop.multiProcessorCount));
       }
     }
 
